@@ -1,0 +1,3 @@
+from torchopt.cli import main
+
+main()

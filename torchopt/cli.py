@@ -1,0 +1,321 @@
+"""The command line. Thin: arguments -> settings -> engine -> report. Exit codes: 0 done or nothing
+to do; 1 changes pending (--diff/--check) or diagnostics found (check); 2 a file could not be
+processed, bad usage or bad configuration (every other file is still processed)."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from torchopt import __version__
+from torchopt.rewrite import report, source
+from torchopt.rewrite.config import ConfigError, Overrides, Resolver
+from torchopt.rewrite.discovery import discover
+from torchopt.rewrite.engine import Diagnostic
+from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.runner import FileResult, Mode, process_text, run
+from torchopt.rewrite.selection import SelectorError, expand_all, split_arg
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Rewrite PyTorch code into its fast form (PyTorch Performance Tuning Guide), safely.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+EXIT_OK, EXIT_PENDING, EXIT_ERROR = 0, 1, 2
+
+
+def _err(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"torchopt {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+# Shared options -------------------------------------------------------------------------------
+
+PathsArg = typer.Argument(None, help="Files or folders (default: the current folder); `-` reads stdin.")
+SelectOpt = typer.Option(None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated.")
+IgnoreOpt = typer.Option(None, "--ignore", help="Codes, prefixes or families to leave out.")
+UnsafeOpt = typer.Option(None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics.")
+JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: CPU count).")
+FormatOpt = typer.Option("text", "--output-format", help="text | json | sarif | github")
+StdinNameOpt = typer.Option(None, "--stdin-filename", help="Path used for config and messages when reading stdin.")
+ConfigOpt = typer.Option(None, "--config", help="Use this pyproject.toml instead of the nearest one.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print diagnostics and diffs only, no summary.")
+
+
+class _Usage(Exception):
+    pass
+
+
+def _resolver(select, ignore, unsafe, config) -> Resolver:
+    try:
+        sel = split_arg(select) or None
+        ign = split_arg(ignore)
+        expand_all(sel or ())
+        expand_all(ign)
+    except SelectorError as exc:
+        raise _Usage(str(exc)) from None
+    return Resolver(Overrides(select=tuple(sel) if sel else None, ignore=tuple(ign), unsafe_fixes=unsafe), config)
+
+
+def _check_format(fmt: str) -> None:
+    if fmt not in report.FORMATS:
+        raise _Usage(f"unknown --output-format {fmt!r} (choose from {', '.join(report.FORMATS)})")
+
+
+def _progress(total: int):
+    """A progress bar on a terminal for long runs; nothing when piped."""
+    if total < 20 or not sys.stderr.isatty():
+        return None, lambda n: None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("torchopt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
+    task = prog.add_task("files", total=total)
+    return prog, lambda n: prog.advance(task, n)
+
+
+def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int]) -> list[FileResult]:
+    files = discover(paths, resolver.for_path)
+    prog, advance = _progress(len(files))
+    if prog is None:
+        return run(files, resolver.for_path, mode, jobs, on_progress=advance)
+    with prog:
+        return run(files, resolver.for_path, mode, jobs, on_progress=advance)
+
+
+def _read_stdin(name: str) -> tuple[FileResult | None, source.SourceText | None]:
+    try:
+        return None, source.decode(sys.stdin.buffer.read())
+    except source.SourceError as exc:
+        return FileResult(path=name, status="failed", reason=str(exc)), None
+
+
+def _print_failures(results: list[FileResult]) -> int:
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        _err(f"error: {r.path}: {r.reason}")
+    return len(failed)
+
+
+def _print_diff(text: str) -> None:
+    if not sys.stdout.isatty():
+        sys.stdout.write(text)
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    con = Console(highlight=False)
+    for line in text.splitlines():
+        style = ("bold" if line.startswith(("+++", "---")) else "green" if line.startswith("+")
+                 else "red" if line.startswith("-") else "cyan" if line.startswith("@@") else None)
+        con.print(Text(line, style=style or ""))
+
+
+def _unsafe_hint(hidden: list[Diagnostic]) -> str:
+    tags = sorted({t for d in hidden if d.fix for t in d.fix.tags})
+    what = f" (they change: {', '.join(tags)})" if tags else ""
+    return (f"{report.plural(len(hidden), 'unsafe fix')} not applied ({report.per_code(hidden)}){what}; "
+            "add --unsafe-fixes to apply them after reading `torchopt rule CODE`.")
+
+
+# rewrite ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def rewrite(
+    paths: Optional[List[str]] = PathsArg,
+    diff: bool = typer.Option(False, "--diff", help="Print a unified diff; write nothing. Exit 1 if anything would change."),
+    check: bool = typer.Option(False, "--check", help="List files that would change; write nothing. Exit 1 if any."),
+    unsafe_fixes: Optional[bool] = UnsafeOpt,
+    select: Optional[List[str]] = SelectOpt,
+    ignore: Optional[List[str]] = IgnoreOpt,
+    jobs: Optional[int] = JobsOpt,
+    output_format: str = FormatOpt,
+    stdin_filename: Optional[str] = StdinNameOpt,
+    config: Optional[str] = ConfigOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Apply fixes in place (safe ones by default) and print a summary."""
+    try:
+        _check_format(output_format)
+        if diff and output_format != "text":
+            raise _Usage("--diff prints a diff; --output-format applies to the report without --diff")
+        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        mode = Mode.DIFF if diff else Mode.LIST if check else Mode.FIX
+        paths = paths or ["."]
+        if paths == ["-"]:
+            raise typer.Exit(_rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet))
+        results = _run_files(paths, resolver, mode, jobs)
+    except (ConfigError, _Usage) as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(_rewrite_report(results, mode, output_format, quiet))
+
+
+def _rewrite_stdin(resolver: Resolver, mode: Mode, name: str, fmt: str, quiet: bool) -> int:
+    settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
+    failed, src = _read_stdin(name)
+    if failed is not None or src is None:
+        return 2 if _print_failures([failed]) else 0  # type: ignore[list-item]
+    res = process_text(src.text, name, settings, mode)
+    if res.status != "ok":
+        if mode is Mode.FIX:  # a filter must never swallow its input
+            sys.stdout.buffer.write(src.encode(src.text))
+        _print_failures([res])
+        return EXIT_ERROR
+    if mode is Mode.FIX:
+        sys.stdout.buffer.write(src.encode(res.new_text or ""))
+        sys.stdout.flush()
+        return _rewrite_report([res], mode, fmt, quiet, to_stdout=False)
+    return _rewrite_report([res], mode, fmt, quiet)
+
+
+def _rewrite_report(results: list[FileResult], mode: Mode, fmt: str, quiet: bool, to_stdout: bool = True) -> int:
+    changed = [r for r in results if r.changed]
+    applied = [d for r in results for d in r.applied]
+    remaining = [d for r in results for d in r.remaining]
+    hidden = [d for d in remaining if d.fix is not None and d.fix.safety == "unsafe"]
+    unfixable = [d for d in remaining if d.fix is None]
+    if to_stdout:
+        if mode is Mode.DIFF:
+            for r in changed:
+                _print_diff(r.diff)
+        elif fmt != "text":
+            sys.stdout.write(report.render(remaining, fmt, fixed=applied))
+        elif mode is Mode.LIST:
+            for r in changed:
+                print(f"Would rewrite: {r.path}")
+    n_failed = _print_failures(results)
+    if not quiet:
+        for d in applied:
+            if d.fix and d.fix.safety == "unsafe":
+                _err(f"{d.path}:{d.line}:{d.column}: {d.code} unsafe fix: {d.fix.title} — changes {d.fix.changes()}")
+        verb = "Fixed" if mode is Mode.FIX else "Would fix"
+        if applied:
+            _err(f"{verb} {report.plural(len(applied), 'issue')} in {report.plural(len(changed), 'file')} "
+                 f"({report.per_code(applied)}).")
+        else:
+            _err("Nothing to fix." if not n_failed else "Nothing fixed.")
+        if hidden:
+            _err(_unsafe_hint(hidden))
+        if unfixable:
+            _err(f"{report.plural(len(unfixable), 'diagnostic')} without an automatic fix; "
+                 "run `torchopt check` to see them.")
+        if n_failed:
+            _err(f"{report.plural(n_failed, 'file')} could not be processed (left unchanged).")
+    if n_failed:
+        return EXIT_ERROR
+    if mode in (Mode.DIFF, Mode.LIST) and changed:
+        return EXIT_PENDING
+    return EXIT_OK
+
+
+# check -----------------------------------------------------------------------------------------
+
+
+@app.command("check")
+def check_cmd(
+    paths: Optional[List[str]] = PathsArg,
+    unsafe_fixes: Optional[bool] = UnsafeOpt,
+    select: Optional[List[str]] = SelectOpt,
+    ignore: Optional[List[str]] = IgnoreOpt,
+    jobs: Optional[int] = JobsOpt,
+    output_format: str = FormatOpt,
+    stdin_filename: Optional[str] = StdinNameOpt,
+    config: Optional[str] = ConfigOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Report every diagnostic, fixable or not. Exit 1 when there is any."""
+    try:
+        _check_format(output_format)
+        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        paths = paths or ["."]
+        if paths == ["-"]:
+            name = stdin_filename or "-"
+            failed, src = _read_stdin(name)
+            if failed is not None or src is None:
+                results = [failed]
+            else:
+                settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
+                results = [process_text(src.text, name, settings, Mode.CHECK)]
+        else:
+            results = _run_files(paths, resolver, Mode.CHECK, jobs)
+    except (ConfigError, _Usage) as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_ERROR)
+    diags = [d for r in results if r for d in r.diagnostics]
+    sys.stdout.write(report.render(diags, output_format))
+    n_failed = _print_failures([r for r in results if r])
+    if not quiet and output_format == "text":
+        if diags:
+            safe = sum(1 for d in diags if d.fix and d.fix.safety == "safe")
+            unsafe = sum(1 for d in diags if d.fix and d.fix.safety == "unsafe")
+            _err(f"Found {report.plural(len(diags), 'diagnostic')} ({report.per_code(diags)}): "
+                 f"{safe} fixable with `torchopt rewrite`, {unsafe} more with `--unsafe-fixes`.")
+        else:
+            _err("All checks passed.")
+    if n_failed:
+        raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(EXIT_PENDING if diags else EXIT_OK)
+
+
+# rules / rule ----------------------------------------------------------------------------------
+
+
+@app.command("rules")
+def rules_cmd(output_format: str = typer.Option("text", "--output-format", help="text | json")) -> None:
+    """List every rule."""
+    rules = all_rules()
+    if output_format == "json":
+        import json
+
+        rows = [{"code": c, "name": r.name, "family": r.family, "fix": r.safety.value, "summary": r.summary()}
+                for c, r in rules.items()]
+        print(json.dumps(rows, indent=2))
+        return
+    width = max((len(r.name) for r in rules.values()), default=4)
+    for code, r in rules.items():
+        print(f"{code}  {r.name:<{width}}  {r.safety.value:<12}  {r.summary()}")
+
+
+@app.command("rule")
+def rule_cmd(code: str = typer.Argument(..., help="A rule code such as TOP101, or a rule name.")) -> None:
+    """Print a rule's page: what it does, why it is slow, examples, fix safety."""
+    from torchopt.rewrite.ruledoc import render
+
+    rules = all_rules()
+    key = code.upper()
+    rule = rules.get(key) or next((r for r in rules.values() if r.name == code), None)
+    if rule is None:
+        _err(f"error: unknown rule {code!r}; `torchopt rules` lists them")
+        raise typer.Exit(EXIT_ERROR)
+    sys.stdout.write(render(rule))
+
+
+def main() -> None:
+    try:
+        app(prog_name="torchopt")
+    except KeyboardInterrupt:  # pragma: no cover
+        _err("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

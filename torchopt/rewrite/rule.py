@@ -1,0 +1,202 @@
+"""The rule protocol: what a rule declares, how it reports a finding, and its tested examples.
+
+The engine knows this protocol and nothing about any particular rule.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+import libcst as cst
+from libcst.metadata import (
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
+
+
+class Safety(str, enum.Enum):
+    """How a fix may be applied. SAFE: bitwise-identical results; UNSAFE: only with --unsafe-fixes;
+    DISPLAY: a diagnostic with advice and no automatic fix."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+    DISPLAY = "display-only"
+
+
+class Tag(str, enum.Enum):
+    """What an unsafe fix changes (rules.md classes T, N, R, S)."""
+
+    TOLERANCE = "tolerance"  # same maths, other rounding or kernels
+    NUMERICS = "numerics"  # precision deliberately reduced
+    RNG = "rng"  # random numbers come from another generator or stream offset
+    SEMANTICS = "semantics"  # behaviour a user can see (leaf-ness, launch, shapes)
+
+
+TAG_MEANING = {
+    Tag.TOLERANCE: "results may differ by rounding (other kernel or reassociation)",
+    Tag.NUMERICS: "precision is reduced on purpose",
+    Tag.RNG: "random numbers are drawn from another generator or stream position",
+    Tag.SEMANTICS: "behaviour a user can observe changes",
+}
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Source the rule must not flag."""
+
+    src: str
+    note: str = ""
+    runnable: bool = False
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Source the rule must flag. ``after`` is the exact rewrite (None: no fix may change the text).
+    ``unsafe`` names the tag(s) of an unsafe fix: it is applied only with --unsafe-fixes.
+    ``runnable`` examples are executed before and after on the CPU and compared bitwise."""
+
+    src: str
+    after: str | None = None
+    unsafe: str | tuple[str, ...] | None = None
+    runnable: bool = False
+    note: str = ""
+
+    @property
+    def unsafe_tags(self) -> tuple[str, ...]:
+        if self.unsafe is None:
+            return ()
+        return (self.unsafe,) if isinstance(self.unsafe, str) else tuple(self.unsafe)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A typed per-rule option, set under ``[tool.torchopt.rules.CODE]``."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImportSpec:
+    """An import a fix needs, scheduled through LibCST's AddImportsVisitor."""
+
+    module: str
+    obj: str | None = None
+    asname: str | None = None
+
+
+@dataclass
+class Finding:
+    """One report of one rule on one node, kept in memory during a pass (holds CST nodes)."""
+
+    rule: type["Rule"]
+    node: cst.CSTNode
+    message: str
+    fix_title: str | None = None
+    replacement: cst.CSTNode | None = None
+    target: cst.CSTNode | None = None  # node the replacement stands in for (default: node)
+    safety: Safety = Safety.DISPLAY
+    tags: tuple[Tag, ...] = ()
+    note: str = ""
+    imports: tuple[ImportSpec, ...] = ()
+
+
+@dataclass
+class RuleContext:
+    """What a rule instance sees of its surroundings for one parse."""
+
+    module: cst.Module
+    options: Mapping[str, Any]
+    device_names: tuple[str, ...]
+    path: str = "<string>"
+    findings: list[Finding] = field(default_factory=list)
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Base class: a LibCST batchable visitor that calls :meth:`report` on what it finds."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    family: ClassVar[str]
+    message: ClassVar[str]
+    fix_title: ClassVar[str | None] = None
+    safety: ClassVar[Safety] = Safety.SAFE
+    tags: ClassVar[tuple[Tag, ...]] = ()
+    examples: ClassVar[Sequence[Valid | Invalid]] = ()
+    # The file is parsed for this rule only if one of these substrings occurs in it.
+    prefilter: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    METADATA_DEPENDENCIES = (
+        PositionProvider,
+        QualifiedNameProvider,
+        ScopeProvider,
+        ParentNodeProvider,
+    )
+
+    def __init__(self, ctx: RuleContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def option(self, name: str) -> Any:
+        return self.ctx.options[name]
+
+    def report(
+        self,
+        node: cst.CSTNode,
+        *,
+        fmt: Mapping[str, str] | None = None,
+        message: str | None = None,
+        replacement: cst.CSTNode | None = None,
+        target: cst.CSTNode | None = None,
+        safety: Safety | None = None,
+        tags: Sequence[Tag] = (),
+        note: str = "",
+        imports: Sequence[ImportSpec] = (),
+        fix_title: str | None = None,
+    ) -> None:
+        """Record a finding. Without ``replacement`` it is display-only. ``safety`` defaults to the
+        class's; an unsafe finding must say what it changes through ``tags`` (and ``note``)."""
+        fmt = dict(fmt or {})
+        msg = (message or self.message).format(**fmt)
+        title = fix_title or self.fix_title
+        if replacement is None:
+            eff_safety = Safety.DISPLAY
+        else:
+            eff_safety = safety or self.safety
+            if eff_safety is Safety.DISPLAY:
+                eff_safety = Safety.SAFE
+            if tags and eff_safety is Safety.SAFE:
+                eff_safety = Safety.UNSAFE
+            if eff_safety is Safety.UNSAFE and not tags:
+                tags = self.tags
+        self.ctx.findings.append(
+            Finding(
+                rule=type(self),
+                node=node,
+                message=msg,
+                fix_title=title.format(**fmt) if (title and replacement is not None) else None,
+                replacement=replacement,
+                target=target,
+                safety=eff_safety,
+                tags=tuple(Tag(t) for t in tags),
+                note=note,
+                imports=tuple(imports),
+            )
+        )
+
+    @classmethod
+    def summary(cls) -> str:
+        """First line of the rule's 'What it does' section."""
+        doc = (cls.__doc__ or "").strip().splitlines()
+        for line in doc:
+            line = line.strip()
+            if line and not line.startswith("#"):
+                return line
+        return cls.message

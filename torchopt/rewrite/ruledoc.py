@@ -1,0 +1,96 @@
+"""Rule pages, generated from the rule classes: docs/rules/CODE.md and `torchopt rule CODE`.
+
+Regenerate the committed pages with `python -m torchopt.rewrite.ruledoc docs/rules`.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+
+from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.rule import TAG_MEANING, Invalid, Rule, Safety, Tag, Valid
+
+
+def _fence(src: str) -> str:
+    return "```python\n" + src.rstrip("\n") + "\n```\n"
+
+
+def render(rule: type[Rule]) -> str:
+    doc = inspect.cleandoc(rule.__doc__ or "")
+    invalid = [e for e in rule.examples if isinstance(e, Invalid)]
+    valid = [e for e in rule.examples if isinstance(e, Valid)]
+    tags = sorted({t for e in invalid for t in e.unsafe_tags})
+    if rule.safety is Safety.DISPLAY:
+        fix = "display-only (no automatic fix)"
+    elif rule.safety is Safety.SAFE:
+        fix = "safe" + (f"; unsafe in some cases ({', '.join(tags)})" if tags else "")
+    else:
+        fix = "unsafe" + (f" ({', '.join(tags)})" if tags else "") + ": applied only with `--unsafe-fixes`"
+    lines = [
+        f"# {rule.code} `{rule.name}`",
+        "",
+        f"*Family:* {rule.family} · *Fix:* {fix}",
+        "",
+        f"*Message:* {rule.message}",
+        "",
+        doc,
+        "",
+    ]
+    if tags:
+        lines += ["## What an unsafe fix changes", ""]
+        lines += [f"- **{t}**: {TAG_MEANING[Tag(t)]}." for t in tags]
+        lines += ["", "Apply these with `--unsafe-fixes`, or promote the code with `extend-safe-fixes`.", ""]
+    if rule.options:
+        lines += ["## Options", "", f"Set under `[tool.torchopt.rules.{rule.code}]`:", ""]
+        for o in rule.options:
+            choice = f" (one of {', '.join(map(repr, o.choices))})" if o.choices else ""
+            lines.append(f"- `{o.name}` ({o.type.__name__}, default `{o.default!r}`){choice}: {o.help}")
+        lines.append("")
+    lines += ["## Tested examples", ""]
+    for e in invalid:
+        note = f" {e.note}" if e.note else ""
+        lines.append(f"Flagged.{note}")
+        lines.append("")
+        lines.append(_fence(e.src))
+        if e.after is not None:
+            how = f"With `--unsafe-fixes` ({', '.join(e.unsafe_tags)}):" if e.unsafe_tags else "Fixed:"
+            lines += [how, "", _fence(e.after)]
+        else:
+            lines += ["(no automatic fix)", ""]
+    for e in valid:
+        note = f" {e.note}" if e.note else ""
+        lines += [f"Not flagged.{note}", "", _fence(e.src)]
+    lines += ["Suppress on one line with `# noqa: " + rule.code + "` or `# torchopt: ignore[" + rule.code + "]`.", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_index() -> str:
+    lines = ["# Rules", "", "Generated from the rule classes; `torchopt rule CODE` prints the same pages.", "",
+             "| code | name | fix | summary |", "|---|---|---|---|"]
+    for code, rule in all_rules().items():
+        lines.append(f"| [{code}]({code}.md) | `{rule.name}` | {rule.safety.value} | {rule.summary()} |")
+    return "\n".join(lines) + "\n"
+
+
+def pages() -> dict[str, str]:
+    out = {f"{code}.md": render(rule) for code, rule in all_rules().items()}
+    out["README.md"] = render_index()
+    return out
+
+
+def write(folder: str) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    want = pages()
+    for name in os.listdir(folder):
+        if name.endswith(".md") and name not in want:
+            os.remove(os.path.join(folder, name))
+    for name, text in want.items():
+        with open(os.path.join(folder, name), "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+    return sorted(want)
+
+
+if __name__ == "__main__":
+    written = write(sys.argv[1] if len(sys.argv) > 1 else "docs/rules")
+    print(f"wrote {len(written)} pages")
