@@ -117,7 +117,9 @@ def torch_ref(rule: Rule) -> TorchRef | None:
         if scope is not None and "torch" in scope and not bound_torch:
             # `torch` is bound to something that is not the torch module: never shadow it.
             assigned = [a for a in scope["torch"] if not _is_import_of_torch(a)]
-            ref = None if assigned else TorchRef("torch", (ImportSpec("torch"),))
+            # Only imports of torch bind it (e.g. under `if is_torch_available():`): reuse them, and
+            # add no top-level import that the guard was there to avoid.
+            ref = None if assigned else TorchRef("torch")
         elif bound_torch:
             ref = TorchRef("torch")  # `import torch.nn` binds `torch` too
         else:
@@ -379,8 +381,13 @@ def set_kwarg(call: cst.Call, name: str, value: cst.BaseExpression, before: Sequ
         return call.with_changes(args=[new])
     last = args[-1]
     if isinstance(last.comma, cst.Comma):  # trailing comma: the new argument takes it over
-        sep = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(
-            whitespace_after=cst.SimpleWhitespace(" "))
+        if len(args) > 1 and isinstance(args[-2].comma, cst.Comma):
+            sep = args[-2].comma
+        elif isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+            # one argument per line, `f(\n    a,\n)`: the new one goes on its own line too
+            sep = cst.Comma(whitespace_after=call.whitespace_before_args)
+        else:
+            sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         args[-1] = last.with_changes(comma=sep)
         args.append(new.with_changes(comma=last.comma))
     else:

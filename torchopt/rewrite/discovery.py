@@ -16,11 +16,11 @@ DEFAULT_EXCLUDES = frozenset({
 })
 
 
-def _gitignore(folder: str) -> pathspec.PathSpec | None:
+def _gitignore(folder: str) -> pathspec.GitIgnoreSpec | None:
     path = os.path.join(folder, ".gitignore")
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return pathspec.PathSpec.from_lines("gitwildmatch", fh)
+            return pathspec.GitIgnoreSpec.from_lines(fh)
     except OSError:
         return None
 
@@ -38,10 +38,10 @@ def discover(paths: Iterable[str], settings_for: Callable[[str], Settings]) -> l
     for given in paths:
         if os.path.isdir(given):
             for f in _walk(given, settings_for):
-                out.setdefault(os.path.realpath(f), f)
+                out.setdefault(os.path.realpath(f), os.path.normpath(f))
         else:
             # Named explicitly: taken even if excluded or not ending in .py; errors surface later.
-            out.setdefault(os.path.realpath(given) if os.path.exists(given) else given, given)
+            out.setdefault(os.path.realpath(given), given)
     return sorted(out.values())
 
 

@@ -6,13 +6,13 @@ and compiled, and a pass that breaks either is rolled back and reported.
 """
 from __future__ import annotations
 
+import ast
+
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from torchopt.rewrite import suppress
 from torchopt.rewrite.config import Settings
@@ -98,6 +98,17 @@ def active_rules(codes: Iterable[str], text: str | None = None) -> list[type[Rul
     return out
 
 
+def syntax_check(text: str) -> None:
+    """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
+    try:
+        compile(text, "<source>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        col = f", column {exc.offset}" if exc.offset else ""
+        raise ParseError(f"syntax error at line {exc.lineno}{col}: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise ParseError(f"cannot parse: {' '.join(str(exc).split())}") from None
+
+
 def parse(text: str) -> cst.Module:
     try:
         return cst.parse_module(text)
@@ -112,6 +123,7 @@ def parse(text: str) -> cst.Module:
 class _Pass:
     module: cst.Module
     findings: list[tuple[Finding, Diagnostic]]
+    positions: Mapping[cst.CSTNode, CodeRange]
 
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
@@ -144,7 +156,7 @@ def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, 
                           end_column=end.column + 1, fix=fix)
         out.append((f, diag))
     out.sort(key=lambda fd: fd[1].sort_key())
-    return _Pass(module=module, findings=out)
+    return _Pass(module=module, findings=out, positions=positions)
 
 
 def check_source(text: str, settings: Settings, path: str = "<stdin>",
@@ -153,6 +165,7 @@ def check_source(text: str, settings: Settings, path: str = "<stdin>",
     codes = settings.enabled_codes(path) if codes is None else codes
     rules = active_rules(codes, text)
     if not rules:
+        syntax_check(text)
         return CheckResult([])
     p = _run_rules(parse(text), rules, settings, path, text)
     return CheckResult([d for _, d in p.findings])
@@ -176,19 +189,12 @@ class _Apply(cst.CSTTransformer):
 
 def _choose(p: _Pass, unsafe: bool) -> list[tuple[Finding, Diagnostic]]:
     """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass."""
-    wrapper_positions = None
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
     for f, d in p.findings:
         if not _applicable(d, unsafe):
             continue
-        target = f.target or f.node
-        if target is f.node:
-            span = (d.line, d.column, d.end_line, d.end_column)
-        else:
-            if wrapper_positions is None:
-                wrapper_positions = MetadataWrapper(p.module, unsafe_skip_copy=True).resolve(PositionProvider)
-            r = wrapper_positions[target]
-            span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
+        r = p.positions[f.target or f.node]
+        span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
         if any(_overlap(span, s) for _, _, s in chosen):
             continue
         chosen.append((f, d, span))
@@ -206,6 +212,10 @@ def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:
+        # Imported here: libcst.codemod pulls in libcst.matchers, 0.3 s of start-up most runs never need.
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import AddImportsVisitor
+
         ctx = CodemodContext()
         for imp in imports:
             AddImportsVisitor.add_needed_import(ctx, imp.module, imp.obj, imp.asname)
@@ -234,6 +244,8 @@ def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: boo
     for n in range(MAX_PASSES + 1):
         rules = active_rules(codes, current)
         if not rules:
+            if n == 0:
+                syntax_check(current)
             break
         module = module or parse(current)
         p = _run_rules(module, rules, settings, path, current)

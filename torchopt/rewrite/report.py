@@ -84,4 +84,6 @@ def per_code(diags: Iterable[Diagnostic]) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}{'es' if word.endswith(('s', 'x', 'sh', 'ch')) else 's'}"

@@ -5,6 +5,7 @@ Regenerate the committed pages with `python -m torchopt.rewrite.ruledoc docs/rul
 from __future__ import annotations
 
 import inspect
+import re
 import os
 import sys
 
@@ -14,6 +15,19 @@ from torchopt.rewrite.rule import TAG_MEANING, Invalid, Rule, Safety, Tag, Valid
 
 def _fence(src: str) -> str:
     return "```python\n" + src.rstrip("\n") + "\n```\n"
+
+
+def _template(message: str) -> str:
+    return re.sub(r"\{(\w+)\}", r"<\1>", message)
+
+
+def _messages(rule: type[Rule], src: str) -> list[str]:
+    """What the rule actually says about an example (so the page shows real messages)."""
+    from torchopt.rewrite.config import Settings
+    from torchopt.rewrite.engine import check_source
+
+    diags = check_source(src, Settings(select=(rule.code,))).diagnostics
+    return [f"{d.line}:{d.column}: {d.message}" for d in diags if d.code == rule.code]
 
 
 def render(rule: type[Rule]) -> str:
@@ -32,7 +46,7 @@ def render(rule: type[Rule]) -> str:
         "",
         f"*Family:* {rule.family} · *Fix:* {fix}",
         "",
-        f"*Message:* {rule.message}",
+        f"*Message:* {_template(rule.message)}",
         "",
         doc,
         "",
@@ -53,6 +67,7 @@ def render(rule: type[Rule]) -> str:
         lines.append(f"Flagged.{note}")
         lines.append("")
         lines.append(_fence(e.src))
+        lines += [f"> {m}" for m in _messages(rule, e.src)] + [""]
         if e.after is not None:
             how = f"With `--unsafe-fixes` ({', '.join(e.unsafe_tags)}):" if e.unsafe_tags else "Fixed:"
             lines += [how, "", _fence(e.after)]

@@ -1,0 +1,105 @@
+"""Execute two versions of a program on the CPU under the same seeds and compare what they computed,
+bitwise: every tensor (values, dtype, device, requires_grad, is_leaf), module states, and the RNG
+state afterwards (a safe fix must draw the same random numbers)."""
+from __future__ import annotations
+
+import os
+import random
+import runpy
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+
+def run_program(src: str, name: str = "prog", run_name: str = "__main__", cwd: str | None = None) -> dict[str, Any]:
+    """Run ``src`` as a script (in a temp file so tracebacks name it) and return its globals plus
+    the RNG state it left behind."""
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        import numpy as np
+
+        np.random.seed(0)
+    except ImportError:  # pragma: no cover
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.py")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(src)
+        old_cwd = os.getcwd()
+        os.chdir(cwd or tmp)
+        old_argv = sys.argv
+        sys.argv = [path]
+        try:
+            ns = runpy.run_path(path, run_name=run_name)
+        finally:
+            sys.argv = old_argv
+            os.chdir(old_cwd)
+    ns = {k: v for k, v in ns.items() if not k.startswith("__")}
+    ns["__rng_state__"] = torch.get_rng_state()
+    return ns
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def describe_diff(a: Any, b: Any, where: str) -> str | None:
+    """None when ``a`` and ``b`` are the same down to the bits; else what differs."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{where}: {type(a).__name__} vs {type(b).__name__}"
+        for attr in ("dtype", "device", "shape", "requires_grad", "is_leaf"):
+            if getattr(a, attr) != getattr(b, attr):
+                return f"{where}: {attr} {getattr(a, attr)} vs {getattr(b, attr)}"
+        if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool or not a.is_floating_point():
+            if not torch.equal(_bits(a), _bits(b)):
+                return f"{where}: values differ"
+        return None
+    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
+        sa, sb = a.state_dict(), b.state_dict()
+        if list(sa) != list(sb):
+            return f"{where}: state_dict keys {list(sa)} vs {list(sb)}"
+        for k in sa:
+            d = describe_diff(sa[k], sb[k], f"{where}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{where}: length {len(a)} vs {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = describe_diff(x, y, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for k in a:
+            d = describe_diff(a[k], b[k], f"{where}[{k!r}]")
+            if d:
+                return d
+        return None
+    if isinstance(a, (int, float, str, bool, type(None))) and isinstance(b, (int, float, str, bool, type(None))):
+        same = (a == b) or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+        return None if same else f"{where}: {a!r} vs {b!r}"
+    return None  # functions, modules, classes: not data
+
+
+def compare_programs(before: str, after: str) -> list[str]:
+    """Run both and list every difference (empty: bitwise the same)."""
+    a, b = run_program(before, "before"), run_program(after, "after")
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a or key not in b:
+            if isinstance(a.get(key, b.get(key)), (torch.Tensor, torch.nn.Module)):
+                diffs.append(f"{key}: only in {'after' if key in b else 'before'}")
+            continue
+        d = describe_diff(a[key], b[key], key)
+        if d:
+            diffs.append(d)
+    return diffs

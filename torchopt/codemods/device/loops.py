@@ -1,0 +1,683 @@
+"""Host→device copies in loops (rules.md DEV-004, DEV-005).
+
+TOP104: a DataLoader whose batches are copied to the device: pin its batches and copy them
+asynchronously. TOP105: diagnostics for device placement inside loops and legacy idioms."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import Assignment, ParentNodeProvider, PositionProvider, ScopeProvider
+
+from torchopt.codemods._torch import (
+    DeviceKind,
+    callee,
+    classify_device,
+    dtype_of,
+    has_star,
+    in_loop,
+    keyword,
+    method_call,
+    positional,
+    reaching_values,
+    set_kwarg,
+    source,
+    string_value,
+    torch_name,
+    torch_ref,
+)
+from torchopt.codemods.device import FAMILY
+from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+
+DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+_PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
+_SCOPE_BREAKS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+# --------------------------------------------------------------------------- small analysis helpers
+
+
+def _pos(rule: Rule, node: cst.CSTNode) -> tuple[int, int]:
+    r = rule.get_metadata(PositionProvider, node)
+    return (r.start.line, r.start.column)
+
+
+def _end(rule: Rule, node: cst.CSTNode) -> tuple[int, int]:
+    r = rule.get_metadata(PositionProvider, node)
+    return (r.end.line, r.end.column)
+
+
+def _inside(rule: Rule, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+    return _pos(rule, container) <= _pos(rule, node) and _end(rule, node) <= _end(rule, container)
+
+
+def _walk(node: cst.CSTNode, cross_scopes: bool = False):
+    """Every node under ``node`` (pre-order), not entering nested functions, classes or lambdas."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        for child in reversed(cur.children):
+            if not cross_scopes and isinstance(child, _SCOPE_BREAKS):
+                continue
+            stack.append(child)
+
+
+def _base_name(expr: cst.BaseExpression) -> cst.Name | None:
+    """``x`` for ``x``, ``x[0]``, ``x['a'][1]``."""
+    while isinstance(expr, cst.Subscript):
+        expr = expr.value
+    return expr if isinstance(expr, cst.Name) else None
+
+
+def _mutated_names(body: cst.CSTNode) -> set[str]:
+    """Names mutated in place in ``body``: ``x.add_(...)``, ``x[i] = ...``, ``x += ...``, ``x.a = ...``."""
+    out: set[str] = set()
+    for n in _walk(body):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
+            attr = n.func.attr.value
+            if attr.endswith("_") and not attr.startswith("_"):
+                b = _base_name(n.func.value)
+                if b is not None:
+                    out.add(b.value)
+        elif isinstance(n, cst.AugAssign):
+            b = _base_name(n.target) if not isinstance(n.target, cst.Attribute) else _base_name(n.target.value)
+            if b is not None:
+                out.add(b.value)
+        elif isinstance(n, cst.AssignTarget) and isinstance(n.target, (cst.Subscript, cst.Attribute)):
+            b = _base_name(n.target.value)
+            if b is not None:
+                out.add(b.value)
+    return out
+
+
+def _statement_of(rule: Rule, node: cst.CSTNode) -> cst.CSTNode | None:
+    cur: cst.CSTNode | None = node
+    while cur is not None and not isinstance(cur, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+        cur = rule.get_metadata(ParentNodeProvider, cur, None)
+    return cur
+
+
+def _assigned_before(rule: Rule, name: cst.Name, start: cst.CSTNode, use: cst.CSTNode) -> bool:
+    """Whether ``name`` may be rebound between the start of ``start`` (a loop body) and ``use``.
+    An assignment in the same simple statement as ``use`` (``x = x.cuda()``) happens after it."""
+    try:
+        scope = rule.get_metadata(ScopeProvider, name)
+    except KeyError:
+        return True
+    if scope is None:
+        return True
+    begin, at = _pos(rule, start), _pos(rule, use)
+    for a in scope[name.value]:
+        if not isinstance(a, Assignment):
+            continue
+        node = a.node
+        try:
+            p = _pos(rule, node)
+        except KeyError:
+            return True
+        if not (begin <= p < at):
+            continue
+        stmt = _statement_of(rule, node)
+        if isinstance(stmt, cst.BaseSmallStatement) and stmt is _statement_of(rule, use):
+            continue
+        return True
+    return False
+
+
+def _move_device(rule: Rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None] | None:
+    """For ``<expr>.cuda(...)`` / ``<expr>.to(<device>, ...)`` that copies host→device: ("cuda"
+    when the target is literally CUDA, else "device", the device expression); None otherwise."""
+    if not isinstance(call.func, cst.Attribute) or has_star(call):
+        return None
+    meth = call.func.attr.value
+    pos = positional(call)
+    if meth == "cuda":
+        if len(pos) > 1:  # .cuda(device, non_blocking)
+            return None
+        return "cuda", None
+    if meth != "to":
+        return None
+    dev_arg = keyword(call, "device")
+    if len(pos) > 2 or (len(pos) == 2 and dtype_of(rule, pos[1].value) is None):
+        return None
+    if dev_arg is not None:
+        if pos and dtype_of(rule, pos[0].value) is None:
+            return None
+        expr = dev_arg.value
+    elif pos:
+        expr = pos[0].value
+    else:
+        return None
+    dev = classify_device(rule, expr)
+    if not dev.is_device or dev.is_cpu or dev.text == "meta":
+        return None
+    literal_cuda = dev.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and dev.text.split(":")[0] == "cuda"
+    return ("cuda" if literal_cuda else "device"), expr
+
+
+# --------------------------------------------------------------------------- TOP104
+
+
+@dataclass
+class _LoaderUse:
+    call: cst.Call
+    kinds: set[str] = field(default_factory=set)
+
+
+class UnpinnedHostCopy(Rule):
+    """## What it does
+    Flags a `torch.utils.data.DataLoader` whose batches are copied to the device in a `for` loop
+    (`for x, y in loader`, `for i, (x, y) in enumerate(loader)`, `for b in tqdm(loader)`) when
+    the loader does not pin its batches or the copies are synchronous. Two findings, each with its
+    own fix: `pin_memory=...` on the `DataLoader(...)` call, and `non_blocking=True` on each
+    host→device copy (`x.cuda()`, `x.to(device)`) of a tensor that comes from the loop target.
+
+    ## Why is this slow
+    A copy from ordinary (pageable) host memory is staged through a pinned buffer by the driver
+    and blocks the host until it is done, so the next kernels cannot be queued meanwhile. With
+    `pin_memory=True` the loader's worker puts every batch in page-locked memory, and a copy with
+    `non_blocking=True` from there is a true asynchronous DMA that overlaps with compute.
+
+    ## Example
+    ```python
+    loader = DataLoader(ds, batch_size=64, num_workers=4)
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    ```
+
+    ## Fix safety
+    Safe: the values are identical. A host→device copy with `non_blocking=True` is ordered before
+    every later kernel on the same stream, and a DataLoader yields a fresh batch per iteration, so
+    nothing mutates the source while the copy runs (copies of tensors mutated in place in the loop
+    are left alone). `non_blocking` is never added to device→host copies (`.cpu()`, `.to('cpu')`),
+    whose result the host may read before it arrives. `pin_memory=True` is used when the copies go
+    to CUDA explicitly; when the device comes from a variable the fix writes
+    `pin_memory=torch.cuda.is_available()`, so the script still runs without a GPU. A loader that
+    already passes `pin_memory` (any value) or `**kwargs` keeps its arguments. The fix does not
+    insert `.pin_memory()` calls, which are slower than a plain copy.
+    """
+
+    code = "TOP104"
+    name = "unpinned-host-copy"
+    family = FAMILY
+    message = "`{move}` copies a DataLoader batch to the device synchronously"
+    loader_message = "`{loader}` feeds host→device copies but does not pin its batches"
+    fix_title = "Add `non_blocking=True`"
+    loader_fix_title = "Add `pin_memory={value}`"
+    safety = Safety.SAFE
+    prefilter = ("DataLoader",)
+
+    _HEAD = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+    _DS = "ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))\n"
+    examples = (
+        Invalid(
+            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4)\n"
+            "for x, y in loader:\n    x, y = x.cuda(), y.cuda()\n",
+            after=_HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4, pin_memory=True)\n"
+            "for x, y in loader:\n    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)\n",
+        ),
+        Invalid(
+            _HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
+            + "loader = DataLoader(ds, batch_size=2)\nseen = []\n"
+            "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n    seen.append(x.sum(0) + y)\n",
+            after=_HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
+            + "loader = DataLoader(ds, batch_size=2, pin_memory=torch.cuda.is_available())\nseen = []\n"
+            "for x, y in loader:\n    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+            "    seen.append(x.sum(0) + y)\n",
+            runnable=True,
+        ),
+        Invalid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def train(model, ds, device):\n"
+            "    loader = DataLoader(ds, batch_size=32, shuffle=True)\n"
+            "    for step, (images, labels) in enumerate(loader):\n"
+            "        out = model(images.to(device))\n"
+            "        loss = (out - labels.to(device, torch.float32)).pow(2).mean()\n",
+            after="import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def train(model, ds, device):\n"
+            "    loader = DataLoader(ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available())\n"
+            "    for step, (images, labels) in enumerate(loader):\n"
+            "        out = model(images.to(device, non_blocking=True))\n"
+            "        loss = (out - labels.to(device, torch.float32, non_blocking=True)).pow(2).mean()\n",
+        ),
+        Invalid(
+            "import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
+            "for batch in loader:\n    batch = batch.cuda()\n",
+            after="import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
+            "for batch in loader:\n    batch = batch.cuda(non_blocking=True)\n",
+            note="the loader already pins: only the copy changes",
+        ),
+        Invalid(
+            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            after="from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            note="the copies are already asynchronous: only the loader changes",
+        ),
+        Valid(
+            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2)\n"
+            "for x, y in loader:\n    x = x.to('cpu')\n", runnable=True,
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=False)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def make(ds, **kw):\n    loader = DataLoader(ds, **kw)\n"
+            "    for x, y in loader:\n        x = x.cuda(non_blocking=True)\n",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
+            "for x, y in loader:\n    p = model(x.cuda(non_blocking=True)).cpu()\n    q = p.to('cpu')\n",
+            note="device→host copies never get non_blocking",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
+            "for x, y in loader:\n    x = x.to(other)\n",
+            note="`other` may be a tensor or a dtype",
+        ),
+        Valid(
+            "from torch.utils.data import DataLoader\n\ndef build(ds):\n    loader = DataLoader(ds)\n    return loader\n\n"
+            "def train(loader):\n    for x, y in loader:\n        x = x.cuda()\n",
+            note="the loop's loader is a parameter, not the DataLoader built elsewhere",
+        ),
+    )
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx)
+        self._loaders: dict[int, cst.Call] = {}  # id(binding Name) -> DataLoader call
+        self._fors: list[cst.For] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if callee(self, node) not in DATALOADERS:
+            return
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = parent.targets[0].target
+        elif isinstance(parent, cst.AnnAssign):
+            target = parent.target
+        else:
+            return
+        if isinstance(target, cst.Name):
+            self._loaders[id(target)] = node
+
+    def visit_For(self, node: cst.For) -> None:
+        if node.asynchronous is None:
+            self._fors.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if not self._loaders:
+            return
+        uses: dict[int, _LoaderUse] = {}
+        moves: dict[int, cst.Call] = {}
+        for loop in self._fors:
+            unwrapped = self._unwrap(loop.iter, loop.target)
+            if unwrapped is None:
+                continue
+            name, target = unwrapped
+            calls = self._loader_calls(name)
+            if not calls:
+                continue
+            kinds, fixable = self._moves(loop, target)
+            if not kinds:
+                continue
+            for call in calls:
+                uses.setdefault(id(call), _LoaderUse(call)).kinds |= kinds
+            for m in fixable:
+                moves[id(m)] = m
+        for m in moves.values():
+            self.report(m, fmt={"move": source(self, m)},
+                        replacement=set_kwarg(m, "non_blocking", cst.Name("True")))
+        for use in uses.values():
+            self._report_loader(use)
+
+    def _report_loader(self, use: _LoaderUse) -> None:
+        call = use.call
+        if has_star(call) or keyword(call, "pin_memory") is not None:
+            return
+        if len(positional(call)) > _PIN_MEMORY_POSITION:
+            return
+        if use.kinds == {"cuda"}:
+            value: cst.BaseExpression = cst.Name("True")
+            imports = ()
+        else:
+            ref = torch_ref(self)
+            if ref is None:
+                return
+            value = ref.attr("cuda.is_available()")
+            imports = ref.imports
+        text = cst.Module([]).code_for_node(value)
+        fmt = {"loader": source(self, call.func) + "(...)", "value": text}
+        self.report(call, fmt=fmt, message=self.loader_message, fix_title=self.loader_fix_title,
+                    replacement=set_kwarg(call, "pin_memory", value), imports=imports)
+
+    def _unwrap(self, it: cst.BaseExpression, target: cst.BaseExpression
+                ) -> tuple[cst.Name, cst.BaseExpression] | None:
+        """The loader name and the part of the target that receives its batches."""
+        for _ in range(4):
+            if isinstance(it, cst.Name):
+                return it, target
+            if not isinstance(it, cst.Call) or has_star(it):
+                return None
+            args = positional(it)
+            if not args:
+                return None
+            fname = it.func.value if isinstance(it.func, cst.Name) else (
+                it.func.attr.value if isinstance(it.func, cst.Attribute) else "")
+            if fname == "enumerate" and isinstance(it.func, cst.Name):
+                if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != 2:
+                    return None
+                target = target.elements[1].value
+            elif fname in ("tqdm", "track", "progress_bar"):
+                pass
+            else:
+                return None
+            it = args[0].value
+        return None
+
+    def _loader_calls(self, name: cst.Name) -> list[cst.Call]:
+        """The DataLoader calls ``name`` is bound to, if every binding it can see is one."""
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return []
+        if scope is None or name.value not in scope:
+            return []
+        out = []
+        for a in scope[name.value]:
+            call = self._loaders.get(id(getattr(a, "node", None)))
+            if call is None:
+                return []
+            out.append(call)
+        return out
+
+    def _moves(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
+        """Kinds of host→device copies of loop-target tensors in the body, and those lacking
+        ``non_blocking``."""
+        names = {n.value for n in _walk(target) if isinstance(n, cst.Name)}
+        if not names:
+            return set(), []
+        mutated = _mutated_names(loop.body)
+        kinds: set[str] = set()
+        fixable: list[cst.Call] = []
+        for n in _walk(loop.body):
+            if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
+                continue
+            if n.func.attr.value not in ("cuda", "to"):
+                continue
+            base = _base_name(n.func.value)
+            if base is None or base.value not in names or base.value in mutated:
+                continue
+            if _assigned_before(self, base, loop.body, n):
+                continue
+            mv = _move_device(self, n)
+            if mv is None:
+                continue
+            kinds.add(mv[0])
+            if keyword(n, "non_blocking") is None:
+                fixable.append(n)
+        return kinds, fixable
+
+
+# --------------------------------------------------------------------------- TOP105
+
+_LEGACY_TYPES = {
+    "FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
+    "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32",
+    "ShortTensor": "int16", "CharTensor": "int8", "ByteTensor": "uint8", "BoolTensor": "bool",
+}
+# torch functions that do not return a tensor (for "is this name a tensor?").
+_NOT_TENSOR = {
+    "device", "Size", "finfo", "iinfo", "dtype", "Generator", "get_default_dtype", "is_tensor",
+    "is_storage", "is_floating_point", "is_complex", "numel", "typename", "is_grad_enabled",
+    "get_num_threads", "manual_seed", "initial_seed", "seed", "no_grad", "enable_grad",
+    "inference_mode", "autocast", "compile", "load", "save", "set_grad_enabled", "get_device",
+    "is_nonzero", "equal", "allclose", "is_same_size", "broadcast_shapes", "use_deterministic_algorithms",
+}
+_TENSOR_NAMESPACES = ("torch.", "torch.nn.functional.", "torch.linalg.", "torch.fft.", "torch.special.")
+
+
+class DevicePlacementHint(Rule):
+    """## What it does
+    Points at device placement that costs a copy where none is needed, with advice:
+
+    * a tensor defined before a loop and moved with `.cuda()` / `.to(device)` inside it, although
+      it is never reassigned in the loop;
+    * `torch.tensor([...])` built inside a loop with `device=` or moved to the device right away;
+    * the legacy `t.type(torch.cuda.FloatTensor)` (or the string `'torch.cuda.FloatTensor'`);
+    * `torch.tensor(t)` where `t` is already a tensor.
+
+    ## Why is this slow
+    Each `.cuda()` / `.to(device)` of a host tensor is a host→device copy; in a loop it is paid on
+    every iteration although the data does not change. A tensor built from a Python list is filled
+    on the host and then copied, and the copy from pageable memory synchronises the host with the
+    device. `torch.tensor(t)` copies `t` through a slow generic path and warns.
+
+    ## Example
+    ```python
+    w = torch.randn(128, 128)
+    for x in batches:
+        y = x @ w.cuda()
+        mask = torch.tensor([1.0, 0.0, 1.0]).cuda()
+    ```
+
+    ## Use instead
+    ```python
+    w = torch.randn(128, 128).cuda()
+    mask = torch.tensor([1.0, 0.0, 1.0], device='cuda')
+    for x in batches:
+        y = x @ w
+    ```
+
+    ## Fix safety
+    Display-only: there is no automatic fix. Hoisting a move out of a loop is only correct when
+    nothing in the loop depends on the host copy and the tensor does not change, which a
+    syntactic check cannot prove; the message says what to change by hand.
+    """
+
+    code = "TOP105"
+    name = "device-placement-hint"
+    family = FAMILY
+    message = "`{name}` is moved to the device on every iteration; move it once before the loop"
+    literal_message = (
+        "`{call}` builds a host tensor and copies it to the device every iteration "
+        "(a host→device copy and a sync); build it once before the loop, or on the device"
+    )
+    type_message = "`{call}` uses a legacy tensor type; use `{suggestion}`"
+    copy_message = "`{call}` copy-constructs from a tensor (and warns); use `{suggestion}`"
+    fix_title = None
+    safety = Safety.DISPLAY
+    prefilter = (".cuda(", ".to(", ".type(", "tensor(")
+
+    examples = (
+        Invalid(
+            "import torch\n\ndef run(xs):\n    w = torch.randn(4, 4)\n    out = []\n"
+            "    for x in xs:\n        out.append(x @ w.cuda())\n    return out\n",
+            after=None,
+        ),
+        Invalid(
+            "import torch\n\ndevice = 'cuda'\nmask = torch.ones(3)\ni = 0\n"
+            "while i < 10:\n    m = mask.to(device)\n    i += 1\n",
+            after=None,
+        ),
+        Invalid(
+            "import torch\n\nfor step in range(10):\n    t = torch.tensor([1.0, 2.0, 3.0]).cuda()\n",
+            after=None,
+        ),
+        Invalid(
+            "import torch\n\ndef f(rows, device):\n    for r in rows:\n"
+            "        t = torch.tensor([v * 2 for v in r], device=device)\n",
+            after=None,
+        ),
+        Invalid("import torch\n\ndef f(t):\n    return t.type(torch.cuda.FloatTensor)\n", after=None),
+        Invalid("def f(t):\n    return t.type('torch.cuda.HalfTensor')\n", after=None),
+        Invalid(
+            "import torch\n\na = torch.zeros(3)\nb = torch.tensor(a)\n",
+            after=None,
+            note="suggest a.detach().clone()",
+        ),
+        Valid(
+            "import torch\n\ndef run(xs, device):\n    w = torch.randn(4, 4)\n"
+            "    for x in xs:\n        w = w.to(device)\n        x = x @ w\n",
+            note="`w` is reassigned in the loop",
+        ),
+        Valid(
+            "import torch\n\ndef run(xs):\n    for x in xs:\n        x = x.cuda()\n",
+            note="the loop target changes every iteration",
+        ),
+        Valid(
+            "import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    w.add_(1)\n    v = w.cuda()\n",
+            note="`w` changes in the loop",
+        ),
+        Valid(
+            "import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    v = w.to('cpu')\n",
+            runnable=True,
+        ),
+        Valid("import torch\n\nt = torch.tensor([1.0, 2.0]).cuda()\n", note="not in a loop"),
+        Valid("import torch\n\nb = torch.tensor([1, 2])\nc = torch.tensor(b.tolist())\n", runnable=True),
+        Valid("def f(t, kind):\n    return t.type(kind)\n"),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Attribute):
+            attr = node.func.attr.value
+            if attr == "type":
+                self._legacy_type(node)
+            elif attr in ("cuda", "to"):
+                self._loop_move(node)
+        name = callee(self, node)
+        if name == "torch.tensor":
+            self._tensor_call(node)
+
+    # (i) and (ii, moved form)
+    def _loop_move(self, node: cst.Call) -> None:
+        mv = _move_device(self, node)
+        if mv is None:
+            return
+        recv = node.func.value  # type: ignore[union-attr]
+        loop = None
+        if isinstance(recv, cst.Name):
+            loop = in_loop(self, node)
+            if loop is not None and self._invariant(recv, loop):
+                self.report(node, fmt={"name": recv.value})
+            return
+        mc = method_call(node, ("cuda", "to"))
+        if mc is None:
+            return
+        inner = mc[0]
+        if callee(self, inner) == "torch.tensor" and self._host_data(inner) and in_loop(self, node):
+            self.report(node, message=self.literal_message, fmt={"call": source(self, node)})
+
+    def _invariant(self, name: cst.Name, loop: cst.For | cst.While) -> bool:
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return False
+        if scope is None or name.value not in scope:
+            return False
+        assignments = list(scope[name.value])
+        if not assignments:
+            return False
+        loop_start = _pos(self, loop)
+        for a in assignments:
+            if not isinstance(a, Assignment) or a.scope is not scope:
+                return False
+            try:
+                if _end(self, a.node) > loop_start:
+                    return False
+            except KeyError:
+                return False
+        return name.value not in _mutated_names(loop)
+
+    # (ii, device= form) and (iv)
+    def _tensor_call(self, node: cst.Call) -> None:
+        if has_star(node):
+            return
+        args = positional(node)
+        if not args:
+            return
+        data = args[0].value
+        parent = self.get_metadata(ParentNodeProvider, node, None)
+        grand = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
+        moved = isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
+            and parent.attr.value in ("cuda", "to") and _move_device(self, grand) is not None
+        if isinstance(data, cst.Name) and self._is_tensor_name(data):
+            dev = keyword(node, "device")
+            dtype = keyword(node, "dtype")
+            parts = []
+            if dev is not None:
+                parts.append(f"device={source(self, dev.value)}")
+            elif moved:
+                assert isinstance(grand, cst.Call)
+                mv = _move_device(self, grand)
+                parts.append(source(self, mv[1]) if mv and mv[1] is not None else "'cuda'")
+            if dtype is not None:
+                parts.append(f"dtype={source(self, dtype.value)}")
+            suggestion = f"{data.value}.detach().to({', '.join(parts)})" if parts else f"{data.value}.detach().clone()"
+            self.report(node, message=self.copy_message, fmt={"call": source(self, node), "suggestion": suggestion})
+            return
+        if moved:
+            return  # reported at the move
+        dev = keyword(node, "device")
+        if dev is None:
+            return
+        d = classify_device(self, dev.value)
+        if not d.is_device or d.is_cpu or d.text == "meta":
+            return
+        if self._host_data(node) and in_loop(self, node):
+            self.report(node, message=self.literal_message, fmt={"call": source(self, node)})
+
+    def _host_data(self, call: cst.Call) -> bool:
+        args = positional(call)
+        if not args or has_star(call):
+            return False
+        data = args[0].value
+        if isinstance(data, (cst.List, cst.Tuple)):
+            return bool(data.elements)  # `torch.tensor([])` copies nothing
+        if isinstance(data, cst.ListComp):
+            return True
+        return isinstance(data, cst.Name) and not self._is_tensor_name(data)
+
+    def _is_tensor_name(self, name: cst.Name) -> bool:
+        values = reaching_values(self, name)
+        if not values:
+            return False
+        for v in values:
+            if not isinstance(v, cst.Call):
+                return False
+            q = callee(self, v)
+            if q is None or not any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES):
+                return False
+            if q.rsplit(".", 1)[1] in _NOT_TENSOR:
+                return False
+        return True
+
+    # (iii)
+    def _legacy_type(self, node: cst.Call) -> None:
+        args = positional(node)
+        if len(node.args) != 1 or len(args) != 1:
+            return
+        arg = args[0].value
+        q = string_value(arg)
+        if q is None:
+            q = torch_name(self, arg)
+        if not q or not q.startswith("torch.cuda."):
+            return
+        dtype = _LEGACY_TYPES.get(q[len("torch.cuda."):])
+        if dtype is None:
+            return
+        recv = node.func.value  # type: ignore[union-attr]
+        if torch_name(self, recv) is not None:  # torch.cuda.FloatTensor.type(...) etc.
+            return
+        ref = torch_ref(self)
+        tname = ref.name if ref is not None else "torch"
+        suggestion = f"{source(self, recv)}.to(device='cuda', dtype={tname}.{dtype})"
+        self.report(node, message=self.type_message, fmt={"call": source(self, node), "suggestion": suggestion})
