@@ -9,14 +9,10 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import libcst as cst
-from libcst.metadata import (
-    Assignment,
-    ParentNodeProvider,
-    QualifiedNameProvider,
-    QualifiedNameSource,
-    ScopeProvider,
-)
+from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
 
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Rule
 
 # --------------------------------------------------------------------------- names (G-1, G-2)
@@ -27,14 +23,63 @@ def qualified_names(rule: Rule, node: cst.CSTNode) -> set[str]:
     if not isinstance(node, (cst.Name, cst.Attribute)):
         return set()
     try:
-        names = rule.get_metadata(QualifiedNameProvider, node, set())
+        names = _qualified_names(rule, node)
     except KeyError:
         return set()
     return {q.name for q in names if q.source is QualifiedNameSource.IMPORT}
 
 
+_BOUND_CACHE: dict[int, tuple[cst.Module, frozenset[str] | None]] = {}
+_COMPOUND = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
+             cst.FunctionDef, cst.ClassDef, cst.With, cst.For, cst.While, cst.IndentedBlock,
+             cst.SimpleStatementSuite, cst.SimpleStatementLine, cst.Module)
+
+
+def _torch_bound_names(module: cst.Module) -> frozenset[str] | None:
+    """Names any import of torch binds anywhere in the file (None after `from torch... import *`).
+    Walks statements only, so it is far cheaper than scope analysis."""
+    hit = _BOUND_CACHE.get(id(module))
+    if hit is not None and hit[0] is module:
+        return hit[1]
+    names: set[str] = set()
+    star = False
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Import):
+            for a in node.names:
+                full = cst.helpers.get_full_name_for_node(a.name) or ""
+                if full.split(".")[0] == "torch":
+                    names.add(a.asname.name.value if a.asname else "torch")  # type: ignore[union-attr]
+        elif isinstance(node, cst.ImportFrom):
+            mod = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
+            if mod and mod.split(".")[0] == "torch":
+                if isinstance(node.names, cst.ImportStar):
+                    star = True
+                else:
+                    for a in node.names:
+                        names.add(a.asname.name.value if a.asname else a.name.value)  # type: ignore[union-attr]
+        elif isinstance(node, _COMPOUND):
+            stack.extend(node.children)
+    result = None if star else frozenset(names)
+    if len(_BOUND_CACHE) > 64:
+        _BOUND_CACHE.clear()
+    _BOUND_CACHE[id(module)] = (module, result)
+    return result
+
+
+def _root(node: cst.CSTNode) -> cst.Name | None:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node if isinstance(node, cst.Name) else None
+
+
 def torch_name(rule: Rule, node: cst.CSTNode) -> str | None:
     """``torch.zeros`` for ``torch.zeros``, ``T.zeros`` or an imported ``zeros``; else None."""
+    bound = _torch_bound_names(rule.ctx.module)
+    root = _root(node)
+    if bound is not None and (root is None or root.value not in bound):
+        return None  # cannot come from torch: skip the (costly) name resolution
     for name in qualified_names(rule, node):
         if name == "torch" or name.startswith("torch."):
             return name
@@ -156,9 +201,9 @@ def reaching_values(rule: Rule, name: cst.Name) -> list[cst.BaseExpression | Non
             out.append(None)
             continue
         node = a.node
-        parent = rule.get_metadata(ParentNodeProvider, node, None)
+        parent = rule.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.AssignTarget) and parent.target is node:
-            stmt = rule.get_metadata(ParentNodeProvider, parent, None)
+            stmt = rule.get_metadata(ParentProvider, parent, None)
             out.append(stmt.value if isinstance(stmt, cst.Assign) else None)
         elif isinstance(parent, cst.AnnAssign) and parent.target is node:
             out.append(parent.value)
@@ -434,7 +479,7 @@ def in_loop(rule: Rule, node: cst.CSTNode) -> cst.For | cst.While | None:
     """The innermost loop whose body holds ``node`` (not crossing a function or class)."""
     cur: cst.CSTNode | None = node
     while cur is not None:
-        parent = rule.get_metadata(ParentNodeProvider, cur, None)
+        parent = rule.get_metadata(ParentProvider, cur, None)
         if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             return None
         if isinstance(parent, (cst.For, cst.While)) and cur is parent.body:

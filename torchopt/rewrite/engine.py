@@ -137,7 +137,7 @@ def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, 
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)
-    positions = wrapper.resolve(PositionProvider)
+    positions = wrapper.resolve(PositionProvider) if findings else {}
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
     for f in findings:

@@ -5,16 +5,16 @@ The engine knows this protocol and nothing about any particular rule.
 from __future__ import annotations
 
 import enum
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import libcst as cst
-from libcst.metadata import (
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
-)
+from libcst._metadata_dependent import _UNDEFINED_DEFAULT
+from libcst.metadata import MetadataWrapper
+from libcst.metadata import PositionProvider, ScopeProvider
+
+from torchopt.rewrite.metadata import ParentProvider
 
 
 class Safety(str, enum.Enum):
@@ -133,16 +133,34 @@ class Rule(cst.BatchableCSTVisitor):
     prefilter: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
 
-    METADATA_DEPENDENCIES = (
-        PositionProvider,
-        QualifiedNameProvider,
-        ScopeProvider,
-        ParentNodeProvider,
-    )
+    METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
 
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__()
         self.ctx = ctx
+        self._wrapper: MetadataWrapper | None = None
+
+    # Metadata on demand: most files a rule visits hold nothing it cares about, and scope and
+    # qualified-name analysis cost far more than the parse. A provider is computed for the whole
+    # module the first time any rule asks for it (the wrapper caches it for the other rules).
+    @contextmanager
+    def resolve(self, wrapper: MetadataWrapper) -> Iterator[None]:
+        self._wrapper = wrapper
+        self.metadata = {}
+        try:
+            yield
+        finally:
+            self.metadata = {}
+            self._wrapper = None
+
+    def get_metadata(self, key, node, default=_UNDEFINED_DEFAULT):  # type: ignore[override]
+        if key not in self.metadata:
+            if key not in self.get_inherited_dependencies():
+                raise KeyError(f"{key.__name__} is not declared in {type(self).__name__}.METADATA_DEPENDENCIES")
+            if self._wrapper is None:
+                raise KeyError(f"{key.__name__}: no MetadataWrapper")
+            self.metadata[key] = self._wrapper.resolve(key)
+        return super().get_metadata(key, node, default)
 
     def option(self, name: str) -> Any:
         return self.ctx.options[name]

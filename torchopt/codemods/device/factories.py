@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+from libcst.metadata import QualifiedNameSource, ScopeProvider
 
 from torchopt.codemods._torch import (
     CAST_METHODS,
@@ -40,6 +40,7 @@ from torchopt.codemods._torch import (
     _is_import_of_torch,
     torch_ref,
 )
+from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Tag, Valid
 
 # --------------------------------------------------------------------------- factory tables (E-03)
@@ -226,7 +227,7 @@ def _is_builtin(rule: Rule, node: cst.CSTNode, name: str) -> bool:
     if not isinstance(node, cst.Name) or node.value != name:
         return False
     try:
-        names = rule.get_metadata(QualifiedNameProvider, node, set())
+        names = _qualified_names(rule, node)
     except KeyError:
         return False
     return any(q.source is QualifiedNameSource.BUILTIN and q.name == f"builtins.{name}" for q in names)
@@ -673,7 +674,7 @@ class FactoryThenMove(_FactoryRule):
 
     code = "TOP101"
     name = "factory-then-move"
-    message = "`{factory}(...)` is created on the host, then moved to {device}{assumption}"
+    message = "`{factory}(...)` is created on the host, then moved to `{device}`{assumption}"
     fix_title = "Create it on the device: `{new}(..., device={device})`"
     safety = Safety.SAFE
     prefilter = (".cuda(", ".to(", "Tensor(")
@@ -817,7 +818,7 @@ class FactoryThenMove(_FactoryRule):
             verdict = fold_verdict(data, dst)
             if not verdict.ok:
                 self.report(node, fmt={**fmt, "why": verdict.reason},
-                            message="`{factory}(...)` is created on the host, then moved to {device}"
+                            message="`{factory}(...)` is created on the host, then moved to `{device}`"
                                     "{assumption}; not fixed: the dtype cannot be folded ({why})")
                 return
             for t in verdict.tags:

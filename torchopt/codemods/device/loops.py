@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import Assignment, ParentNodeProvider, PositionProvider, ScopeProvider
+from libcst.metadata import Assignment, PositionProvider, ScopeProvider
+
+from torchopt.rewrite.metadata import ParentProvider
 
 from torchopt.codemods._torch import (
     DeviceKind,
@@ -93,7 +95,7 @@ def _mutated_names(body: cst.CSTNode) -> set[str]:
 def _statement_of(rule: Rule, node: cst.CSTNode) -> cst.CSTNode | None:
     cur: cst.CSTNode | None = node
     while cur is not None and not isinstance(cur, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-        cur = rule.get_metadata(ParentNodeProvider, cur, None)
+        cur = rule.get_metadata(ParentProvider, cur, None)
     return cur
 
 
@@ -299,7 +301,7 @@ class UnpinnedHostCopy(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         if callee(self, node) not in DATALOADERS:
             return
-        parent = self.get_metadata(ParentNodeProvider, node, None)
+        parent = self.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = parent.targets[0].target
         elif isinstance(parent, cst.AnnAssign):
@@ -605,8 +607,8 @@ class DevicePlacementHint(Rule):
         if not args:
             return
         data = args[0].value
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        grand = self.get_metadata(ParentNodeProvider, parent, None) if parent is not None else None
+        parent = self.get_metadata(ParentProvider, node, None)
+        grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
         moved = isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
             and parent.attr.value in ("cuda", "to") and _move_device(self, grand) is not None
         if isinstance(data, cst.Name) and self._is_tensor_name(data):
