@@ -3,7 +3,6 @@ and bad input that is reported in one line and left byte-for-byte as it was."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 

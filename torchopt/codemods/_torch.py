@@ -486,3 +486,39 @@ def in_loop(rule: Rule, node: cst.CSTNode) -> cst.For | cst.While | None:
             return parent
         cur = parent
     return None
+
+
+# --------------------------------------------------------------------------- tensors
+
+# torch functions that do not return a tensor (for "is this name a tensor?").
+_NOT_TENSOR = {
+    "device", "Size", "finfo", "iinfo", "dtype", "Generator", "get_default_dtype", "is_tensor",
+    "is_storage", "is_floating_point", "is_complex", "numel", "typename", "is_grad_enabled",
+    "get_num_threads", "manual_seed", "initial_seed", "seed", "no_grad", "enable_grad",
+    "inference_mode", "autocast", "compile", "load", "save", "set_grad_enabled", "get_device",
+    "is_nonzero", "equal", "allclose", "is_same_size", "broadcast_shapes", "use_deterministic_algorithms",
+}
+_TENSOR_NAMESPACES = ("torch.", "torch.nn.functional.", "torch.linalg.", "torch.fft.", "torch.special.")
+
+
+def is_tensor_name(rule: Rule, name: cst.Name) -> bool:
+    """Whether ``name`` surely holds a tensor: a parameter annotated ``Tensor``, or bound only to
+    results of torch functions that return tensors (through method chains such as ``.float()``)."""
+    if param_annotation(rule, name) in ("torch.Tensor", "Tensor"):
+        return True
+    values = reaching_values(rule, name)
+    if not values:
+        return False
+    for v in values:
+        base = v
+        while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
+                and isinstance(base.func.value, cst.Call):
+            base = base.func.value  # `torch.zeros(3).float()` -> `torch.zeros(3)`
+        if not isinstance(base, cst.Call):
+            return False
+        q = callee(rule, base)
+        if q is None or not any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES):
+            return False
+        if q.rsplit(".", 1)[1] in _NOT_TENSOR:
+            return False
+    return True

@@ -30,6 +30,7 @@ from torchopt.codemods._torch import (
     has_comments,
     has_star,
     int_value,
+    is_tensor_name,
     keyword,
     method_call,
     param_annotation,
@@ -897,26 +898,7 @@ class FactoryThenMove(_FactoryRule):
 
     def _is_tensor_data(self, call: cst.Call) -> bool:
         pos = positional(call)
-        if not pos or not isinstance(pos[0].value, cst.Name):
-            return False
-        name = pos[0].value
-        if param_annotation(self, name) in ("torch.Tensor", "Tensor"):
-            return True
-        values = reaching_values(self, name)
-        if not values:
-            return False
-        for v in values:
-            if not isinstance(v, cst.Call):
-                return False
-            q = callee(self, v)
-            base = v
-            while q is None and isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
-                    and isinstance(base.func.value, cst.Call):
-                base = base.func.value
-                q = callee(self, base)
-            if q is None or factory_kind(q) is None:
-                return False
-        return True
+        return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
 
     examples = ()  # filled below
 

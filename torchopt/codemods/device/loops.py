@@ -18,10 +18,10 @@ from torchopt.codemods._torch import (
     dtype_of,
     has_star,
     in_loop,
+    is_tensor_name,
     keyword,
     method_call,
     positional,
-    reaching_values,
     set_kwarg,
     source,
     string_value,
@@ -436,15 +436,6 @@ _LEGACY_TYPES = {
     "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32",
     "ShortTensor": "int16", "CharTensor": "int8", "ByteTensor": "uint8", "BoolTensor": "bool",
 }
-# torch functions that do not return a tensor (for "is this name a tensor?").
-_NOT_TENSOR = {
-    "device", "Size", "finfo", "iinfo", "dtype", "Generator", "get_default_dtype", "is_tensor",
-    "is_storage", "is_floating_point", "is_complex", "numel", "typename", "is_grad_enabled",
-    "get_num_threads", "manual_seed", "initial_seed", "seed", "no_grad", "enable_grad",
-    "inference_mode", "autocast", "compile", "load", "save", "set_grad_enabled", "get_device",
-    "is_nonzero", "equal", "allclose", "is_same_size", "broadcast_shapes", "use_deterministic_algorithms",
-}
-_TENSOR_NAMESPACES = ("torch.", "torch.nn.functional.", "torch.linalg.", "torch.fft.", "torch.special.")
 
 
 class DevicePlacementHint(Rule):
@@ -611,7 +602,7 @@ class DevicePlacementHint(Rule):
         grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
         moved = isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
             and parent.attr.value in ("cuda", "to") and _move_device(self, grand) is not None
-        if isinstance(data, cst.Name) and self._is_tensor_name(data):
+        if isinstance(data, cst.Name) and is_tensor_name(self, data):
             dev = keyword(node, "device")
             dtype = keyword(node, "dtype")
             parts = []
@@ -646,21 +637,7 @@ class DevicePlacementHint(Rule):
             return bool(data.elements)  # `torch.tensor([])` copies nothing
         if isinstance(data, cst.ListComp):
             return True
-        return isinstance(data, cst.Name) and not self._is_tensor_name(data)
-
-    def _is_tensor_name(self, name: cst.Name) -> bool:
-        values = reaching_values(self, name)
-        if not values:
-            return False
-        for v in values:
-            if not isinstance(v, cst.Call):
-                return False
-            q = callee(self, v)
-            if q is None or not any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES):
-                return False
-            if q.rsplit(".", 1)[1] in _NOT_TENSOR:
-                return False
-        return True
+        return isinstance(data, cst.Name) and not is_tensor_name(self, data)
 
     # (iii)
     def _legacy_type(self, node: cst.Call) -> None:
