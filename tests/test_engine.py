@@ -107,3 +107,20 @@ def test_fix_point_is_capped():
 def test_parse_error_names_position():
     with pytest.raises(engine.ParseError, match="line 2"):
         engine.check_source("x = 1\ndef (:\n", Settings(select=()), codes={"TOP990"})
+
+
+def test_prefilter_skips_parsing(monkeypatch):
+    """A file none of whose rules' prefilter strings occur is never parsed by LibCST."""
+    Unwrap.prefilter = ("f(",)
+    try:
+        calls = []
+        real = engine.parse
+        monkeypatch.setattr(engine, "parse", lambda text: calls.append(text) or real(text))
+        assert fix("y = g(1)\n", {"TOP990"}).text == "y = g(1)\n"
+        assert calls == []
+        assert fix("y = f(1)\n", {"TOP990"}).text == "y = 1\n"
+        assert calls
+        with pytest.raises(engine.ParseError):  # broken files are still reported
+            fix("def (:\n", {"TOP990"})
+    finally:
+        Unwrap.prefilter = ()
