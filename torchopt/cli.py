@@ -151,6 +151,9 @@ def rewrite(
     stdin_filename: Optional[str] = StdinNameOpt,
     config: Optional[str] = ConfigOpt,
     quiet: bool = QuietOpt,
+    validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY.py",
+                                           help="Run ENTRY.py before and after (rewritten files served from memory) and write only fixes that keep it computing the same thing."),
+    steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
 ) -> None:
     """Apply fixes in place (safe ones by default) and print a summary."""
     try:
@@ -161,12 +164,38 @@ def rewrite(
         mode = Mode.DIFF if diff else Mode.LIST if check else Mode.FIX
         paths = paths or ["."]
         if paths == ["-"]:
+            if validate:
+                raise _Usage("--validate needs files, not stdin")
             raise typer.Exit(_rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet))
+        if validate:
+            resolver = _validated_resolver(paths, resolver, validate, unsafe_fixes, steps, select, ignore, config)
+            if resolver is None:
+                raise typer.Exit(EXIT_PENDING)
         results = _run_files(paths, resolver, mode, jobs)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
     raise typer.Exit(_rewrite_report(results, mode, output_format, quiet))
+
+
+def _validated_resolver(paths, resolver, entry, unsafe_fixes, steps, select, ignore, config):  # type: ignore[no-untyped-def]
+    """Validate the rewrite by running ``entry``; narrow the selection to the codes that passed."""
+    from torchopt.validate.command import check_rewrite
+
+    if not os.path.isfile(entry):
+        raise _Usage(f"--validate: {entry} is not a file")
+    files = discover(paths, resolver.for_path)
+    unsafe = bool(unsafe_fixes) if unsafe_fixes is not None else resolver.for_path(entry).unsafe_fixes
+    keep, lines = check_rewrite(files, resolver.for_path, entry, unsafe=unsafe, steps=steps, device="auto",
+                                timeout=600.0)
+    for line in lines:
+        _err(line.rstrip("\n"))
+    if keep is None:
+        return resolver
+    if not keep:
+        _err("No fix kept the program equivalent; nothing written.")
+        return None
+    return _resolver(sorted(keep), ignore, unsafe_fixes, config)
 
 
 def _rewrite_stdin(resolver: Resolver, mode: Mode, name: str, fmt: str, quiet: bool) -> int:
@@ -309,7 +338,56 @@ def rule_cmd(code: str = typer.Argument(..., help="A rule code such as TOP101, o
     sys.stdout.write(render(rule))
 
 
+@app.command("validate")
+def validate_cmd(
+    before: str = typer.Argument(..., help="The program (a script, or the module an --entry imports)."),
+    after: Optional[str] = typer.Argument(None, help="Its rewritten version; default: the rewrite torchopt would make, in memory."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Stop each run after this many optimizer steps."),
+    entry: Optional[str] = typer.Option(None, "--entry", metavar="MODULE:FUNC", help="Call this function in both versions and compare what it returns."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    select: Optional[List[str]] = SelectOpt,
+    ignore: Optional[List[str]] = IgnoreOpt,
+    unsafe_fixes: Optional[bool] = UnsafeOpt,
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Run each version under torchrun with this many processes."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds each run may take."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="An argument for the script (also: after `--`)."),
+    config: Optional[str] = ConfigOpt,
+) -> None:
+    """Run a program before and after its rewrite under the same seeds and compare what they compute.
+    Exit 0 equivalent, 1 diverged, 2 could not run."""
+    import json
+
+    if device not in ("auto", "cpu", "cuda"):
+        _err("error: --device must be auto, cpu or cuda")
+        raise typer.Exit(EXIT_ERROR)
+    try:
+        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        settings = resolver.for_path(before)
+        from torchopt.validate.command import validate
+
+        out = validate(before, after, settings, unsafe=settings.unsafe_fixes, steps=steps, device=device,
+                       argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout)
+    except (ConfigError, _Usage) as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(EXIT_ERROR)
+    except (source.SourceError, OSError) as exc:
+        _err(f"error: {before}: {exc}")
+        raise typer.Exit(EXIT_ERROR)
+    sys.stdout.write(json.dumps(out.json, indent=2) + "\n" if json_out else out.text)
+    raise typer.Exit(out.exit_code)
+
+
+def split_script_args(argv: list[str]) -> list[str]:
+    """`torchopt validate a.py -- --lr 0.1` -> `... --script-arg=--lr --script-arg=0.1`."""
+    if len(argv) > 1 and argv[1] == "validate" and "--" in argv:
+        i = argv.index("--")
+        return argv[:i] + [f"--script-arg={a}" for a in argv[i + 1:]]
+    return argv
+
+
 def main() -> None:
+    sys.argv = split_script_args(sys.argv)
     try:
         app(prog_name="torchopt")
     except KeyboardInterrupt:  # pragma: no cover

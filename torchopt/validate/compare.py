@@ -1,0 +1,326 @@
+"""Decide whether two runs' probes (before and after a rewrite) compute the same thing (VAL-5/VAL-6).
+
+Pure functions over the probe dicts the harness saves: no I/O, no subprocesses, so the verdict
+logic can be tested with hand-made tensors.  Both sides are compared on the CPU and upcast to
+float64 for the error maths; "bitwise" really compares bits (-0.0 != 0.0), except that NaNs in the
+same positions count as equal whatever their payload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .tolerance import Bound, Tolerance
+
+__all__ = ["Row", "Divergence", "Comparison", "compare", "ranks_agree", "kind_of"]
+
+_OK = ("ok", "skipped")
+_KINDS = ("param", "optim", "output", "global", "return", "rng")
+
+
+@dataclass
+class Row:
+    """One probe's result. ``max_abs``/``max_rel`` are None when the values could not be lined up."""
+
+    name: str
+    kind: str
+    max_abs: float | None
+    max_rel: float | None
+    tolerance: str
+    verdict: str  # "ok" | "diverged" | "missing" | "shape" | "dtype" | "skipped"
+    step: int | None = None  # for losses: the optimizer step the loss belongs to
+    detail: str = ""
+
+
+@dataclass
+class Divergence:
+    step: int | None
+    name: str
+    detail: str
+
+
+@dataclass
+class Comparison:
+    verdict: str  # "equivalent" | "diverged" | "could-not-run"
+    rows: list[Row]
+    first_divergence: Divergence | None
+    explanations: list[str]
+    notes: list[str]
+    tolerance: Tolerance | None = None
+    tracebacks: dict[str, str] = field(default_factory=dict)  # "before"/"after" -> traceback
+
+
+def kind_of(name: str) -> str:
+    """Probe kind from its name prefix ("param/fc.weight" -> "param"); losses are "loss"."""
+    head = name.split("/", 1)[0]
+    return head if "/" in name and head in _KINDS else "other"
+
+
+# --------------------------------------------------------------------------- one tensor pair
+
+
+def _prep(t: Any) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t)  # a stray Python number: wrap it (VAL-5: assert_close would raise)
+    t = t.detach()
+    if t.is_quantized:
+        t = t.dequantize()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    return t.cpu()
+
+
+def _is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Each element's bits as an integer (complex: real and imaginary parts separately)."""
+    flat = t.reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    return flat.view(_INT_OF_SIZE[flat.element_size()])
+
+
+def _nan(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    if flat.is_complex():
+        return torch.view_as_real(flat).isnan().reshape(-1)
+    return flat.isnan() if flat.is_floating_point() else torch.zeros_like(flat, dtype=torch.bool)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not _is_float(a):
+        return bool(torch.equal(a, b))
+    same = _bits(a) == _bits(b)
+    return bool((same | (_nan(a) & _nan(b))).all())
+
+
+def _errors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, torch.Tensor, torch.Tensor, str]:
+    """(max_abs, max_rel, |a-b|, |b|, problem) over finite elements, in float64; ``b`` is the reference."""
+    wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
+    a64, b64 = a.reshape(-1).to(wide), b.reshape(-1).to(wide)
+    problem = ""
+    fa, fb = torch.isfinite(a64), torch.isfinite(b64)
+    odd = ~(fa & fb)
+    if bool(odd.any()):
+        na, nb = a64[odd].isnan(), b64[odd].isnan()
+        if not bool(torch.equal(na, nb)):
+            problem = "NaN in different positions"
+        elif not bool((na | (a64[odd] == b64[odd])).all()):
+            problem = "inf in different positions or of different sign"
+    keep = fa & fb
+    diff, ref = (a64[keep] - b64[keep]).abs(), b64[keep].abs()
+    if diff.numel() == 0:
+        return 0.0, 0.0, diff.real.double(), ref.real.double(), problem
+    max_abs = float(diff.max())
+    rel = torch.where(ref > 0, diff / torch.where(ref > 0, ref, 1.0),
+                      torch.where(diff > 0, math.inf, 0.0).to(diff.dtype))
+    return max_abs, float(rel.real.max()), diff.real.double(), ref.real.double(), problem
+
+
+def _within(diff: torch.Tensor, ref: torch.Tensor, bound: Bound) -> tuple[bool, str]:
+    if diff.numel() == 0:
+        return True, ""
+    atol = bound.atol * float(ref.max()) if bound.atol_relative else bound.atol
+    bad = diff > atol + bound.rtol * ref
+    if bool(bad.any()):
+        return False, f"{int(bad.sum())} of {diff.numel()} elements outside rtol/atol"
+    if bound.rel_l2 is not None:
+        num, den = float(diff.norm()), float(ref.norm())
+        rel_l2 = num / den if den > 0 else (0.0 if num == 0 else math.inf)
+        if rel_l2 > bound.rel_l2:
+            return False, f"rel-L2 {rel_l2:.3g} > {bound.rel_l2:g}"
+    return True, ""
+
+
+def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
+                  step: int | None = None) -> Row:
+    rg_b, rg_a = (bool(getattr(t, "requires_grad", False)) for t in (before, after))
+    b, a = _prep(before), _prep(after)
+    if a.shape != b.shape:
+        return Row(name, kind, None, None, "", "shape", step, f"{tuple(b.shape)} -> {tuple(a.shape)}")
+    detail = []
+    if a.dtype != b.dtype:
+        if not (tol.allow_dtype_change and _is_float(a) and _is_float(b)):
+            return Row(name, kind, None, None, "", "dtype", step, f"{b.dtype} -> {a.dtype}")
+        detail.append(f"dtype {b.dtype} -> {a.dtype} (allowed under numerics)")
+    if tol.check_requires_grad and rg_a != rg_b:
+        return Row(name, kind, None, None, "", "diverged", step, f"requires_grad {rg_b} -> {rg_a}")
+    exact = not (_is_float(a) and _is_float(b))
+    bound = Bound(bitwise=True) if exact else tol.bound(kind, step)
+    max_abs, max_rel, diff, ref, problem = _errors(a.to(torch.int64) if a.dtype == torch.bool else a,
+                                                   b.to(torch.int64) if b.dtype == torch.bool else b)
+    label = "exact" if exact else bound.describe()
+    if not tol.compare_values:
+        return Row(name, kind, max_abs, max_rel, f"not compared ({', '.join(tol.tags) or 'rng'})",
+                   "skipped", step, "; ".join(detail))
+    if bound.bitwise:
+        ok = a.dtype == b.dtype and _bitwise_equal(a, b)
+        if not ok and not problem:
+            problem = "bits differ" if max_abs == 0 else ""
+    else:
+        ok, why = _within(diff, ref, bound)
+        ok = ok and not problem
+        problem = problem or why
+    detail += [problem] if problem else []
+    return Row(name, kind, max_abs, max_rel, label, "ok" if ok else "diverged", step, "; ".join(detail))
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: bool = False) -> list[Row]:
+    lb, la = list(before.get("losses") or []), list(after.get("losses") or [])
+    sb, sa = list(before.get("loss_steps") or []), list(after.get("loss_steps") or [])
+    n = min(len(lb), len(la)) if common_only else max(len(lb), len(la))
+    rows = []
+    for i in range(n):
+        step = sb[i] if i < len(sb) else (sa[i] if i < len(sa) else None)
+        if i >= len(lb) or i >= len(la):
+            side = "before" if i >= len(lb) else "after"
+            rows.append(Row(f"loss[{i}]", "loss", None, None, "", "missing", step,
+                            f"{len(lb)} losses before, {len(la)} after; none in {side}"))
+        else:
+            rows.append(_compare_pair(f"loss[{i}]", "loss", lb[i], la[i], tol, step))
+    return rows
+
+
+def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
+    tb, ta = dict(before.get("tensors") or {}), dict(after.get("tensors") or {})
+    rows = []
+    for name in list(tb) + [n for n in ta if n not in tb]:
+        if name not in tb or name not in ta:
+            side = "after" if name in tb else "before"
+            rows.append(Row(name, kind_of(name), None, None, "", "missing", None, f"absent {side}"))
+        else:
+            rows.append(_compare_pair(name, kind_of(name), tb[name], ta[name], tol))
+    return rows
+
+
+def _steps_row(before: Mapping, after: Mapping, tol: Tolerance, notes: list[str]) -> list[Row]:
+    nb, na = before.get("steps_done"), after.get("steps_done")
+    if nb == na:
+        return []
+    text = f"optimizer steps: {nb} before, {na} after"
+    if not tol.compare_values or tol.allow_dtype_change:
+        notes.append(text + " (GradScaler may skip steps under numerics; not a failure by itself)")
+        return []
+    return [Row("steps_done", "meta", None, None, "exact", "diverged", None, text)]
+
+
+def _describe_fix(f: Mapping) -> str:
+    tags = ", ".join(f.get("tags") or ()) or "safe"
+    where = f"line {f.get('line', '?')}:{f.get('column', '?')}"
+    return f"{f.get('code', '?')} at {where} [{tags}] {f.get('message', '')}".rstrip()
+
+
+def _is_unsafe(f: Mapping) -> bool:
+    return f.get("safety") == "unsafe" or bool(f.get("tags"))
+
+
+# Which tags plausibly cause which kind of failure (beyond the tolerance the tags buy).
+_RELEVANT = {
+    "missing": {"semantics", "numerics", "rng"},
+    "shape": {"semantics"},
+    "dtype": {"numerics", "semantics"},
+}
+
+
+def _explain(div: Divergence, verdict: str, fixes: Sequence[Mapping]) -> list[str]:
+    if div is None:
+        return []
+    if not fixes:
+        return ["No fixes were reported as applied, yet the runs differ: the program or the harness is "
+                "not deterministic."]
+    unsafe = [f for f in fixes if _is_unsafe(f)]
+    relevant_tags = _RELEVANT.get(verdict)
+    if relevant_tags is not None:
+        unsafe = [f for f in unsafe if relevant_tags & set(f.get("tags") or ())] or unsafe
+    if not unsafe:
+        return ["Unexpected divergence: only safe fixes were applied, and a safe fix must keep every bit. "
+                "This is likely a bug in torchopt. Fixes applied:"] + [f"  {_describe_fix(f)}" for f in fixes]
+    head = ("Fixes that change results and could explain it (revert them one at a time to find which; "
+            "the divergence exceeds what their tags allow):")
+    safe = [f for f in fixes if not _is_unsafe(f)]
+    listed = ", ".join(_describe_fix(f) for f in safe)
+    tail = [f"Also applied (safe, should not change bits): {listed}"] if safe else []
+    return [head] + [f"  {_describe_fix(f)}" for f in unsafe] + tail
+
+
+def _first(rows: list[Row], steps_done: int | None) -> tuple[Divergence | None, str]:
+    for r in rows:
+        if r.verdict not in _OK:
+            step = r.step if r.kind == "loss" else steps_done
+            return Divergence(step, r.name, f"{r.verdict}: {r.detail}".rstrip(": ")), r.verdict
+    return None, ""
+
+
+def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Mapping] = ()) -> Comparison:
+    """Compare the probes of the original (``before``) and rewritten (``after``) program."""
+    notes: list[str] = []
+    tracebacks = {side: p.get("traceback") for side, p in (("before", before), ("after", after))
+                  if p.get("status", "ok") != "ok" and p.get("traceback")}
+    if before.get("device") != after.get("device"):
+        notes.append(f"runs on different devices: {before.get('device')} before, {after.get('device')} after")
+    status = {"before": before.get("status", "ok"), "after": after.get("status", "ok")}
+    failed = [side for side, s in status.items() if s != "ok"]
+    for side in failed:
+        notes.append(f"{side} version: {status[side]}"
+                     + (f"\n{tracebacks[side]}" if side in tracebacks else ""))
+
+    if len(failed) == 2:
+        notes.insert(0, "neither version ran to the end, so nothing can be compared; fix the original first")
+        return Comparison("could-not-run", [], None, [], notes, tol, tracebacks)
+
+    if failed:
+        side = failed[0]
+        probe = before if side == "before" else after
+        other = "after" if side == "before" else "before"
+        name = "timeout" if status[side] == "timeout" else "crash"
+        how = "timed out" if name == "timeout" else "raised"
+        div = Divergence(probe.get("steps_done"), name,
+                         f"the {side} version {how} after {probe.get('steps_done')} optimizer steps; "
+                         f"the {other} version completed")
+        rows = _loss_rows(before, after, tol, common_only=True)
+        earlier, _ = _first(rows, None)
+        if earlier is not None:
+            notes.append(f"{earlier.name} (step {earlier.step}) already differed before the {name}")
+        return Comparison("diverged", rows, div, _explain(div, name, fixes), notes, tol, tracebacks)
+
+    rows = _loss_rows(before, after, tol) + _steps_row(before, after, tol, notes) + _tensor_rows(before, after, tol)
+    for r in rows:
+        if r.verdict in _OK and r.detail:
+            notes.append(f"{r.name}: {r.detail}")
+    if not tol.compare_values:
+        notes.append("values not compared: " + tol.reason)
+    div, why = _first(rows, before.get("steps_done"))
+    verdict = "equivalent" if div is None else "diverged"
+    return Comparison(verdict, rows, div, _explain(div, why, fixes), notes, tol, tracebacks)
+
+
+def ranks_agree(probes_by_rank: Sequence[Mapping]) -> list[str]:
+    """Names of ``param/`` tensors on which any rank differs bitwise from rank 0 (VAL-2, DDP runs)."""
+    if not probes_by_rank:
+        return []
+    tensors = [dict(p.get("tensors") or {}) for p in probes_by_rank]
+    names = list(dict.fromkeys(n for t in tensors for n in t if n.startswith("param/")))
+    bad = []
+    for name in names:
+        if any(name not in t for t in tensors):
+            bad.append(name)
+            continue
+        ref = _prep(tensors[0][name])
+        for t in tensors[1:]:
+            other = _prep(t[name])
+            if other.shape != ref.shape or other.dtype != ref.dtype or not _bitwise_equal(other, ref):
+                bad.append(name)
+                break
+    return bad

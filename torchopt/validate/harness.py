@@ -1,0 +1,384 @@
+"""Runs one version of a program under observation, in a process of its own, and saves its probes.
+
+    python -m torchopt.validate.harness SPEC.json
+
+It seeds every generator, turns on deterministic algorithms, records every loss passed to
+``backward``/``GradScaler.scale``, stops the program after N optimizer steps without its
+cooperation, then records parameters, optimizer state, the model's outputs on the first batch it
+saw (eval mode), the script's global tensors and the RNG state. Rewritten modules are served by an
+import hook, so nothing on disk changes.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
+import json
+import math
+import os
+import random
+import sys
+import traceback
+import types
+from typing import Any
+
+
+class StopRun(BaseException):
+    """Raised after the N-th optimizer step; a BaseException so `except Exception` cannot swallow it."""
+
+
+# --------------------------------------------------------------------------- import hook
+
+
+class _OverrideLoader(importlib.machinery.SourceFileLoader):
+    """Serves the in-memory (rewritten) source of a file instead of what is on disk."""
+
+    def __init__(self, fullname: str, path: str, text: str) -> None:
+        super().__init__(fullname, path)
+        self._text = text
+
+    def get_data(self, path: str) -> bytes:
+        if os.path.realpath(path) == os.path.realpath(self.path):
+            return self._text.encode("utf-8")
+        return super().get_data(path)
+
+    def path_stats(self, path: str):  # never trust a .pyc of the file on disk
+        raise OSError("in-memory source")
+
+    def set_data(self, path: str, data: bytes, *, _mode: int = 0o666) -> None:
+        pass  # write no bytecode
+
+
+class _OverrideFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = {os.path.realpath(p): t for p, t in sources.items()}
+
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.origin:
+            return None
+        text = self.sources.get(os.path.realpath(spec.origin))
+        if text is None:
+            return None
+        spec.loader = _OverrideLoader(fullname, spec.origin, text)
+        return spec
+
+
+# --------------------------------------------------------------------------- recording
+
+
+class Recorder:
+    def __init__(self, torch: Any, steps: int) -> None:
+        self.torch = torch
+        self.max_steps = steps
+        self.losses: list[Any] = []
+        self.loss_steps: list[int] = []
+        self.steps_done = 0
+        self.optimizers: list[Any] = []
+        self.first_inputs: dict[int, tuple[Any, tuple, dict]] = {}
+        self._scaled: set[int] = set()
+        self.notes: list[str] = []
+        self.site_errors: list[str] = []
+        self.site_calls: dict[str, int] = {}
+
+    def _record_loss(self, t: Any) -> None:
+        try:
+            self.losses.append(t.detach().float().cpu().clone())
+            self.loss_steps.append(self.steps_done)
+        except Exception:  # not a tensor we can read; keep running
+            pass
+
+    def install(self) -> None:
+        torch = self.torch
+        rec = self
+        orig_backward = torch.Tensor.backward
+
+        def backward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if id(self) in rec._scaled:
+                rec._scaled.discard(id(self))
+            else:
+                rec._record_loss(self)
+            return orig_backward(self, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+
+        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler_cls is not None:
+            orig_scale = scaler_cls.scale
+
+            def scale(self, outputs):  # type: ignore[no-untyped-def]
+                if isinstance(outputs, torch.Tensor):
+                    rec._record_loss(outputs)
+                out = orig_scale(self, outputs)
+                if isinstance(out, torch.Tensor):
+                    rec._scaled.add(id(out))
+                return out
+
+            scaler_cls.scale = scale
+
+        def after_step(opt, args, kwargs):  # type: ignore[no-untyped-def]
+            if not any(o is opt for o in rec.optimizers):
+                rec.optimizers.append(opt)
+            if opt is rec.optimizers[0]:  # count iterations by the first optimizer that steps
+                rec.steps_done += 1
+                if rec.max_steps and rec.steps_done >= rec.max_steps:
+                    raise StopRun()
+
+        import torch.optim.optimizer as optim_mod
+
+        optim_mod.register_optimizer_step_post_hook(after_step)
+
+        def before_forward(module, args, kwargs=None):  # type: ignore[no-untyped-def]
+            key = id(module)
+            if key in rec.first_inputs or next(module.parameters(recurse=True), None) is None:
+                return None
+            try:
+                cloned = tuple(_detach(a, torch) for a in args)
+                rec.first_inputs[key] = (module, cloned, {})
+            except Exception:
+                pass
+            return None
+
+        torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
+
+    # -- collection --------------------------------------------------------------------------
+
+    def roots(self) -> list[Any]:
+        seen = [m for m, _, _ in self.first_inputs.values()]
+        inner: set[int] = set()
+        for m in seen:
+            inner.update(id(c) for c in m.modules() if c is not m)
+        return [m for m in seen if id(m) not in inner]
+
+    def collect(self, namespace: dict[str, Any] | None, returned: Any = None, has_return: bool = False) -> dict:
+        torch = self.torch
+        tensors: dict[str, Any] = {}
+        names_by_id = {id(v): k for k, v in (namespace or {}).items() if not k.startswith("_")}
+        param_names: dict[int, str] = {}
+        roots = self.roots()
+        for i, m in enumerate(roots):
+            name = names_by_id.get(id(m), f"module{i}")
+            for key, value in _strip_prefixes(m.state_dict(keep_vars=True)).items():
+                tensors[f"param/{name}.{key}"] = _cpu(value, torch)
+                param_names[id(value)] = f"{name}.{key}"
+        for i, opt in enumerate(self.optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for j, p in enumerate(group["params"]):
+                    pname = param_names.get(id(p))
+                    if pname is None:
+                        pname = names_by_id.get(id(p), f"opt{i}.group{g}.{j}")
+                        tensors[f"param/{pname}"] = _cpu(p, torch)
+                    for k, v in opt.state.get(p, {}).items():
+                        if isinstance(v, torch.Tensor):
+                            tensors[f"optim/opt{i}.{pname}.{k}"] = _cpu(v, torch)
+        for i, m in enumerate(roots):
+            name = names_by_id.get(id(m), f"module{i}")
+            _, args, _ = self.first_inputs[id(m)]
+            was_training = m.training
+            try:
+                m.eval()
+                with torch.no_grad():
+                    out = m(*args)
+                for k, v in _flatten(out, f"output/{name}", torch):
+                    tensors[k] = v
+            except Exception as exc:
+                self.notes.append(f"probe batch on {name} failed: {type(exc).__name__}: {exc}")
+            finally:
+                m.train(was_training)
+        if namespace is not None:
+            for k, v in namespace.items():
+                if k.startswith("_") or isinstance(v, (types.ModuleType, type)) or callable(v) and not isinstance(v, torch.nn.Module):
+                    continue
+                if isinstance(v, torch.nn.Module):
+                    if any(v is r for r in roots):
+                        continue
+                    for key, t in _strip_prefixes(v.state_dict()).items():
+                        tensors[f"global/{k}.{key}"] = _cpu(t, torch)
+                    continue
+                for name, t in _flatten(v, f"global/{k}", torch):
+                    tensors[name] = t
+        if has_return:
+            for name, t in _flatten(returned, "return", torch):
+                tensors[name] = t
+        tensors["rng/cpu"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                tensors[f"rng/cuda{i}"] = s
+        return {"losses": self.losses, "loss_steps": self.loss_steps, "steps_done": self.steps_done,
+                "tensors": tensors, "notes": self.notes, "site_errors": self.site_errors,
+                "site_calls": dict(self.site_calls)}
+
+
+def _detach(a: Any, torch: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return a.detach().clone()
+    if isinstance(a, (list, tuple)):
+        return type(a)(_detach(x, torch) for x in a)
+    if isinstance(a, dict):
+        return {k: _detach(v, torch) for k, v in a.items()}
+    return a
+
+
+def _cpu(t: Any, torch: Any) -> Any:
+    return t.detach().cpu().clone()
+
+
+def _strip_prefixes(sd: dict) -> dict:
+    """DDP's `module.` and torch.compile's `_orig_mod.` prefixes name the same parameters."""
+    out = {}
+    for k, v in sd.items():
+        while k.startswith(("module.", "_orig_mod.")):
+            k = k.split(".", 1)[1]
+        out[k] = v
+    return out
+
+
+def _flatten(value: Any, prefix: str, torch: Any, depth: int = 0):
+    if depth > 4:
+        return
+    if isinstance(value, torch.Tensor):
+        yield prefix, _cpu(value, torch)
+    elif isinstance(value, bool) or isinstance(value, int):
+        yield prefix, torch.tensor(int(value), dtype=torch.int64)
+    elif isinstance(value, float):
+        yield prefix, torch.tensor(value, dtype=torch.float64)
+    elif isinstance(value, (list, tuple)) and len(value) <= 10_000:
+        for i, v in enumerate(value):
+            yield from _flatten(v, f"{prefix}[{i}]", torch, depth + 1)
+    elif isinstance(value, dict) and len(value) <= 10_000:
+        for k, v in value.items():
+            yield from _flatten(v, f"{prefix}[{k!r}]", torch, depth + 1)
+    elif isinstance(value, torch.nn.Module):
+        for k, v in _strip_prefixes(value.state_dict()).items():
+            yield f"{prefix}.{k}", _cpu(v, torch)
+
+
+# --------------------------------------------------------------------------- replay sites (VAL-4)
+
+
+def _install_sites(torch: Any, rec: Recorder) -> None:
+    """`__torchopt_site__(id, new, original=None)`: see torchopt.validate.replay."""
+    calls: dict[str, int] = {}
+
+    def site(site_id: str, new_fn: Any, orig_fn: Any = None) -> Any:
+        if orig_fn is None:  # the baseline: just evaluate
+            return new_fn()
+        calls[site_id] = calls.get(site_id, 0) + 1
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            new = new_fn()
+        old = orig_fn()
+        problem = _site_problem(torch, new, old)
+        if problem and not any(e.startswith(f"{site_id}:") for e in rec.site_errors):
+            rec.site_errors.append(f"{site_id}: {problem}")
+        return old
+
+    builtins.__torchopt_site__ = site  # type: ignore[attr-defined]
+    rec.site_calls = calls
+
+
+def _site_problem(torch: Any, new: Any, old: Any) -> str | None:
+    if not (isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)):
+        return None if type(new) is type(old) else f"returns {type(new).__name__}, was {type(old).__name__}"
+    for attr in ("shape", "dtype", "device", "requires_grad"):
+        a, b = getattr(new, attr), getattr(old, attr)
+        if a != b:
+            return f"{attr} is {a}, was {b}"
+    if new.is_floating_point() and new.numel() >= 30:
+        n = new.numel()
+        a, b = new.detach().double().cpu(), old.detach().double().cpu()
+        bound = 5 * float(b.std()) / math.sqrt(n) + 1e-12
+        if abs(float(a.mean()) - float(b.mean())) > bound:
+            return f"mean {float(a.mean()):.4g} is more than 5 sigma/sqrt(n) from {float(b.mean()):.4g}"
+    return None
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def _seed(torch: Any, seed: int) -> None:
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
+def _determinism(torch: Any, threads: int) -> None:
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _script_module(path: str, argv: list[str]) -> types.ModuleType:
+    """A fresh `__main__` whose namespace we keep even when the run is stopped midway."""
+    mod = types.ModuleType("__main__")
+    mod.__file__ = path
+    mod.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = mod
+    sys.argv = [path, *argv]
+    return mod
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rank = int(os.environ.get("RANK", "0"))
+    out_path = spec["out"].format(rank=rank)
+    import torch
+
+    _seed(torch, int(spec.get("seed", 0)))
+    _determinism(torch, int(spec.get("threads", 1)))
+    if spec.get("sources"):
+        sys.meta_path.insert(0, _OverrideFinder(spec["sources"]))
+    for p in reversed(spec.get("sys_path", [])):
+        sys.path.insert(0, p)
+    rec = Recorder(torch, int(spec.get("steps", 0)))
+    rec.install()
+    _install_sites(torch, rec)
+    status, tb = "ok", None
+    namespace: dict[str, Any] | None = None
+    returned: Any = None
+    has_return = False
+    try:
+        if spec["mode"] == "script":
+            path = spec["path"]
+            source = spec.get("source")
+            if source is None:
+                with open(path, encoding="utf-8") as fh:
+                    source = fh.read()
+            mod = _script_module(path, spec.get("argv", []))
+            namespace = mod.__dict__
+            exec(compile(source, path, "exec", dont_inherit=True), namespace)
+        else:
+            module_name, _, func_name = spec["entry"].partition(":")
+            module = importlib.import_module(module_name)
+            returned = getattr(module, func_name)()
+            has_return = True
+    except StopRun:
+        pass
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            status, tb = "error", f"SystemExit: {exc.code}"
+    except BaseException:
+        status, tb = "error", traceback.format_exc()
+    try:
+        probes = rec.collect(namespace, returned, has_return=has_return)
+    except Exception:
+        probes = {"losses": rec.losses, "loss_steps": rec.loss_steps, "steps_done": rec.steps_done,
+                  "tensors": {}, "notes": [f"collecting probes failed: {traceback.format_exc()}"]}
+    probes.update(status=status, traceback=tb, device="cuda" if torch.cuda.is_available() else "cpu",
+                  rank=rank)
+    torch.save(probes, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,115 @@
+"""Launches one version of a program under the harness, in its own process (or `nproc` processes
+under torchrun), bounded by a timeout, and returns the probes it saved."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Version:
+    """One side of a comparison: a script (or entry module) and in-memory sources to serve."""
+
+    label: str
+    path: str  # the script (script mode) or the file the entry imports from (entry mode)
+    source: str | None = None  # in-memory text of `path` (None: read it from disk)
+    sources: dict[str, str] = field(default_factory=dict)  # other files to serve from memory
+
+
+@dataclass
+class RunOptions:
+    steps: int = 20
+    device: str = "auto"  # auto | cpu | cuda
+    argv: tuple[str, ...] = ()
+    entry: str | None = None  # "pkg.mod:func"
+    timeout: float = 300.0
+    nproc: int = 1
+    seed: int = 0
+    threads: int = 1
+
+
+def _env(device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    # The harness must import torchopt even when the program's folder is the working directory.
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _tail(path: str, limit: int = 4000) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()[-limit:]
+    except OSError:
+        return ""
+
+
+def run_version(version: Version, opts: RunOptions, workdir: str | None = None) -> list[dict]:
+    """Run ``version`` and return its probes, one dict per rank (status ok | error | timeout)."""
+    import torch
+
+    tmp = workdir or tempfile.mkdtemp(prefix="torchopt-validate-")
+    tag = version.label.replace(" ", "_")
+    script = os.path.abspath(version.path)
+    sources = dict(version.sources)
+    if opts.entry and version.source is not None:
+        sources[script] = version.source
+    spec = {
+        "mode": "entry" if opts.entry else "script",
+        "path": script,
+        "source": None if opts.entry else version.source,
+        "sources": sources,
+        "entry": opts.entry,
+        "argv": list(opts.argv),
+        "steps": opts.steps,
+        "seed": opts.seed,
+        "threads": opts.threads,
+        "sys_path": [os.path.dirname(script)],
+        "out": os.path.join(tmp, f"{tag}.rank{{rank}}.pt"),
+    }
+    spec_path = os.path.join(tmp, f"{tag}.json")
+    with open(spec_path, "w", encoding="utf-8") as fh:
+        json.dump(spec, fh)
+    if opts.nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={opts.nproc}",
+               "-m", "torchopt.validate.harness", spec_path]
+    else:
+        cmd = [sys.executable, "-m", "torchopt.validate.harness", spec_path]
+    log = os.path.join(tmp, f"{tag}.log")
+    status = "ok"
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), env=_env(opts.device), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=opts.timeout)
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+    results = []
+    for rank in range(max(1, opts.nproc)):
+        path = spec["out"].format(rank=rank)
+        if status == "ok" and os.path.exists(path):
+            probes = torch.load(path, weights_only=False)
+        else:
+            probes = {"losses": [], "loss_steps": [], "steps_done": 0, "tensors": {}, "notes": [],
+                      "status": "timeout" if status == "timeout" else "error",
+                      "traceback": (f"timed out after {opts.timeout:g} s" if status == "timeout"
+                                    else f"the harness exited with {proc.returncode}:\n{_tail(log)}"),
+                      "device": opts.device, "rank": rank}
+        probes["log"] = _tail(log)
+        results.append(probes)
+    return results

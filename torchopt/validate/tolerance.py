@@ -1,0 +1,155 @@
+"""How close "the same" has to be, by what the applied fixes are allowed to change (rules.md VAL-6).
+
+A safe fix must keep every bit; a fix tagged ``tolerance``/``numerics``/``rng``/``semantics`` buys a
+looser criterion.  This module only maps tags to numbers, so the table lives in one place; the
+comparison itself is in ``compare.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+__all__ = ["Bound", "Tolerance", "tolerance_for", "TRAINING_KINDS"]
+
+# Probes whose error accumulates over optimizer steps (rather than one forward pass).
+TRAINING_KINDS = frozenset({"loss", "param", "optim"})
+
+# rules.md VAL-5: fp32 defaults of torch.testing.assert_close.
+_FP32_RTOL, _FP32_ATOL = 1.3e-6, 1e-5
+# rules.md VAL-6, compile row: "params rel 1e-5" after N steps.  Used for every training probe
+# under `tolerance`, since reassociation error compounds step by step.
+_STEP_RTOL = 1e-5
+# rules.md VAL-6, AMP rows: (rtol, atol as a fraction of max|ref|, rel-L2 bound).
+_AMP = {"float16": (1e-2, 1e-3, 1e-2), "bfloat16": (5e-2, 1e-2, 5e-2)}
+_DTYPE_ALIASES = {
+    "float16": "float16", "fp16": "float16", "half": "float16", "torch.float16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+}
+_TAGS = ("semantics", "tolerance", "numerics", "rng")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The effective criterion for one probe (after kind- and step-specific adjustments)."""
+
+    bitwise: bool
+    rtol: float = 0.0
+    atol: float = 0.0
+    atol_relative: bool = False  # atol is a fraction of max|ref| (the AMP rows)
+    rel_l2: float | None = None
+
+    def describe(self) -> str:
+        if self.bitwise:
+            return "bitwise"
+        atol = f"{self.atol:g}·max|ref|" if self.atol_relative else f"{self.atol:g}"
+        text = f"rtol={self.rtol:g} atol={atol}"
+        return text + (f" relL2≤{self.rel_l2:g}" if self.rel_l2 is not None else "")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Acceptance criterion for a whole before/after comparison.
+
+    ``rtol``/``atol``/``rel_l2`` apply to outputs, globals and returns; training probes (losses,
+    params, optimizer state) may be loosened by ``step_rtol`` and losses by ``loss_rtol`` /
+    ``late_loss_rtol`` (AMP training row: each of the first ``loss_window`` steps within 1 %,
+    later ones and the final loss within 2 %).  Integer and bool tensors are always exact.
+    """
+
+    rtol: float
+    atol: float
+    bitwise: bool
+    rel_l2: float | None = None
+    reason: str = ""
+    compare_values: bool = True  # False for un-replayed RNG changes: only structure is comparable
+    atol_relative: bool = False
+    step_rtol: float | None = None
+    loss_rtol: float | None = None
+    late_loss_rtol: float | None = None
+    loss_window: int = 20
+    allow_dtype_change: bool = False  # numerics may change a probe's dtype; recorded, not failed
+    check_requires_grad: bool = True  # semantics fixes may change leaf-ness / requires_grad
+    tags: tuple[str, ...] = ()
+
+    def bound(self, kind: str, step: int | None = None) -> Bound:
+        """The criterion for one probe of ``kind`` ("loss", "param", ...), at ``step`` for losses."""
+        if self.bitwise:
+            return Bound(bitwise=True)
+        rtol, atol, rel_l2 = self.rtol, self.atol, self.rel_l2
+        if kind in TRAINING_KINDS and self.step_rtol is not None:
+            rtol = max(rtol, self.step_rtol)
+        if kind == "loss" and self.loss_rtol is not None:
+            late = step is not None and step >= self.loss_window and self.late_loss_rtol is not None
+            # |Δ|/|ref| per loss: a scalar has no meaningful rel-L2 or max|ref| floor beyond itself.
+            return Bound(False, self.late_loss_rtol if late else self.loss_rtol, 0.0, False, None)
+        return Bound(False, rtol, atol, self.atol_relative, rel_l2)
+
+    def describe(self) -> str:
+        if not self.compare_values:
+            return "values not compared"
+        return self.bound("output").describe()
+
+
+SAFE = Tolerance(0.0, 0.0, True, reason="safe fixes only: every probe must keep its bits")
+
+
+def _for_tag(tag: str, dtype: str, replayed: bool) -> Tolerance:
+    if tag == "semantics":
+        return replace(SAFE, check_requires_grad=False,
+                       reason="semantics: values bitwise; leaf-ness and requires_grad may change")
+    if tag == "tolerance":
+        return Tolerance(_FP32_RTOL, _FP32_ATOL, False, step_rtol=_STEP_RTOL,
+                         reason="tolerance: fp32 assert_close defaults; training probes rel 1e-5 "
+                                "(compile row, error compounds over steps)")
+    if tag == "numerics":
+        rtol, atol_frac, rel_l2 = _AMP[dtype]
+        return Tolerance(rtol, atol_frac, False, rel_l2=rel_l2, atol_relative=True,
+                         loss_rtol=1e-2, late_loss_rtol=2e-2, allow_dtype_change=True,
+                         reason=f"numerics ({dtype}): AMP row; losses within 1 % for the first 20 "
+                                "steps, 2 % after")
+    if tag == "rng":
+        if replayed:
+            return replace(SAFE, reason="rng (replayed): random values replayed, rest bitwise")
+        return replace(SAFE, bitwise=False, compare_values=False,
+                       reason="rng: random values come from another stream; without replay only "
+                              "structure (names, shapes, dtypes, loss count) is comparable")
+    raise ValueError(f"unknown fix tag {tag!r}; expected one of {list(_TAGS)}")
+
+
+def _merge(a: Tolerance, b: Tolerance) -> Tolerance:
+    """Loosest of two: numeric bounds of the looser one, flags each at their loosest."""
+    if not a.tags:
+        return b
+    loose, other = (a, b) if _rank(a) >= _rank(b) else (b, a)
+    return replace(
+        loose,
+        compare_values=a.compare_values and b.compare_values,
+        allow_dtype_change=a.allow_dtype_change or b.allow_dtype_change,
+        check_requires_grad=a.check_requires_grad and b.check_requires_grad,
+        reason="; ".join(r for r in (loose.reason, other.reason) if r),
+        tags=tuple(dict.fromkeys(a.tags + b.tags)),
+    )
+
+
+def _rank(t: Tolerance) -> int:
+    """Looseness: values skipped > AMP (relative atol) > fp32 tolerance > bitwise."""
+    if not t.compare_values:
+        return 3
+    return 2 if t.atol_relative else (1 if not t.bitwise else 0)
+
+
+def tolerance_for(tags: Iterable[str], dtype: str | None = None, *, replayed: bool = False) -> Tolerance:
+    """The tolerance a set of applied fix tags buys (VAL-6); no tags means bitwise.
+
+    ``dtype`` picks the AMP row for ``numerics`` ("float16"/"bfloat16"; default bfloat16, the CPU
+    autocast dtype).  ``replayed`` says the harness replayed recorded random values (VAL-4), so
+    ``rng`` is held to bitwise instead of skipping value comparison.
+    """
+    key = _DTYPE_ALIASES.get(str(dtype) if dtype is not None else "bfloat16")
+    if key is None:
+        raise ValueError(f"unknown autocast dtype {dtype!r}; expected float16 or bfloat16")
+    result = SAFE
+    for tag in dict.fromkeys(str(getattr(t, "value", t)) for t in tags):
+        result = _merge(result, replace(_for_tag(tag, key, replayed), tags=(tag,)))
+    return result
