@@ -181,9 +181,29 @@ def test_missing_tensor_either_side():
     a = with_tensor(b, "optim/state.0.exp_avg", None)
     cmp = compare(b, a, BITWISE)
     assert cmp.verdict == "diverged" and row(cmp, "optim/state.0.exp_avg").verdict == "missing"
-    cmp = compare(b, with_tensor(b, "global/new_buffer", torch.zeros(2)), BITWISE)
-    assert row(cmp, "global/new_buffer").verdict == "missing"
-    assert cmp.first_divergence.name == "global/new_buffer"
+    cmp = compare(b, with_tensor(b, "param/new_buffer", torch.zeros(2)), BITWISE)
+    assert row(cmp, "param/new_buffer").verdict == "missing"
+    assert cmp.first_divergence.name == "param/new_buffer"
+
+
+def test_globals_introduced_by_the_rewrite_are_not_divergences():
+    b = probe()
+    cmp = compare(b, with_tensor(b, "global/use_amp", torch.tensor(1)), BITWISE)
+    assert row(cmp, "global/use_amp").verdict == "skipped"
+    assert cmp.verdict == "equivalent"
+    b2 = with_tensor(b, "global/kept", torch.ones(1))
+    assert compare(b2, b, BITWISE).verdict == "diverged", "a global the rewrite lost still counts"
+
+
+def test_amp_training_state_is_reported_not_bounded():
+    """VAL-6 bounds AMP training by its losses; parameters and optimizer state are shown, not failed."""
+    b = probe()
+    p = b["tensors"]["optim/state.0.exp_avg"]
+    tol = tolerance_for(["numerics"], "bfloat16")
+    r = row(compare(b, with_tensor(b, "optim/state.0.exp_avg", p * 1.5), tol), "optim/state.0.exp_avg")
+    assert r.verdict == "ok" and r.max_abs and r.max_abs > 0 and "reported" in r.tolerance
+    lossy = dict(b, losses=[l * 1.5 for l in b["losses"]])
+    assert compare(b, lossy, tol).verdict == "diverged", "losses still bound AMP training"
 
 
 def test_shape_mismatch():

@@ -13,7 +13,7 @@ from torchopt import __version__
 from torchopt.rewrite import report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
-from torchopt.rewrite.engine import Diagnostic
+from torchopt.rewrite.engine import Diagnostic, FixError, ParseError
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.runner import FileResult, Mode, process_text, run
 from torchopt.rewrite.selection import SelectorError, expand_all, split_arg
@@ -364,14 +364,20 @@ def validate_cmd(
     try:
         resolver = _resolver(select, ignore, unsafe_fixes, config)
         settings = resolver.for_path(before)
-        from torchopt.validate.command import validate
+        from torchopt.validate.command import resolve_device, validate
+
+        if resolve_device(device) == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise _Usage("--device cuda: no CUDA device is available here (use --device cpu or auto)")
 
         out = validate(before, after, settings, unsafe=settings.unsafe_fixes, steps=steps, device=device,
                        argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
-    except (source.SourceError, OSError) as exc:
+    except (source.SourceError, OSError, ParseError, FixError) as exc:
         _err(f"error: {before}: {exc}")
         raise typer.Exit(EXIT_ERROR)
     sys.stdout.write(json.dumps(out.json, indent=2) + "\n" if json_out else out.text)

@@ -96,13 +96,12 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    tags = {t for d in applied if d.fix for t in d.fix.tags}
-    if replayed:
-        tags.discard("rng")  # replay gives the rewritten run the baseline's random numbers
-    tags = sorted(tags)
+    tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
     fixes = _fix_rows(applied)
     b, a = results[before.label][0], results[after.label][0]
-    cmp = compare(b, a, tolerance_for(tags, dtype=None), fixes)
+    # The AMP rewrite picks float16 on CUDA and bfloat16 elsewhere; hold it to that dtype's bounds.
+    amp_dtype = "float16" if opts.device == "cuda" else "bfloat16"
+    cmp = compare(b, a, tolerance_for(tags, dtype=amp_dtype, replayed=replayed), fixes)
     extra = list(notes)
     for label, runs in results.items():
         if len(runs) > 1:
@@ -183,7 +182,8 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
                   device: str, timeout: float) -> tuple[set[str] | None, list[str]]:
     """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns the
     codes whose fixes may be written (None: all of them) and report lines. When the whole rewrite
-    diverges, each code is validated on its own and only those that pass are kept."""
+    diverges, codes are added one at a time (each run with those already kept) and only those that
+    pass are kept, so the set written is one that was validated as a whole."""
     from torchopt.validate.runner import RunOptions, Version
 
     entry = os.path.realpath(entry_script)
@@ -206,12 +206,18 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
         return None, ["validation: nothing would change"]
     if whole.exit_code == 0:
         return None, [f"validation: {entry_script} computes the same thing with every fix ({', '.join(sorted(codes))})"]
-    lines = [whole.text, "validation failed for the whole rewrite; validating each rule on its own"]
+    if whole.exit_code == 2:  # ENTRY fails in both versions: nothing can be validated
+        return set(), [whole.text, f"validation: {entry_script} could not run; fix it first"]
+    lines = [whole.text, "validation failed for the whole rewrite; validating each rule in turn"]
     keep: set[str] = set()
+    if len(codes) == 1:  # the whole rewrite was this one rule: no need to run it again
+        lines.append(f"  {next(iter(codes))}: diverges: not written")
+        return keep, lines
     for code in sorted(codes):
-        out, _ = attempt({code})
-        verdict = "passes" if out is not None and out.exit_code == 0 else "diverges: not written"
-        lines.append(f"  {code}: {verdict}")
-        if out is not None and out.exit_code == 0:
+        # Each trial adds one rule to those already kept, so the set finally written was itself run.
+        out, _ = attempt(keep | {code})
+        ok = out is not None and out.exit_code == 0
+        lines.append(f"  {code}: {'passes' if ok else 'diverges: not written'}")
+        if ok:
             keep.add(code)
     return keep, lines

@@ -197,7 +197,10 @@ def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
     tb, ta = dict(before.get("tensors") or {}), dict(after.get("tensors") or {})
     rows = []
     for name in list(tb) + [n for n in ta if n not in tb]:
-        if name not in tb or name not in ta:
+        if name not in tb and kind_of(name) == "global":
+            # A variable the rewrite introduced (a scaler, an AMP switch): nothing to compare it with.
+            rows.append(Row(name, "global", None, None, "", "skipped", None, "introduced by the rewrite"))
+        elif name not in tb or name not in ta:
             side = "after" if name in tb else "before"
             rows.append(Row(name, kind_of(name), None, None, "", "missing", None, f"absent {side}"))
         else:
@@ -238,8 +241,8 @@ def _explain(div: Divergence, verdict: str, fixes: Sequence[Mapping]) -> list[st
     if div is None:
         return []
     if not fixes:
-        return ["No fixes were reported as applied, yet the runs differ: the program or the harness is "
-                "not deterministic."]
+        return ["No torchopt fix explains the difference: the two versions compute different things "
+                "(or, if they are the same program, it is not deterministic)."]
     unsafe = [f for f in fixes if _is_unsafe(f)]
     relevant_tags = _RELEVANT.get(verdict)
     if relevant_tags is not None:

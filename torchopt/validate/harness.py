@@ -313,6 +313,12 @@ def _determinism(torch: Any, threads: int) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    try:  # VAL-3 / E-28: compiled random ops draw as eager ones do (use_deterministic_algorithms imported it)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+    except Exception:
+        pass
     if threads:
         torch.set_num_threads(threads)
 

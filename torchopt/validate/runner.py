@@ -38,6 +38,7 @@ def _env(device: str) -> dict[str, str]:
     env.setdefault("PYTHONHASHSEED", "0")
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # no __pycache__ next to the user's files
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     # The harness must import torchopt even when the program's folder is the working directory.
