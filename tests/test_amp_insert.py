@@ -1,0 +1,207 @@
+"""TOP202/TOP203/TOP205: automatic mixed precision inserted into training and inference loops.
+
+Golden fixtures (fixtures/amp_*), validation on the CPU within the VAL-6 AMP tolerances, the
+float16 + GradScaler control flow exercised on the CPU, and the refusals and options.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+NAMES = sorted(p.name for p in FIXTURES.glob("amp_*") if (p / "before.py").is_file())
+TOP2 = Settings(select=("TOP2",))
+CHANGED = [n for n in NAMES if (FIXTURES / n / "after_unsafe.py").read_text() != (FIXTURES / n / "before.py").read_text()]
+
+
+def _read(name: str, which: str) -> str:
+    return (FIXTURES / name / f"{which}.py").read_text(encoding="utf-8")
+
+
+def test_amp_fixtures_exist():
+    assert {"amp_plain_loop", "amp_clipping", "amp_accumulation", "amp_gan", "amp_scheduler", "amp_checkpoint",
+            "amp_eval", "amp_train_function", "amp_already", "amp_deprecated_api"} <= set(NAMES)
+    for name in NAMES:
+        for f in ("after_unsafe.py", "after_safe.py", "notes.md"):
+            assert (FIXTURES / name / f).is_file(), f"{name}/{f} missing"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden(name):
+    before, expected = _read(name, "before"), _read(name, "after_unsafe")
+    got = fix_source(before, TOP2, unsafe=True)
+    assert got.text == expected
+    compile(got.text, f"{name}/after_unsafe.py", "exec", dont_inherit=True)
+    again = fix_source(got.text, TOP2, unsafe=True)
+    assert again.text == got.text and not again.applied
+    # Idempotence: the rewritten output is never flagged again by TOP202/203/205.
+    assert not [d for d in check_source(got.text, TOP2).diagnostics if d.code in ("TOP202", "TOP203", "TOP205")]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "amp_deprecated_api"])
+def test_safe_rewrite_changes_nothing(name):
+    before = _read(name, "before")
+    assert fix_source(before, TOP2, unsafe=False).text == before
+
+
+def test_already_amp_is_untouched_and_silent():
+    before = _read("amp_already", "before")
+    assert fix_source(before, TOP2, unsafe=True).text == before
+    assert check_source(before, TOP2).diagnostics == []
+
+
+def test_deprecated_api_only_top201():
+    diags = check_source(_read("amp_deprecated_api", "before"), TOP2).diagnostics
+    assert diags and {d.code for d in diags} == {"TOP201"}
+
+
+@pytest.mark.parametrize("name", CHANGED)
+def test_validates_on_cpu(name):
+    from torchopt.validate.command import validate
+
+    settings = Settings(select=("TOP2",), unsafe_fixes=True)
+    out = validate(str(FIXTURES / name / "before.py"), None, settings, unsafe=True, steps=3, device="cpu",
+                   argv=(), entry=None, nproc=1, timeout=120)
+    assert out.exit_code == 0, out.text
+
+
+_PROBE = r"""
+import runpy, sys, warnings
+import torch
+torch.set_num_threads(1)
+warnings.simplefilter("error", FutureWarning)
+ns = runpy.run_path(sys.argv[1], run_name="__main__")
+scalers = [v for v in ns.values() if isinstance(v, torch.amp.GradScaler)]
+print("SCALERS", [s.is_enabled() for s in scalers])
+print("DTYPE", ns.get("amp_dtype"))
+"""
+
+
+@pytest.mark.parametrize("name", CHANGED)
+def test_fp16_control_flow_on_cpu(name):
+    """TORCHOPT_AMP_DTYPE=float16: float16 CPU autocast with an enabled GradScaler('cpu'); catches
+    double unscale_, update() placement and closure errors."""
+    env = dict(os.environ, TORCHOPT_AMP_DTYPE="float16", OMP_NUM_THREADS="1")
+    path = FIXTURES / name / "after_unsafe.py"
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], cwd=path.parent, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "RuntimeError" not in r.stderr and "AssertionError" not in r.stderr
+    if name == "amp_deprecated_api":
+        return  # not an AMP insertion: only TOP201 applies
+    assert "DTYPE torch.float16" in r.stdout
+    if "GradScaler(" in path.read_text():
+        assert "SCALERS [True]" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("name", CHANGED)
+def test_amp_switch_off_runs(name):
+    env = dict(os.environ, TORCHOPT_AMP="0", OMP_NUM_THREADS="1")
+    path = FIXTURES / name / "after_unsafe.py"
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], cwd=path.parent, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- unit cases
+
+_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+      "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+_LOOP = ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
+         "    loss = nn.functional.mse_loss(out, y)\n    loss.backward()\n    optimizer.step()\n")
+
+
+def _fix(src: str, **opts) -> str:
+    s = Settings(select=("TOP2",), rule_options={"TOP202": opts} if opts else {})
+    return fix_source(src, s, unsafe=True).text
+
+
+def _codes(src: str) -> list[tuple[str, str]]:
+    return [(d.code, d.message) for d in check_source(src, TOP2).diagnostics]
+
+
+def test_bfloat16_option_gives_autocast_only():
+    out = _fix(_H + _LOOP, dtype="bfloat16")
+    assert "amp_dtype = torch.bfloat16" in out and "GradScaler" not in out and "scaler" not in out
+    assert "    loss.backward()\n    optimizer.step()\n" in out
+
+
+def test_select_top202_alone_is_complete_fp16():
+    out = fix_source(_H + _LOOP, Settings(select=("TOP202",)), unsafe=True).text
+    assert "scaler.scale(loss).backward()" in out and "scaler.update()" in out
+
+
+def test_reuses_torch_alias_and_avoids_taken_names():
+    src = (_H + "scaler = 3\nuse_amp = None\n" + _LOOP).replace("torch.", "T.") \
+        .replace("import torch\nimport T.nn as nn\n", "import torch as T\nimport torch.nn as nn\n")
+    out = _fix(src)
+    assert "scaler_1 = T.amp.GradScaler(amp_device_type" in out
+    assert "use_amp_1 = os.environ" in out and "with T.autocast(" in out
+    assert "scaler_1.scale(loss).backward()" in out
+
+
+def test_backward_kwargs_and_step_result_kept():
+    src = _H + ("for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n"
+                "    loss.backward(retain_graph=True)\n    r = optimizer.step()\n")
+    out = _fix(src)
+    assert "scaler.scale(loss).backward(retain_graph=True)" in out
+    assert "r = scaler.step(optimizer)\n    scaler.update()" in out
+
+
+@pytest.mark.parametrize("body,reason", [
+    ("    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n    optimizer.step(lambda: loss)\n",
+     "closure"),
+    ("    out = model(x)\n    g = torch.autograd.grad(out.sum(), x, create_graph=True)[0]\n"
+     "    loss = out.mean() + g.pow(2).mean()\n    loss.backward()\n    optimizer.step()\n", "autograd.grad"),
+    ("    out = model(x)\n    print(out)\n    loss = out.mean()\n    loss.backward()\n    optimizer.step()\n",
+     "cannot run under autocast"),
+])
+def test_refusals_are_display_only(body, reason):
+    src = _H + "for x, y in batches:\n" + body
+    diags = [d for d in check_source(src, TOP2).diagnostics if d.code == "TOP202"]
+    assert len(diags) == 1 and diags[0].fix is None and reason in diags[0].message, diags
+    assert _fix(src) == src
+
+
+def test_half_model_refused():
+    src = _H.replace(".to(device)", ".to(device).half()") + _LOOP
+    diags = [d for d in check_source(src, TOP2).diagnostics if d.code == "TOP202"]
+    assert diags and diags[0].fix is None and "AMP-004" in diags[0].message
+    assert _fix(src) == src
+
+
+def test_cpu_only_model_not_rewritten():
+    src = _H.replace(".to(device)", "") + _LOOP
+    assert _fix(src) == src
+
+
+def test_no_step_no_finding():
+    src = _H + "for x, y in batches:\n    out = model(x)\n    loss = out.sum()\n"
+    assert _codes(src) == []
+
+
+def test_eval_loop_in_training_script_untouched():
+    src = _H + _LOOP + "model.eval()\nwith torch.no_grad():\n    for x in batches:\n        pred = model(x)\n"
+    out = _fix(src)
+    assert out.endswith("with torch.no_grad():\n    for x in batches:\n        pred = model(x)\n")
+    assert out.count("torch.autocast(") == 1
+
+
+def test_fp16_autocast_without_scaler_flagged_by_top203():
+    src = _H + ("for x, y in batches:\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n"
+                "    loss.backward()\n    optimizer.step()\n")
+    assert [c for c, _ in _codes(src)] == ["TOP203"]
+    assert _fix(src) == src
+
+
+def test_step_in_function_uses_module_level_setup():
+    out = fix_source(_read("amp_train_function", "before"), TOP2, unsafe=True).text
+    assert out.index("scaler = torch.amp.GradScaler") > out.index("optimizer = torch.optim.SGD")
+    assert "    scaler.step(opt)\n    scaler.update()\n    return loss.item(), out\n" in out
