@@ -522,3 +522,21 @@ def is_tensor_name(rule: Rule, name: cst.Name) -> bool:
         if q.rsplit(".", 1)[1] in _NOT_TENSOR:
             return False
     return True
+
+
+# --------------------------------------------------------------------------- walking
+
+SCOPE_NODES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def walk(node: cst.CSTNode, cross_scopes: bool = False) -> Iterable[cst.CSTNode]:
+    """Every node under ``node`` (pre-order), not entering nested functions, classes or lambdas
+    unless ``cross_scopes``. Cheaper than a CSTVisitor for the small subtrees rules inspect."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        yield cur
+        for child in reversed(cur.children):
+            if not cross_scopes and isinstance(child, SCOPE_NODES):
+                continue
+            stack.append(child)

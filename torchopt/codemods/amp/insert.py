@@ -21,12 +21,20 @@ from typing import Iterable, Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, classify_device, dtype_of, string_value, torch_name, torch_ref
+from torchopt.codemods._torch import (
+    SCOPE_NODES,
+    callee,
+    classify_device,
+    dtype_of,
+    string_value,
+    torch_name,
+    torch_ref,
+    walk,
+)
 from torchopt.codemods.amp import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Invalid, Option, Rule, Safety, Tag, Valid
 
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
               "torch.amp.autocast_mode.autocast"}
 _SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler",
@@ -62,15 +70,6 @@ def dotted(expr: cst.CSTNode | None) -> str | None:
     return ".".join(reversed(parts))
 
 
-def _walk(node: cst.CSTNode, cross_scopes: bool = False) -> Iterable[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        cur = stack.pop()
-        yield cur
-        for child in reversed(cur.children):
-            if not cross_scopes and isinstance(child, _SCOPES):
-                continue
-            stack.append(child)
 
 
 def _base_call(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Call]]:
@@ -96,7 +95,7 @@ def _targets(stmt: cst.CSTNode) -> list[cst.BaseExpression]:
         else:
             out.append(t)
 
-    for n in _walk(stmt):
+    for n in walk(stmt):
         if isinstance(n, cst.Assign):
             for t in n.targets:
                 add(t.target)
@@ -120,7 +119,7 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
     assignment are not reads, augmented-assignment targets are)."""
     out: set[str] = set()
     plain_targets = set()
-    for n in _walk(stmt):
+    for n in walk(stmt):
         if isinstance(n, cst.Assign):
             for t in n.targets:
                 if isinstance(t.target, (cst.Name, cst.Attribute)):
@@ -128,7 +127,7 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
                 elif isinstance(t.target, (cst.Tuple, cst.List)):
                     for el in t.target.elements:
                         plain_targets.add(id(el.value))
-    for n in _walk(stmt):
+    for n in walk(stmt):
         if id(n) in plain_targets:
             continue
         if isinstance(n, (cst.Name, cst.Attribute)):
@@ -139,7 +138,7 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
 
 
 def _calls(node: cst.CSTNode) -> Iterable[cst.Call]:
-    for n in _walk(node):
+    for n in walk(node):
         if isinstance(n, cst.Call):
             yield n
 
@@ -282,7 +281,7 @@ class _Analysis:
         self.half_models: set[str] = set()
         self.device_expr: dict[str, cst.BaseExpression | str] = {}
         self.module_classes: set[str] = set()
-        self.names: set[str] = {n.value for n in _walk(self.module, True) if isinstance(n, cst.Name)}
+        self.names: set[str] = {n.value for n in walk(self.module, True) if isinstance(n, cst.Name)}
         self.functions: dict[str, cst.FunctionDef] = {}
         self._collect()
 
@@ -307,14 +306,14 @@ class _Analysis:
     def scope_owner(self, node: cst.CSTNode) -> cst.CSTNode:
         """The function/class/lambda whose scope holds ``node``, or the module."""
         cur = self.parent(node)
-        while cur is not None and not isinstance(cur, _SCOPES):
+        while cur is not None and not isinstance(cur, SCOPE_NODES):
             cur = self.parent(cur)
         return cur if cur is not None else self.module
 
     # -- collection
     def _collect(self) -> None:
         rule = self.rule
-        classes = [n for n in _walk(self.module, True) if isinstance(n, cst.ClassDef)]
+        classes = [n for n in walk(self.module, True) if isinstance(n, cst.ClassDef)]
         changed = True
         while changed:
             changed = False
@@ -328,7 +327,7 @@ class _Analysis:
                         self.module_classes.add(c.name.value)
                         changed = True
                         break
-        for n in _walk(self.module, True):
+        for n in walk(self.module, True):
             if isinstance(n, cst.FunctionDef):
                 self.functions.setdefault(n.name.value, n)
             if not isinstance(n, cst.SimpleStatementLine):
@@ -405,7 +404,7 @@ class _Analysis:
         return [d for d in (dotted(c.func) for c in _calls(node)) if d in models]
 
     def autocast_with(self, node: cst.CSTNode) -> bool:
-        for n in _walk(node, True):
+        for n in walk(node, True):
             if isinstance(n, cst.WithItem) and isinstance(n.item, cst.Call) and callee(self.rule, n.item) in _AUTOCASTS:
                 return True
             if isinstance(n, cst.Decorator):
@@ -445,7 +444,7 @@ class _Analysis:
     def in_loop_call(self, fname: str) -> list[cst.Call]:
         """Calls of the file's function ``fname`` made inside a loop body."""
         out = []
-        for n in _walk(self.module, True):
+        for n in walk(self.module, True):
             if isinstance(n, (cst.For, cst.While)):
                 for c in _calls(n.body):
                     if isinstance(c.func, cst.Name) and c.func.value == fname:
@@ -468,7 +467,7 @@ class StepSite:
 
 def _loop_sites(a: _Analysis) -> list[StepSite]:
     sites = []
-    for n in _walk(a.module, True):
+    for n in walk(a.module, True):
         if isinstance(n, (cst.For, cst.While)):
             body = _body_list(n.body)
             if body:
@@ -524,7 +523,7 @@ def _step_call(stmt: cst.CSTNode, optimizers: set[str]) -> cst.Call | None:
 
 
 def _reads_grads(stmt: cst.CSTNode) -> bool:
-    for n in _walk(stmt):
+    for n in walk(stmt):
         if isinstance(n, cst.Attribute) and n.attr.value == "grad":
             return True
         if isinstance(n, cst.Call):
@@ -541,7 +540,7 @@ def _excluded(stmt: cst.CSTNode) -> bool:
         if isinstance(c.func, cst.Name) and c.func.value in _EXCLUDED_FUNCS:
             return True
     return isinstance(stmt, (cst.Return,)) or any(isinstance(n, (cst.Return, cst.Yield, cst.Break, cst.Continue))
-                                                  for n in _walk(stmt))
+                                                  for n in walk(stmt))
 
 
 @dataclass
@@ -567,7 +566,7 @@ def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], excl
     for name in names:
         scope_node = a.scope_owner(region[0])
         found = False
-        for n in _walk(scope_node if not isinstance(scope_node, cst.Module) else a.module, True):
+        for n in walk(scope_node if not isinstance(scope_node, cst.Module) else a.module, True):
             if isinstance(n, cst.Name) and n.value == name:
                 p = a.pos(n)
                 if lo <= p <= hi:
@@ -775,7 +774,7 @@ class _AmpBase(Rule):
         dev_code, dev_var = dev
         anchors = list(anchors)
         if isinstance(dev_var, cst.Name):
-            for n in _walk(a.module, True):
+            for n in walk(a.module, True):
                 if isinstance(n, cst.SimpleStatementLine) and dev_var.value in _assigned_names(n) \
                         and a.scope_owner(n) is a.scope_owner(anchors[0]):
                     anchors.append(n)
@@ -818,7 +817,7 @@ class _AmpBase(Rule):
         return names, stmts, anchor, item, imports
 
     def _imports_os(self, a: _Analysis) -> bool:
-        for n in _walk(a.module, True):
+        for n in walk(a.module, True):
             if isinstance(n, cst.Import):
                 for al in n.names:
                     if dotted(al.name) == "os" and al.asname is None:
@@ -980,7 +979,7 @@ class MissingAutocast(_AmpBase):
             return a.pos(n) > a.pos(anchor) and (isinstance(anchor_scope, cst.Module)
                                                  or a.scope_owner(n) is anchor_scope)
 
-        for c in (n for n in _walk(a.module, True) if isinstance(n, cst.Call)):
+        for c in (n for n in walk(a.module, True) if isinstance(n, cst.Call)):
             if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self, c) == "torch.save" and c.args:
                 d = c.args[0].value
                 if isinstance(d, cst.Dict) and visible(c):
@@ -1063,11 +1062,11 @@ class MissingGradScaler(_AmpBase):
         a = _Analysis(self)
         if a.has_scaler() or not a.optimizers:
             return
-        has_backward = any(_backward_call(s) is not None for s in _walk(a.module, True)
+        has_backward = any(_backward_call(s) is not None for s in walk(a.module, True)
                            if isinstance(s, cst.SimpleStatementLine))
         if not has_backward:
             return
-        for n in _walk(a.module, True):
+        for n in walk(a.module, True):
             if isinstance(n, cst.WithItem) and isinstance(n.item, cst.Call) and self._fp16(n.item):
                 self.report(n.item)
 
@@ -1149,7 +1148,7 @@ class InferenceAutocast(_AmpBase):
         a = _Analysis(self)
         if not a.models:
             return
-        for n in _walk(a.module, True):
+        for n in walk(a.module, True):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
                 return
         if a.autocast_with(a.module):
@@ -1158,7 +1157,7 @@ class InferenceAutocast(_AmpBase):
         first = None
         used: list[str] = []
         loops = []
-        for n in _walk(a.module, True):
+        for n in walk(a.module, True):
             if not isinstance(n, (cst.For, cst.While)):
                 continue
             lists = []
@@ -1216,7 +1215,7 @@ class InferenceAutocast(_AmpBase):
 
     def _under_no_grad(self, a: _Analysis, node: cst.CSTNode) -> bool:
         cur = a.parent(node)
-        while cur is not None and not isinstance(cur, _SCOPES):
+        while cur is not None and not isinstance(cur, SCOPE_NODES):
             if isinstance(cur, cst.With) and any(self._no_grad(i.item) for i in cur.items):
                 return True
             cur = a.parent(cur)

@@ -12,6 +12,7 @@ from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 from torchopt.rewrite.metadata import ParentProvider
 
 from torchopt.codemods._torch import (
+    walk,
     DeviceKind,
     callee,
     classify_device,
@@ -33,7 +34,6 @@ from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
 DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
-_SCOPE_BREAKS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 # --------------------------------------------------------------------------- small analysis helpers
 
@@ -52,16 +52,6 @@ def _inside(rule: Rule, node: cst.CSTNode, container: cst.CSTNode) -> bool:
     return _pos(rule, container) <= _pos(rule, node) and _end(rule, node) <= _end(rule, container)
 
 
-def _walk(node: cst.CSTNode, cross_scopes: bool = False):
-    """Every node under ``node`` (pre-order), not entering nested functions, classes or lambdas."""
-    stack = [node]
-    while stack:
-        cur = stack.pop()
-        yield cur
-        for child in reversed(cur.children):
-            if not cross_scopes and isinstance(child, _SCOPE_BREAKS):
-                continue
-            stack.append(child)
 
 
 def _base_name(expr: cst.BaseExpression) -> cst.Name | None:
@@ -74,7 +64,7 @@ def _base_name(expr: cst.BaseExpression) -> cst.Name | None:
 def _mutated_names(body: cst.CSTNode) -> set[str]:
     """Names mutated in place in ``body``: ``x.add_(...)``, ``x[i] = ...``, ``x += ...``, ``x.a = ...``."""
     out: set[str] = set()
-    for n in _walk(body):
+    for n in walk(body):
         if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
             attr = n.func.attr.value
             if attr.endswith("_") and not attr.startswith("_"):
@@ -404,13 +394,13 @@ class UnpinnedHostCopy(Rule):
     def _moves(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
         """Kinds of host→device copies of loop-target tensors in the body, and those lacking
         ``non_blocking``."""
-        names = {n.value for n in _walk(target) if isinstance(n, cst.Name)}
+        names = {n.value for n in walk(target) if isinstance(n, cst.Name)}
         if not names:
             return set(), []
         mutated = _mutated_names(loop.body)
         kinds: set[str] = set()
         fixable: list[cst.Call] = []
-        for n in _walk(loop.body):
+        for n in walk(loop.body):
             if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
                 continue
             if n.func.attr.value not in ("cuda", "to"):
