@@ -205,3 +205,125 @@ def test_step_in_function_uses_module_level_setup():
     out = fix_source(_read("amp_train_function", "before"), TOP2, unsafe=True).text
     assert out.index("scaler = torch.amp.GradScaler") > out.index("optimizer = torch.optim.SGD")
     assert "    scaler.step(opt)\n    scaler.update()\n    return loss.item(), out\n" in out
+
+
+# ----------------------------------------------------------------------------- BCE, DataParallel, checkpoints,
+# several losses, autograd.backward
+
+_STEP = ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = {loss}\n"
+         "    loss.backward()\n    optimizer.step()\n")
+_HF = _H.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n", 1)
+
+
+def _refused(src: str, reason: str) -> None:
+    diags = [d for d in check_source(src, TOP2).diagnostics if d.code == "TOP202"]
+    assert len(diags) == 1 and diags[0].fix is None and reason in diags[0].message, diags
+    assert _fix(src) == src
+
+
+@pytest.mark.parametrize("pre,loss", [
+    ("", "F.binary_cross_entropy(torch.sigmoid(out), y)"),
+    ("", "torch.nn.functional.binary_cross_entropy(out.sigmoid(), y)"),
+    ("crit = nn.BCELoss()\n", "crit(torch.sigmoid(out), y)"),
+    ("", "nn.BCELoss()(torch.sigmoid(out), y)"),
+    ("def loss_fn(o, t):\n    return F.binary_cross_entropy(o.sigmoid(), t)\n", "loss_fn(out, y)"),
+])
+def test_bce_never_under_autocast(pre, loss):
+    _refused(_HF + pre + _STEP.format(loss=loss), "binary_cross_entropy_with_logits")
+
+
+def test_bce_refused_with_bfloat16_too():
+    src = _HF + _STEP.format(loss="F.binary_cross_entropy(torch.sigmoid(out), y)")
+    assert _fix(src, dtype="bfloat16") == src
+
+
+def test_bce_with_logits_is_rewritten():
+    out = _fix(_HF + _STEP.format(loss="F.binary_cross_entropy_with_logits(out, y)"))
+    assert "        loss = F.binary_cross_entropy_with_logits(out, y)\n    scaler.scale(loss).backward()" in out
+
+
+def test_bce_loss_passed_to_step_function_refused():
+    src = _HF + ("crit = nn.BCELoss()\n\ndef train_step(m, opt, c, x, y):\n    opt.zero_grad()\n"
+                 "    loss = c(torch.sigmoid(m(x)), y)\n    loss.backward()\n    opt.step()\n\n"
+                 "for x, y in batches:\n    train_step(model, optimizer, crit, x, y)\n")
+    _refused(src, "binary_cross_entropy_with_logits")
+
+
+@pytest.mark.parametrize("header", [
+    _H.replace("model = nn.Linear(4, 2).to(device)", "model = nn.DataParallel(nn.Linear(4, 2)).to(device)"),
+    _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.DataParallel(model)\n", 1),
+    _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.parallel.DataParallel(model)\n", 1),
+])
+def test_data_parallel_refused(header):
+    src = header + _STEP.format(loss="out.sum()")
+    _refused(src, "DataParallel")
+    msg = [d.message for d in check_source(src, TOP2).diagnostics][0]
+    assert "TOP401" in msg and "@torch.autocast" in msg
+
+
+def test_checkpoint_through_named_dict():
+    src = _H + _LOOP + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
+                        '    torch.save(ckpt, "f.pt")\n'
+                        'ckpt = torch.load("f.pt")\noptimizer.load_state_dict(ckpt["optimizer"])\n')
+    out = _fix(src)
+    assert ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
+            '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "f.pt")\n') in out
+    assert out.endswith('optimizer.load_state_dict(ckpt["optimizer"])\n'
+                        'if "scaler" in ckpt:\n    scaler.load_state_dict(ckpt["scaler"])\n')
+    assert fix_source(out, TOP2, unsafe=True).text == out
+
+
+def test_named_dict_without_optimizer_state_untouched():
+    src = _H + _LOOP + '    ckpt = {"model": model.state_dict()}\n    torch.save(ckpt, "f.pt")\n'
+    assert '    ckpt = {"model": model.state_dict()}\n' in _fix(src)
+
+
+def test_named_dict_rebound_uses_last_binding():
+    src = _H + _LOOP + ('    ckpt = {"optimizer": optimizer.state_dict()}\n    ckpt = {"model": model.state_dict()}\n'
+                        '    torch.save(ckpt, "f.pt")\n')
+    assert "scaler.state_dict()" not in _fix(src)
+
+
+def test_two_losses_each_scaled_one_update():
+    out = _fix(_read("amp_two_losses", "before"))
+    assert ("    scaler.scale(loss_ce).backward(retain_graph=True)\n    scaler.scale(loss_reg).backward()\n"
+            "    scaler.step(optimizer)\n    scaler.update()\n") in out
+    assert out.count("scaler.update()") == 1 and out.count("torch.autocast(") == 1
+
+
+def test_autograd_backward_scaled():
+    src = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    loss = model(x).sum()\n"
+                "    torch.autograd.backward(loss)\n    optimizer.step()\n")
+    out = _fix(src)
+    assert "    torch.autograd.backward(scaler.scale(loss))\n    scaler.step(optimizer)\n    scaler.update()\n" in out
+    assert fix_source(out, TOP2, unsafe=True).text == out
+
+
+def test_autograd_backward_tensors_keyword_and_list():
+    src = _H + ("for x, y in batches:\n    out = model(x)\n    l1 = out.sum()\n    l2 = out.pow(2).mean()\n"
+                "    torch.autograd.backward(tensors=[l1, l2])\n    optimizer.step()\n")
+    assert "torch.autograd.backward(tensors=scaler.scale([l1, l2]))" in _fix(src)
+
+
+def test_backward_with_gradient_argument_scaled():
+    src = _H + ("for x, y in batches:\n    out = model(x)\n    out.backward(torch.ones_like(out))\n"
+                "    optimizer.step()\n")
+    out = _fix(src)
+    assert "    scaler.scale(out).backward(torch.ones_like(out))\n    scaler.step(optimizer)\n" in out
+
+
+def test_autograd_backward_fp16_runs_on_cpu():
+    """The scaled torch.autograd.backward and out.backward(grad) forms run under fp16 + an enabled scaler."""
+    src = ("import torch\nimport torch.nn as nn\n\ntorch.manual_seed(0)\ndevice = 'cpu'\n"
+           "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "batches = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]\n"
+           "for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = (out - y).pow(2).mean()\n"
+           "    torch.autograd.backward(loss, retain_graph=True)\n    out.backward(torch.ones_like(out))\n"
+           "    optimizer.step()\n")
+    src = src.replace("device = 'cpu'", "device = 'cuda' if torch.cuda.is_available() else 'cpu'")
+    out = _fix(src)
+    assert "torch.autograd.backward(scaler.scale(loss), retain_graph=True)" in out
+    assert "scaler.scale(out).backward(torch.ones_like(out))" in out
+    env = dict(os.environ, TORCHOPT_AMP_DTYPE="float16", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", out], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -46,6 +46,12 @@ _EXCLUDED_METHODS = {"backward", "step", "zero_grad", "item", "cpu", "numpy", "t
                      "append", "extend", "state_dict", "load_state_dict"}
 _EXCLUDED_FUNCS = {"float", "int", "bool", "print", "len", "list"}
 _HALF_METHODS = {"half", "bfloat16"}
+# BCE raises under CUDA autocast ("Prefer binary_cross_entropy_with_logits", AMP-002 "BCE").
+_BCE_FUNCS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
+_BCE_CLASSES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss", "torch.nn.modules.BCELoss"}
+# Autocast state is thread-local; DataParallel runs the replicas in other threads (AMP-002).
+_DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                  "torch.nn.parallel.data_parallel.DataParallel"}
 _MOVE_CHAIN = {"to", "cuda", "train", "eval", "float", "requires_grad_", "share_memory"}
 
 OPTION_DTYPE = Option(
@@ -279,6 +285,8 @@ class _Analysis:
         self.model_stmt: dict[str, cst.BaseStatement] = {}
         self.optimizers: dict[str, cst.BaseStatement] = {}
         self.half_models: set[str] = set()
+        self.bce_losses: set[str] = set()  # names bound to `nn.BCELoss(...)`
+        self.data_parallel: set[str] = set()  # names bound to `nn.DataParallel(...)`
         self.device_expr: dict[str, cst.BaseExpression | str] = {}
         self.module_classes: set[str] = set()
         self.names: set[str] = {n.value for n in walk(self.module, True) if isinstance(n, cst.Name)}
@@ -356,6 +364,11 @@ class _Analysis:
             if q and q.startswith("torch.optim.") and ".lr_scheduler" not in q and cls[:1].isupper():
                 self.optimizers[target] = stmt
                 return
+            if q in _BCE_CLASSES:
+                self.bce_losses.add(target)
+                return
+            if q in _DATA_PARALLEL:
+                self.data_parallel.add(target)
             is_module = False
             if q and q.startswith("torch.nn.") and not q.startswith("torch.nn.functional") and cls[:1].isupper() \
                     and not cls.endswith("Loss") and cls not in ("Parameter", "ModuleList", "ModuleDict",
@@ -487,7 +500,7 @@ def _loop_sites(a: _Analysis) -> list[StepSite]:
                     continue
                 pname = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
                 d = dotted(arg.value)
-                if pname and d and (d in a.models or d in a.optimizers):
+                if pname and d and (d in a.models or d in a.optimizers or d in a.bce_losses):
                     alias[pname] = d
         models = set(a.models) | {p for p, d in alias.items() if d in a.models}
         opts = set(a.optimizers) | {p for p, d in alias.items() if d in a.optimizers}
@@ -500,12 +513,65 @@ def _loop_sites(a: _Analysis) -> list[StepSite]:
     return sites
 
 
+def _is_autograd_backward(c: cst.Call) -> bool:
+    """``torch.autograd.backward(...)`` (any alias of torch), not a ``tensor.backward(...)``."""
+    d = dotted(c.func)
+    return d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward"))
+
+
+def _loss_arg(c: cst.Call) -> cst.Arg | None:
+    """The argument holding the tensors of ``torch.autograd.backward(tensors, ...)``."""
+    for arg in c.args:
+        if arg.star:
+            return None
+        if arg.keyword is None or arg.keyword.value == "tensors":
+            return arg
+    return None
+
+
+def _loss_expr(c: cst.Call) -> cst.BaseExpression:
+    """What a backward call differentiates: ``loss`` in ``loss.backward()`` and in
+    ``torch.autograd.backward(loss)``."""
+    if _is_autograd_backward(c):
+        arg = _loss_arg(c)
+        assert arg is not None
+        return arg.value
+    return c.func.value  # type: ignore[union-attr]
+
+
 def _backward_call(stmt: cst.CSTNode) -> cst.Call | None:
     small = _single_small(stmt)
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         c = small.value
         if isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward":
+            if _is_autograd_backward(c) and _loss_arg(c) is None:
+                return None
             return c
+    return None
+
+
+def _is_scale_call(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "scale"
+
+
+def _bce_call(a: "_Analysis", site: "StepSite", node: cst.CSTNode, depth: int = 0) -> cst.Call | None:
+    """A call of ``F.binary_cross_entropy`` / an ``nn.BCELoss`` instance in ``node`` (one level into the
+    file's own functions called there)."""
+    for c in _calls(node):
+        if isinstance(c.func, cst.Call):
+            if isinstance(c.func.func, (cst.Name, cst.Attribute)) and callee(a.rule, c.func) in _BCE_CLASSES:
+                return c
+            continue
+        d = dotted(c.func)
+        if d is None:
+            continue
+        if site.alias.get(d, d) in a.bce_losses or callee(a.rule, c) in _BCE_FUNCS:
+            return c
+        fn = a.functions.get(d)
+        if fn is not None and depth == 0 and fn is not site.owner:
+            inner = _bce_call(a, site, fn.body, 1)
+            if inner is not None:
+                return c
     return None
 
 
@@ -611,8 +677,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     if a.autocast_with(body_node):
         return None
     for _, c in backs:
-        recv = c.func.value  # type: ignore[union-attr]
-        if isinstance(recv, cst.Call) and isinstance(recv.func, cst.Attribute) and recv.func.attr.value == "scale":
+        if _is_scale_call(_loss_expr(c)):
             return None
     if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("unscale_",) for c in _calls(body_node)):
         return None
@@ -631,6 +696,12 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
                                   "placement runs once per iteration after all of them")
     used_models = {m for s in stmts for m in a.model_of_stmt(s, site.models)}
     fmodels = {site.alias.get(m, m) for m in used_models}
+    dp = fmodels & a.data_parallel
+    if dp:
+        raise Refusal(first_back, f"`{sorted(dp)[0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
+                                  "other threads while autocast state is thread-local, so an autocast block in the "
+                                  "step would not reach them: convert to DistributedDataParallel (TOP401) or "
+                                  "decorate the model's `forward` with `@torch.autocast(...)`")
     half = fmodels & a.half_models
     if half:
         raise Refusal(first_back, f"`{sorted(half)[0]}` is cast to float16/bfloat16 (pure low-precision "
@@ -648,7 +719,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     for g in groups:
         needed: set[str] = set()
         for i in g:
-            recv = stmts[i].body[0].value.func.value  # type: ignore[attr-defined]
+            recv = _loss_expr(stmts[i].body[0].value)  # type: ignore[attr-defined]
             needed |= _read_names(recv) if not isinstance(recv, (cst.Name, cst.Attribute)) else {dotted(recv) or ""}
             loss_names |= {n for n in needed if "." not in n}
         in_slice: list[int] = []
@@ -666,6 +737,11 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         start, end = min(model_stmts), max(in_slice)
         region = stmts[start:end + 1]
         for s in region:
+            bce = _bce_call(a, site, s)
+            if bce is not None:
+                raise Refusal(bce, "the loss is `binary_cross_entropy` / `nn.BCELoss`, which raises under CUDA "
+                                   "autocast: compute it from the logits with `binary_cross_entropy_with_logits` "
+                                   "(`nn.BCEWithLogitsLoss`) instead of sigmoid + BCE")
             if _excluded(s) or a.autocast_with(s):
                 raise Refusal(s, "a statement between the forward and the loss ("
                               + " ".join(a.module.code_for_node(s).split())[:50]
@@ -743,6 +819,18 @@ _CLOSURE = _H + ("for x, y in batches:\n    loss = nn.functional.mse_loss(model(
 _FP16_NO_SCALER = _H + ("for x, y in batches:\n    with torch.autocast('cuda', dtype=torch.float16):\n"
                         "        loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n"
                         "    optimizer.step()\n")
+_BCE_SRC = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
+                 "    loss = nn.functional.binary_cross_entropy(torch.sigmoid(out), y)\n    loss.backward()\n"
+                 "    optimizer.step()\n")
+_DP_SRC = _H.replace("model = nn.Linear(4, 2).to(device)", "model = nn.DataParallel(nn.Linear(4, 2)).to(device)") \
+    + _STEP_SRC[len(_H):]
+_AUTOGRAD_SRC = _STEP_SRC.replace("    loss.backward()\n", "    torch.autograd.backward(loss)\n")
+_AUTOGRAD_AFTER = _STEP_AFTER.replace("    scaler.scale(loss).backward()\n",
+                                      "    torch.autograd.backward(scaler.scale(loss))\n")
+_CKPT_SRC = _STEP_SRC + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
+                         '    torch.save(ckpt, "ckpt.pt")\n')
+_CKPT_AFTER = _STEP_AFTER + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
+                             '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "ckpt.pt")\n')
 _BF16_AUTOCAST = _FP16_NO_SCALER.replace("torch.float16", "torch.bfloat16")
 _INF_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
           "model = nn.Linear(4, 2).to(device)\n")
@@ -834,17 +922,24 @@ class MissingAutocast(_AmpBase):
     from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
     first statement that calls the model to the last statement the loss depends on) go under
     `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
-    `torch.amp.GradScaler` (AMP-003): `scaler.scale(loss).backward(...)`, `scaler.step(opt)`,
-    one `scaler.update()` after the last step of the iteration, `scaler.unscale_(opt)` before the
-    first gradient clipping or gradient read, and the scaler's state next to the optimizer's in
-    `torch.save({...})` checkpoints and restored after `optimizer.load_state_dict(...)`.
-    Gradient accumulation (`if (i + 1) % k == 0:` guarding the step) keeps scaling every
-    micro-batch and steps/updates under the condition. Several losses, several models and
-    optimizers (a GAN) share one scaler and one `update()`.
+    `torch.amp.GradScaler` (AMP-003): `scaler.scale(loss).backward(...)` (also
+    `scaler.scale(out).backward(grad)` and `torch.autograd.backward(scaler.scale(loss))`),
+    `scaler.step(opt)`, one `scaler.update()` after the last step of the iteration,
+    `scaler.unscale_(opt)` before the first gradient clipping or gradient read, and the scaler's
+    state next to the optimizer's in `torch.save({...})` checkpoints (a dict literal passed
+    directly or bound to a name first, `ckpt = {...}; torch.save(ckpt, f)`) and restored after
+    `optimizer.load_state_dict(ckpt[...])`. Gradient accumulation (`if (i + 1) % k == 0:` guarding
+    the step) keeps scaling every micro-batch and steps/updates under the condition. Several
+    losses (each `backward()` scaled, `retain_graph=` kept), several models and optimizers (a GAN)
+    share one scaler and one `update()`.
 
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
-    calls `torch.autograd.grad`, casts the model with `.half()`, or interleaves optimizer or
-    metric code with the forward. A step already under autocast or using a scaler is not flagged.
+    calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
+    code with the forward, computes the loss with `F.binary_cross_entropy` / an `nn.BCELoss`
+    instance (they raise under CUDA autocast: use `binary_cross_entropy_with_logits` on the
+    logits), or runs a model wrapped in `nn.DataParallel` (autocast state is thread-local and the
+    replicas run in other threads: convert to DDP, TOP401, or decorate `forward` with
+    `@torch.autocast(...)`). A step already under autocast or using a scaler is not flagged.
     Option `dtype` (`[tool.torchopt.rules.TOP202]`): `"float16"` (default) or `"bfloat16"`
     (autocast only, no scaler). TOP203 is the same check for autocast that already exists.
 
@@ -913,6 +1008,14 @@ class MissingAutocast(_AmpBase):
         Invalid(_CLIP_SRC, after=_CLIP_AFTER, unsafe="numerics",
                 note="clipping reads true gradient magnitudes only after unscale_"),
         Invalid(_CLOSURE, after=None, note="optimizer.step(closure): refused with a diagnostic"),
+        Invalid(_AUTOGRAD_SRC, after=_AUTOGRAD_AFTER, unsafe="numerics",
+                note="torch.autograd.backward(loss) scales its tensors argument"),
+        Invalid(_CKPT_SRC, after=_CKPT_AFTER, unsafe="numerics",
+                note="a checkpoint dict bound to a name gains the scaler state"),
+        Invalid(_BCE_SRC, after=None,
+                note="binary_cross_entropy / BCELoss raise under CUDA autocast: refused, use the with_logits form"),
+        Invalid(_DP_SRC, after=None,
+                note="nn.DataParallel replicas run in other threads, outside a thread-local autocast: refused"),
         Valid(_AMP_DONE, note="already autocast + GradScaler"),
         Valid(_STEP_AFTER, note="the rewrite's own output is never flagged again"),
     )
@@ -952,6 +1055,14 @@ class MissingAutocast(_AmpBase):
         if scaler:
             sc = names["scaler"]
             for c in plan.backwards:
+                if _is_autograd_backward(c):  # torch.autograd.backward(loss) -> (scaler.scale(loss))
+                    arg = _loss_arg(c)
+                    assert arg is not None
+                    scaled = cst.Call(func=cst.parse_expression(f"{sc}.scale"),
+                                      args=[cst.Arg(arg.value.with_changes(lpar=[], rpar=[]))])
+                    e.calls[id(c)] = c.with_changes(
+                        args=[x.with_changes(value=scaled) if x is arg else x for x in c.args])
+                    continue
                 recv = c.func.value  # type: ignore[union-attr]
                 recv = recv.with_changes(lpar=[], rpar=[])
                 new_func = cst.Attribute(value=cst.Call(func=cst.parse_expression(f"{sc}.scale"), args=[cst.Arg(recv)]),
@@ -971,6 +1082,19 @@ class MissingAutocast(_AmpBase):
                     tags=[Tag.NUMERICS], imports=imports,
                     note="forward and loss run in float16 on CUDA / bfloat16 elsewhere (VAL-6 AMP rows)")
 
+    def _named_dict(self, a: _Analysis, name: str, use: cst.CSTNode) -> cst.Dict | None:
+        """The dict literal last bound to ``name`` by a plain assignment before ``use``, in its scope."""
+        best = None
+        scope = a.scope_owner(use)
+        for n in walk(a.module, True):
+            small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
+                    and isinstance(small.targets[0].target, cst.Name) and small.targets[0].target.value == name \
+                    and a.pos(n) < a.pos(use) and a.scope_owner(n) is scope:
+                if best is None or a.pos(n) > a.pos(best):
+                    best = n
+        return best.body[0].value if best is not None else None  # type: ignore[union-attr]
+
     def _checkpoints(self, a: _Analysis, e: Edits, opts: list[str], sc: str, anchor: cst.CSTNode,
                      step_scope: cst.CSTNode) -> None:
         anchor_scope = a.scope_owner(anchor)
@@ -982,7 +1106,9 @@ class MissingAutocast(_AmpBase):
         for c in (n for n in walk(a.module, True) if isinstance(n, cst.Call)):
             if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self, c) == "torch.save" and c.args:
                 d = c.args[0].value
-                if isinstance(d, cst.Dict) and visible(c):
+                if isinstance(d, cst.Name):  # ckpt = {...}; torch.save(ckpt, f)
+                    d = self._named_dict(a, d.value, c)
+                if isinstance(d, cst.Dict) and visible(d) and visible(c):
                     keys = [string_value(el.key) for el in d.elements if isinstance(el, cst.DictElement)]
                     if "scaler" in keys:
                         continue
