@@ -3,14 +3,37 @@ bitwise: every tensor (values, dtype, device, requires_grad, is_leaf), module st
 state afterwards (a safe fix must draw the same random numbers)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import runpy
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def torch_globals_restored() -> Iterator[None]:
+    """Programs run in this process may switch process-wide torch settings (default dtype,
+    matmul precision, cuDNN and determinism flags, anomaly mode, grad mode); later tests must not
+    inherit them."""
+    saved = (torch.get_default_dtype(), torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
+             torch.is_grad_enabled())
+    try:
+        yield
+    finally:
+        dtype, precision, bench, det, algos, warn_only, anomaly, grad = saved
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.benchmark = bench
+        torch.backends.cudnn.deterministic = det
+        torch.use_deterministic_algorithms(algos, warn_only=warn_only)
+        torch.autograd.set_detect_anomaly(anomaly)
+        torch.set_grad_enabled(grad)
 
 
 def run_program(src: str, name: str = "prog", run_name: str = "__main__", cwd: str | None = None) -> dict[str, Any]:
@@ -33,7 +56,8 @@ def run_program(src: str, name: str = "prog", run_name: str = "__main__", cwd: s
         old_argv = sys.argv
         sys.argv = [path]
         try:
-            ns = runpy.run_path(path, run_name=run_name)
+            with torch_globals_restored():
+                ns = runpy.run_path(path, run_name=run_name)
         finally:
             sys.argv = old_argv
             os.chdir(old_cwd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from semantic import compare_programs, torch_globals_restored
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 from torchopt.rewrite.registry import all_rules
@@ -40,7 +41,8 @@ def test_example(rule, ex):
         assert not found, f"{rule.code} flagged a Valid example: {found}"
         assert fix_source(ex.src, settings, unsafe=True).text == ex.src
         if ex.runnable:
-            exec(compile(ex.src, "<valid>", "exec"), {})
+            with torch_globals_restored():
+                exec(compile(ex.src, "<valid>", "exec"), {})
         return
 
     assert found, f"{rule.code} did not flag:\n{ex.src}"
@@ -63,8 +65,6 @@ def test_example(rule, ex):
     again = fix_source(ex.after, settings, unsafe=True)
     assert again.text == ex.after, "a second pass changed the output"
     if ex.runnable:
-        from semantic import compare_programs
-
         diffs = compare_programs(ex.src, ex.after)
         if not ex.unsafe_tags:
             assert not diffs, diffs

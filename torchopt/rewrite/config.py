@@ -41,9 +41,15 @@ class Settings:
     rule_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     root: str = "."  # directory patterns are relative to (the config file's)
     config_path: str | None = None
+    # The oldest PyTorch the user supports: rules whose fix needs a newer API are not run.
+    target_torch: tuple[int, int] | None = None
 
     def enabled_codes(self, path: str | None = None) -> frozenset[str]:
         codes = expand_all(self.select) - expand_all(self.ignore)
+        codes = _drop_unrequested_opt_in(codes, self.select)
+        if self.target_torch is not None:
+            rules = all_rules()
+            codes = {c for c in codes if (rules[c].min_torch or (0, 0)) <= self.target_torch}
         if path is not None and self.per_file_ignores:
             rel = relpath(path, self.root)
             for pattern, sels in self.per_file_ignores:
@@ -63,6 +69,14 @@ class Settings:
         if not safe and _matches(code, self.extend_safe_fixes):
             return True
         return safe
+
+
+def _drop_unrequested_opt_in(codes: set[str], select: tuple[str, ...]) -> set[str]:
+    """Opt-in rules (class attribute ``opt_in = True``) run only when selected by their full code or
+    name, never through ``ALL``, a prefix or a family name."""
+    rules = all_rules()
+    named = {s.strip().upper() for s in select} | {s.strip() for s in select}
+    return {c for c in codes if not getattr(rules[c], "opt_in", False) or c in named or rules[c].name in named}
 
 
 def _matches(code: str, selectors: tuple[str, ...]) -> bool:
@@ -97,6 +111,7 @@ _KEYS = {
     "device-names",
     "max-file-size",
     "rules",
+    "target-torch",
 }
 
 
@@ -184,7 +199,17 @@ def from_table(table: Mapping[str, Any], where: str, root: str) -> Settings:
         )
     if "rules" in table:
         kw["rule_options"] = _rule_options(table["rules"], where)
+    if "target-torch" in table:
+        kw["target_torch"] = parse_torch_version(table["target-torch"], where)
     return Settings(**kw)
+
+
+def parse_torch_version(value: Any, where: str) -> tuple[int, int]:
+    """``"2.1"`` (or ``"2.1.2"``, ``2.1``) → ``(2, 1)``: the major and minor version that matter."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", str(value)) if isinstance(value, (str, float)) else None
+    if m is None:
+        raise ConfigError(f'{where}: `target-torch` must be a version such as "2.1", got {value!r}')
+    return int(m.group(1)), int(m.group(2))
 
 
 def load_file(path: str) -> Settings | None:

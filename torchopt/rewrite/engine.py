@@ -9,17 +9,22 @@ from __future__ import annotations
 import ast
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from torchopt.rewrite import suppress
 from torchopt.rewrite.config import Settings
+from torchopt.rewrite.metadata import children_memo, install_fast_children
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Rule, RuleContext, Safety
 
 MAX_PASSES = 8
+
+# Rules walk subtrees through CSTNode.children; LibCST rebuilds the node for every access. Same
+# result, read from the fields (see metadata.ordered_children, checked node for node in the tests).
+install_fast_children()
 
 
 class ParseError(Exception):
@@ -88,12 +93,14 @@ class FixResult:
 
 
 def active_rules(codes: Iterable[str], text: str | None = None) -> list[type[Rule]]:
-    """Enabled rules whose text prefilter matches (all of them when ``text`` is None)."""
+    """Enabled rules that could match ``text`` by their cheap text test (``Rule.could_match``: the
+    ``prefilter``/``requires`` substrings or an override); all of them when ``text`` is None.
+    A file no rule could match is never parsed by LibCST (only syntax-checked by CPython)."""
     rules = all_rules()
     out = []
     for code in sorted(codes):
         rule = rules[code]
-        if text is None or not rule.prefilter or any(p in text for p in rule.prefilter):
+        if text is None or rule.could_match(text):
             out.append(rule)
     return out
 
@@ -128,6 +135,12 @@ class _Pass:
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
                text: str) -> _Pass:
+    with children_memo():
+        return _run_rules_memo(module, rules, settings, path, text)
+
+
+def _run_rules_memo(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
+                    text: str) -> _Pass:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     findings: list[Finding] = []
     visitors = []
@@ -187,11 +200,12 @@ class _Apply(cst.CSTTransformer):
         return self.replacements.get(id(original_node), updated_node)
 
 
-def _choose(p: _Pass, unsafe: bool) -> list[tuple[Finding, Diagnostic]]:
+def _choose(p: _Pass, unsafe: bool,
+            only: Callable[[Diagnostic], bool] | None = None) -> list[tuple[Finding, Diagnostic]]:
     """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass."""
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
     for f, d in p.findings:
-        if not _applicable(d, unsafe):
+        if not _applicable(d, unsafe) or (only is not None and not only(d)):
             continue
         r = p.positions[f.target or f.node]
         span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
@@ -233,9 +247,12 @@ def verify(text: str, path: str) -> None:
 
 
 def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: bool | None = None,
-               codes: Iterable[str] | None = None) -> FixResult:
+               codes: Iterable[str] | None = None,
+               only: Callable[[Diagnostic], bool] | None = None) -> FixResult:
     """Apply fixes until a fix-point. Safe fixes always; unsafe ones when ``unsafe`` (default: the
-    settings' ``unsafe_fixes``). Raises ParseError for bad input, FixError if a pass breaks the code."""
+    settings' ``unsafe_fixes``). Raises ParseError for bad input, FixError if a pass breaks the code.
+    ``only`` (the language server's quick fix for one diagnostic): apply only the fixes whose
+    diagnostic it accepts."""
     unsafe = settings.unsafe_fixes if unsafe is None else unsafe
     codes = settings.enabled_codes(path) if codes is None else frozenset(codes)
     result = FixResult(text=text)
@@ -249,7 +266,7 @@ def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: boo
             break
         module = module or parse(current)
         p = _run_rules(module, rules, settings, path, current)
-        chosen = _choose(p, unsafe) if n < MAX_PASSES else []
+        chosen = _choose(p, unsafe, only) if n < MAX_PASSES else []
         if not chosen:
             result.remaining = [d for _, d in p.findings]
             break

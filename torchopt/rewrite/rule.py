@@ -131,7 +131,13 @@ class Rule(cst.BatchableCSTVisitor):
     examples: ClassVar[Sequence[Valid | Invalid]] = ()
     # The file is parsed for this rule only if one of these substrings occurs in it.
     prefilter: ClassVar[tuple[str, ...]] = ()
+    # ... and only if every one of these occurs too: e.g. ("torch",) for a rule that matches only
+    # torch-qualified names (a file that never says "torch" cannot import it). See could_match.
+    requires: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
+    # The oldest PyTorch (major, minor) that has the API the fix writes; with `target-torch` set
+    # below it, the rule is not run (no rule suggests an API newer than the user's minimum).
+    min_torch: ClassVar[tuple[int, int] | None] = None
 
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
 
@@ -161,6 +167,17 @@ class Rule(cst.BatchableCSTVisitor):
                 raise KeyError(f"{key.__name__}: no MetadataWrapper")
             self.metadata[key] = self._wrapper.resolve(key)
         return super().get_metadata(key, node, default)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        """The cheap test the engine runs on the raw text before parsing: False means this rule cannot
+        report anything in ``text``, so the file is not parsed, resolved or visited for it. The
+        default: every ``requires`` substring and one ``prefilter`` substring (if any) occur. Override
+        it for a sharper (negative) test, e.g. a regex; it must never say False for a file the rule
+        would report on. Keep it a few microseconds: it runs on every file."""
+        if cls.requires and not all(tok in text for tok in cls.requires):
+            return False
+        return not cls.prefilter or any(tok in text for tok in cls.prefilter)
 
     def option(self, name: str) -> Any:
         return self.ctx.options[name]

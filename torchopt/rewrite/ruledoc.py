@@ -44,7 +44,9 @@ def render(rule: type[Rule]) -> str:
     lines = [
         f"# {rule.code} `{rule.name}`",
         "",
-        f"*Family:* {rule.family} · *Fix:* {fix}",
+        f"*Family:* {rule.family} · *Fix:* {fix}"
+        + (f" · *Needs:* PyTorch ≥ {rule.min_torch[0]}.{rule.min_torch[1]} (not run when `target-torch` is older)"
+           if rule.min_torch else ""),
         "",
         f"*Message:* {_template(rule.message)}",
         "",
@@ -85,7 +87,22 @@ def render_index() -> str:
              "| code | name | fix | summary |", "|---|---|---|---|"]
     for code, rule in all_rules().items():
         lines.append(f"| [{code}]({code}.md) | `{rule.name}` | {rule.safety.value} | {rule.summary()} |")
+    notes = catalogue_notes()
+    if notes:
+        lines += ["", "## Catalogue entries without a code of their own", "",
+                  "Every entry of the rule catalogue has a code above, except these:", "",
+                  "| catalogue entry | code it would have | where it is handled |", "|---|---|---|"]
+        lines += [f"| {entry} | {code} | {why} |" for entry, (code, why) in notes.items()]
     return "\n".join(lines) + "\n"
+
+
+def catalogue_notes() -> dict[str, tuple[str, str]]:
+    """Catalogue entries (rules.md IDs) that have no rule of their own, declared by the rule package
+    as ``CATALOGUE_NOTES = {"DEP-002": ("TOP822", "why"), ...}``."""
+    import importlib
+
+    pkg = importlib.import_module("torchopt.codemods")
+    return dict(getattr(pkg, "CATALOGUE_NOTES", {}))
 
 
 def pages() -> dict[str, str]:

@@ -6,13 +6,16 @@ import enum
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from torchopt.rewrite import diff as diffmod
 from torchopt.rewrite import source
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
 from torchopt.rewrite.write import atomic_write
+
+if TYPE_CHECKING:
+    from torchopt.rewrite.cache import Cache, Entry
 
 
 class Mode(str, enum.Enum):
@@ -57,14 +60,55 @@ def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: b
     return res
 
 
-def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None = None) -> FileResult:
+def _kind(settings: Settings, mode: Mode, unsafe: bool | None) -> str:
+    if mode is Mode.CHECK:
+        return "check"
+    return "fix-unsafe" if (settings.unsafe_fixes if unsafe is None else unsafe) else "fix"
+
+
+def _to_entry(res: FileResult, text: str) -> "Entry":
+    from torchopt.rewrite.cache import Entry
+
+    return Entry(status=res.status, reason=res.reason, diagnostics=res.diagnostics, applied=res.applied,
+                 remaining=res.remaining, new_text=res.new_text if res.changed else None)
+
+
+def _from_entry(entry: "Entry", text: str, path: str, mode: Mode) -> FileResult:
+    res = FileResult(path=path, status=entry.status, reason=entry.reason)
+    if entry.status != "ok":
+        return res
+    res.diagnostics, res.applied, res.remaining = entry.diagnostics, entry.applied, entry.remaining
+    if mode is not Mode.CHECK:
+        res.new_text = text if entry.new_text is None else entry.new_text
+        res.changed = res.new_text != text
+        if res.changed and mode is Mode.DIFF:
+            res.diff = diffmod.unified(text, res.new_text, path)
+    return res
+
+
+def process_cached(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None,
+                   cache: "Cache | None" = None) -> FileResult:
+    """process_text through the cache: a hit answers without analysing the file again."""
+    if cache is None:
+        return process_text(text, path, settings, mode, unsafe)
+    kind = _kind(settings, mode, unsafe)
+    hit = cache.get(text, path, settings, kind)
+    if hit is not None:
+        return _from_entry(hit, text, path, mode)
+    res = process_text(text, path, settings, mode, unsafe)
+    cache.put(text, path, settings, kind, _to_entry(res, text))
+    return res
+
+
+def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None = None,
+                 cache: "Cache | None" = None) -> FileResult:
     try:
         src = source.read(path, settings.max_file_size)
     except source.SourceError as exc:
         return FileResult(path=path, status="failed", reason=str(exc))
     if source.is_generated(src.text):
         return FileResult(path=path, status="skipped", reason="marked @generated")
-    res = process_text(src.text, path, settings, mode, unsafe)
+    res = process_cached(src.text, path, settings, mode, unsafe, cache)
     if res.status != "ok":
         return res
     if res.changed and mode is Mode.FIX:
@@ -76,32 +120,35 @@ def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None 
     return res
 
 
-def _chunk(files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None) -> list[FileResult]:
+def _chunk(files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None,
+           cache: "Cache | None" = None) -> list[FileResult]:
     out = []
     for path, settings in files:
         try:
-            out.append(process_file(path, settings, mode, unsafe))
+            out.append(process_file(path, settings, mode, unsafe, cache))
         except Exception as exc:  # a bug of ours must not stop the run or touch the file
             out.append(FileResult(path=path, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}"))
     return out
 
 
 def run(files: Sequence[str], settings_for: Callable[[str], Settings], mode: Mode, jobs: int | None = None,
-        unsafe: bool | None = None, on_progress: Callable[[int], None] | None = None) -> list[FileResult]:
-    """Process ``files``; results come back in the order of ``files``."""
+        unsafe: bool | None = None, on_progress: Callable[[int], None] | None = None,
+        cache: "Cache | None" = None) -> list[FileResult]:
+    """Process ``files``; results come back in the order of ``files``. With ``cache``, files whose
+    text, path and settings were analysed before (by this torchopt) are answered from it."""
     items = [(f, settings_for(f)) for f in files]
     jobs = jobs or os.cpu_count() or 1
     results: dict[str, FileResult] = {}
     if jobs <= 1 or len(items) < 8:
         for item in items:
-            results[item[0]] = _chunk([item], mode, unsafe)[0]
+            results[item[0]] = _chunk([item], mode, unsafe, cache)[0]
             if on_progress:
                 on_progress(1)
     else:
         size = max(1, min(16, len(items) // (jobs * 4) or 1))
         chunks = [items[i:i + size] for i in range(0, len(items), size)]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_chunk, c, mode, unsafe): c for c in chunks}
+            futures = {pool.submit(_chunk, c, mode, unsafe, cache): c for c in chunks}
             for fut in as_completed(futures):
                 chunk = futures[fut]
                 try:
@@ -112,4 +159,6 @@ def run(files: Sequence[str], settings_for: Callable[[str], Settings], mode: Mod
                     results[r.path] = r
                 if on_progress:
                     on_progress(len(chunk))
+    if cache is not None:
+        cache.prune()
     return [results[f] for f in files]
