@@ -38,12 +38,14 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool) -> Plan
     """The rewrite of ``text`` with random-stream sites wrapped for record/replay (VAL-4)."""
     from torchopt.rewrite.engine import check_source
     from torchopt.validate import replay
+    from torchopt.validate.transplant import CODES as TRANSPLANTED
 
     first = fix_source(text, settings, path, unsafe=unsafe)
     if first.text == text:
         return Plan(before=text, after=text)
     rng_sites = [d for d in check_source(text, settings, path).diagnostics
-                 if d.fix is not None and "rng" in d.fix.tags and (unsafe or d.fix.safety == "safe")]
+                 if d.fix is not None and "rng" in d.fix.tags and (unsafe or d.fix.safety == "safe")
+                 and d.code not in TRANSPLANTED]  # padding: the weight transplant aligns the streams
     if not rng_sites:
         return Plan(before=text, after=first.text, applied=first.applied)
     wrapped, sites = replay.wrap_sites(text, rng_sites)
@@ -75,8 +77,13 @@ class Outcome:
 
 def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagnostic], notes: list[str],
                     opts: "RunOptions", *, labels: tuple[str, str], keep: bool = False,
-                    replayed: bool = False) -> Outcome:
-    """Run both versions side by side (two processes at once), compare and report."""
+                    replayed: bool = False, transplant: bool | None = None) -> Outcome:
+    """Run both versions side by side (two processes at once), compare and report. With
+    ``transplant`` (default: when a padding fix was applied) the original runs first and the
+    rewrite starts from its weights (torchopt.validate.transplant)."""
+    from dataclasses import replace
+
+    from torchopt.validate import transplant as tp
     from torchopt.validate.compare import compare, ranks_agree
     from torchopt.validate.report import render_text, to_json
     from torchopt.validate.runner import run_version
@@ -88,11 +95,18 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
     def go(v: "Version") -> None:
         results[v.label] = run_version(v, opts, workdir)
 
-    threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if transplant is None:
+        transplant = tp.wanted(applied)
+    if transplant:
+        opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
+        go(before)  # the record must exist before the rewrite starts
+        go(after)
+    else:
+        threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -101,8 +115,18 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
     b, a = results[before.label][0], results[after.label][0]
     # The AMP rewrite picks float16 on CUDA and bfloat16 elsewhere; hold it to that dtype's bounds.
     amp_dtype = "float16" if opts.device == "cuda" else "bfloat16"
-    cmp = compare(b, a, tolerance_for(tags, dtype=amp_dtype, replayed=replayed), fixes)
+    if transplant and all(d.code in tp.CODES for d in applied if d.fix and "rng" in d.fix.tags):
+        replayed = True  # the transplant restores the original's RNG state after each construction
+    tol = tolerance_for(tags, dtype=amp_dtype, replayed=replayed)
+    if transplant:
+        tol = replace(tol, transplant=True, reason=tol.reason.replace(
+            "rng (replayed): random values replayed", "rng (transplant): initial weights and RNG state copied"))
+    cmp = compare(b, a, tol, fixes)
     extra = list(notes)
+    if transplant:
+        extra.append("weight transplant: the rewrite started from the original's weights, padded with zeros; "
+                     "padded tensors are compared on their leading slice")
+        extra += [n for n in a.get("notes", []) if n.startswith("transplant")]
     for label, runs in results.items():
         if len(runs) > 1:
             bad = ranks_agree(runs)
@@ -132,7 +156,7 @@ def resolve_device(device: str) -> str:
 
 def validate(before_path: str, after_path: str | None, settings: Settings, *, unsafe: bool, steps: int,
              device: str, argv: Sequence[str], entry: str | None, nproc: int, timeout: float,
-             keep: bool = False) -> Outcome:
+             keep: bool = False, transplant: bool = False) -> Outcome:
     """`torchopt validate BEFORE [AFTER]`."""
     from torchopt.rewrite import source
     from torchopt.validate.runner import RunOptions, Version
@@ -156,7 +180,7 @@ def validate(before_path: str, after_path: str | None, settings: Settings, *, un
                       timeout=timeout, nproc=nproc)
     return run_and_compare(Version("before", before_path, source=plan.before), after_version, plan.applied,
                            plan.notes, opts, labels=(before_path, after_path or f"{before_path} (rewritten)"),
-                           keep=keep, replayed=plan.replayed)
+                           keep=keep, replayed=plan.replayed, transplant=True if transplant else None)
 
 
 def _rewrites(files: Sequence[str], settings_for, codes: set[str] | None, unsafe: bool):  # type: ignore[no-untyped-def]

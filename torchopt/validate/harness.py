@@ -129,17 +129,25 @@ class Recorder:
         optim_mod.register_optimizer_step_post_hook(after_step)
 
         def before_forward(module, args, kwargs=None):  # type: ignore[no-untyped-def]
+            # The probe batch is the module's first input after the first optimizer step (else its
+            # very first input): a warm-up forward a rewrite inserts before training (TOP711) must
+            # not make the two versions probe different batches.
             key = id(module)
-            if key in rec.first_inputs or next(module.parameters(recurse=True), None) is None:
+            seen = rec.first_inputs.get(key)
+            if seen is not None and (seen[2]["after_step"] or rec.steps_done == 0):
+                return None
+            if next(module.parameters(recurse=True), None) is None:
                 return None
             try:
                 cloned = tuple(_detach(a, torch) for a in args)
-                rec.first_inputs[key] = (module, cloned, {})
+                rec.first_inputs[key] = (module, cloned, {"after_step": rec.steps_done > 0})
             except Exception:
                 pass
             return None
 
-        torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
+        # Never traced by torch.compile: dynamo would guard on this module's globals through
+        # `sys.modules["__main__"]`, which is the program's namespace here (AttributeError: `_detach`).
+        torch.nn.modules.module.register_module_forward_pre_hook(torch.compiler.disable(before_forward))
 
     # -- collection --------------------------------------------------------------------------
 
@@ -349,6 +357,13 @@ def main(spec_path: str) -> int:
     rec = Recorder(torch, int(spec.get("steps", 0)))
     rec.install()
     _install_sites(torch, rec)
+    transplant = None
+    if spec.get("transplant"):  # padded parameters start from the original's weights (transplant.py)
+        from torchopt.validate.transplant import Transplant
+
+        transplant = Transplant(torch, spec["transplant"]["mode"], f"{spec['transplant']['path']}.rank{rank}",
+                                rec.notes)
+        transplant.install()
     status, tb = "ok", None
     namespace: dict[str, Any] | None = None
     returned: Any = None
@@ -375,6 +390,8 @@ def main(spec_path: str) -> int:
             status, tb = "error", f"SystemExit: {exc.code}"
     except BaseException:
         status, tb = "error", traceback.format_exc()
+    if transplant is not None:
+        transplant.finish()
     try:
         probes = rec.collect(namespace, returned, has_return=has_return)
     except Exception:

@@ -31,6 +31,7 @@ class RunOptions:
     nproc: int = 1
     seed: int = 0
     threads: int = 1
+    transplant: str | None = None  # record file: the "before" run records, the others apply (transplant.py)
 
 
 def _env(device: str) -> dict[str, str]:
@@ -77,6 +78,8 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None) 
         "threads": opts.threads,
         "sys_path": [os.path.dirname(script)],
         "out": os.path.join(tmp, f"{tag}.rank{{rank}}.pt"),
+        "transplant": ({"mode": "record" if version.label == "before" else "apply", "path": opts.transplant}
+                       if opts.transplant else None),
     }
     spec_path = os.path.join(tmp, f"{tag}.json")
     with open(spec_path, "w", encoding="utf-8") as fh:

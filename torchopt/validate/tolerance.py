@@ -72,6 +72,7 @@ class Tolerance:
     loss_window: int = 20
     allow_dtype_change: bool = False  # numerics may change a probe's dtype; recorded, not failed
     check_requires_grad: bool = True  # semantics fixes may change leaf-ness / requires_grad
+    transplant: bool = False  # padded tensors are compared on their leading slice (transplant.py)
     tags: tuple[str, ...] = ()
 
     def bound(self, kind: str, step: int | None = None) -> Bound:
