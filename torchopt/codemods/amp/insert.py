@@ -22,6 +22,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from torchopt.codemods._torch import (
+    dotted,
     SCOPE_NODES,
     callee,
     classify_device,
@@ -64,16 +65,6 @@ OPTION_DTYPE = Option(
 # --------------------------------------------------------------------------- small helpers
 
 
-def dotted(expr: cst.CSTNode | None) -> str | None:
-    """``a.b.c`` for a Name/Attribute chain, else None."""
-    parts = []
-    while isinstance(expr, cst.Attribute):
-        parts.append(expr.attr.value)
-        expr = expr.value
-    if not isinstance(expr, cst.Name):
-        return None
-    parts.append(expr.value)
-    return ".".join(reversed(parts))
 
 
 
@@ -456,13 +447,35 @@ class _Analysis:
 
     def in_loop_call(self, fname: str) -> list[cst.Call]:
         """Calls of the file's function ``fname`` made inside a loop body."""
-        out = []
-        for n in walk(self.module, True):
-            if isinstance(n, (cst.For, cst.While)):
-                for c in _calls(n.body):
-                    if isinstance(c.func, cst.Name) and c.func.value == fname:
-                        out.append(c)
-        return out
+        index = self.__dict__.get("_loop_call_index")
+        if index is None:  # one walk for every name (a loop nested in n loops lists its calls n times)
+            index = {}
+            for n in walk(self.module, True):
+                if isinstance(n, (cst.For, cst.While)):
+                    for c in _calls(n.body):
+                        if isinstance(c.func, cst.Name):
+                            index.setdefault(c.func.value, []).append(c)
+            self._loop_call_index = index
+        return list(index.get(fname, ()))
+
+    def assigning(self, name: str) -> list[cst.SimpleStatementLine]:
+        """Simple statement lines whose assigned names include ``name``, in walk order."""
+        index = self.__dict__.get("_assign_index")
+        if index is None:
+            index = {}
+            for n in walk(self.module, True):
+                if isinstance(n, cst.SimpleStatementLine):
+                    for d in _assigned_names(n):
+                        index.setdefault(d, []).append(n)
+            self._assign_index = index
+        return index.get(name, [])
+
+    def module_calls(self) -> list[cst.Call]:
+        """Every call in the file, in walk order."""
+        calls = self.__dict__.get("_module_calls")
+        if calls is None:
+            calls = self._module_calls = [n for n in walk(self.module, True) if isinstance(n, cst.Call)]
+        return calls
 
 
 # --------------------------------------------------------------------------- step analysis
@@ -862,9 +875,8 @@ class _AmpBase(Rule):
         dev_code, dev_var = dev
         anchors = list(anchors)
         if isinstance(dev_var, cst.Name):
-            for n in walk(a.module, True):
-                if isinstance(n, cst.SimpleStatementLine) and dev_var.value in _assigned_names(n) \
-                        and a.scope_owner(n) is a.scope_owner(anchors[0]):
+            for n in a.assigning(dev_var.value):
+                if a.scope_owner(n) is a.scope_owner(anchors[0]):
                     anchors.append(n)
                     break
         anchor = max(anchors, key=a.pos)
@@ -905,12 +917,12 @@ class _AmpBase(Rule):
         return names, stmts, anchor, item, imports
 
     def _imports_os(self, a: _Analysis) -> bool:
-        for n in walk(a.module, True):
-            if isinstance(n, cst.Import):
-                for al in n.names:
-                    if dotted(al.name) == "os" and al.asname is None:
-                        return True
-        return False
+        hit = a.__dict__.get("_imports_os")
+        if hit is None:
+            hit = a._imports_os = any(dotted(al.name) == "os" and al.asname is None
+                                      for n in walk(a.module, True) if isinstance(n, cst.Import)
+                                      for al in n.names)
+        return hit
 
 
 class MissingAutocast(_AmpBase):
@@ -994,6 +1006,7 @@ class MissingAutocast(_AmpBase):
     """
 
     code = "TOP202"
+    min_torch = (2, 3)  # `torch.amp.GradScaler(device)`
     name = "missing-autocast"
     family = FAMILY
     message = "training step runs in float32: wrap forward and loss in `torch.autocast`{extra}"
@@ -1103,7 +1116,7 @@ class MissingAutocast(_AmpBase):
             return a.pos(n) > a.pos(anchor) and (isinstance(anchor_scope, cst.Module)
                                                  or a.scope_owner(n) is anchor_scope)
 
-        for c in (n for n in walk(a.module, True) if isinstance(n, cst.Call)):
+        for c in a.module_calls():
             if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self, c) == "torch.save" and c.args:
                 d = c.args[0].value
                 if isinstance(d, cst.Name):  # ckpt = {...}; torch.save(ckpt, f)
@@ -1255,6 +1268,7 @@ class InferenceAutocast(_AmpBase):
     """
 
     code = "TOP205"
+    min_torch = (1, 10)  # `torch.autocast(device_type)`
     name = "inference-autocast"
     family = FAMILY
     message = "inference forward runs in float32: wrap it in `torch.autocast`"
@@ -1263,6 +1277,12 @@ class InferenceAutocast(_AmpBase):
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
     prefilter = ("no_grad", "inference_mode")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import loop_under_context
+
+        return super().could_match(text) and loop_under_context(text)
     options = (OPTION_DTYPE,)
     examples = (
         Invalid(_INF_SRC, after=_INF_AFTER, unsafe="numerics"),

@@ -287,6 +287,7 @@ class DeprecatedAmpApi(Rule):
     """
 
     code = "TOP201"
+    min_torch = (2, 3)  # `torch.amp.GradScaler(device)`
     name = "deprecated-amp-api"
     family = FAMILY
     message = "`{old}` is deprecated (FutureWarning); use `{new}`"

@@ -680,6 +680,16 @@ class FactoryThenMove(_FactoryRule):
     safety = Safety.SAFE
     prefilter = (".cuda(", ".to(", "Tensor(")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import chained_call
+
+        # visit_Call: `<torch factory>(...).cuda()/.to()` (method_call), or a bare
+        # `torch.cuda.<legacy type>(...)` (spelled with "cuda" and the type's name).
+        return super().could_match(text) and (
+            chained_call(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
+            or ("cuda" in text and any(name in text for name in CUDA_LEGACY)))
+
     def visit_Call(self, node: cst.Call) -> None:
         mc = method_call(node, ("cuda", "to"))
         if mc is not None:
@@ -962,6 +972,13 @@ class CastAfterFactory(_FactoryRule):
     fix_title = "Create it in that dtype: `{factory}(..., dtype={dtype})`"
     safety = Safety.SAFE
     prefilter = tuple(f".{m}(" for m in CAST_METHODS) + (".to(",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import chained_call
+
+        # visit_Call: `<torch factory>(...).<cast>()` (method_call + factory_kind).
+        return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES)
 
     def visit_Call(self, node: cst.Call) -> None:
         mc = method_call(node, (*CAST_METHODS, "to"))

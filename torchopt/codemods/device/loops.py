@@ -480,6 +480,18 @@ class DevicePlacementHint(Rule):
     safety = Safety.DISPLAY
     prefilter = (".cuda(", ".to(", ".type(", "tensor(")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import call_named, has_method_call, method_call_in_loop
+
+        # What visit_Call reports needs: a call resolving to torch.tensor (named `tensor` or an
+        # import alias of it), a `.type(<torch.cuda type>)`, or a `.cuda(...)`/`.to(...)` inside a
+        # loop body.
+        return super().could_match(text) and (
+            call_named(text, ("tensor",))
+            or ("cuda" in text and has_method_call(text, ("type",)))
+            or method_call_in_loop(text, ("cuda", "to")))
+
     examples = (
         Invalid(
             "import torch\n\ndef run(xs):\n    w = torch.randn(4, 4)\n    out = []\n"

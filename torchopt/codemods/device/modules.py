@@ -123,6 +123,13 @@ class ModuleThenMove(Rule):
     tags = (Tag.RNG,)
     prefilter = (".cuda(", ".to(", ".half(", ".float(", ".double(", ".bfloat16(")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import chained_call
+
+        # visit_Call: `<torch.nn module>(...).<move>()` (method_call + module_class).
+        return super().could_match(text) and chained_call(text, _MOVES, (*RANDOM_INIT, *DETERMINISTIC_INIT))
+
     examples = (
         Invalid(
             "import torch.nn as nn\n\nlayer = nn.Linear(4, 3).cuda()\n",

@@ -1,0 +1,64 @@
+"""INF rules (TOP801-TOP803) beyond their generated example tests: what the `semantics` tag of
+TOP801/TOP802 means (values bitwise, `requires_grad` differs) and `torchopt validate` on the
+inf_eval_script fixture."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from semantic import compare_programs
+from torchopt.cli import app
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "fixtures" / "inf_eval_script"
+
+
+def test_no_grad_changes_only_requires_grad():
+    src = ("import torch\nfrom torch import nn\n\ntorch.manual_seed(0)\nmodel = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))\n"
+           "test_batches = [torch.randn(3, 4) for _ in range(2)]\nouts = []\nhits = 0\n"
+           "for x in test_batches:\n    out = model(x)\n    outs.append(out)\n    hits += (out > 0).sum().item()\n")
+    res = fix_source(src, Settings(select=("TOP801",)), unsafe=True)
+    assert [d.fix.tags for d in res.applied] == [("semantics",)]  # `outs` collects model outputs
+    diffs = compare_programs(src, res.text)
+    assert diffs and all("requires_grad" in d for d in diffs), diffs
+    # When nothing that leaves the loop can require grad (a module-level `out` would): a safe fix.
+    src2 = src.replace("    out = model(x)\n    outs.append(out)\n    hits += (out > 0)", "    hits += (model(x) > 0)")
+    assert src2 != src
+    res2 = fix_source(src2, Settings(select=("TOP801",)), unsafe=False)
+    assert [d.fix.safety for d in res2.applied] == ["safe"]
+    assert compare_programs(src2, res2.text) == []
+
+
+def test_inference_mode_not_offered_where_it_would_raise():
+    """E-11: an inference tensor saved for backward, or updated in place outside inference mode."""
+    base = "import torch\n\nnet = torch.nn.Linear(2, 2)\nx = torch.ones(1, 2)\n"
+    cases = [
+        base + "with torch.no_grad():\n    h = net(x)\nh.mul_(2)\n",
+        base + "with torch.no_grad():\n    h = net(x)\ny = net(h)\n",
+        base + "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nwith torch.no_grad():\n    h = net(x)\n",
+    ]
+    for src in cases:
+        assert not [d for d in check_source(src, Settings(select=("TOP802",))).diagnostics], src
+
+
+def test_fixture_exercises_every_inference_rule():
+    text = (FIXTURE / "before.py").read_text()
+    diags = check_source(text, Settings(select=("TOP80",))).diagnostics
+    assert {d.code for d in diags} == {"TOP801", "TOP802", "TOP803"}
+    eval_mode = [d for d in diags if d.code == "TOP803"]
+    assert len(eval_mode) == 1 and "ema_model" in eval_mode[0].message
+
+
+def test_unsafe_rewrite_validates_with_bitwise_values():
+    """TOP801 (safe and semantics) and TOP802 (semantics): every value bitwise, `requires_grad`
+    of the collected logits may differ."""
+    res = CliRunner().invoke(app, ["validate", str(FIXTURE / "before.py"), str(FIXTURE / "after_unsafe.py"),
+                                   "--steps", "4", "--device", "cpu", "--json"], catch_exceptions=False)
+    out = json.loads(res.stdout)
+    assert res.exit_code == 0, out
+    assert "semantics" in out["tolerance"]["tags"] and out["tolerance"]["bitwise"] is True, out["tolerance"]
+    assert out["verdict"] == "equivalent"

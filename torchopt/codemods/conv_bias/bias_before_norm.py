@@ -1,0 +1,381 @@
+"""TOP841: ``bias=False`` on a convolution whose output goes straight into a normalisation that
+cancels a per-channel constant (rules.md CBN-001)."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.codemods._torch import callee, has_comments, has_star, keyword, positional, set_kwarg, source, walk
+from torchopt.codemods.conv_bias import FAMILY
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
+
+_CONVS = {f"{p}{d}d": d for p in ("Conv", "ConvTranspose") for d in (1, 2, 3)}
+# Normalisations that subtract a per-channel mean (E-31): name -> spatial dims (0: any).
+_NORMS = {**{f"BatchNorm{d}d": d for d in (1, 2, 3)}, **{f"InstanceNorm{d}d": d for d in (1, 2, 3)},
+          "SyncBatchNorm": 0, "GroupNorm": 0}
+# Positional index of `bias` in Conv*d / ConvTranspose*d: (in, out, kernel, stride, padding,
+# dilation | output_padding, groups, bias, ...).
+_BIAS_POS = 7
+
+
+def _torch_nn_class(q: str | None, table: dict[str, int]) -> str | None:
+    if not q:
+        return None
+    parts = q.split(".")
+    if parts[:2] != ["torch", "nn"]:
+        return None
+    if len(parts) == 3 or (len(parts) == 5 and parts[2] == "modules"):
+        return parts[-1] if parts[-1] in table else None
+    return None
+
+
+def _arg(call: cst.Call, pos: int, name: str) -> cst.BaseExpression | None:
+    kw = keyword(call, name)
+    if kw is not None:
+        return kw.value
+    pos_args = positional(call)
+    return pos_args[pos].value if pos < len(pos_args) else None
+
+
+def _text(rule: Rule, expr: cst.BaseExpression | None) -> str | None:
+    return None if expr is None else " ".join(rule.ctx.module.code_for_node(expr).split())
+
+
+class ConvBiasBeforeNorm(Rule):
+    """## What it does
+    Flags a convolution (`nn.Conv{1,2,3}d`, `nn.ConvTranspose{1,2,3}d`) with a bias whose output
+    goes straight into a normalisation that subtracts a per-channel mean over the same channels
+    (`BatchNorm{1,2,3}d`, `SyncBatchNorm`, `InstanceNorm{1,2,3}d`, `GroupNorm` with one group per
+    channel), and adds `bias=False` to the convolution. It recognises
+
+    * consecutive layers of an `nn.Sequential(...)` literal, and
+    * a module that builds `self.conv = nn.Conv2d(...)` and `self.bn = nn.BatchNorm2d(...)` and
+      whose `forward` computes `self.bn(self.conv(x))` (or `y = self.conv(x)` immediately followed
+      by `y = self.bn(y)`), when `self.conv` is used nowhere else.
+
+    The channel counts must match (`out_channels` and `num_features` written the same way).
+    `GroupNorm` with fewer groups, `LayerNorm`, `FrozenBatchNorm2d` and other layers do not cancel
+    the bias and are never flagged. No fix is offered when the file reads a `.bias` that may be the
+    convolution's (`nn.init.zeros_(m.bias)` would fail on None) outside an
+    `if m.bias is not None:` guard.
+
+    ## Why is this slow
+    The normalisation subtracts the per-channel mean, which removes any per-channel constant the
+    convolution added: the bias is computed, stored, read, and differentiated for nothing (PyTorch
+    tuning guide, "Disable bias for convolutions directly followed by a batch norm").
+
+    ## Example
+    ```python
+    block = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())
+    ```
+
+    ## Use instead
+    ```python
+    block = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+    ```
+
+    ## Fix safety
+    Unsafe (tags semantics and tolerance).
+
+    * **Train-mode outputs** are the same up to rounding (max 4.8e-7 in fp32, E-09), not bitwise.
+      The validator compares losses and parameters with rtol/atol 1e-5 (VAL-6).
+    * **Eval mode differs**: BatchNorm's `running_mean` includes the bias (momentum-weighted), so
+      without it the running statistics shift and eval-mode outputs differ substantially (0.90
+      after one step in E-09) until training has updated them. When a model is trained from
+      scratch and only evaluated after training this does not matter; the validator reports
+      running means and eval-mode outputs without failing on them. With
+      `track_running_stats=False` eval outputs stay equal up to rounding.
+    * **Random stream**: a convolution without a bias draws fewer random numbers when it is
+      built, so the model's initial weights and every later draw from the same generator shift
+      (unless the weights are initialised afterwards from their own generator, or loaded). The
+      validator reports the final RNG state without failing on it; values the shifted draws feed
+      still have to agree.
+    * **Checkpoints**: the state_dict loses `<conv>.bias` (one parameter tensor per layer), so
+      loading an *old* checkpoint strictly fails with `Unexpected key(s) in state_dict:
+      "0.bias"`. Loading can be kept working exactly by folding the old bias into the running
+      mean (eval output `(z + b - μ)/σ` equals `(z - (μ - b))/σ`), either once:
+
+      ```python
+      def fold_conv_bias(state_dict, conv, norm):
+          # conv / norm: state_dict prefixes, e.g. "features.0" and "features.1"
+          bias = state_dict.pop(f"{conv}.bias", None)
+          if bias is not None and f"{norm}.running_mean" in state_dict:
+              state_dict[f"{norm}.running_mean"] = state_dict[f"{norm}.running_mean"] - bias
+          return state_dict
+      ```
+
+      or automatically with a load hook on the module that owns both layers:
+
+      ```python
+      class Block(nn.Module):
+          def __init__(self):
+              ...
+              self.register_load_state_dict_pre_hook(fold_old_bias)
+
+      def fold_old_bias(module, state_dict, prefix, *args):
+          fold_conv_bias(state_dict, prefix + "conv", prefix + "bn")
+      ```
+
+      (`model.load_state_dict(old, strict=False)` also loads, but it *drops* the bias instead of
+      folding it, so eval-mode outputs of a pretrained model change.)
+    """
+
+    code = "TOP841"
+    name = "conv-bias-before-norm"
+    family = FAMILY
+    message = "`{conv}` computes a bias that the following `{norm}` cancels"
+    blocked_message = "`{conv}` computes a bias that the following `{norm}` cancels; not fixed: {why}"
+    fix_title = "Drop the bias: `bias=False`"
+    safety = Safety.UNSAFE
+    tags = (Tag.SEMANTICS, Tag.TOLERANCE)
+    prefilter = ("Conv",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # Both layers must resolve to torch.nn, and every name in _NORMS spells one of these.
+        return super().could_match(text) and "torch" in text and (
+            "BatchNorm" in text or "InstanceNorm" in text or "GroupNorm" in text)
+
+    note = ("train-mode outputs equal up to rounding; BatchNorm running means no longer include the bias, so "
+            "eval-mode outputs differ until they converge; construction draws fewer random numbers, so "
+            "default-initialised weights and later draws shift; the state_dict loses `{key}.bias`: fold it "
+            "into `running_mean` to load old checkpoints (see `torchopt rule TOP841`)")
+
+    examples = (
+        Invalid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())\n",
+            after="import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())\n",
+            unsafe=("semantics", "tolerance"),
+        ),
+        Invalid(
+            "import torch\nfrom torch import nn\n\n\nclass Block(nn.Module):\n    def __init__(self, c):\n"
+            "        super().__init__()\n        self.conv = nn.Conv1d(c, 2 * c, 5, bias=True)\n"
+            "        self.norm = nn.GroupNorm(2 * c, 2 * c)\n\n    def forward(self, x):\n"
+            "        y = self.conv(x)\n        y = self.norm(y)\n        return torch.relu(y)\n",
+            after="import torch\nfrom torch import nn\n\n\nclass Block(nn.Module):\n    def __init__(self, c):\n"
+            "        super().__init__()\n        self.conv = nn.Conv1d(c, 2 * c, 5, bias=False)\n"
+            "        self.norm = nn.GroupNorm(2 * c, 2 * c)\n\n    def forward(self, x):\n"
+            "        y = self.conv(x)\n        y = self.norm(y)\n        return torch.relu(y)\n",
+            unsafe=("semantics", "tolerance"),
+        ),
+        Invalid(
+            "import torch.nn as nn\n\n\nclass Stem(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = nn.ConvTranspose3d(4, 8, 3)\n        self.bn = nn.BatchNorm3d(8)\n\n"
+            "    def forward(self, x):\n        return self.bn(self.conv(x)).relu()\n",
+            after="import torch.nn as nn\n\n\nclass Stem(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = nn.ConvTranspose3d(4, 8, 3, bias=False)\n        self.bn = nn.BatchNorm3d(8)\n\n"
+            "    def forward(self, x):\n        return self.bn(self.conv(x)).relu()\n",
+            unsafe=("semantics", "tolerance"),
+        ),
+        Invalid(
+            "import torch.nn as nn\n\nnet = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"
+            "for m in net.modules():\n    if isinstance(m, nn.Conv2d):\n        nn.init.zeros_(m.bias)\n",
+            after=None,
+            note="the bias is initialised explicitly: with bias=False that line would fail",
+        ),
+        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, bias=False), nn.BatchNorm2d(64))\n",
+              runnable=True, note="already done: a second run changes nothing"),
+        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.GroupNorm(8, 64))\n",
+              runnable=True, note="fewer groups than channels: the bias is not cancelled"),
+        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.LayerNorm([64, 30, 30]))\n",
+              runnable=True),
+        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.BatchNorm2d(64))\n",
+              runnable=True, note="an op in between"),
+        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 32, 3), nn.BatchNorm2d(64))\n",
+              note="channel counts differ"),
+        Valid(
+            "import torch.nn as nn\n\n\nclass Res(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = nn.Conv2d(8, 8, 3, padding=1)\n        self.bn = nn.BatchNorm2d(8)\n\n"
+            "    def forward(self, x):\n        y = self.conv(x)\n        return self.bn(y) + y\n",
+            note="the conv output is also tapped (residual)",
+        ),
+        Valid("import torchvision\nimport torch.nn as nn\n\n"
+              "block = nn.Sequential(nn.Conv2d(3, 8, 3), torchvision.ops.FrozenBatchNorm2d(8))\n",
+              note="frozen statistics do not cancel the bias"),
+    )
+
+    # ------------------------------------------------------------------ detection
+
+    def _conv(self, expr: cst.BaseExpression) -> cst.Call | None:
+        if isinstance(expr, cst.Call) and _torch_nn_class(callee(self, expr), _CONVS):
+            return expr
+        return None
+
+    def _cancels(self, conv: cst.Call, norm: cst.BaseExpression) -> bool:
+        if not isinstance(norm, cst.Call) or has_star(norm) or has_star(conv):
+            return False
+        cname = _torch_nn_class(callee(self, conv), _CONVS)
+        nname = _torch_nn_class(callee(self, norm), _NORMS)
+        if cname is None or nname is None:
+            return False
+        if _NORMS[nname] and _NORMS[nname] != _CONVS[cname]:
+            return False
+        out = _text(self, _arg(conv, 1, "out_channels"))
+        if out is None:
+            return False
+        if nname == "GroupNorm":
+            groups, chans = _text(self, _arg(norm, 0, "num_groups")), _text(self, _arg(norm, 1, "num_channels"))
+            return groups == chans == out
+        return _text(self, _arg(norm, 0, "num_features")) == out
+
+    def visit_Call(self, node: cst.Call) -> None:
+        q = callee(self, node)
+        if q not in ("torch.nn.Sequential", "torch.nn.modules.container.Sequential") or has_star(node):
+            return
+        args = [a.value for a in node.args]
+        if any(a.keyword is not None for a in node.args):
+            return
+        for first, second in zip(args, args[1:]):
+            conv = self._conv(first)
+            if conv is not None and self._cancels(conv, second):
+                self._flag(conv, second, key="<index>", attr=None)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        methods = {s.name.value: s for s in (node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
+                   if isinstance(s, cst.FunctionDef)}
+        init, forward = methods.get("__init__"), methods.get("forward")
+        if init is None or forward is None:
+            return
+        built: dict[str, cst.Call] = {}
+        counts: dict[str, int] = {}
+        for n in walk(init):
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call):
+                attr = _self_attr(n.targets[0].target)
+                if attr is not None:
+                    counts[attr] = counts.get(attr, 0) + 1
+                    built[attr] = n.value
+        built = {k: v for k, v in built.items() if counts[k] == 1}
+        convs = {k: v for k, v in built.items() if self._conv(v) is not None}
+        if not convs:
+            return
+        uses: dict[str, int] = {}
+        for n in walk(node, cross_scopes=True):
+            attr = _self_attr(n)
+            if attr is not None:
+                uses[attr] = uses.get(attr, 0) + 1
+        for c_attr, n_attr in _pairs(forward, convs, built):
+            if uses.get(c_attr) != 2:  # its assignment and the one call
+                continue
+            if self._cancels(convs[c_attr], built[n_attr]):
+                self._flag(convs[c_attr], built[n_attr], key=c_attr, attr=c_attr)
+
+    def _flag(self, conv: cst.Call, norm: cst.Call, key: str, attr: str | None) -> None:
+        fmt = {"conv": source(self, conv), "norm": source(self, norm)}
+        bias_kw = keyword(conv, "bias")
+        if bias_kw is not None and not (isinstance(bias_kw.value, cst.Name) and bias_kw.value.value == "True"):
+            return  # bias=False already, or a value we cannot see
+        if len(positional(conv)) > _BIAS_POS:
+            return
+        why = None
+        read = _bias_reads(self, attr)
+        if read is not None:
+            why = f"`{source(self, read)}` may read the convolution's bias, which would be None"
+        elif has_comments(conv):
+            why = "a comment would be lost"
+        if why:
+            self.report(conv, message=self.blocked_message, fmt={**fmt, "why": why})
+            return
+        new = set_kwarg(conv, "bias", cst.Name("False"))
+        self.report(conv, fmt=fmt, replacement=new, tags=[Tag.SEMANTICS, Tag.TOLERANCE],
+                    note=self.note.format(key=key))
+
+
+def _self_attr(node: cst.CSTNode) -> str | None:
+    if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"):
+        return node.attr.value
+    return None
+
+
+def _self_call(expr: cst.BaseExpression | None) -> tuple[str, cst.BaseExpression] | None:
+    """``self.x(arg)`` -> ("x", arg)."""
+    if isinstance(expr, cst.Call) and len(expr.args) == 1 and expr.args[0].keyword is None and not expr.args[0].star:
+        attr = _self_attr(expr.func)
+        if attr is not None:
+            return attr, expr.args[0].value
+    return None
+
+
+def _pairs(forward: cst.FunctionDef, convs: dict[str, cst.Call], built: dict[str, cst.Call]):
+    """(conv attr, norm attr) pairs that ``forward`` applies back to back."""
+    out = []
+    for n in walk(forward):
+        outer = _self_call(n) if isinstance(n, cst.Call) else None
+        if outer is not None:
+            inner = _self_call(outer[1])
+            if inner is not None and inner[0] in convs and outer[0] in built:
+                out.append((inner[0], outer[0]))
+        if isinstance(n, cst.IndentedBlock):
+            stmts = list(n.body)
+            for a, b in zip(stmts, stmts[1:]):
+                first, second = _simple_assign(a), _simple_assign(b)
+                if first is None or second is None:
+                    continue
+                call1, call2 = _self_call(first[1]), _self_call(second[1])
+                if call1 is None or call2 is None or call1[0] not in convs or call2[0] not in built:
+                    continue
+                var = first[0]
+                if not (isinstance(call2[1], cst.Name) and call2[1].value == var):
+                    continue
+                # The intermediate must die here: rebound by the norm's result, or never read again.
+                if second[0] == var or _reads(forward, var) == 1:
+                    out.append((call1[0], call2[0]))
+    return out
+
+
+def _simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
+    if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
+            and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
+        return stmt.body[0].targets[0].target.value, stmt.body[0].value
+    return None
+
+
+def _reads(func: cst.FunctionDef, var: str) -> int:
+    """Occurrences of the name ``var`` in ``func`` outside assignment targets."""
+    targets = set()
+    for n in walk(func):
+        if isinstance(n, cst.AssignTarget):
+            targets.add(id(n.target))
+    return sum(1 for n in walk(func) if isinstance(n, cst.Name) and n.value == var and id(n) not in targets)
+
+
+def _bias_reads(rule: Rule, conv_attr: str | None) -> cst.Attribute | None:
+    """A ``.bias`` read that may be this convolution's and is not guarded by
+    ``if x.bias is not None`` / ``x.bias is None`` tests: ``self.<conv>.bias``, or ``.bias`` of
+    anything other than another named ``self.<attr>``."""
+    module = rule.ctx.module
+    hit = rule.__dict__.get("_bias_attrs_memo")
+    if hit is None or hit[0] is not module:  # the file's `.bias` attributes, collected once per parse
+        hit = rule._bias_attrs_memo = (module, [n for n in walk(module, cross_scopes=True)
+                                               if isinstance(n, cst.Attribute) and n.attr.value == "bias"])
+    for n in hit[1]:
+        parent = rule.get_metadata(ParentProvider, n, None)
+        if isinstance(parent, cst.Call) and parent.func is n:
+            continue
+        if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1 and isinstance(
+                parent.comparisons[0].operator, (cst.Is, cst.IsNot)):
+            continue
+        other = _self_attr(n.value)
+        if other is not None and other != conv_attr:
+            continue
+        if isinstance(n.value, cst.Attribute) and _self_attr(n.value) is None and isinstance(n.value.value, cst.Attribute):
+            continue  # e.g. self.head.fc.bias: a named sub-layer
+        if _guarded(rule, n):
+            continue
+        return n
+    return None
+
+
+def _guarded(rule: Rule, attr: cst.Attribute) -> bool:
+    code = rule.ctx.module.code_for_node(attr)
+    cur: cst.CSTNode = attr
+    while True:
+        parent = rule.get_metadata(ParentProvider, cur, None)
+        if parent is None or isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(parent, cst.If) and cur is parent.body:
+            test = parent.test
+            if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
+                    and isinstance(test.comparisons[0].operator, cst.IsNot)
+                    and rule.ctx.module.code_for_node(test.left) == code):
+                return True
+        cur = parent

@@ -1,0 +1,554 @@
+"""Shared analysis and editing for the DDP rules: what a file holds (DataParallel/DDP models, data
+loaders, samplers, side effects) and a transformer that applies statement-level edits keyed by the
+identity of original nodes. Rules in this family build one whole-module replacement per fix."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from torchopt.codemods._torch import (
+    dotted,
+    SCOPE_NODES,
+    callee,
+    keyword,
+    positional,
+    qualified_names,
+    string_value,
+    torch_name,
+    walk,
+)
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import ImportSpec, Rule
+
+DP = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
+DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+       "torch.nn.DistributedDataParallel"}
+LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+DSAMPLERS = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
+INITS = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
+WRITERS = {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
+           "tensorboardX.SummaryWriter"}
+TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"}
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
+RANK_WORDS = re.compile(r"rank|is_main_process|is_master|main_process|local_master")
+# Methods of nn.Module that reach the wrapped module through DDP too (TOP402 attribute check).
+MODULE_METHODS = {"train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to",
+                  "cuda", "cpu", "zero_grad", "modules", "named_modules", "children", "named_children",
+                  "buffers", "named_buffers", "apply", "requires_grad_", "module", "no_sync", "training",
+                  "register_forward_hook", "register_forward_pre_hook", "half", "float", "double",
+                  "bfloat16", "type"}
+
+LAUNCH_NOTE = ("launch with `torchrun --standalone --nproc_per_node=N {file}` on one machine, or on M "
+               "machines `torchrun --nnodes=M --nproc_per_node=N --rdzv_id=JOB --rdzv_backend=c10d "
+               "--rdzv_endpoint=HOST:29400 {file}`; plain `python {file}` still runs as one process; "
+               "`batch_size` is now per process (B // world_size keeps the global batch B)")
+
+
+class Refusal(Exception):
+    def __init__(self, node: cst.CSTNode, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+
+
+def calls(node: cst.CSTNode, cross: bool = False) -> Iterable[cst.Call]:
+    for n in walk(node, cross):
+        if isinstance(n, cst.Call):
+            yield n
+
+
+def is_backward(c: cst.Call) -> bool:
+    return isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"
+
+
+def has_backward(node: cst.CSTNode) -> bool:
+    return any(is_backward(c) for c in calls(node))
+
+
+def body_list(block: cst.BaseSuite) -> Sequence[cst.BaseStatement] | None:
+    return block.body if isinstance(block, cst.IndentedBlock) else None
+
+
+def stmt(text: str) -> cst.BaseStatement:
+    return cst.parse_statement(text)
+
+
+def fresh(taken: set[str], base: str) -> str:
+    name, i = base, 1
+    while name in taken:
+        name = f"{base}_{i}"
+        i += 1
+    taken.add(name)
+    return name
+
+
+def is_docstring(s: cst.CSTNode) -> bool:
+    return (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Expr)
+            and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+def is_import(s: cst.CSTNode) -> bool:
+    return isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, (cst.Import, cst.ImportFrom)) for b in s.body)
+
+
+# --------------------------------------------------------------------------- edits
+
+
+@dataclass
+class Edits:
+    """Statement-level edits to the original module, keyed by original node identity."""
+
+    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    replace: dict[int, Callable[[cst.BaseStatement], list[cst.BaseStatement]]] = field(default_factory=dict)
+    exprs: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
+    guards: dict[int, str] = field(default_factory=dict)
+    body_end: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    wraps: dict[int, tuple[cst.With, int]] = field(default_factory=dict)  # id(first stmt) -> (with, count)
+
+    def add_before(self, s: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
+        self.before.setdefault(id(s), []).extend(new)
+
+    def add_after(self, s: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
+        self.after.setdefault(id(s), []).extend(new)
+
+    def empty(self) -> bool:
+        return not (self.before or self.after or self.replace or self.exprs or self.guards or self.body_end
+                    or self.wraps)
+
+
+class Rewrite(cst.CSTTransformer):
+    def __init__(self, e: Edits) -> None:
+        super().__init__()
+        self.e = e
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        updated = super().on_leave(original_node, updated_node)
+        fn = self.e.exprs.get(id(original_node))
+        return fn(updated) if fn is not None else updated  # type: ignore[arg-type]
+
+    def _rebuild(self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement]) -> list:
+        e = self.e
+        out: list[cst.BaseStatement] = []
+        i = 0
+        while i < len(orig):
+            o = orig[i]
+            out.extend(e.before.get(id(o), []))
+            wrap = e.wraps.get(id(o))
+            if wrap is not None:
+                w, k = wrap
+                inner = list(upd[i:i + k])
+                lead = inner[0].leading_lines
+                inner[0] = inner[0].with_changes(leading_lines=())
+                out.append(w.with_changes(body=cst.IndentedBlock(body=inner), leading_lines=lead))
+                for j in range(i, i + k):
+                    out.extend(e.after.get(id(orig[j]), []))
+                i += k
+                continue
+            test = e.guards.get(id(o))
+            if test is not None:
+                group = [upd[i]]
+                j = i + 1
+                while (j < len(orig) and e.guards.get(id(orig[j])) == test and not e.before.get(id(orig[j]))
+                       and not e.after.get(id(orig[j - 1])) and id(orig[j]) not in e.replace):
+                    group.append(upd[j])
+                    j += 1
+                lead = group[0].leading_lines
+                group[0] = group[0].with_changes(leading_lines=())
+                out.append(cst.If(test=cst.parse_expression(test), body=cst.IndentedBlock(body=group),
+                                  leading_lines=lead))
+                out.extend(e.after.get(id(orig[j - 1]), []))
+                i = j
+                continue
+            rep = e.replace.get(id(o))
+            out.extend(rep(upd[i]) if rep is not None else [upd[i]])
+            out.extend(e.after.get(id(o), []))
+            i += 1
+        return out
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
+        body = self._rebuild(original_node.body, updated_node.body)
+        body.extend(self.e.body_end.get(id(original_node), []))
+        return updated_node.with_changes(body=body)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
+        tail = self.e.body_end.get(id(original_node))
+        if tail and isinstance(updated_node.body, cst.IndentedBlock):
+            body = list(updated_node.body.body)
+            if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return):
+                body[-1:-1] = tail
+            else:
+                body.extend(tail)
+            return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module):
+        body = self._rebuild(original_node.body, updated_node.body)
+        body.extend(self.e.body_end.get(id(original_node), []))
+        return updated_node.with_changes(body=body)
+
+
+# --------------------------------------------------------------------------- the file
+
+
+@dataclass
+class Loop:
+    node: cst.For
+    loader: str
+    epoch: cst.For | cst.While | None  # the loop around it that runs once per epoch
+
+
+_CACHE: dict[int, tuple[cst.Module, "Analysis"]] = {}
+
+
+class Analysis:
+    @classmethod
+    def of(cls, rule: Rule) -> "Analysis":
+        """One analysis per parse, shared by the rules of the family that run in the same pass
+        (metadata comes from the pass's shared MetadataWrapper, whichever rule asks)."""
+        module = rule.ctx.module
+        hit = _CACHE.get(id(module))
+        if hit is not None and hit[0] is module:
+            return hit[1]
+        a = cls(rule)
+        _CACHE.clear()
+        _CACHE[id(module)] = (module, a)
+        return a
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.module = rule.ctx.module
+        self.names: set[str] = set()
+        self.functions: dict[str, cst.FunctionDef] = {}
+        self.dp: list[tuple[cst.SimpleStatementLine, str, cst.Call]] = []  # X = nn.DataParallel(...)
+        self.dp_other: list[cst.Call] = []  # DataParallel calls in any other form
+        self.ddp: dict[str, list[bool]] = {}  # name -> per binding: surely DDP (True) / maybe (False)
+        self.ddp_calls: list[cst.Call] = []
+        self.loaders: dict[str, list[tuple[cst.SimpleStatementLine, cst.Call]]] = {}
+        self.samplers: dict[str, cst.Call] = {}
+        self.inits: list[cst.Call] = []
+        self.optimizers: dict[str, cst.SimpleStatementLine] = {}
+        self.writers: set[str] = set()
+        self.loggers: set[str] = set()
+        self.module_classes: set[str] = set()
+        self.models: dict[str, cst.SimpleStatementLine] = {}
+        self.bindings: dict[str, int] = {}
+        self._collect()
+
+    # -- metadata
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.rule.get_metadata(ParentProvider, node, None)
+
+    def pos(self, node: cst.CSTNode) -> tuple[int, int]:
+        r = self.rule.get_metadata(PositionProvider, node)
+        return (r.start.line, r.start.column)
+
+    def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
+        cur: cst.CSTNode | None = node
+        while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            cur = self.parent(cur)
+        return cur  # type: ignore[return-value]
+
+    def scope_owner(self, node: cst.CSTNode) -> cst.CSTNode:
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, SCOPE_NODES):
+            cur = self.parent(cur)
+        return cur if cur is not None else self.module
+
+    def enclosing_loop(self, node: cst.CSTNode) -> cst.For | cst.While | None:
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, SCOPE_NODES):
+            if isinstance(cur, (cst.For, cst.While)):
+                return cur
+            cur = self.parent(cur)
+        return None
+
+    def ancestors(self, node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+        cur = self.parent(node)
+        while cur is not None:
+            yield cur
+            cur = self.parent(cur)
+
+    def q(self, node: cst.CSTNode) -> str | None:
+        """Qualified name (from an import) of a Name/Attribute, torch or not."""
+        if not isinstance(node, (cst.Name, cst.Attribute)):
+            return None
+        names = qualified_names(self.rule, node)
+        return sorted(names)[0] if names else None
+
+    def call_name(self, c: cst.Call) -> str | None:
+        if isinstance(c.func, cst.Call):
+            return None
+        return callee(self.rule, c) or self.q(c.func)
+
+    # -- collection
+    def _collect(self) -> None:
+        rule = self.rule
+        classes = []
+        attrs: set[int] = set()
+        for n in walk(self.module, True):
+            if isinstance(n, cst.Attribute):
+                attrs.add(id(n.attr))
+            elif isinstance(n, cst.Name) and id(n) not in attrs:
+                self.names.add(n.value)
+            elif isinstance(n, cst.FunctionDef):
+                self.functions.setdefault(n.name.value, n)
+            elif isinstance(n, cst.ClassDef):
+                classes.append(n)
+        changed = True
+        while changed:
+            changed = False
+            for c in classes:
+                if c.name.value in self.module_classes:
+                    continue
+                for b in c.bases:
+                    q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
+                    if (q and q.startswith("torch.nn.")) or dotted(b.value) in self.module_classes:
+                        self.module_classes.add(c.name.value)
+                        changed = True
+                        break
+        for n in walk(self.module, True):
+            if isinstance(n, cst.Call) and isinstance(n.func, (cst.Name, cst.Attribute)):
+                name = callee(rule, n)
+                if name in INITS:
+                    self.inits.append(n)
+                elif name in DDP:
+                    self.ddp_calls.append(n)
+                elif name in DP:
+                    stmt_ = self.statement(n)
+                    small = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
+                    if (isinstance(small, cst.Assign) and small.value is n and len(small.targets) == 1
+                            and isinstance(small.targets[0].target, cst.Name)):
+                        self.dp.append((stmt_, small.targets[0].target.value, n))  # type: ignore[arg-type]
+                    else:
+                        self.dp_other.append(n)
+            if not isinstance(n, cst.SimpleStatementLine):
+                continue
+            for small in n.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        for d in _target_names(t.target):
+                            self.bindings[d] = self.bindings.get(d, 0) + 1
+                    if len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+                        self._assign(n, small.targets[0].target.value, small.value)
+                elif isinstance(small, (cst.AugAssign, cst.AnnAssign)):
+                    for d in _target_names(small.target):
+                        self.bindings[d] = self.bindings.get(d, 0) + 1
+
+    def _assign(self, s: cst.SimpleStatementLine, target: str, value: cst.BaseExpression) -> None:
+        base = value
+        while (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute)
+               and isinstance(base.func.value, cst.Call) and base.func.attr.value in ("to", "cuda", "train", "float")):
+            base = base.func.value
+        if isinstance(value, cst.IfExp):
+            for branch in (value.body, value.orelse):
+                if isinstance(branch, cst.Call) and self.call_name(branch) in DDP:
+                    self.ddp.setdefault(target, []).append(False)
+            return
+        if not isinstance(base, cst.Call):
+            return
+        q = self.call_name(base)
+        if q in DDP:
+            self.ddp.setdefault(target, []).append(base is value)
+        elif q in LOADERS:
+            self.loaders.setdefault(target, []).append((s, base))
+        elif q in DSAMPLERS:
+            self.samplers[target] = base
+        elif q in WRITERS:
+            self.writers.add(target)
+        elif q == "logging.getLogger":
+            self.loggers.add(target)
+        elif q and q.startswith("torch.optim.") and ".lr_scheduler" not in q and q.rsplit(".", 1)[1][:1].isupper():
+            self.optimizers[target] = s
+        elif (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() and "functional" not in q
+              and not q.endswith("Loss") and q not in DP) or (isinstance(base.func, cst.Name)
+                                                             and base.func.value in self.module_classes):
+            self.models.setdefault(target, s)
+
+    # -- queries
+    def ddp_sure(self, name: str) -> bool:
+        b = self.ddp.get(name)
+        return bool(b) and all(b) and self.bindings.get(name, 0) <= len(b) + 2
+
+    def distributed(self) -> bool:
+        return bool(self.inits or self.ddp_calls)
+
+    def loader_of_iter(self, it: cst.BaseExpression, names: Iterable[str]) -> str | None:
+        names = set(names)
+        if isinstance(it, cst.Name):
+            return it.value if it.value in names else None
+        if isinstance(it, cst.Call) and isinstance(it.func, (cst.Name, cst.Attribute)):
+            fn = dotted(it.func) or ""
+            if fn.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "iter") and it.args and not it.args[0].star:
+                return self.loader_of_iter(it.args[0].value, names)
+        return None
+
+    def training_loops(self) -> list[Loop]:
+        """Loops over a data loader whose body runs `backward()`, directly or in a function of the file
+        that the loader is passed to."""
+        out: list[Loop] = []
+        loaders = set(self.loaders)
+        for n in walk(self.module, True):
+            if isinstance(n, cst.For):
+                name = self.loader_of_iter(n.iter, loaders)
+                if name and has_backward(n.body):
+                    out.append(Loop(n, name, self.enclosing_loop(n)))
+        for fname, fn in self.functions.items():
+            params = [p.name.value for p in fn.params.params]
+            inner = [f for f in walk(fn.body) if isinstance(f, cst.For) and has_backward(f.body)]
+            for f in inner:
+                pname = self.loader_of_iter(f.iter, params)
+                if pname is None:
+                    continue
+                idx = params.index(pname)
+                for c in calls(self.module, True):
+                    if not (isinstance(c.func, cst.Name) and c.func.value == fname):
+                        continue
+                    for i, arg in enumerate(c.args):
+                        if arg.star:
+                            break
+                        hit = (arg.keyword is not None and arg.keyword.value == pname) or (arg.keyword is None and i == idx)
+                        if hit and isinstance(arg.value, cst.Name) and arg.value.value in loaders:
+                            out.append(Loop(f, arg.value.value, self.enclosing_loop(c)))
+        return out
+
+    def set_epoch_called(self, sampler: str | None, loader: str | None) -> bool:
+        for c in calls(self.module, True):
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value == "set_epoch":
+                d = dotted(c.func.value)
+                if d is not None and (d == sampler or d == f"{loader}.sampler" or d == loader):
+                    return True
+        return False
+
+    def under_rank_guard(self, node: cst.CSTNode) -> bool:
+        for anc in self.ancestors(node):
+            if isinstance(anc, (cst.If, cst.IfExp)) and RANK_WORDS.search(self.module.code_for_node(anc.test)):
+                return True
+            if isinstance(anc, cst.FunctionDef) and RANK_WORDS.search(anc.name.value):
+                return True
+        return False
+
+    def dist_alias(self) -> tuple[str, tuple[ImportSpec, ...]] | None:
+        """How to name torch.distributed: an existing `import torch.distributed as X`, else `dist`."""
+        for n in walk(self.module, True):
+            if isinstance(n, cst.Import):
+                for al in n.names:
+                    if dotted(al.name) == "torch.distributed" and al.asname is not None:
+                        return al.asname.name.value, ()  # type: ignore[union-attr]
+        if "dist" in self.names:
+            return None
+        return "dist", (ImportSpec("torch.distributed", None, "dist"),)
+
+    def import_name(self, module: str, obj: str) -> tuple[str, tuple[ImportSpec, ...]] | None:
+        """``obj`` from ``module``: the name the file already imports it as, else ``obj`` if free."""
+        for n in walk(self.module, True):
+            if isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar) and n.module is not None \
+                    and dotted(n.module) == module:
+                for al in n.names:
+                    if al.name.value == obj:  # type: ignore[union-attr]
+                        return (al.asname.name.value if al.asname else obj), ()  # type: ignore[union-attr]
+        if obj in self.names:
+            return None
+        return obj, (ImportSpec(module, obj),)
+
+    def plain_import(self, module: str) -> tuple[str, tuple[ImportSpec, ...]] | None:
+        for n in walk(self.module, True):
+            if isinstance(n, cst.Import):
+                for al in n.names:
+                    if dotted(al.name) == module and al.asname is None:
+                        return module, ()
+        if module in self.names:
+            return None
+        return module, (ImportSpec(module),)
+
+
+def _target_names(t: cst.BaseExpression) -> list[str]:
+    if isinstance(t, (cst.Tuple, cst.List)):
+        return [d for el in t.elements for d in _target_names(el.value)]
+    if isinstance(t, cst.StarredElement):
+        return _target_names(t.value)
+    d = dotted(t)
+    return [d] if d else []
+
+
+# --------------------------------------------------------------------------- side effects (DDP-005)
+
+
+@dataclass
+class SideEffect:
+    stmt: cst.BaseStatement
+    what: str
+
+
+def collective_free(a: Analysis, node: cst.CSTNode, dist_name: str | None) -> str | None:
+    """Why ``node`` may take part in a collective (None when it surely does not)."""
+    for c in calls(node, True):
+        if is_backward(c):
+            return "backward()"
+        d = dotted(c.func) or ""
+        head = d.split(".")[0]
+        nets = set(a.ddp) | set(a.models) | {name for _, name, _ in a.dp}
+        if d in nets or (head in nets and d.endswith(".forward")):
+            return f"`{d}` (a DDP forward is a collective)"
+        if dist_name and head == dist_name:
+            return f"`{d}`"
+        q = a.call_name(c) or ""
+        if q.startswith("torch.distributed"):
+            return f"`{d}`"
+        if isinstance(c.func, cst.Name) and c.func.value in a.functions:
+            return f"`{d}` (a function of this file, which may run collectives)"
+        if d.rsplit(".", 1)[-1] in ("all_reduce", "barrier", "all_gather", "broadcast", "reduce"):
+            return f"`{d}`"
+    return None
+
+
+def side_effects(a: Analysis) -> list[SideEffect]:
+    """Statements whose effect is output (prints, logs, files, checkpoints, TensorBoard, wandb)."""
+    out: list[SideEffect] = []
+    for n in walk(a.module, True):
+        if isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1:
+            small = n.body[0]
+            if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                what = _effect_call(a, small.value)
+                if what:
+                    out.append(SideEffect(n, what))
+        elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
+            c = n.items[0].item
+            if isinstance(c.func, cst.Name) and c.func.value == "open" and a.q(c.func) in (None, "builtins.open"):
+                mode = keyword(c, "mode")
+                pos = positional(c)
+                m = string_value(mode.value if mode else (pos[1].value if len(pos) > 1 else None)) or ""
+                if any(ch in m for ch in "wax"):
+                    out.append(SideEffect(n, "a file write"))
+    return out
+
+
+def _effect_call(a: Analysis, c: cst.Call) -> str | None:
+    if isinstance(c.func, cst.Name) and c.func.value == "print" and "print" not in a.functions:
+        if a.q(c.func) in (None, "builtins.print"):
+            return "print"
+    name = a.call_name(c) or ""
+    if name == "torch.save":
+        return "torch.save"
+    if name.startswith("logging.") and name.rsplit(".", 1)[1] in LOG_METHODS:
+        return name
+    if name.startswith(("wandb.", "mlflow.")) and name.split(".")[1] in ("init", "log", "finish", "log_metric",
+                                                                          "log_metrics", "log_param", "log_params",
+                                                                          "log_artifact", "start_run", "end_run"):
+        return name
+    if name in ("matplotlib.pyplot.savefig",):
+        return name
+    if isinstance(c.func, cst.Attribute):
+        recv = dotted(c.func.value)
+        meth = c.func.attr.value
+        if recv in a.loggers and meth in LOG_METHODS:
+            return f"{recv}.{meth}"
+        if recv in a.writers and (meth.startswith("add_") or meth in ("flush", "close")):
+            return f"{recv}.{meth}"
+    return None

@@ -1,0 +1,4 @@
+"""Launcher and environment advice for scripts that run on the CPU (TOP951, rules.md §17 ENV).
+Display-only: these are settings of the process, not of the source."""
+
+FAMILY = "env"

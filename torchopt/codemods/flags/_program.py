@@ -1,0 +1,320 @@
+"""What the FLAG rules need to know about a whole file: is it an entry script, where do global
+switches go, which convolutions / matmuls does it build, which switches does it already set.
+
+**Entry script** (the only kind of file a global switch is inserted into): a file that
+
+* has a module-level ``if __name__ == "__main__":`` block, or
+* calls a module-level function ``main()`` from module level (``main()`` at the bottom of a script), or
+* runs a training loop at module level: a module-level ``for``/``while`` whose body calls
+  ``.backward()`` or ``.step()``.
+
+A file that only defines models, datasets or helpers is a library module: a global switch there
+would change every program that imports it, so nothing is inserted.
+
+**Where the switch goes**: as the first statement of ``main()`` (after its docstring) when the
+entry calls a module-level ``main``; else the first statement of the ``if __name__ == "__main__":``
+block; else at module level right after the imports (after the last module-level import that comes
+before the first ``def``/``class``/loop/``with``), and after any backend switch already placed
+there, so the switches stay together in one block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from torchopt.codemods._torch import callee, qualified_names, string_value, torch_name, walk
+from torchopt.rewrite.rule import Rule
+
+# Convolution layers and functions (rules.md FLAG-001: `nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).
+_CONV_CLASSES = {f"{p}{d}d" for p in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose") for d in (1, 2, 3)}
+_CONV_FUNCS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in (1, 2, 3)}
+# torchvision.models builders that do not return a model.
+_TV_NOT_MODELS = {"get_model_weights", "get_weight", "list_models", "get_model_builder"}
+
+# fp32 matrix multiplies that `set_float32_matmul_precision` affects (not convolutions).
+_MATMUL_CLASSES = {"Linear", "Bilinear", "MultiheadAttention", "Transformer", "TransformerEncoderLayer",
+                   "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "LSTM", "GRU", "RNN",
+                   "LSTMCell", "GRUCell", "RNNCell", "LazyLinear"}
+_MATMUL_FUNCS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm", "torch.baddbmm", "torch.addbmm",
+                 "torch.einsum", "torch.nn.functional.linear", "torch.nn.functional.bilinear",
+                 "torch.nn.functional.scaled_dot_product_attention", "torch.tensordot", "torch.inner"}
+# Precision-sensitive fp32 linear algebra (FLAG-002: D instead, the switch is global).
+_SENSITIVE_PREFIX = ("torch.linalg.",)
+_SENSITIVE = {"torch.cdist", "torch.inverse", "torch.cholesky", "torch.cholesky_solve", "torch.cholesky_inverse",
+              "torch.lu", "torch.lu_solve", "torch.svd", "torch.pinverse", "torch.det", "torch.logdet",
+              "torch.slogdet", "torch.triangular_solve", "torch.qr", "torch.lstsq", "torch.matrix_exp"}
+
+# Backend switches whose presence means "the user already decided" (never overridden).
+BENCHMARK = "torch.backends.cudnn.benchmark"
+DETERMINISTIC = "torch.backends.cudnn.deterministic"
+TF32_FLAGS = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+              "torch.backends.cuda.matmul.fp32_precision", "torch.backends.cudnn.fp32_precision",
+              "torch.backends.cudnn.conv.fp32_precision", "torch.backends.fp32_precision",
+              "torch.backends.cudnn.rnn.fp32_precision", "torch.backends.mkldnn.matmul.fp32_precision"}
+SET_PRECISION = "torch.set_float32_matmul_precision"
+USE_DETERMINISTIC = "torch.use_deterministic_algorithms"
+CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+# Variable-length sequence handling (shapes change per batch).
+_VARLEN = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence",
+           "torch.nn.utils.rnn.pack_sequence", "torch.nn.utils.rnn.pad_packed_sequence"}
+_TV_CROPS = {"CenterCrop", "RandomCrop", "RandomResizedCrop", "FiveCrop", "TenCrop"}
+
+
+@dataclass
+class Switch:
+    """A determinism switch the file sets (FLAG-003)."""
+
+    node: cst.CSTNode
+    what: str  # the switch, in words (for messages)
+
+
+@dataclass
+class Program:
+    convs: list[cst.CSTNode] = field(default_factory=list)
+    matmuls: list[cst.CSTNode] = field(default_factory=list)
+    cuda: bool = False
+    benchmark_set: list[cst.CSTNode] = field(default_factory=list)  # any assignment to cudnn.benchmark
+    tf32_set: list[cst.CSTNode] = field(default_factory=list)  # TF32 flags / set_float32_matmul_precision
+    determinism: list[Switch] = field(default_factory=list)  # switches that cost speed (FLAG-003)
+    intent: bool = False  # any determinism switch, whatever its value (unless literally False)
+    variable_shapes: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    sensitive: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    # Where a global switch goes: the statement it follows (after=True) or precedes, or None when
+    # the file is not an entry script.
+    anchor: cst.BaseStatement | None = None
+    anchor_after: bool = True
+    entry: str = ""  # how the entry was recognised, in words
+
+
+_CACHE: dict[int, tuple[cst.Module, Program]] = {}
+
+
+def program(rule: Rule) -> Program:
+    module = rule.ctx.module
+    hit = _CACHE.get(id(module))
+    if hit is not None and hit[0] is module:
+        return hit[1]
+    prog = _analyse(rule, module)
+    if len(_CACHE) > 32:
+        _CACHE.clear()
+    _CACHE[id(module)] = (module, prog)
+    return prog
+
+
+def _imported_roots(module: cst.Module) -> set[str]:
+    """Top-level package names the file imports (cheap test before resolving names)."""
+    roots = set()
+    for n in walk(module, cross_scopes=True):
+        if isinstance(n, cst.Import):
+            roots.update((cst.helpers.get_full_name_for_node(a.name) or "").split(".")[0] for a in n.names)
+        elif isinstance(n, cst.ImportFrom) and n.module is not None and not n.relative:
+            roots.add((cst.helpers.get_full_name_for_node(n.module) or "").split(".")[0])
+    return roots
+
+
+def _is_false(expr: cst.BaseExpression | None) -> bool:
+    return isinstance(expr, cst.Name) and expr.value in ("False", "None")
+
+
+def _is_true(expr: cst.BaseExpression | None) -> bool:
+    """A literal ``True`` (a variable may hold either: not reported, FLAG-003 is about set switches)."""
+    return isinstance(expr, cst.Name) and expr.value == "True"
+
+
+def _analyse(rule: Rule, module: cst.Module) -> Program:
+    prog = Program()
+    resize_int: list[cst.Call] = []
+    crops = False
+    has_tv = "torchvision" in _imported_roots(module)
+    for node in walk(module, cross_scopes=True):
+        if isinstance(node, cst.Call):
+            q = callee(rule, node)
+            if q is None:
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda":
+                    prog.cuda = True
+                if has_tv and not isinstance(node.func, cst.Call):
+                    tv = [n for n in qualified_names(rule, node.func) if n.startswith("torchvision.")]
+                    q = tv[0] if tv else None
+                if q is None or not q.startswith("torchvision."):
+                    continue
+                last = q.rsplit(".", 1)[-1]
+                if q.startswith("torchvision.models.") and last not in _TV_NOT_MODELS and not last[:1].isupper():
+                    prog.convs.append(node)
+                elif q.startswith("torchvision.transforms.") and last == "Resize":
+                    size = node.args[0].value if node.args else None
+                    for a in node.args:
+                        if a.keyword is not None and a.keyword.value == "size":
+                            size = a.value
+                    if isinstance(size, cst.Integer):
+                        resize_int.append(node)
+                elif q.startswith("torchvision.transforms.") and last in _TV_CROPS:
+                    crops = True
+                continue
+            last = q.rsplit(".", 1)[-1]
+            if q.startswith("torch.nn.") and last in _CONV_CLASSES:
+                prog.convs.append(node)
+            elif q in {f"torch.nn.functional.{f}" for f in _CONV_FUNCS} or q in {f"torch.{f}" for f in _CONV_FUNCS}:
+                prog.convs.append(node)
+            if q.startswith("torch.nn.") and last in _MATMUL_CLASSES or q in _MATMUL_FUNCS:
+                prog.matmuls.append(node)
+            if q.startswith("torch.cuda."):
+                prog.cuda = True
+            if q.startswith(_SENSITIVE_PREFIX) or q in _SENSITIVE:
+                prog.sensitive.append((node, q))
+            if q == SET_PRECISION:
+                prog.tf32_set.append(node)
+            if q == USE_DETERMINISTIC:
+                first = node.args[0].value if node.args else None
+                for a in node.args:
+                    if a.keyword is not None and a.keyword.value == "mode":
+                        first = a.value
+                if not _is_false(first):
+                    prog.intent = True
+                if _is_true(first):
+                    prog.determinism.append(Switch(node, "`torch.use_deterministic_algorithms(True)`"))
+            if q in _VARLEN:
+                prog.variable_shapes.append((node, f"`{q}` pads variable-length sequences"))
+        elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            value = node.value
+            for t in list(targets):
+                if isinstance(t, (cst.Tuple, cst.List)):
+                    targets.extend(e.value for e in t.elements)
+                    value = None  # an unpacked value: not a literal
+            for t in targets:
+                q = torch_name(rule, t) if isinstance(t, cst.Attribute) else None
+                if q == BENCHMARK:
+                    prog.benchmark_set.append(node)
+                elif q in TF32_FLAGS:
+                    prog.tf32_set.append(node)
+                elif q == DETERMINISTIC and not _is_false(value):
+                    prog.intent = True
+                    if _is_true(value):
+                        prog.determinism.append(Switch(node, "`torch.backends.cudnn.deterministic = True`"))
+        elif isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
+            s = string_value(node)
+            if s is None:
+                continue
+            if s == CUBLAS_ENV:
+                prog.intent = True
+                prog.determinism.append(Switch(node, f"`{CUBLAS_ENV}`"))
+            elif s.split(":")[0] == "cuda":
+                prog.cuda = True
+        elif isinstance(node, cst.Attribute) and node.attr.value == "cuda":
+            prog.cuda = True
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+            prog.matmuls.append(node)
+    if resize_int and not crops:
+        prog.variable_shapes.append((resize_int[0], "`Resize(<int>)` without a crop keeps each image's aspect ratio"))
+    _find_entry(rule, module, prog)
+    return prog
+
+
+# --------------------------------------------------------------------------- entry and anchor
+
+
+def _is_main_guard(stmt: cst.CSTNode) -> bool:
+    if not isinstance(stmt, cst.If) or not isinstance(stmt.test, cst.Comparison):
+        return False
+    test = stmt.test
+    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    left, right = test.left, test.comparisons[0].comparator
+    names = {n.value for n in (left, right) if isinstance(n, cst.Name)}
+    strings = {string_value(n) for n in (left, right)}
+    return names == {"__name__"} and "__main__" in strings
+
+
+def _calls_name(node: cst.CSTNode, name: str) -> bool:
+    for n in walk(node):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name:
+            return True
+    return False
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _holds_import(stmt: cst.CSTNode) -> bool:
+    return any(isinstance(n, (cst.Import, cst.ImportFrom)) for n in walk(stmt))
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+def is_switch_line(rule: Rule, stmt: cst.CSTNode) -> bool:
+    """A line that sets a backend switch: `torch.backends.... = ...` or `torch.set_float32_matmul_precision(...)`."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        q = torch_name(rule, small.targets[0].target) if isinstance(small.targets[0].target, cst.Attribute) else None
+        return bool(q and q.startswith("torch.backends."))
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return callee(rule, small.value) == SET_PRECISION
+    return False
+
+
+def _trains(node: cst.CSTNode) -> bool:
+    for n in walk(node):
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward", "step"):
+            return True
+    return False
+
+
+def _block_anchor(rule: Rule, body: list[cst.BaseStatement] | tuple, prog: Program) -> None:
+    """First statement of a block (after a docstring and existing switch lines)."""
+    i = 0
+    if body and _is_docstring(body[0]):
+        i = 1
+    while i < len(body) and is_switch_line(rule, body[i]):
+        i += 1
+    if i > 0:
+        prog.anchor, prog.anchor_after = body[i - 1], True
+    elif body:
+        prog.anchor, prog.anchor_after = body[0], False
+
+
+def _find_entry(rule: Rule, module: cst.Module, prog: Program) -> None:
+    body = list(module.body)
+    funcs = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+    guard = next((s for s in body if _is_main_guard(s)), None)
+    top_main_call = any(isinstance(s, cst.SimpleStatementLine) and _calls_name(s, "main") for s in body)
+    main = funcs.get("main")
+    if main is not None and ((guard is not None and _calls_name(guard, "main")) or top_main_call):
+        if isinstance(main.body, cst.IndentedBlock):
+            prog.entry = "`main()` is called when the script runs"
+            _block_anchor(rule, list(main.body.body), prog)
+        return
+    if guard is not None:
+        if isinstance(guard.body, cst.IndentedBlock):
+            prog.entry = 'the `if __name__ == "__main__":` block'
+            _block_anchor(rule, list(guard.body.body), prog)
+        return
+    if not any(isinstance(s, (cst.For, cst.While)) and _trains(s) for s in body):
+        return
+    prog.entry = "a module-level training loop"
+    last = None
+    for i, stmt in enumerate(body):
+        if _is_import_line(stmt) or (isinstance(stmt, (cst.Try, cst.If)) and _holds_import(stmt)):
+            last = i
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With)):
+            break
+    if last is None:
+        return
+    while last + 1 < len(body) and is_switch_line(rule, body[last + 1]):
+        last += 1
+    prog.anchor, prog.anchor_after = body[last], True
+
+
+def insertion(prog: Program, line: cst.BaseStatement) -> cst.FlattenSentinel:
+    """The anchor statement together with ``line`` in the right order."""
+    assert prog.anchor is not None
+    pair = [prog.anchor, line] if prog.anchor_after else [line, prog.anchor]
+    return cst.FlattenSentinel(pair)

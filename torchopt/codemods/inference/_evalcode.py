@@ -1,0 +1,216 @@
+"""Recognising evaluation code (rules.md INF-001 detection): functions named like evaluation, loops
+over loaders named like validation data, model forwards, training steps, grad-mode contexts."""
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from torchopt.codemods._torch import callee, dotted, has_star, positional, walk
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Rule
+
+EVAL_FUNCTION = re.compile(
+    r"^_*(?:(?:evaluate|eval|validate|validation|val|predict|infer|inference)(?:_\w+)?|test"
+    r"|\w+_(?:evaluate|eval|validate|validation|predict|infer|inference))$")
+EVAL_WORDS = {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "dev", "holdout"}
+EVAL_PREFIXES = ("val", "valid", "test", "eval", "dev")
+LOADER_SUFFIXES = ("loader", "dl", "dataloader", "iter", "batches", "data", "set", "ds")
+MODEL_WORDS = ("model", "net", "encoder", "decoder", "classifier", "backbone", "teacher", "student",
+               "generator", "discriminator", "head", "policy", "critic")
+GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
+            "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
+GRAD_ON = {"torch.enable_grad", "torch.set_grad_enabled", "torch.autograd.grad_mode.enable_grad",
+           "torch.autograd.grad_mode.set_grad_enabled", "torch.autograd.grad", "torch.autograd.backward",
+           "torch.func.grad", "torch.autograd.functional.jacobian"}
+_TRAIN_METHODS = {"backward", "step", "zero_grad", "requires_grad_", "retain_grad"}
+
+
+def eval_loader_name(name: str) -> bool:
+    low = name.lower()
+    parts = [p for p in re.split(r"[_\d]+", low) if p]
+    if any(p in EVAL_WORDS for p in parts):
+        return True
+    return any(low.startswith(p) and low[len(p):] in LOADER_SUFFIXES for p in EVAL_PREFIXES)
+
+
+def model_name(name: str) -> bool:
+    low = name.lower()
+    return any(w in low for w in MODEL_WORDS)
+
+
+
+
+class EvalRule(Rule):
+    """Shared analysis; the subclasses decide what to report."""
+
+    def forward_calls(self, body: cst.CSTNode) -> list[tuple[cst.Call, str]]:
+        """Calls of a model in ``body``: ``model(x)``, ``self.net(x)``, ``model.forward(x)``."""
+        out = []
+        for n in walk(body):
+            if not isinstance(n, cst.Call):
+                continue
+            func = n.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "generate"):
+                func = func.value
+            d = dotted(func)
+            if d is None or callee(self, n) is not None:
+                continue
+            last = d.rsplit(".", 1)[-1]
+            if not model_name(last):
+                continue
+            if isinstance(func, cst.Name) and self._is_function_name(func):
+                continue
+            out.append((n, d))
+        return out
+
+    def _is_function_name(self, name: cst.Name) -> bool:
+        """``name`` is bound by a def or a class in the file (``build_model(...)`` is not a forward)."""
+        defs = getattr(self, "_defs", None)
+        if defs is None:
+            defs = self._defs = {n.name.value for n in walk(self.ctx.module, cross_scopes=True)
+                                 if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
+        return name.value in defs
+
+    def trains(self, body: cst.CSTNode) -> cst.CSTNode | None:
+        """The first node in ``body`` that computes or needs gradients (None: none)."""
+        for n in walk(body):
+            if isinstance(n, cst.Call):
+                q = callee(self, n)
+                if q in GRAD_ON:
+                    return n
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value in _TRAIN_METHODS:
+                    return n
+            elif isinstance(n, cst.Attribute) and n.attr.value in ("requires_grad", "grad", "grad_fn"):
+                return n
+        return None
+
+    def grad_off_call(self, expr: cst.BaseExpression) -> str | None:
+        """``torch.no_grad()`` / ``torch.inference_mode()`` / ``torch.set_grad_enabled(False)``."""
+        if not isinstance(expr, cst.Call):
+            return None
+        q = callee(self, expr)
+        if q in GRAD_OFF:
+            return q
+        if q in ("torch.set_grad_enabled", "torch.autograd.grad_mode.set_grad_enabled"):
+            args = positional(expr)
+            if args and isinstance(args[0].value, cst.Name) and args[0].value.value == "False":
+                return q
+        return None
+
+    def decorated_grad_off(self, fn: cst.FunctionDef) -> bool:
+        for d in fn.decorators:
+            if self.grad_off_call(d.decorator) is not None:
+                return True
+            if isinstance(d.decorator, (cst.Name, cst.Attribute)) and \
+                    (dotted(d.decorator) or "").rsplit(".", 1)[-1] in ("no_grad", "inference_mode"):
+                return True
+        return False
+
+    def in_grad_off(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` runs under no_grad/inference_mode (a `with` around it or a decorator)."""
+        cur = self.get_metadata(ParentProvider, node, None)
+        while cur is not None:
+            if isinstance(cur, cst.With) and any(self.grad_off_call(i.item) for i in cur.items):
+                return True
+            if isinstance(cur, cst.FunctionDef):
+                if self.decorated_grad_off(cur):
+                    return True
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return False
+
+    def is_method(self, fn: cst.FunctionDef) -> bool:
+        """A function defined in a class body: a `predict` method of a module is part of its forward."""
+        parent = self.get_metadata(ParentProvider, fn, None)
+        while isinstance(parent, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            parent = self.get_metadata(ParentProvider, parent, None)
+        return isinstance(parent, cst.ClassDef)
+
+    def called_from_training(self, fn: cst.FunctionDef) -> bool:
+        """Some call of ``fn`` sits in a function that looks like a forward or a training step."""
+        for call in self.calls_to(fn.name.value):
+            outer = self.enclosing_function(call)
+            if outer is None:
+                continue
+            name = outer.name.value.lower()
+            if name in ("forward", "__call__", "step") or "train" in name or "loss" in name or "fit" in name:
+                return True
+        return False
+
+    def enclosing_function(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        cur = self.get_metadata(ParentProvider, node, None)
+        while cur is not None:
+            if isinstance(cur, cst.FunctionDef):
+                return cur
+            if isinstance(cur, (cst.ClassDef, cst.Lambda)):
+                return None
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return None
+
+    def scope_body(self, node: cst.CSTNode) -> cst.CSTNode:
+        fn = self.enclosing_function(node)
+        return fn.body if fn is not None else self.ctx.module
+
+    def loop_iter_name(self, loop: cst.For) -> str | None:
+        it = loop.iter
+        for _ in range(3):
+            if isinstance(it, cst.Call) and not has_star(it) and positional(it):
+                name = dotted(it.func) or ""
+                if name.rsplit(".", 1)[-1] in ("enumerate", "tqdm", "track", "iter", "zip"):
+                    it = positional(it)[0].value
+                    continue
+            break
+        d = dotted(it)
+        return d.rsplit(".", 1)[-1] if d else None
+
+    def functions(self) -> dict[str, cst.FunctionDef]:
+        out: dict[str, cst.FunctionDef] = {}
+        for n in walk(self.ctx.module, cross_scopes=True):
+            if isinstance(n, cst.FunctionDef):
+                out.setdefault(n.name.value, n)
+        return out
+
+    def calls_to(self, name: str) -> list[cst.Call]:
+        """Calls ``name(...)`` and ``self.name(...)`` in the file, in walk order."""
+        module = self.ctx.module
+        hit = self.__dict__.get("_calls_to_memo")
+        if hit is None or hit[0] is not module:  # one walk per parse, indexed by the called name
+            index: dict[str, list[cst.Call]] = {}
+            for n in walk(module, cross_scopes=True):
+                if not isinstance(n, cst.Call):
+                    continue
+                if isinstance(n.func, cst.Name):
+                    index.setdefault(n.func.value, []).append(n)
+                elif isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) \
+                        and n.func.value.value == "self":
+                    index.setdefault(n.func.attr.value, []).append(n)
+            hit = self._calls_to_memo = (module, index)
+        return list(hit[1].get(name, ()))
+
+    def statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        cur: cst.CSTNode | None = node
+        while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return cur if cur is not None else node
+
+    def assigned_names(self, node: cst.CSTNode) -> set[str]:
+        out = set()
+        for n in walk(node):
+            if isinstance(n, cst.AssignTarget):
+                out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
+            elif isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name):
+                out.add(n.target.value)
+            elif isinstance(n, cst.For):
+                out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
+        return out
+
+    def backward_uses(self, scope: cst.CSTNode) -> set[str]:
+        """Names that appear in a backward pass or `autograd.grad` call in ``scope``."""
+        out: set[str] = set()
+        for n in walk(scope):
+            if isinstance(n, cst.Call):
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
+                    out |= {x.value for x in walk(n, cross_scopes=True) if isinstance(x, cst.Name)}
+                elif callee(self, n) in ("torch.autograd.grad", "torch.autograd.backward"):
+                    out |= {x.value for x in walk(n, cross_scopes=True) if isinstance(x, cst.Name)}
+        return out

@@ -1,0 +1,95 @@
+"""TOP303: pad sequence lengths to a multiple of 8 (rules.md PAD-003). Advice only."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.codemods._torch import callee, has_star, keywords, positional, qualified_names
+from torchopt.codemods.pad import FAMILY
+from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+
+_HF_COLLATORS = {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
+                 "DataCollatorForLanguageModeling"}
+
+
+class PadSequenceLength(Rule):
+    """## What it does
+    Reports batches padded to their longest sequence: `torch.nn.utils.rnn.pad_sequence(...)`, and
+    the Hugging Face collators (`DataCollatorWithPadding`, `DataCollatorForSeq2Seq`,
+    `DataCollatorForTokenClassification`, `DataCollatorForLanguageModeling`) built without
+    `pad_to_multiple_of`. Advice only: no fix is applied.
+
+    ## Why is this slow
+    The sequence length is a GEMM dimension of every projection and of the attention scores. A
+    batch whose longest sequence is 37 runs all of them off the multiple-of-8 grid that fp16/bf16
+    Tensor Cores use; padding to 40 costs a few extra positions and keeps the fast kernels. It also
+    makes the set of shapes smaller, which helps `cudnn.benchmark` and `torch.compile`.
+
+    ## Example
+    ```python
+    from torch.nn.utils.rnn import pad_sequence
+
+    def collate(batch):
+        ids = pad_sequence([b["ids"] for b in batch], batch_first=True, padding_value=PAD)
+        labels = pad_sequence([b["labels"] for b in batch], batch_first=True, padding_value=-100)
+        return ids, labels
+    ```
+
+    ## Use instead
+    A `collate_fn` that pads to a multiple of 8 and extends the attention mask and the labels:
+    ```python
+    import torch
+    import torch.nn.functional as F
+
+    def collate_multiple_of_8(batch, pad_id=0, ignore_index=-100, multiple=8):
+        ids = [b["ids"] for b in batch]
+        labels = [b["labels"] for b in batch]
+        longest = max(len(x) for x in ids)
+        length = (longest + multiple - 1) // multiple * multiple
+        input_ids = torch.stack([F.pad(x, (0, length - len(x)), value=pad_id) for x in ids])
+        target = torch.stack([F.pad(y, (0, length - len(y)), value=ignore_index) for y in labels])
+        mask = torch.stack([F.pad(torch.ones(len(x), dtype=torch.bool), (0, length - len(x))) for x in ids])
+        return input_ids, mask, target
+    ```
+    With Hugging Face: `DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)`, or
+    `tokenizer(..., padding=True, pad_to_multiple_of=8)`.
+
+    ## Fix safety
+    Display only. Padding is exact only when every added position is masked out: the attention
+    mask (or `key_padding_mask`) must cover it, the loss must ignore it (`ignore_index`), and
+    pooling or "last token" logic must use the real lengths. Models without a mask (a plain
+    causal LM reading `ids[:, -1]`) would see the pad tokens, which is why torchopt does not
+    rewrite collators.
+    """
+
+    code = "TOP303"
+    name = "unpadded-sequence-length"
+    family = FAMILY
+    message = "`{what}` pads each batch to its longest sequence; pad to a multiple of 8 (with the masks extended)"
+    safety = Safety.DISPLAY
+    prefilter = ("pad_sequence", "DataCollator")
+
+    examples = (
+        Invalid("from torch.nn.utils.rnn import pad_sequence\n\n\ndef collate(batch):\n"
+                "    return pad_sequence(batch, batch_first=True)\n", after=None),
+        Invalid("import torch\n\nx = torch.nn.utils.rnn.pad_sequence([torch.ones(3), torch.ones(5)])\n",
+                after=None, runnable=True),
+        Invalid("from transformers import DataCollatorWithPadding\n\ncollator = DataCollatorWithPadding(tok)\n",
+                after=None),
+        Valid("from transformers import DataCollatorWithPadding\n\n"
+              "collator = DataCollatorWithPadding(tok, pad_to_multiple_of=8)\n"),
+        Valid("def pad_sequence(xs):\n    return xs\n\nx = pad_sequence([1, 2])\n", runnable=True),
+    )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = callee(self, node)
+        if name in ("torch.nn.utils.rnn.pad_sequence",):
+            self.report(node, fmt={"what": "pad_sequence(...)"})
+            return
+        if isinstance(node.func, (cst.Name, cst.Attribute)):
+            for q in qualified_names(self, node.func):
+                parts = q.split(".")
+                if parts[0] == "transformers" and parts[-1] in _HF_COLLATORS:
+                    if has_star(node) or "pad_to_multiple_of" in keywords(node) or len(positional(node)) >= 4:
+                        return
+                    self.report(node, fmt={"what": f"{parts[-1]}(...)"})
+                    return
