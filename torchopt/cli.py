@@ -56,6 +56,8 @@ FormatOpt = typer.Option("text", "--output-format", help="text | json | sarif | 
 StdinNameOpt = typer.Option(None, "--stdin-filename", help="Path used for config and messages when reading stdin.")
 ConfigOpt = typer.Option(None, "--config", help="Use this pyproject.toml instead of the nearest one.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="Print diagnostics and diffs only, no summary.")
+NoCacheOpt = typer.Option(False, "--no-cache", help="Analyse every file again; do not read or write the cache.")
+CacheDirOpt = typer.Option(None, "--cache-dir", help="Cache folder (default: $TORCHOPT_CACHE_DIR, else .torchopt_cache next to the pyproject.toml, else ~/.cache/torchopt).")
 
 
 class _Usage(Exception):
@@ -91,13 +93,27 @@ def _progress(total: int):
     return prog, lambda n: prog.advance(task, n)
 
 
-def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int]) -> list[FileResult]:
+def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir: Optional[str]):  # type: ignore[no-untyped-def]
+    """The result cache (see torchopt/rewrite/cache.py for where it lives); None with --no-cache or
+    when it cannot be created."""
+    if no_cache:
+        return None
+    from torchopt.rewrite.cache import Cache, default_dir
+
+    settings = resolver.for_path(paths[0] if paths else ".")
+    root = os.path.dirname(os.path.abspath(settings.config_path)) if settings.config_path else None
+    return Cache.open(default_dir(root, cache_dir))
+
+
+def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int], no_cache: bool = True,
+               cache_dir: Optional[str] = None) -> list[FileResult]:
     files = discover(paths, resolver.for_path)
+    cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
     if prog is None:
-        return run(files, resolver.for_path, mode, jobs, on_progress=advance)
+        return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
     with prog:
-        return run(files, resolver.for_path, mode, jobs, on_progress=advance)
+        return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
 
 
 def _read_stdin(name: str) -> tuple[FileResult | None, source.SourceText | None]:
@@ -154,6 +170,8 @@ def rewrite(
     validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY.py",
                                            help="Run ENTRY.py before and after (rewritten files served from memory) and write only fixes that keep it computing the same thing."),
     steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
+    no_cache: bool = NoCacheOpt,
+    cache_dir: Optional[str] = CacheDirOpt,
 ) -> None:
     """Apply fixes in place (safe ones by default) and print a summary."""
     try:
@@ -171,7 +189,7 @@ def rewrite(
             resolver = _validated_resolver(paths, resolver, validate, unsafe_fixes, steps, select, ignore, config)
             if resolver is None:
                 raise typer.Exit(EXIT_PENDING)
-        results = _run_files(paths, resolver, mode, jobs)
+        results = _run_files(paths, resolver, mode, jobs, no_cache, cache_dir)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
@@ -270,6 +288,11 @@ def check_cmd(
     stdin_filename: Optional[str] = StdinNameOpt,
     config: Optional[str] = ConfigOpt,
     quiet: bool = QuietOpt,
+    no_cache: bool = NoCacheOpt,
+    cache_dir: Optional[str] = CacheDirOpt,
+    profile: Optional[str] = typer.Option(
+        None, "--profile", help="A torch.profiler Chrome trace (recorded with with_stack=True): attach the "
+        "synchronisations it recorded to the SYNC diagnostics of the functions that ran them."),
 ) -> None:
     """Report every diagnostic, fixable or not. Exit 1 when there is any."""
     try:
@@ -285,11 +308,19 @@ def check_cmd(
                 settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
                 results = [process_text(src.text, name, settings, Mode.CHECK)]
         else:
-            results = _run_files(paths, resolver, Mode.CHECK, jobs)
+            results = _run_files(paths, resolver, Mode.CHECK, jobs, no_cache, cache_dir)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
     diags = [d for r in results if r for d in r.diagnostics]
+    if profile is not None:
+        from torchopt.codemods.sync._profile import ProfileError, apply_profile
+
+        try:
+            diags = apply_profile(profile, diags)
+        except ProfileError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(EXIT_ERROR)
     sys.stdout.write(report.render(diags, output_format))
     n_failed = _print_failures([r for r in results if r])
     if not quiet and output_format == "text":
@@ -303,6 +334,20 @@ def check_cmd(
     if n_failed:
         raise typer.Exit(EXIT_ERROR)
     raise typer.Exit(EXIT_PENDING if diags else EXIT_OK)
+
+
+# lsp -------------------------------------------------------------------------------------------
+
+
+@app.command("lsp")
+def lsp_cmd() -> None:
+    """Run the language server on stdio (needs pygls 2: the `lsp` extra); see docs/editors.md."""
+    try:
+        from torchopt.lsp.server import main as serve
+    except ImportError as exc:
+        _err(f"error: `torchopt lsp` needs pygls 2: pip install 'torchopt[lsp]' ({exc})")
+        raise typer.Exit(EXIT_ERROR)
+    serve()
 
 
 # rules / rule ----------------------------------------------------------------------------------
@@ -353,6 +398,7 @@ def validate_cmd(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="An argument for the script (also: after `--`)."),
     config: Optional[str] = ConfigOpt,
+    transplant: bool = typer.Option(False, "--transplant", help="Start the rewritten run from the original's weights, zero-padded (automatic after padding fixes, TOP301/TOP302)."),
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
     Exit 0 equivalent, 1 diverged, 2 could not run."""
@@ -373,7 +419,8 @@ def validate_cmd(
                 raise _Usage("--device cuda: no CUDA device is available here (use --device cpu or auto)")
 
         out = validate(before, after, settings, unsafe=settings.unsafe_fixes, steps=steps, device=device,
-                       argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout)
+                       argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout,
+                       transplant=transplant)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
@@ -382,6 +429,33 @@ def validate_cmd(
         raise typer.Exit(EXIT_ERROR)
     sys.stdout.write(json.dumps(out.json, indent=2) + "\n" if json_out else out.text)
     raise typer.Exit(out.exit_code)
+
+
+@app.command("migrate")
+def migrate_cmd(
+    repos: Optional[List[str]] = typer.Argument(None, help="Git repositories (their top folders)."),
+    repos_file: Optional[str] = typer.Option(None, "--repos-file", metavar="FILE", help="More repositories, one per line (# comments; relative to FILE's folder)."),
+    out: str = typer.Option("torchopt-migrate", "--out", help="Folder for patches, report.md, report.json and the --resume state."),
+    branch: str = typer.Option("torchopt/migrate", "--branch", help="With --commit: the branch to create in each repository."),
+    commit: bool = typer.Option(False, "--commit", help="Commit the rewrite on a new branch (made in a scratch worktree; your checkout is not touched)."),
+    validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY", help="Run ENTRY (relative to each repository) before and after; keep only fixes that pass."),
+    steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
+    select: Optional[List[str]] = SelectOpt,
+    ignore: Optional[List[str]] = IgnoreOpt,
+    unsafe_fixes: Optional[bool] = UnsafeOpt,
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Repositories migrated at once (default: CPU count); a single repository's files share them."),
+    resume: bool = typer.Option(False, "--resume", help="Skip repositories an earlier run with the same options finished."),
+    allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Migrate repositories with uncommitted changes too."),
+    executor: str = typer.Option("local", "--executor", help="local | ray"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (auto, ray://HOST:10001); default: a local Ray."),
+    quiet: bool = QuietOpt,
+) -> None:
+    """Migrate many git repositories: a patch per repository (or a commit on a branch) and a report.
+    Exit 0 nothing to change or all committed, 1 patches written, 2 a repository or file failed."""
+    from torchopt.migrate.command import run_command
+
+    raise typer.Exit(run_command(repos or [], repos_file, out, branch, commit, validate, steps, select, ignore,
+                                 unsafe_fixes, jobs, resume, allow_dirty, executor, ray_address, quiet))
 
 
 def split_script_args(argv: list[str]) -> list[str]:

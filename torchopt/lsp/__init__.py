@@ -1,0 +1,1 @@
+"""The torchopt language server (`torchopt lsp`; needs the `torchopt[lsp]` extra: pygls 2)."""

@@ -1,0 +1,3 @@
+from torchopt.lsp.server import main
+
+main()

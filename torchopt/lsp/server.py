@@ -1,0 +1,514 @@
+"""`torchopt lsp`: a language server on pygls 2 over stdio.
+
+It uses only the engine's pure functions (check_source / fix_source on the editor's text): no file
+discovery, no process pool, and it never writes a file (fixes go back to the editor as edits).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from lsprotocol import types as lsp
+from pygls.lsp.server import LanguageServer
+
+from torchopt import __version__
+from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
+from torchopt.rewrite.config import ConfigError, Overrides, Resolver, Settings
+from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
+from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.selection import SelectorError, expand_all
+from torchopt.rewrite.source import is_generated
+
+log = logging.getLogger("torchopt.lsp")
+
+SOURCE = "torchopt"
+# Where `codeDescription.href` points: the generated rule pages (docs/rules/CODE.md) of the
+# repository. Clients may override it with the initialization option `ruleUrl` ("...{code}...").
+RULE_URL = "https://github.com/torchopt/torchopt/blob/main/docs/rules/{code}.md"
+FIX_ALL = "source.fixAll.torchopt"
+# Deliberately not under `source.fixAll`: editors run every `source.fixAll.*` action on save, and
+# unsafe fixes must only ever be applied on request.
+FIX_ALL_UNSAFE = "source.unsafeFixAll.torchopt"
+DEBOUNCE_S = 0.05
+
+
+@dataclass
+class Doc:
+    uri: str
+    path: str
+    text: str
+    version: int | None
+    # The last text that parsed, and its diagnostics (kept while the user types broken code).
+    checked_text: str | None = None
+    diags: list[Diagnostic] = field(default_factory=list)
+    broken: bool = False
+    task: asyncio.Task | None = None
+    _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
+
+    def lines(self, text: str) -> Lines:
+        cache = self._lines_cache
+        hit = cache.get(text)
+        if hit is None:
+            cache.clear()  # keeps at most the texts asked for since the last change
+            hit = cache[text] = Lines(text)
+        return hit
+
+
+@dataclass
+class ClientOptions:
+    """`initializationOptions`: select / ignore / unsafeFixes like the CLI flags, plus debounceMs
+    and ruleUrl."""
+
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] = ()
+    unsafe_fixes: bool | None = None
+    debounce_s: float = DEBOUNCE_S
+    rule_url: str = RULE_URL
+
+    @classmethod
+    def parse(cls, raw: Any) -> tuple["ClientOptions", list[str]]:
+        opts, problems = cls(), []
+        if not isinstance(raw, dict):
+            return opts, problems
+        raw = raw.get("torchopt", raw) if isinstance(raw.get("torchopt"), dict) else raw
+
+        def selectors(key: str) -> tuple[str, ...] | None:
+            val = raw.get(key)
+            if val is None:
+                return None
+            if isinstance(val, str):
+                val = [v for v in val.split(",") if v.strip()]
+            try:
+                if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
+                    raise SelectorError(f"must be a list of rule selectors, got {val!r}")
+                expand_all(val)
+            except SelectorError as exc:
+                problems.append(f"initializationOptions.{key}: {exc}")
+                return None
+            return tuple(v.strip() for v in val)
+
+        opts.select = selectors("select")
+        opts.ignore = selectors("ignore") or ()
+        for key in ("unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe"):
+            if isinstance(raw.get(key), bool):
+                opts.unsafe_fixes = raw[key]
+        if isinstance(raw.get("debounceMs"), (int, float)) and raw["debounceMs"] >= 0:
+            opts.debounce_s = raw["debounceMs"] / 1000
+        if isinstance(raw.get("ruleUrl"), str):
+            opts.rule_url = raw["ruleUrl"]
+        return opts, problems
+
+    def overrides(self) -> Overrides:
+        return Overrides(select=self.select, ignore=self.ignore, unsafe_fixes=self.unsafe_fixes)
+
+
+def uri_to_path(uri: str, root: str) -> str:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        path = unquote(parsed.path)
+        if os.name == "nt" and len(path) > 2 and path[0] == "/" and path[2] == ":":
+            path = path[1:]
+        return os.path.normpath(path)
+    # Unsaved buffers (untitled:...) take the settings of the workspace folder.
+    return os.path.join(root, "untitled.py")
+
+
+@functools.lru_cache(maxsize=None)
+def rule_page(code: str) -> str:
+    from torchopt.rewrite.ruledoc import render
+
+    return render(all_rules()[code])
+
+
+class TorchoptServer(LanguageServer):
+    def __init__(self) -> None:
+        super().__init__("torchopt", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        self.docs: dict[str, Doc] = {}
+        self.options = ClientOptions()
+        self.resolver = Resolver(self.options.overrides())
+        self.root = os.getcwd()
+        # One worker: analyses run off the event loop (so new edits are read while one runs) and
+        # never pile up; stale results are dropped by version.
+        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchopt-engine")
+        self._good_settings: dict[str, Settings] = {}
+        self._config_errors: set[str] = set()
+
+    # plumbing -----------------------------------------------------------------------------------
+
+    @property
+    def encoding(self) -> str:
+        enc = self.workspace.position_encoding if self.protocol._workspace is not None else None
+        return str(getattr(enc, "value", enc) or UTF16)
+
+    def log_line(self, message: str, kind: lsp.MessageType = lsp.MessageType.Info) -> None:
+        self.window_log_message(lsp.LogMessageParams(type=kind, message=message))
+
+    def settings_for(self, path: str) -> Settings:
+        folder = os.path.dirname(path)
+        try:
+            s = self.resolver.for_path(path)
+        except ConfigError as exc:
+            msg = str(exc)
+            if msg not in self._config_errors:
+                self._config_errors.add(msg)
+                self.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning,
+                                                               message=f"torchopt: {msg}"))
+                self.log_line(f"configuration error: {msg}", lsp.MessageType.Warning)
+            return self._good_settings.get(folder) or self.options.overrides().apply(Settings(root=self.root))
+        self._good_settings[folder] = s
+        return s
+
+    def reload_settings(self) -> None:
+        self.resolver = Resolver(self.options.overrides())
+        self._config_errors.clear()
+
+    async def run(self, fn, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.engine, functools.partial(fn, *args, **kwargs))
+
+    # analysis -------------------------------------------------------------------------------------
+
+    async def analyse(self, doc: Doc) -> bool:
+        """Check the document's current text; True when its diagnostics are now current."""
+        text, version = doc.text, doc.version
+        if doc.checked_text == text and not doc.broken:
+            return True
+        settings = self.settings_for(doc.path)
+        if is_generated(text) or (settings.max_file_size and len(text) > settings.max_file_size):
+            # What `torchopt check` skips (marked @generated, over `max-file-size`) shows nothing here.
+            doc.broken, doc.checked_text, doc.diags = False, text, []
+            return True
+        try:
+            result = await self.run(check_source, text, settings, doc.path)
+        except ParseError as exc:
+            if doc.text == text and not doc.broken:
+                doc.broken = True
+                self.log_line(f"{doc.path}: {exc}; keeping the last diagnostics until it parses")
+            return False
+        except Exception as exc:  # a rule's bug must not take the server down
+            self.log_line(f"{doc.path}: internal error: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
+            return False
+        if doc.text != text or doc.version != version:
+            return False  # edited meanwhile; a newer analysis is scheduled
+        doc.broken = False
+        doc.checked_text, doc.diags = text, result.diagnostics
+        return True
+
+    async def analyse_and_publish(self, doc: Doc, delay: float = 0.0) -> None:
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            if await self.analyse(doc) and self.docs.get(doc.uri) is doc:
+                self.publish(doc)
+        except asyncio.CancelledError:
+            pass
+
+    def schedule(self, doc: Doc, delay: float) -> None:
+        if doc.task is not None and not doc.task.done():
+            doc.task.cancel()
+        doc.task = asyncio.ensure_future(self.analyse_and_publish(doc, delay))
+
+    def publish(self, doc: Doc) -> None:
+        assert doc.checked_text is not None
+        lines = doc.lines(doc.checked_text)
+        out = [self.to_lsp(d, lines) for d in doc.diags]
+        self.text_document_publish_diagnostics(
+            lsp.PublishDiagnosticsParams(uri=doc.uri, version=doc.version, diagnostics=out))
+
+    def lsp_range(self, d: Diagnostic, lines: Lines) -> lsp.Range:
+        enc = self.encoding
+        sl, sc = lines.to_client(d.line - 1, d.column - 1, enc)
+        el, ec = lines.to_client(d.end_line - 1, d.end_column - 1, enc)
+        return lsp.Range(start=lsp.Position(sl, sc), end=lsp.Position(el, ec))
+
+    def to_lsp(self, d: Diagnostic, lines: Lines) -> lsp.Diagnostic:
+        if d.fix is None:
+            severity, fix = lsp.DiagnosticSeverity.Hint, None
+        elif d.fix.safety == "safe":
+            severity, fix = lsp.DiagnosticSeverity.Warning, "safe"
+        else:
+            severity, fix = lsp.DiagnosticSeverity.Information, "unsafe"
+        message = d.message
+        if d.fix is not None and d.fix.safety == "unsafe":
+            message += f" (unsafe fix: {d.fix.changes()})" if d.fix.changes() else " (unsafe fix)"
+        return lsp.Diagnostic(
+            range=self.lsp_range(d, lines),
+            message=message,
+            severity=severity,
+            code=d.code,
+            code_description=lsp.CodeDescription(href=self.options.rule_url.format(code=d.code)),
+            source=SOURCE,
+            data={"code": d.code, "line": d.line, "column": d.column, "fix": fix,
+                  "title": d.fix.title if d.fix else None},
+        )
+
+    async def current(self, doc: Doc) -> tuple[str, list[Diagnostic]] | None:
+        """Diagnostics for the document's current text (None while it does not parse)."""
+        if doc.task is not None and not doc.task.done():
+            doc.task.cancel()
+        if not await self.analyse(doc) or doc.checked_text is None:
+            return None
+        if doc.checked_text != doc.text:
+            return None
+        self.publish(doc)  # the pending debounced publish was cancelled above
+        return doc.checked_text, doc.diags
+
+    # edits ----------------------------------------------------------------------------------------
+
+    def workspace_edit(self, doc: Doc, text: str, edits: list[Edit]) -> lsp.WorkspaceEdit:
+        lines = doc.lines(text)
+        enc = self.encoding
+        text_edits = []
+        for e in edits:
+            sl, sc = lines.offset_to_client(e.start, enc)
+            el, ec = lines.offset_to_client(e.end, enc)
+            text_edits.append(lsp.TextEdit(range=lsp.Range(lsp.Position(sl, sc), lsp.Position(el, ec)),
+                                           new_text=e.text))
+        caps = self.client_capabilities.workspace
+        versioned = bool(caps and caps.workspace_edit and caps.workspace_edit.document_changes)
+        if versioned:
+            ident = lsp.OptionalVersionedTextDocumentIdentifier(uri=doc.uri, version=doc.version)
+            return lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(text_document=ident, edits=text_edits)])
+        return lsp.WorkspaceEdit(changes={doc.uri: text_edits})
+
+    async def edit_for(self, doc: Doc, text: str, data: dict) -> list[Edit] | None:
+        """The edits of a fix action on ``text``; None when there is nothing to do or it failed."""
+        settings = self.settings_for(doc.path)
+        edits, error = await self.run(compute_edit, doc.path, text, data, settings)
+        if error:
+            self.log_line(f"{doc.path}: cannot fix: {error}", lsp.MessageType.Warning)
+        return edits
+
+
+def compute_edit(path: str, text: str, data: dict, settings: Settings) -> tuple[list[Edit] | None, str | None]:
+    """Pure (runs in the engine thread): the minimal edits of one fix action, or an error."""
+    op = data.get("op")
+    try:
+        if op == "fix":
+            code, line, column = data["code"], data["line"], data["column"]
+            hits = []
+
+            def only(d: Diagnostic) -> bool:  # this one diagnostic, in the first pass only
+                ok = not hits and d.code == code and d.line == line and d.column == column
+                if ok:
+                    hits.append(d)
+                return ok
+
+            new = fix_source(text, settings, path, unsafe=True, codes=[code], only=only).text
+        elif op in ("fixAll", "fixAllUnsafe"):
+            unsafe = True if op == "fixAllUnsafe" else settings.unsafe_fixes
+            new = fix_source(text, settings, path, unsafe=unsafe).text
+        else:
+            return None, None
+    except (ParseError, FixError) as exc:
+        return None, str(exc)
+    except Exception as exc:  # a rule's bug must not take the server down
+        return None, f"internal error: {type(exc).__name__}: {exc}"
+    return minimal_edits(text, new) or None, None
+
+
+def _kind_wanted(kind: str, only: list[str] | None) -> bool:
+    return only is None or any(kind == k or kind.startswith(k + ".") for k in only)
+
+
+def _overlaps(d: Diagnostic, lines: Lines, start: int, end: int) -> bool:
+    a = lines.offset(d.line - 1, d.column - 1)
+    b = lines.offset(d.end_line - 1, d.end_column - 1)
+    return a <= end and start <= b
+
+
+def create_server() -> TorchoptServer:
+    server = TorchoptServer()
+
+    @server.feature(lsp.INITIALIZE)
+    def initialize(ls: TorchoptServer, params: lsp.InitializeParams) -> None:
+        ls.options, problems = ClientOptions.parse(params.initialization_options)
+        for p in problems:
+            ls.log_line(p, lsp.MessageType.Warning)
+        folders = params.workspace_folders or []
+        root_uri = folders[0].uri if folders else params.root_uri
+        if root_uri:
+            ls.root = uri_to_path(root_uri, os.getcwd())
+        ls.reload_settings()
+
+    @server.feature(lsp.INITIALIZED)
+    async def initialized(ls: TorchoptServer, params: lsp.InitializedParams) -> None:
+        caps = ls.client_capabilities.workspace
+        watched = caps.did_change_watched_files if caps else None
+        if watched is not None and watched.dynamic_registration:
+            reg = lsp.Registration(
+                id="torchopt-pyproject", method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                register_options=lsp.DidChangeWatchedFilesRegistrationOptions(
+                    watchers=[lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml")]))
+            try:
+                await ls.client_register_capability_async(lsp.RegistrationParams(registrations=[reg]))
+            except Exception as exc:  # the client said no; settings then reload on save only
+                ls.log_line(f"could not watch pyproject.toml files: {exc}", lsp.MessageType.Warning)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
+    async def did_open(ls: TorchoptServer, params: lsp.DidOpenTextDocumentParams) -> None:
+        td = params.text_document
+        doc = Doc(uri=td.uri, path=uri_to_path(td.uri, ls.root), text=td.text, version=td.version)
+        ls.docs[td.uri] = doc
+        ls.schedule(doc, 0.0)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
+    async def did_change(ls: TorchoptServer, params: lsp.DidChangeTextDocumentParams) -> None:
+        doc = ls.docs.get(params.text_document.uri)
+        if doc is None:
+            return
+        enc = ls.encoding
+        for ch in params.content_changes:
+            rng = getattr(ch, "range", None)
+            if rng is None:
+                doc.text = ch.text
+            else:
+                doc.text = apply_change(doc.text, (rng.start.line, rng.start.character),
+                                        (rng.end.line, rng.end.character), ch.text, enc)
+        doc.version = params.text_document.version
+        ls.schedule(doc, ls.options.debounce_s)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
+    async def did_save(ls: TorchoptServer, params: lsp.DidSaveTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        if os.path.basename(uri_to_path(uri, ls.root)) == "pyproject.toml":
+            await _settings_changed(ls)
+            return
+        doc = ls.docs.get(uri)
+        if doc is not None:
+            ls.schedule(doc, 0.0)
+
+    @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: TorchoptServer, params: lsp.DidCloseTextDocumentParams) -> None:
+        doc = ls.docs.pop(params.text_document.uri, None)
+        if doc is not None and doc.task is not None:
+            doc.task.cancel()
+        ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
+
+    async def _settings_changed(ls: TorchoptServer) -> None:
+        ls.reload_settings()
+        for doc in list(ls.docs.values()):
+            doc.checked_text = None  # force a re-check under the new settings
+            doc.broken = False
+            ls.schedule(doc, 0.0)
+
+    @server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    async def did_change_watched(ls: TorchoptServer, params: lsp.DidChangeWatchedFilesParams) -> None:
+        if any(c.uri.rstrip("/").endswith("pyproject.toml") for c in params.changes):
+            ls.log_line("pyproject.toml changed; settings reloaded")
+            await _settings_changed(ls)
+
+    @server.feature(
+        lsp.TEXT_DOCUMENT_CODE_ACTION,
+        lsp.CodeActionOptions(code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL, FIX_ALL_UNSAFE],
+                              resolve_provider=True),
+    )
+    async def code_action(ls: TorchoptServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction] | None:
+        doc = ls.docs.get(params.text_document.uri)
+        if doc is None:
+            return None
+        if params.context.trigger_kind == lsp.CodeActionTriggerKind.Automatic and doc.checked_text != doc.text:
+            # Lightbulb requests come with every cursor move while typing: wait for the debounced
+            # check (editors ask again when the diagnostics arrive) instead of checking now.
+            return None
+        cur = await ls.current(doc)
+        if cur is None:
+            return None
+        text, diags = cur
+        lines = doc.lines(text)
+        enc = ls.encoding
+        start = lines.from_client(params.range.start.line, params.range.start.character, enc)
+        end = lines.from_client(params.range.end.line, params.range.end.character, enc)
+        only = [str(getattr(k, "value", k)) for k in params.context.only] if params.context.only else None
+        ca = ls.client_capabilities.text_document
+        resolve = ca and ca.code_action and ca.code_action.resolve_support
+        lazy = bool(resolve and "edit" in resolve.properties)
+        base = {"uri": doc.uri, "version": doc.version}
+        actions: list[tuple[lsp.CodeAction, dict | None]] = []
+        if _kind_wanted(lsp.CodeActionKind.QuickFix.value, only):
+            ignored: set[tuple[str, int]] = set()
+            for d in diags:
+                if not _overlaps(d, lines, start, end):
+                    continue
+                ld = ls.to_lsp(d, lines)
+                if d.fix is not None:
+                    title = d.fix.title or f"Fix {d.code}"
+                    if d.fix.safety == "unsafe":
+                        title += f" (unsafe: {d.fix.changes() or 'changes behaviour'})"
+                    data = {**base, "op": "fix", "code": d.code, "line": d.line, "column": d.column}
+                    actions.append((lsp.CodeAction(title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[ld],
+                                                   is_preferred=d.fix.safety == "safe"), data))
+                if (d.code, d.line) not in ignored:
+                    ignored.add((d.code, d.line))
+                    edit = ignore_edit(text, d.code, (d.line - 1, d.end_line - 1))
+                    if edit is not None:
+                        actions.append((lsp.CodeAction(title=f"Ignore {d.code} on this line",
+                                                       kind=lsp.CodeActionKind.QuickFix, diagnostics=[ld],
+                                                       edit=ls.workspace_edit(doc, text, [edit])), None))
+        settings = ls.settings_for(doc.path)
+        has_safe = any(d.fix is not None and d.fix.safety == "safe" for d in diags)
+        has_unsafe = any(d.fix is not None and d.fix.safety == "unsafe" for d in diags)
+        if has_safe or (has_unsafe and settings.unsafe_fixes):
+            if _kind_wanted(FIX_ALL, only):
+                actions.append((lsp.CodeAction(title="torchopt: fix all (safe fixes)" if not settings.unsafe_fixes
+                                               else "torchopt: fix all (unsafe fixes enabled)",
+                                               kind=FIX_ALL), {**base, "op": "fixAll"}))
+        if has_unsafe and not settings.unsafe_fixes and _kind_wanted(FIX_ALL_UNSAFE, only):
+            actions.append((lsp.CodeAction(title="torchopt: fix all, unsafe fixes too", kind=FIX_ALL_UNSAFE),
+                            {**base, "op": "fixAllUnsafe"}))
+        out = []
+        for action, data in actions:
+            if data is not None:
+                if lazy:
+                    action.data = data
+                else:
+                    edits = await ls.edit_for(doc, text, data)
+                    if edits is None:
+                        continue
+                    action.edit = ls.workspace_edit(doc, text, edits)
+            out.append(action)
+        return out
+
+    @server.feature(lsp.CODE_ACTION_RESOLVE)
+    async def code_action_resolve(ls: TorchoptServer, action: lsp.CodeAction) -> lsp.CodeAction:
+        data = action.data if isinstance(action.data, dict) else {}
+        doc = ls.docs.get(data.get("uri", ""))
+        if doc is None or doc.version != data.get("version"):
+            return action  # the document changed: no edit rather than a stale one
+        text = doc.text
+        edits = await ls.edit_for(doc, text, data)
+        if edits is not None and doc.text == text:
+            action.edit = ls.workspace_edit(doc, text, edits)
+        return action
+
+    @server.feature(lsp.TEXT_DOCUMENT_HOVER)
+    async def hover(ls: TorchoptServer, params: lsp.HoverParams) -> lsp.Hover | None:
+        doc = ls.docs.get(params.text_document.uri)
+        if doc is None:
+            return None
+        cur = await ls.current(doc)
+        text, diags = cur if cur is not None else (doc.checked_text, doc.diags)
+        if text is None:
+            return None
+        lines = doc.lines(text)
+        at = lines.from_client(params.position.line, params.position.character, ls.encoding)
+        hits = [d for d in diags if _overlaps(d, lines, at, at)]
+        if not hits:
+            return None
+        codes = list(dict.fromkeys(d.code for d in hits))
+        pages = await ls.run(lambda: [rule_page(c) for c in codes])
+        return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages)),
+                         range=ls.lsp_range(hits[0], lines))
+
+    return server
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="torchopt-lsp: %(levelname)s %(message)s")
+    create_server().start_io()
