@@ -49,8 +49,23 @@ async def client(lsp_client: LanguageClient, tmp_path_factory):
     await lsp_client.shutdown_session()
 
 
+class _Published(dict):
+    """pytest-lsp stores each publishDiagnostics in ``client.diagnostics[uri]``; this also keeps every
+    one, per document, so a test can wait for the next publish of *its* document even when publishes
+    for several documents arrive in one read (waiting on the notification itself would miss those)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: dict[str, list[lsp.PublishDiagnosticsParams]] = {}
+
+    def __setitem__(self, uri: str, diagnostics) -> None:  # type: ignore[no-untyped-def]
+        super().__setitem__(uri, diagnostics)
+        self.log.setdefault(uri, []).append(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=list(diagnostics)))
+
+
 async def _init(c: LanguageClient, root: Path, spec: str, options: dict) -> None:
     c.registrations = []  # type: ignore[attr-defined]
+    c.diagnostics = _Published()
 
     @c.feature(lsp.CLIENT_REGISTER_CAPABILITY)
     def register(client: LanguageClient, params: lsp.RegistrationParams) -> None:
@@ -72,11 +87,14 @@ async def _init(c: LanguageClient, root: Path, spec: str, options: dict) -> None
 
 
 async def _publish(c: LanguageClient, uri: str, timeout: float = TIMEOUT) -> lsp.PublishDiagnosticsParams:
-    async def wait():
-        while True:
-            params = await c.wait_for_notification(lsp.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
-            if params.uri == uri:
-                return params
+    """The first publishDiagnostics for ``uri`` that arrives after this call."""
+    log = c.diagnostics.log.setdefault(uri, [])  # type: ignore[attr-defined]
+    seen = len(log)
+
+    async def wait() -> lsp.PublishDiagnosticsParams:
+        while len(log) <= seen:
+            await asyncio.sleep(0.005)
+        return log[seen]
 
     return await asyncio.wait_for(wait(), timeout)
 

@@ -208,6 +208,8 @@ class TorchoptServer(LanguageServer):
                 self.publish(doc)
         except asyncio.CancelledError:
             pass
+        except Exception as exc:  # a background task must never die silently
+            self.log_line(f"{doc.path}: internal error: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
 
     def schedule(self, doc: Doc, delay: float) -> None:
         if doc.task is not None and not doc.task.done():
