@@ -733,14 +733,9 @@ def _nodes(index: dict[type, list], *types: type) -> list:
 def ast_tree(text: str) -> _ast.Module | None:
     """CPython's AST of ``text`` (None when it does not parse), kept for the last text asked about:
     the rules' ``could_match`` of one file share one parse."""
-    if _AST_MEMO[0] is text:
-        return _AST_MEMO[1]
-    try:
-        tree = _ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-        tree = None
-    _AST_MEMO[0], _AST_MEMO[1] = text, tree
-    return tree
+    from torchopt.rewrite import pyast
+
+    return pyast.tree(text)
 
 
 def _ast_loop_under_context(tree: _ast.AST) -> bool:
@@ -996,3 +991,261 @@ def dotted(expr: cst.CSTNode | None) -> str | None:
         return None
     parts.append(expr.value)
     return ".".join(reversed(parts))
+
+
+# --------------------------------------------------------------------------- torch names on CPython's ast
+# A superset of what QualifiedNameProvider resolves through imports, for ``could_match`` pre-checks.
+
+_TORCH_IMPORT_MEMO: list = [None, None]
+
+
+def torch_import_map(text: str) -> dict[str, frozenset[str]] | None:
+    """Names an import of torch binds anywhere in the file (any scope, any branch), each with the
+    torch-qualified names it can stand for: ``import torch as T`` -> T: {torch}; ``import torch.nn``
+    -> torch: {torch}; ``import torch.nn as nn`` / ``from torch import nn`` -> nn: {torch.nn};
+    ``from torch.optim import SGD as S`` -> S: {torch.optim.SGD}. None when the text does not parse
+    or has a ``from torch... import *`` (then any name may come from torch)."""
+    if _TORCH_IMPORT_MEMO[0] is text:
+        return _TORCH_IMPORT_MEMO[1]
+    index = ast_index(text)
+    out: dict[str, set[str]] | None = None
+    if index is not None:
+        out = {}
+        for imp in index.get(_ast.Import, ()):
+            for a in imp.names:
+                if a.name.split(".")[0] != "torch":
+                    continue
+                if a.asname:
+                    out.setdefault(a.asname, set()).add(a.name)
+                else:
+                    out.setdefault("torch", set()).add("torch")
+        for imp in index.get(_ast.ImportFrom, ()):
+            if imp.level or not imp.module or imp.module.split(".")[0] != "torch":
+                continue
+            for a in imp.names:
+                if a.name == "*":
+                    out = None
+                    break
+                out.setdefault(a.asname or a.name, set()).add(f"{imp.module}.{a.name}")
+            if out is None:
+                break
+    result = None if out is None else {k: frozenset(v) for k, v in out.items()}
+    _TORCH_IMPORT_MEMO[0], _TORCH_IMPORT_MEMO[1] = text, result
+    return result
+
+
+def ast_torch_names(imports: dict[str, frozenset[str]], expr: _ast.AST | None) -> frozenset[str]:
+    """The torch-qualified names a Name/Attribute chain can stand for under ``imports`` (from
+    ``torch_import_map``): ``nn.Linear`` with nn: {torch.nn} -> {torch.nn.Linear}; empty when its
+    root is bound by no import of torch or it is not a plain chain."""
+    parts: list[str] = []
+    while isinstance(expr, _ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, _ast.Name):
+        return frozenset()
+    roots = imports.get(expr.id)
+    if not roots:
+        return frozenset()
+    if not parts:
+        return roots
+    tail = "." + ".".join(reversed(parts))
+    return frozenset(r + tail for r in roots)
+
+
+_TORCH_CALLEES_MEMO: list = [None, None]
+
+
+def torch_callees(text: str) -> frozenset[str] | None:
+    """Every torch-qualified name a call's callee (a plain Name/Attribute chain) can stand for in the
+    file, resolved through its imports (``torch_import_map``): a superset of what ``callee`` finds.
+    None when it cannot be told (the text does not parse, or a star import from torch)."""
+    if _TORCH_CALLEES_MEMO[0] is text:
+        return _TORCH_CALLEES_MEMO[1]
+    imports = torch_import_map(text)
+    result: frozenset[str] | None = None
+    if imports is not None:
+        index = ast_index(text) or {}
+        names: set[str] = set()
+        if imports:
+            for c in index.get(_ast.Call, ()):
+                root = c.func
+                while isinstance(root, _ast.Attribute):
+                    root = root.value
+                if isinstance(root, _ast.Name) and root.id in imports:
+                    names |= ast_torch_names(imports, c.func)
+        result = frozenset(names)
+    _TORCH_CALLEES_MEMO[0], _TORCH_CALLEES_MEMO[1] = text, result
+    return result
+
+
+# --------------------------------------------------------------------------- P1 pre-check helpers
+
+
+def torch_calls_to(text: str, names: Iterable[str]) -> list[_ast.Call] | None:
+    """The calls whose callee (a plain Name/Attribute chain) may resolve to one of the
+    torch-qualified ``names`` through the file's imports (``torch_import_map``): a superset of the
+    calls ``callee`` maps there. None when it cannot be told (no parse, or a star import from torch)."""
+    imports = torch_import_map(text)
+    if imports is None:
+        return None
+    wanted = set(names)
+    callees = torch_callees(text)
+    if not imports or callees is None or not (callees & wanted):
+        return []
+    index = ast_index(text) or {}
+    return [c for c in index.get(_ast.Call, ()) if ast_torch_names(imports, c.func) & wanted]
+
+
+_LOOP_CALLS_MEMO: list = [None, None]
+
+
+def ast_loop_calls(text: str) -> list[tuple[_ast.Call, _ast.AST]] | None:
+    """(call, innermost loop) for every call in the body of a ``for``/``while`` loop of its own
+    function (what ``in_loop`` finds: not crossing a function, class or lambda; a loop's ``else``,
+    iterable and condition belong to the enclosing loop). None when the text does not parse."""
+    if _LOOP_CALLS_MEMO[0] is text:
+        return _LOOP_CALLS_MEMO[1]
+    index = ast_index(text)
+    out: list[tuple[_ast.Call, _ast.AST]] | None = None
+    if index is not None:
+        # An enclosing loop starts before the loops it holds: walking each loop's body in source
+        # order and letting later (inner) loops claim their calls again leaves the innermost loop.
+        loops = sorted(_nodes(index, _ast.For, _ast.AsyncFor, _ast.While), key=lambda n: (n.lineno, n.col_offset))
+        found: dict[int, tuple[_ast.Call, _ast.AST]] = {}
+        for loop in loops:
+            stack = [s for s in loop.body if not isinstance(s, _ASCOPES)]
+            while stack:
+                cur = stack.pop()
+                if isinstance(cur, _ast.Call):
+                    found[id(cur)] = (cur, loop)
+                for child in _ast.iter_child_nodes(cur):
+                    if not isinstance(child, _ASCOPES):
+                        stack.append(child)
+        out = list(found.values())
+    _LOOP_CALLS_MEMO[0], _LOOP_CALLS_MEMO[1] = text, out
+    return out
+
+
+def may_call_torch(text: str, names: Iterable[str]) -> bool:
+    """Some call's callee may resolve to one of the torch-qualified ``names`` through the file's
+    imports (``torch_callees``); True when that cannot be told."""
+    callees = torch_callees(text)
+    return callees is None or not callees.isdisjoint(names)
+
+
+_AST_SCOPE_TYPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda, _ast.ClassDef, _ast.ListComp, _ast.SetComp,
+                    _ast.DictComp, _ast.GeneratorExp)
+def _ast_pos(n: _ast.AST) -> tuple[int, int]:
+    return (n.lineno, n.col_offset)  # type: ignore[attr-defined]
+
+
+def _ast_end(n: _ast.AST) -> tuple[int, int]:
+    return (n.end_lineno, n.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _ast_inside(node: _ast.AST, outer: _ast.AST) -> bool:
+    return _ast_pos(outer) <= _ast_pos(node) and _ast_end(node) <= _ast_end(outer)
+
+
+def ast_scope_chain(text: str, node: _ast.AST) -> list[_ast.AST] | None:
+    """The scopes ``node`` (a Name) is looked up in, innermost first: the functions, lambdas,
+    classes and comprehensions whose own part holds it (not their decorators, defaults, annotations,
+    bases or first iterable, which the enclosing scope evaluates), then the module. Found by source
+    spans, without walking the tree. None when the text does not parse."""
+    index = ast_index(text)
+    tree = ast_tree(text)
+    if index is None or tree is None:
+        return None
+    chain: list[_ast.AST] = []
+    for scope in _nodes(index, *_AST_SCOPE_TYPES):
+        if not _ast_inside(node, scope):
+            continue
+        if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)):
+            if _ast_pos(node) < _ast_pos(scope.body[0]):
+                continue
+        elif isinstance(scope, _ast.Lambda):
+            if not _ast_inside(node, scope.body):
+                continue
+        elif _ast_inside(node, scope.generators[0].iter):  # type: ignore[attr-defined]
+            continue
+        chain.append(scope)
+    chain.sort(key=lambda n: (_ast_pos(n), tuple(-x for x in _ast_end(n))), reverse=True)
+    return [*chain, tree]
+
+
+def ast_reaching_values(text: str, name: _ast.Name) -> list | None:
+    """reaching_values on CPython's ast, a superset for pre-checks: the values bound to ``name`` in
+    the nearest scope (from its own outwards, skipping class bodies for functions) that binds it:
+    an expression per plain assignment (``name = v`` / ``name: T = v``), None per other binding
+    (parameter, loop target, unpacking, augmented assignment, import, def...); ``global`` goes to the
+    module, ``nonlocal`` outwards. None overall when no scope binds it or the text does not parse."""
+    chain = ast_scope_chain(text, name)
+    if chain is None:
+        return None
+    for k, scope in enumerate(chain):
+        if k and isinstance(scope, _ast.ClassDef):
+            continue
+        found = _ast_scope_values(scope, name.id)
+        if found == "global":
+            found = _ast_scope_values(chain[-1], name.id)
+            return found if isinstance(found, list) else None
+        if found not in (None, "nonlocal"):
+            return found
+    return None
+
+
+def _ast_scope_values(scope: _ast.AST, name: str):
+    params: list = []
+    if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
+        a = scope.args
+        params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name]
+        stack = list(scope.body) if isinstance(scope.body, list) else [scope.body]
+    elif isinstance(scope, _ast.ClassDef):
+        stack = list(scope.body)
+    elif isinstance(scope, (_ast.ListComp, _ast.SetComp, _ast.GeneratorExp, _ast.DictComp)):
+        stack = [g.target for g in scope.generators] + [x for g in scope.generators for x in g.ifs]
+    else:
+        stack = list(scope.body) if isinstance(getattr(scope, "body", None), list) else []
+    out: list = [None] * len(params)
+    parent_of: dict[int, _ast.AST] = {}
+    nested = [x for x in stack if isinstance(x, _AST_SCOPE_TYPES)]
+    stack = [x for x in stack if not isinstance(x, _AST_SCOPE_TYPES)]
+    for child in nested:  # a def or class directly in the scope binds its name here
+        if isinstance(child, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)):
+            if child.name == name:
+                out.append(None)
+            stack.extend(child.decorator_list)
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, (_ast.Global, _ast.Nonlocal)) and name in cur.names:
+            return "global" if isinstance(cur, _ast.Global) else "nonlocal"
+        if isinstance(cur, _ast.Name) and cur.id == name and isinstance(cur.ctx, (_ast.Store, _ast.Del)):
+            if isinstance(cur.ctx, _ast.Store):
+                parent = parent_of.get(id(cur))
+                if isinstance(parent, _ast.Assign) and any(t is cur for t in parent.targets):
+                    out.append(parent.value)
+                elif isinstance(parent, _ast.AnnAssign) and parent.target is cur:
+                    out.append(parent.value)
+                else:
+                    out.append(None)
+        elif isinstance(cur, (_ast.Import, _ast.ImportFrom)):
+            out += [None for al in cur.names if (al.asname or al.name.split(".")[0]) == name]
+        elif isinstance(cur, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)) and cur.name == name:
+            out.append(None)
+        elif isinstance(cur, _ast.ExceptHandler) and cur.name == name:
+            out.append(None)
+        elif isinstance(cur, (_ast.MatchAs, _ast.MatchStar)) and cur.name == name:
+            out.append(None)
+        elif isinstance(cur, _ast.MatchMapping) and cur.rest == name:
+            out.append(None)
+        for child in _ast.iter_child_nodes(cur):
+            if isinstance(child, _AST_SCOPE_TYPES):
+                if isinstance(child, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)):
+                    if child.name == name:
+                        out.append(None)
+                    stack.extend(child.decorator_list)
+                continue
+            parent_of[id(child)] = cur
+            stack.append(child)
+    return out or None

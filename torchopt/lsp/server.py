@@ -1,7 +1,9 @@
 """`torchopt lsp`: a language server on pygls 2 over stdio.
 
-It uses only the engine's pure functions (check_source / fix_source on the editor's text): no file
-discovery, no process pool, and it never writes a file (fixes go back to the editor as edits).
+It uses only the engine's pure functions (the incremental form of check_source, fix_source on the
+editor's text): no file discovery, no process pool, and it never writes a file (fixes go back to the
+editor as edits). After an edit only the part of the module the edit can affect is re-analysed
+(rewrite/incremental.py); the diagnostics equal `torchopt check`'s.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from pygls.lsp.server import LanguageServer
 from torchopt import __version__
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver, Settings
-from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
+from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
+from torchopt.rewrite.incremental import IncrementalChecker
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.selection import SelectorError, expand_all
 from torchopt.rewrite.source import is_generated
@@ -136,6 +139,9 @@ class TorchoptServer(LanguageServer):
         # One worker: analyses run off the event loop (so new edits are read while one runs) and
         # never pile up; stale results are dropped by version.
         self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchopt-engine")
+        # Results per group of linked top-level statements, shared by the open documents (used only
+        # from the engine thread).
+        self.checker = IncrementalChecker()
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
 
@@ -185,7 +191,7 @@ class TorchoptServer(LanguageServer):
             doc.broken, doc.checked_text, doc.diags = False, text, []
             return True
         try:
-            result = await self.run(check_source, text, settings, doc.path)
+            diags = await self.run(self.checker.check, text, settings, doc.path)
         except ParseError as exc:
             if doc.text == text and not doc.broken:
                 doc.broken = True
@@ -197,7 +203,7 @@ class TorchoptServer(LanguageServer):
         if doc.text != text or doc.version != version:
             return False  # edited meanwhile; a newer analysis is scheduled
         doc.broken = False
-        doc.checked_text, doc.diags = text, result.diagnostics
+        doc.checked_text, doc.diags = text, diags
         return True
 
     async def analyse_and_publish(self, doc: Doc, delay: float = 0.0) -> None:
@@ -512,5 +518,8 @@ def create_server() -> TorchoptServer:
 
 
 def main() -> None:
+    from torchopt.rewrite.runner import tune_gc
+
     logging.basicConfig(level=logging.WARNING, format="torchopt-lsp: %(levelname)s %(message)s")
+    tune_gc()
     create_server().start_io()

@@ -6,17 +6,16 @@ and compiled, and a pass that breaks either is rolled back and reported.
 """
 from __future__ import annotations
 
-import ast
-
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from torchopt.rewrite import suppress
+from torchopt.rewrite import pyast, suppress
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.metadata import children_memo, install_fast_children
+from torchopt.rewrite.metadata import (children_memo, install_fast_children, install_fast_visitor_lookup,
+                                       module_source)
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Rule, RuleContext, Safety
 
@@ -25,6 +24,7 @@ MAX_PASSES = 8
 # Rules walk subtrees through CSTNode.children; LibCST rebuilds the node for every access. Same
 # result, read from the fields (see metadata.ordered_children, checked node for node in the tests).
 install_fast_children()
+install_fast_visitor_lookup()
 
 
 class ParseError(Exception):
@@ -107,13 +107,12 @@ def active_rules(codes: Iterable[str], text: str | None = None) -> list[type[Rul
 
 def syntax_check(text: str) -> None:
     """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
-    try:
-        compile(text, "<source>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as exc:
+    exc = pyast.parse(text)  # usually parsed already, by some rule's prefilter
+    if isinstance(exc, SyntaxError):
         col = f", column {exc.offset}" if exc.offset else ""
         raise ParseError(f"syntax error at line {exc.lineno}{col}: {exc.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as exc:
-        raise ParseError(f"cannot parse: {' '.join(str(exc).split())}") from None
+    if isinstance(exc, BaseException):
+        raise ParseError(f"cannot parse: {' '.join(str(exc).split()) or type(exc).__name__}") from None
 
 
 def parse(text: str) -> cst.Module:
@@ -135,7 +134,7 @@ class _Pass:
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
                text: str) -> _Pass:
-    with children_memo():
+    with children_memo(), module_source(module, text):
         return _run_rules_memo(module, rules, settings, path, text)
 
 

@@ -6,6 +6,7 @@ read straight from the scope analysis give the same answers for a fraction of th
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 from contextlib import contextmanager
@@ -153,6 +154,32 @@ def install_fast_children() -> None:
         cst.CSTNode.children = property(ordered_children, doc=cst.CSTNode.children.__doc__)  # type: ignore[method-assign]
 
 
+_VISITOR_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _class_visitors(self: cst.BatchableCSTVisitor) -> dict:
+    """``BatchableCSTVisitor.get_visitors`` with the method names found once per class: LibCST's own
+    runs ``inspect.getmembers`` on every instance (every rule and batchable metadata provider, for
+    every file), a fifth of a small file's analysis time."""
+    cls = type(self)
+    names = _VISITOR_NAMES.get(cls)
+    if names is None:
+        found = []
+        for n in dir(cls):
+            if n.startswith(("visit_", "leave_")):
+                m = getattr(cls, n)
+                if callable(m) and not getattr(m, "_is_no_op", False):
+                    found.append(n)
+        names = _VISITOR_NAMES[cls] = tuple(found)
+    return {n: getattr(self, n) for n in names}
+
+
+def install_fast_visitor_lookup() -> None:
+    """Make ``BatchableCSTVisitor.get_visitors`` use :func:`_class_visitors` (same result)."""
+    if cst.BatchableCSTVisitor.get_visitors is not _class_visitors:
+        cst.BatchableCSTVisitor.get_visitors = _class_visitors  # type: ignore[method-assign]
+
+
 class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
     """node -> its parent, like ParentNodeProvider (the module has none)."""
 
@@ -166,8 +193,223 @@ class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
                 stack.append(child)
 
 
+# ---------------------------------------------------------------------- import-only names, fast
+# Scope analysis of a whole module costs two to three LibCST parses, and most files ask it only what
+# an imported name such as ``torch.zeros`` or ``nn.Linear`` stands for. When the name's root is bound
+# in the file by module-level imports and nothing else, and every one of those imports comes before
+# any use of it, the answer depends on those imports alone: LibCST's own scope analysis is run on a
+# small module made of just those imports followed by every dotted name of the file rooted there.
+# Anything else (other bindings, star imports, uses before the import, text the engine did not
+# register) goes to the full analysis. tests/test_fast_names.py compares the two node by node.
+
+_SOURCE: list = [None, None, None, None]  # (module, text, table, ids in imports) of the module analysed
+
+
+@contextmanager
+def module_source(module: cst.Module, text: str) -> Iterator[None]:
+    """Tell the fast path the text ``module`` was parsed from (the engine does, per pass)."""
+    old = list(_SOURCE)
+    _SOURCE[:] = [module, text, None, None]
+    try:
+        yield
+    finally:
+        _SOURCE[:] = old
+
+
+def _ast_dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _in_imports(module: cst.Module) -> set[int]:
+    """ids of the nodes inside import statements: a walk over statements only (expressions are not
+    entered), far cheaper than a parent map."""
+    out: set[int] = set()
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, cst.SimpleStatementLine):
+            for small in cur.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    inner: list[cst.CSTNode] = [small]
+                    while inner:
+                        n = inner.pop()
+                        out.add(id(n))
+                        inner.extend(unordered_children(n))
+            continue
+        body = getattr(cur, "body", None)
+        if isinstance(body, (list, tuple)):
+            stack.extend(body)
+        elif isinstance(body, cst.CSTNode):
+            stack.append(body)
+        for extra in ("orelse", "finalbody", "handlers"):
+            value = getattr(cur, extra, None)
+            if isinstance(value, (list, tuple)):
+                stack.extend(value)
+            elif isinstance(value, cst.CSTNode):
+                stack.append(value)
+        if isinstance(cur, cst.Match):
+            stack.extend(cur.cases)
+    return out
+
+
+
+def _import_table(text: str) -> dict | None:
+    """The roots the fast path may answer, and the small module that answers them (resolved when
+    first asked, ``_answers``); None when it cannot help (a star import, text ``ast`` rejects)."""
+    from torchopt.rewrite import pyast
+
+    tree = pyast.tree(text)
+    if tree is None:
+        return None
+    imports: dict[str, list[ast.stmt]] = {}
+    other: set[str] = set()
+    first_use: dict[str, int] = {}
+    dotted: dict[str, set[str]] = {}
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    stack: list[tuple[ast.AST, bool]] = [(tree, True)]
+    while stack:
+        node, top = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                root = alias.asname or alias.name.split(".")[0]
+                if top:
+                    imports.setdefault(root, []).append(node)
+                else:
+                    other.add(root)
+            continue
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                line = node.lineno
+                if line < first_use.get(node.id, 1 << 30):
+                    first_use[node.id] = line
+            else:
+                other.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            d = _ast_dotted(node)
+            if d is not None:
+                dotted.setdefault(d.split(".", 1)[0], set()).add(d)
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            other.update(node.names)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            other.add(node.rest)
+        name = getattr(node, "name", None)
+        if isinstance(name, str) and not isinstance(node, ast.alias):
+            other.add(name)  # def, class, except-as, match capture, type parameter
+        inner = top and not isinstance(node, scopes)
+        for child in ast.iter_child_nodes(node):
+            stack.append((child, inner))
+    lines = text.splitlines(keepends=True)
+    roots: set[str] = set()
+    chosen: dict[int, ast.stmt] = {}
+    names: set[str] = set()
+    for root, stmts in imports.items():
+        if root in other:
+            continue
+        if max(st.end_lineno or st.lineno for st in stmts) >= first_use.get(root, 1 << 30):
+            continue  # used before (or on the line of) an import that binds it
+        roots.add(root)
+        chosen.update((id(st), st) for st in stmts)
+        names |= dotted.get(root, set()) | {root}
+    if not roots:
+        return {}
+    # One small module for every such root: an import binds names under its own root only, so the
+    # imports of one root cannot change what another root's names resolve to.
+    head = "".join(_segment(lines, st) for st in sorted(chosen.values(), key=lambda st: (st.lineno, st.col_offset)))
+    return {"roots": roots, "pending": (head, sorted(names))}
+
+
+def _answers(table: dict, root: str) -> dict[str, frozenset] | None:
+    if root not in table.get("roots", ()):
+        return None
+    answers = table.get("answers")
+    if answers is None:
+        try:
+            answers = _resolve_small(*table["pending"])
+        except Exception:  # anything unexpected: the full analysis answers
+            answers = {}
+            table["roots"] = set()
+        table["answers"] = answers
+    return answers
+
+
+def _segment(lines: list[str], st: ast.stmt) -> str:
+    first, last = st.lineno - 1, (st.end_lineno or st.lineno) - 1
+    if first == last:
+        return lines[first][st.col_offset:st.end_col_offset] + "\n"
+    out = [lines[first][st.col_offset:]] + lines[first + 1:last] + [lines[last][:st.end_col_offset]]
+    return "".join(out) + "\n"
+
+
+def _resolve_small(head: str, names: list[str]) -> dict[str, frozenset]:
+    """LibCST's own answers on ``head`` (the imports) followed by one statement per dotted name."""
+    from libcst.metadata import MetadataWrapper
+
+    module = cst.parse_module(head + "".join(n + "\n" for n in names))
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    scopes = wrapper.resolve(ScopeProvider)
+    out = {}
+    for stmt, name in zip(module.body[-len(names):], names):
+        expr = stmt.body[0].value  # type: ignore[attr-defined]
+        scope = scopes.get(expr)
+        out[name] = frozenset(scope.get_qualified_names_for(expr)) if scope is not None else frozenset()
+    return out
+
+
+def fast_qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozenset | None:
+    """The qualified names of an attribute chain (``torch.nn.Linear``) whose root only module-level
+    imports bind; None: ask the scope analysis."""
+    module, text = _SOURCE[0], _SOURCE[1]
+    if module is None or text is None or os.environ.get("TORCHOPT_SLOW_NAMES") == "1":
+        return None
+    wrapper = getattr(visitor, "_wrapper", None)
+    if wrapper is None or wrapper.module is not module or ScopeProvider in getattr(wrapper, "_metadata", ()):
+        return None  # (once a rule has paid for the full analysis, it answers)
+    if not isinstance(node, cst.Attribute):
+        return None  # a bare Name may be an attribute's or a keyword's own name: not an access
+    parts = []
+    cur = node
+    while isinstance(cur, cst.Attribute):
+        parts.append(cur.attr.value)
+        cur = cur.value
+    if not isinstance(cur, cst.Name):
+        return None
+    parts.append(cur.value)
+    table = _SOURCE[2]
+    if table is None:
+        try:
+            table = _import_table(text)
+        except Exception:  # anything unexpected: the full analysis answers
+            table = None
+        _SOURCE[2] = table = table if table is not None else {}
+    by_name = _answers(table, cur.value)
+    if by_name is None:
+        return None
+    answer = by_name.get(".".join(reversed(parts)))
+    if answer is None:
+        return None
+    if _SOURCE[3] is None:
+        _SOURCE[3] = _in_imports(module)
+    if id(node) in _SOURCE[3]:
+        return None  # a name inside an import statement is not an access
+    return answer
+
+
 def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[QualifiedName]:
     """What QualifiedNameProvider would say for ``node``, straight from its scope."""
+    fast = fast_qualified_names(visitor, node)
+    if fast is not None:
+        return set(fast)
     try:
         scope = visitor.get_metadata(ScopeProvider, node, None)
     except KeyError:

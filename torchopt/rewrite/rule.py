@@ -17,6 +17,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 from torchopt.rewrite.metadata import ParentProvider
 
 
+
 class Safety(str, enum.Enum):
     """How a fix may be applied. SAFE: bitwise-identical results; UNSAFE: only with --unsafe-fixes;
     DISPLAY: a diagnostic with advice and no automatic fix."""
@@ -138,6 +139,11 @@ class Rule(cst.BatchableCSTVisitor):
     # The oldest PyTorch (major, minor) that has the API the fix writes; with `target-torch` set
     # below it, the rule is not run (no rule suggests an API newer than the user's minimum).
     min_torch: ClassVar[tuple[int, int] | None] = None
+    # What the rule reads to decide a finding (see rewrite/incremental.py, used by the language
+    # server): "component" when a finding inside a top-level statement depends only on the
+    # statements it is linked with by name (and the module's header); "file" when it reads facts
+    # from anywhere in the file (then every edit re-runs it on the whole text).
+    locality: ClassVar[str] = "component"
 
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
 

@@ -3,6 +3,7 @@ reason; the file is left byte-for-byte as it was) or skipped; one file's failure
 from __future__ import annotations
 
 import enum
+import gc
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -120,8 +121,20 @@ def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None 
     return res
 
 
+def tune_gc() -> None:
+    """LibCST builds millions of small objects per large file, and CPython's default collector
+    thresholds make it scan them again and again (~15% of a run, measured); the trees hold no
+    cycles worth collecting early. Process-wide, for processes that do analysis only."""
+    if gc.get_threshold()[0] < GC_THRESHOLD:
+        gc.set_threshold(GC_THRESHOLD, 50, 100)
+
+
+GC_THRESHOLD = 100_000
+
+
 def _chunk(files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None,
            cache: "Cache | None" = None) -> list[FileResult]:
+    tune_gc()
     out = []
     for path, settings in files:
         try:

@@ -8,10 +8,12 @@ fix, never a separate one, so no selection of rules can produce a half-done floa
 TOP203 flags float16 autocast that already exists without a GradScaler (display-only). TOP205 wraps
 the forward of inference-only scripts in autocast.
 
-The analysis is intra-file and by name: models are names bound to ``torch.nn`` constructors or to
-instances of classes deriving from ``torch.nn.Module`` in the file, or whose ``.parameters()`` feed a
+The analysis is intra-file: models are names bound to ``torch.nn`` constructors or to instances of
+classes deriving from ``torch.nn.Module`` in the file, or whose ``.parameters()`` feed a
 ``torch.optim`` constructor; optimizers are names bound to ``torch.optim`` constructors; a step in a
-function is resolved through the function's call sites inside loops of the same file.
+function is resolved through the function's call sites inside loops of the same file. TOP202 resolves
+each name in the scope that reads it (the function's own binding, then enclosing functions, then the
+module), so every training function is analysed, and rewritten, as if it were alone in the file.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from torchopt.codemods._torch import (
     walk,
 )
 from torchopt.codemods.amp import FAMILY
+from torchopt.codemods.amp import _prefilter
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Invalid, Option, Rule, Safety, Tag, Valid
 
@@ -189,12 +192,17 @@ class Edits:
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     calls: dict[int, cst.BaseExpression] = field(default_factory=dict)
     dicts: dict[int, cst.Dict] = field(default_factory=dict)
+    # Every edited node, original: (node, True) when statements are added next to it or it is wrapped
+    # (its block changes), (node, False) when the node itself is replaced.
+    touched: list[tuple[cst.CSTNode, bool]] = field(default_factory=list)
 
     def add_before(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.before.setdefault(id(stmt), []).extend(new)
+        self.touched.append((stmt, True))
 
     def add_after(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
         self.after.setdefault(id(stmt), []).extend(new)
+        self.touched.append((stmt, True))
 
 
 class _Rewrite(cst.CSTTransformer):
@@ -266,8 +274,21 @@ class Refusal(Exception):
 # --------------------------------------------------------------------------- file analysis
 
 
+# A name as one scope sees it: (the name as written, ordinal of the scope that binds it). Attribute
+# chains (`self.model`) have ordinal -1: they are tracked file-wide, by their text.
+Key = tuple[str, int]
+
+
 class _Analysis:
-    """What one file holds: models, optimizers, their creation statements and devices."""
+    """What one file holds: models, optimizers, their creation statements and devices.
+
+    Two views of the same facts. By name (``models``, ``optimizers``, ``device_expr``, ...): every
+    binding of the name anywhere in the file (TOP203 and TOP205 read these). By key (``kmodels``,
+    ``koptimizers``, ``kdevice``, ...): a bare name is resolved the way Python resolves it where it
+    is bound or read (the function's own binding, then enclosing functions, then the module), so
+    ``model`` local to ``train_a`` and ``model`` local to ``train_b`` are two models. TOP202 reads
+    the keyed view, so a training step sees only the models and optimizers visible from its scope.
+    """
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
@@ -279,10 +300,43 @@ class _Analysis:
         self.bce_losses: set[str] = set()  # names bound to `nn.BCELoss(...)`
         self.data_parallel: set[str] = set()  # names bound to `nn.DataParallel(...)`
         self.device_expr: dict[str, cst.BaseExpression | str] = {}
+        # The same facts keyed by binding scope (see Key).
+        self.kmodels: set[Key] = set()
+        self.koptimizers: dict[Key, cst.BaseStatement] = {}
+        self.khalf: set[Key] = set()
+        self.kbce: set[Key] = set()
+        self.kdata_parallel: set[Key] = set()
+        self.kdevice: dict[Key, cst.BaseExpression | str] = {}
+        self._scope_ids: dict[object, int] = {}
+        self._key_memo: dict[tuple[int, str], Key] = {}
         self.module_classes: set[str] = set()
         self.names: set[str] = {n.value for n in walk(self.module, True) if isinstance(n, cst.Name)}
         self.functions: dict[str, cst.FunctionDef] = {}
         self._collect()
+
+    # -- name resolution (Key)
+    def scope_of(self, node: cst.CSTNode) -> object | None:
+        """LibCST's scope of ``node`` (a function body's statements: the function's scope)."""
+        return self.rule.get_metadata(ScopeProvider, node, None)
+
+    def key_in(self, scope: object | None, name: str | None) -> Key | None:
+        """The key of ``name`` read in ``scope``: bound there (or made global/nonlocal there), else in an
+        enclosing function, else at module level (also for names bound nowhere)."""
+        if name is None:
+            return None
+        if scope is None or "." in name:
+            return (name, -1)
+        memo = (id(scope), name)
+        hit = self._key_memo.get(memo)
+        if hit is None:
+            found = scope[name]  # type: ignore[index]
+            binding = next(iter(found)).scope if found else scope.globals  # type: ignore[attr-defined]
+            hit = self._key_memo[memo] = (name, self._scope_ids.setdefault(binding, len(self._scope_ids)))
+        return hit
+
+    def key(self, name: str | None, at: cst.CSTNode) -> Key | None:
+        """The key of ``name`` as read (or bound) at node ``at``."""
+        return self.key_in(self.scope_of(at), name)
 
     # -- positions and scopes
     def pos(self, node: cst.CSTNode) -> tuple[int, int]:
@@ -333,9 +387,10 @@ class _Analysis:
                 continue
             for small in n.body:
                 if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                    self._assignment(n, dotted(small.targets[0].target), small.value)
+                    t = small.targets[0].target
+                    self._assignment(n, dotted(t), small.value, t)
                 elif isinstance(small, cst.AnnAssign) and small.value is not None:
-                    self._assignment(n, dotted(small.target), small.value)
+                    self._assignment(n, dotted(small.target), small.value, small.target)
                 elif isinstance(small, cst.Expr):
                     self._expr_stmt(small.value)
         # Optimizer arguments name the models: `SGD(model.parameters())`, `[{"params": G.parameters()}]`.
@@ -344,22 +399,33 @@ class _Analysis:
                 d = dotted(c.func.value)  # type: ignore[union-attr]
                 if d:
                     self.models.add(d)
+        for stmt in self.koptimizers.values():
+            for c in _method_calls(stmt, ("parameters", "named_parameters")):
+                d = dotted(c.func.value)  # type: ignore[union-attr]
+                if d:
+                    self.kmodels.add(self.key(d, c))  # type: ignore[arg-type]
 
-    def _assignment(self, stmt: cst.SimpleStatementLine, target: str | None, value: cst.BaseExpression) -> None:
+    def _assignment(self, stmt: cst.SimpleStatementLine, target: str | None, value: cst.BaseExpression,
+                    target_node: cst.CSTNode | None = None) -> None:
         if target is None:
             return
+        k = self.key(target, target_node if target_node is not None else stmt)
+        assert k is not None
         base, chain = _base_call(value)
         if isinstance(base, cst.Call):
             q = callee(self.rule, base)
             cls = q.rsplit(".", 1)[1] if q else ""
             if q and q.startswith("torch.optim.") and ".lr_scheduler" not in q and cls[:1].isupper():
                 self.optimizers[target] = stmt
+                self.koptimizers[k] = stmt
                 return
             if q in _BCE_CLASSES:
                 self.bce_losses.add(target)
+                self.kbce.add(k)
                 return
             if q in _DATA_PARALLEL:
                 self.data_parallel.add(target)
+                self.kdata_parallel.add(k)
             is_module = False
             if q and q.startswith("torch.nn.") and not q.startswith("torch.nn.functional") and cls[:1].isupper() \
                     and not cls.endswith("Loss") and cls not in ("Parameter", "ModuleList", "ModuleDict",
@@ -369,36 +435,52 @@ class _Analysis:
                 is_module = True
             if is_module:
                 self.models.add(target)
+                self.kmodels.add(k)
                 self.model_stmt.setdefault(target, stmt)
-                self._chain(target, chain)
+                self._chain(target, k, chain)
                 return
         d = dotted(base) if not isinstance(base, cst.Call) else None
-        if d is not None and chain and d in self.models:  # model = model.to(device)
-            self._chain(target, chain)
+        if d is not None and chain:  # model = model.to(device)
+            self._chain(target if d in self.models else None, k if self.key(d, base) in self.kmodels else None,
+                        chain)
 
     def _expr_stmt(self, value: cst.BaseExpression) -> None:
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
             d = dotted(value.func.value)
             if d is not None:
-                self._chain(d, [value])
+                self._chain(d, self.key(d, value.func.value), [value])
 
-    def _chain(self, target: str, chain: list[cst.Call]) -> None:
+    def _chain(self, target: str | None, k: Key | None, chain: list[cst.Call]) -> None:
+        """Record what a `.to(...)` / `.cuda()` / `.half()` chain does to ``target`` (by name) and to
+        ``k`` (by key); None skips that view."""
         for c in chain:
             meth = c.func.attr.value  # type: ignore[union-attr]
             if meth in _HALF_METHODS:
-                self.half_models.add(target)
+                if target is not None:
+                    self.half_models.add(target)
+                if k is not None:
+                    self.khalf.add(k)
             elif meth == "cuda":
-                self.device_expr.setdefault(target, "cuda")
+                if target is not None:
+                    self.device_expr.setdefault(target, "cuda")
+                if k is not None:
+                    self.kdevice.setdefault(k, "cuda")
             elif meth == "to":
                 for a in c.args:
                     if a.star:
                         continue
                     if dtype_of(self.rule, a.value) in ("float16", "bfloat16"):
-                        self.half_models.add(target)
+                        if target is not None:
+                            self.half_models.add(target)
+                        if k is not None:
+                            self.khalf.add(k)
                     elif a.keyword is None or a.keyword.value == "device":
                         dev = classify_device(self.rule, a.value)
                         if dev.is_device:
-                            self.device_expr.setdefault(target, a.value)
+                            if target is not None:
+                                self.device_expr.setdefault(target, a.value)
+                            if k is not None:
+                                self.kdevice.setdefault(k, a.value)
 
     # -- queries
     def calls_model(self, node: cst.CSTNode, models: set[str]) -> bool:
@@ -423,10 +505,11 @@ class _Analysis:
                 return True
         return False
 
-    def device_text(self, models: Iterable[str]) -> tuple[str, cst.BaseExpression | None] | None:
-        """The generated device-type expression and the device variable it reads (if any)."""
+    def device_text(self, models: Iterable[str | Key]) -> tuple[str, cst.BaseExpression | None] | None:
+        """The generated device-type expression and the device variable it reads (if any); ``models``
+        are names (the by-name view) or Keys (the keyed view)."""
         for m in models:
-            d = self.device_expr.get(m)
+            d = self.kdevice.get(m) if isinstance(m, tuple) else self.device_expr.get(m)
             if d is None:
                 continue
             if d == "cuda":
@@ -458,6 +541,46 @@ class _Analysis:
             self._loop_call_index = index
         return list(index.get(fname, ()))
 
+    def param_alias(self, node: cst.CSTNode) -> dict[str, Key]:
+        """For ``node`` in a (non-method) function ``f``: each parameter of ``f`` that ``f`` never rebinds and
+        that a call ``f(...)`` in the file passes a model, optimizer or BCE loss *of the same name*,
+        mapped to the key of that argument (the last such call wins): ``def train(model, opt)`` called
+        as ``train(model, opt)`` from ``main()`` reads ``main``'s model and optimizer. Only the same
+        name, as the by-name analysis before it matched, so ``_prefilter.missing_autocast_possible``
+        (which knows optimizers by name) stays a necessary condition."""
+        fn = self.scope_owner(node)
+        if not isinstance(fn, cst.FunctionDef):
+            return {}
+        cache = self.__dict__.setdefault("_param_alias", {})
+        hit = cache.get(id(fn))
+        if hit is not None:
+            return hit
+        alias: dict[str, Key] = {}
+        cache[id(fn)] = alias
+        block = self.parent(fn)
+        if isinstance(self.parent(block) if block is not None else None, cst.ClassDef):
+            return alias  # a method: called through an instance, not by its bare name
+        index = self.__dict__.get("_call_index")
+        if index is None:
+            index = self._call_index = {}
+            for c in self.module_calls():
+                if isinstance(c.func, cst.Name):
+                    index.setdefault(c.func.value, []).append(c)
+        params = [p.name.value for p in fn.params.params]
+        scope = self.scope_of(fn.body)
+        for c in index.get(fn.name.value, ()):
+            for i, arg in enumerate(c.args):
+                if arg.star:
+                    break
+                pname = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
+                if pname is None or pname not in params or dotted(arg.value) != pname or \
+                        (scope is not None and len(scope[pname]) != 1):
+                    continue  # not a parameter, another name, or rebound in the function
+                k = self.key(dotted(arg.value), arg.value)
+                if k and (k in self.kmodels or k in self.koptimizers or k in self.kbce):
+                    alias[pname] = k
+        return alias
+
     def assigning(self, name: str) -> list[cst.SimpleStatementLine]:
         """Simple statement lines whose assigned names include ``name``, in walk order."""
         index = self.__dict__.get("_assign_index")
@@ -485,10 +608,32 @@ class _Analysis:
 class StepSite:
     stmts: Sequence[cst.BaseStatement]
     owner: cst.CSTNode  # the loop or function whose body this is
-    models: set[str]
-    optimizers: set[str]
-    alias: dict[str, str]  # local (parameter) name -> the file's name
+    models: "set[str] | _Visible"  # names (as written in the step) that are models
+    optimizers: "set[str] | _Visible"
+    alias: dict[str, Key]  # local (parameter) name -> the key of the caller's argument
     trigger: cst.CSTNode  # the loop that runs the step (for ordering)
+    scope: object | None = None  # LibCST scope of the step's statements (TOP202's keyed view)
+
+
+class _Visible:
+    """The names that, read in ``scope``, are one of ``keys`` (a parameter listed in ``alias`` stands for
+    its caller's argument). Supports ``name in visible`` only."""
+
+    def __init__(self, a: _Analysis, scope: object | None, keys: "set[Key] | dict[Key, object]",
+                 alias: dict[str, Key]) -> None:
+        self.a, self.scope, self.keys, self.alias = a, scope, keys, alias
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        k = self.alias.get(name)
+        return (k if k is not None else self.a.key_in(self.scope, name)) in self.keys
+
+
+def _site_key(a: _Analysis, site: StepSite, name: str) -> Key:
+    """The key of ``name`` as the step reads it."""
+    k = site.alias.get(name)
+    return k if k is not None else a.key_in(site.scope, name)  # type: ignore[return-value]
 
 
 def _loop_sites(a: _Analysis) -> list[StepSite]:
@@ -497,7 +642,10 @@ def _loop_sites(a: _Analysis) -> list[StepSite]:
         if isinstance(n, (cst.For, cst.While)):
             body = _body_list(n.body)
             if body:
-                sites.append(StepSite(body, n, set(a.models), set(a.optimizers), {}, n))
+                scope = a.scope_of(n)
+                alias = a.param_alias(n)
+                sites.append(StepSite(body, n, _Visible(a, scope, a.kmodels, alias),
+                                      _Visible(a, scope, a.koptimizers, alias), alias, n, scope))
     for fname, fn in a.functions.items():
         body = _body_list(fn.body)
         if not body:
@@ -506,23 +654,24 @@ def _loop_sites(a: _Analysis) -> list[StepSite]:
         if not calls:
             continue
         params = [p.name.value for p in fn.params.params]
-        alias: dict[str, str] = {}
+        alias: dict[str, Key] = {}
         for c in calls:
             for i, arg in enumerate(c.args):
                 if arg.star:
                     continue
                 pname = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-                d = dotted(arg.value)
-                if pname and d and (d in a.models or d in a.optimizers or d in a.bce_losses):
-                    alias[pname] = d
-        models = set(a.models) | {p for p, d in alias.items() if d in a.models}
-        opts = set(a.optimizers) | {p for p, d in alias.items() if d in a.optimizers}
+                k = a.key(dotted(arg.value), arg.value)
+                if pname and k and (k in a.kmodels or k in a.koptimizers or k in a.kbce):
+                    alias[pname] = k
+        scope = a.scope_of(fn.body)
+        models = _Visible(a, scope, a.kmodels, alias)
+        opts = _Visible(a, scope, a.koptimizers, alias)
         loop = None
         cur: cst.CSTNode | None = calls[0]
         while cur is not None and not isinstance(cur, (cst.For, cst.While)):
             cur = a.parent(cur)
         loop = cur or calls[0]
-        sites.append(StepSite(body, fn, models, opts, alias, loop))
+        sites.append(StepSite(body, fn, models, opts, alias, loop, scope))
     return sites
 
 
@@ -578,7 +727,8 @@ def _bce_call(a: "_Analysis", site: "StepSite", node: cst.CSTNode, depth: int = 
         d = dotted(c.func)
         if d is None:
             continue
-        if site.alias.get(d, d) in a.bce_losses or callee(a.rule, c) in _BCE_FUNCS:
+        k = _site_key(a, site, d) if depth == 0 else a.key(d, c)  # one level in: that function's scope
+        if k in a.kbce or callee(a.rule, c) in _BCE_FUNCS:
             return c
         fn = a.functions.get(d)
         if fn is not None and depth == 0 and fn is not site.owner:
@@ -588,7 +738,7 @@ def _bce_call(a: "_Analysis", site: "StepSite", node: cst.CSTNode, depth: int = 
     return None
 
 
-def _step_call(stmt: cst.CSTNode, optimizers: set[str]) -> cst.Call | None:
+def _step_call(stmt: cst.CSTNode, optimizers: "set[str] | _Visible") -> cst.Call | None:
     small = _single_small(stmt)
     value = None
     if isinstance(small, cst.Expr):
@@ -640,29 +790,30 @@ def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], excl
         for t in _targets(s):
             if isinstance(t, cst.Name) and t.value not in exclude and t.value not in names:
                 names.append(t.value)
+    if not names:
+        return []
     lo, hi = a.pos(region[0]), a.end(region[-1])
-    out = []
-    for name in names:
-        scope_node = a.scope_owner(region[0])
-        found = False
-        for n in walk(scope_node if not isinstance(scope_node, cst.Module) else a.module, True):
-            if isinstance(n, cst.Name) and n.value == name:
-                p = a.pos(n)
-                if lo <= p <= hi:
-                    continue
-                parent = a.parent(n)
-                if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
-                    continue
-                if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg)) and \
-                        getattr(parent, "keyword", None) is n:
-                    continue
-                if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef)):
-                    continue
-                found = True
+    pending = set(names)
+    found: set[str] = set()
+    scope_node = a.scope_owner(region[0])
+    for n in walk(scope_node if not isinstance(scope_node, cst.Module) else a.module, True):  # one walk for all
+        if isinstance(n, cst.Name) and n.value in pending:
+            p = a.pos(n)
+            if lo <= p <= hi:
+                continue
+            parent = a.parent(n)
+            if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
+                continue
+            if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg)) and \
+                    getattr(parent, "keyword", None) is n:
+                continue
+            if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef)):
+                continue
+            found.add(n.value)
+            pending.discard(n.value)
+            if not pending:
                 break
-        if found:
-            out.append(name)
-    return out
+    return [name for name in names if name in found]
 
 
 def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
@@ -708,16 +859,16 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         raise Refusal(first_back, "optimizer steps sit in different blocks, so no single `scaler.update()` "
                                   "placement runs once per iteration after all of them")
     used_models = {m for s in stmts for m in a.model_of_stmt(s, site.models)}
-    fmodels = {site.alias.get(m, m) for m in used_models}
-    dp = fmodels & a.data_parallel
+    fmodels = {_site_key(a, site, m) for m in used_models}
+    dp = fmodels & a.kdata_parallel
     if dp:
-        raise Refusal(first_back, f"`{sorted(dp)[0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
+        raise Refusal(first_back, f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
                                   "other threads while autocast state is thread-local, so an autocast block in the "
                                   "step would not reach them: convert to DistributedDataParallel (TOP401) or "
                                   "decorate the model's `forward` with `@torch.autocast(...)`")
-    half = fmodels & a.half_models
+    half = fmodels & a.khalf
     if half:
-        raise Refusal(first_back, f"`{sorted(half)[0]}` is cast to float16/bfloat16 (pure low-precision "
+        raise Refusal(first_back, f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
                                   "training, AMP-004): autocast must not be combined with `.half()`")
     # Regions: one per group of consecutive backward calls.
     regions: list[Region] = []
@@ -943,7 +1094,9 @@ class MissingAutocast(_AmpBase):
     `optimizer.load_state_dict(ckpt[...])`. Gradient accumulation (`if (i + 1) % k == 0:` guarding
     the step) keeps scaling every micro-batch and steps/updates under the condition. Several
     losses (each `backward()` scaled, `retain_graph=` kept), several models and optimizers (a GAN)
-    share one scaler and one `update()`.
+    share one scaler and one `update()`. Names are resolved the way Python resolves them in the
+    step's function (its own `model`/`optimizer` first, then the module's), so each training
+    function of a file gets the finding, and its own scaler, that it gets alone.
 
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
     calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
@@ -1007,6 +1160,9 @@ class MissingAutocast(_AmpBase):
 
     code = "TOP202"
     min_torch = (2, 3)  # `torch.amp.GradScaler(device)`
+    # Each step reads only what its scope sees (the keyed view of _Analysis): its function, the functions
+    # and classes it names, and module-level statements it is linked with.
+    locality = "component"
     name = "missing-autocast"
     family = FAMILY
     message = "training step runs in float32: wrap forward and loss in `torch.autocast`{extra}"
@@ -1015,6 +1171,12 @@ class MissingAutocast(_AmpBase):
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
     prefilter = ("backward",)
+    requires = ("optim", "step")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _prefilter.missing_autocast_possible(text)
+
     options = (OPTION_DTYPE,)
     examples = (
         Invalid(_STEP_SRC, after=_STEP_AFTER, unsafe="numerics"),
@@ -1053,18 +1215,19 @@ class MissingAutocast(_AmpBase):
         for _, o in plan.steps:
             if o not in opts:
                 opts.append(o)
-        file_opts = [site.alias.get(o, o) for o in opts]
-        missing = [o for o in file_opts if o not in a.optimizers]
+        file_opts = [_site_key(a, site, o) for o in opts]
+        missing = [o for o in file_opts if o not in a.koptimizers]
         if missing:
-            raise Refusal(plan.anchor_node, f"`{missing[0]}` is not created in this file")
-        used = {site.alias.get(m, m) for s in site.stmts for m in a.model_of_stmt(s, site.models)}
+            raise Refusal(plan.anchor_node, f"`{missing[0][0]}` is not created in this file")
+        used = {_site_key(a, site, m) for s in site.stmts for m in a.model_of_stmt(s, site.models)}
         step_scope = site.owner if isinstance(site.owner, cst.FunctionDef) else a.scope_owner(site.owner)
         names, setup, anchor, item, imports = self._setup(
-            a, step_scope, sorted(used), [a.optimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
+            a, step_scope, sorted(used), [a.koptimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
         e = Edits()
         e.add_after(anchor, setup)
         for r in plan.regions:
             e.regions[id(r.stmts[0])] = r
+            e.touched.append((r.stmts[0], True))
         if scaler:
             sc = names["scaler"]
             for c in plan.backwards:
@@ -1075,40 +1238,80 @@ class MissingAutocast(_AmpBase):
                                       args=[cst.Arg(arg.value.with_changes(lpar=[], rpar=[]))])
                     e.calls[id(c)] = c.with_changes(
                         args=[x.with_changes(value=scaled) if x is arg else x for x in c.args])
+                    e.touched.append((c, False))
                     continue
                 recv = c.func.value  # type: ignore[union-attr]
                 recv = recv.with_changes(lpar=[], rpar=[])
                 new_func = cst.Attribute(value=cst.Call(func=cst.parse_expression(f"{sc}.scale"), args=[cst.Arg(recv)]),
                                          attr=cst.Name("backward"))
                 e.calls[id(c)] = c.with_changes(func=new_func)
+                e.touched.append((c, False))
             for c, o in plan.steps:
                 e.calls[id(c)] = cst.Call(func=cst.parse_expression(f"{sc}.step"),
                                           args=[cst.Arg(c.func.value)])  # type: ignore[union-attr]
+                e.touched.append((c, False))
             last = max((a.statement(c) for c, _ in plan.steps), key=a.pos)
             e.add_after(last, [_stmt(f"{sc}.update()\n")])
             for s, os_ in plan.unscale_before:
                 e.add_before(s, [_stmt(f"{sc}.unscale_({o})\n") for o in os_])
             self._checkpoints(a, e, file_opts, sc, anchor, step_scope)
-        new = a.module.visit(_Rewrite(e, item))
+        # The fix replaces the smallest top-level statement holding every edit (a training function),
+        # so each step costs what its function costs and steps of different functions apply together.
+        root = self._edit_root(a, e)
+        new = root.visit(_Rewrite(e, item))
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
-        self.report(plan.anchor_node, fmt={"extra": extra}, replacement=new, target=a.module,
+        self.report(plan.anchor_node, fmt={"extra": extra}, replacement=new, target=root,
                     tags=[Tag.NUMERICS], imports=imports,
                     note="forward and loss run in float16 on CUDA / bfloat16 elsewhere (VAL-6 AMP rows)")
 
+    @staticmethod
+    def _edit_root(a: _Analysis, e: Edits) -> cst.CSTNode:
+        """The top-level statement that holds every edit of ``e``, or the module."""
+        root = None
+        for node, in_list in e.touched:
+            cur = a.parent(node) if in_list else node  # a statement added or wrapped: its block changes
+            if cur is None or isinstance(cur, cst.Module):
+                return a.module
+            parent = a.parent(cur)
+            while parent is not None and not isinstance(parent, cst.Module):
+                cur, parent = parent, a.parent(parent)
+            if parent is None or (root is not None and root is not cur):
+                return a.module
+            root = cur
+        return root if root is not None else a.module
+
     def _named_dict(self, a: _Analysis, name: str, use: cst.CSTNode) -> cst.Dict | None:
         """The dict literal last bound to ``name`` by a plain assignment before ``use``, in its scope."""
+        index = a.__dict__.get("_dict_assigns")
+        if index is None:  # name -> `name = {...}` statements, one walk for the file
+            index = {}
+            for n in walk(a.module, True):
+                small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
+                if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
+                        and isinstance(small.targets[0].target, cst.Name):
+                    index.setdefault(small.targets[0].target.value, []).append(n)
+            a._dict_assigns = index
         best = None
         scope = a.scope_owner(use)
-        for n in walk(a.module, True):
-            small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
-            if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
-                    and isinstance(small.targets[0].target, cst.Name) and small.targets[0].target.value == name \
-                    and a.pos(n) < a.pos(use) and a.scope_owner(n) is scope:
+        for n in index.get(name, ()):
+            if a.pos(n) < a.pos(use) and a.scope_owner(n) is scope:
                 if best is None or a.pos(n) > a.pos(best):
                     best = n
         return best.body[0].value if best is not None else None  # type: ignore[union-attr]
 
-    def _checkpoints(self, a: _Analysis, e: Edits, opts: list[str], sc: str, anchor: cst.CSTNode,
+    def _checkpoint_calls(self, a: _Analysis) -> list[tuple[cst.Call, bool]]:
+        """(call, is torch.save) for every `torch.save(x, ...)` and `x.load_state_dict(...)`, in walk order."""
+        calls = a.__dict__.get("_ckpt_calls")
+        if calls is None:
+            calls = a._ckpt_calls = []
+            for c in a.module_calls():
+                if isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict":
+                    calls.append((c, False))
+                elif isinstance(c.func, (cst.Name, cst.Attribute)) and c.args and callee(self, c) == "torch.save":
+                    calls.append((c, True))
+        return calls
+
+    def _checkpoints(self, a: _Analysis, e: Edits, opts: list[Key], sc: str, anchor: cst.CSTNode,
                      step_scope: cst.CSTNode) -> None:
         anchor_scope = a.scope_owner(anchor)
 
@@ -1116,8 +1319,14 @@ class MissingAutocast(_AmpBase):
             return a.pos(n) > a.pos(anchor) and (isinstance(anchor_scope, cst.Module)
                                                  or a.scope_owner(n) is anchor_scope)
 
-        for c in a.module_calls():
-            if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self, c) == "torch.save" and c.args:
+        def is_opt(name: str | None, at: cst.CSTNode) -> bool:
+            """``name`` read at ``at`` is one of the step's optimizers (also as the same-named parameter of
+            a helper, `def save(model, optimizer)` called as `save(model, optimizer)`)."""
+            k = a.param_alias(at).get(name) if name is not None else None
+            return (k if k is not None else a.key(name, at)) in opts
+
+        for c, is_save in self._checkpoint_calls(a):
+            if is_save:
                 d = c.args[0].value
                 if isinstance(d, cst.Name):  # ckpt = {...}; torch.save(ckpt, f)
                     d = self._named_dict(a, d.value, c)
@@ -1128,13 +1337,13 @@ class MissingAutocast(_AmpBase):
                     saves_opt = any(isinstance(el, cst.DictElement) and isinstance(el.value, cst.Call)
                                     and isinstance(el.value.func, cst.Attribute)
                                     and el.value.func.attr.value == "state_dict"
-                                    and dotted(el.value.func.value) in opts for el in d.elements)
+                                    and is_opt(dotted(el.value.func.value), el.value) for el in d.elements)
                     if saves_opt:
                         el = cst.DictElement(key=cst.SimpleString('"scaler"'),
                                              value=cst.parse_expression(f"{sc}.state_dict()"))
                         e.dicts[id(d)] = cst.Dict(elements=[el])
-            if isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict" \
-                    and dotted(c.func.value) in opts and len(c.args) == 1:
+                        e.touched.append((d, False))
+            elif is_opt(dotted(c.func.value), c) and len(c.args) == 1:  # type: ignore[union-attr]
                 arg = c.args[0].value
                 stmt = a.statement(c)
                 if isinstance(arg, cst.Subscript) and isinstance(arg.value, cst.Name) and \
@@ -1190,6 +1399,12 @@ class MissingGradScaler(_AmpBase):
     safety = Safety.DISPLAY
     tags = (Tag.NUMERICS,)
     prefilter = ("autocast",)
+    requires = ("optim", "backward")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _prefilter.missing_grad_scaler_possible(text)
+
     examples = (
         Invalid(_FP16_NO_SCALER, after=None),
         Valid(_AMP_DONE),
@@ -1280,9 +1495,8 @@ class InferenceAutocast(_AmpBase):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import loop_under_context
+        return super().could_match(text) and _prefilter.inference_autocast_possible(text)
 
-        return super().could_match(text) and loop_under_context(text)
     options = (OPTION_DTYPE,)
     examples = (
         Invalid(_INF_SRC, after=_INF_AFTER, unsafe="numerics"),

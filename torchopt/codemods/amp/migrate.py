@@ -25,6 +25,7 @@ from torchopt.codemods._torch import (
     torch_ref,
 )
 from torchopt.codemods.amp import FAMILY
+from torchopt.codemods.amp import _prefilter
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Valid
 
@@ -288,6 +289,7 @@ class DeprecatedAmpApi(Rule):
 
     code = "TOP201"
     min_torch = (2, 3)  # `torch.amp.GradScaler(device)`
+    locality = "file"  # an import's fix depends on every use of the names it binds
     name = "deprecated-amp-api"
     family = FAMILY
     message = "`{old}` is deprecated (FutureWarning); use `{new}`"
@@ -299,7 +301,12 @@ class DeprecatedAmpApi(Rule):
     manual_message = "`{old}` is deprecated (FutureWarning); migrate it to `{new}` by hand ({why})"
     fix_title = "Use `{new}`"
     safety = Safety.SAFE
-    prefilter = ("cuda.amp", "cpu.amp", "cuda import amp", "cpu import amp")
+    # "cuda import": `from torch.cuda import nccl, amp` / `from torch.cuda import (amp)`.
+    prefilter = ("cuda.amp", "cpu.amp", "cuda import", "cpu import")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _prefilter.deprecated_amp_possible(text)
 
     examples = (
         Invalid(
@@ -783,6 +790,10 @@ class PureFp16Model(Rule):
     safety = Safety.DISPLAY
     prefilter = ("half", "float16")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _prefilter.pure_fp16_possible(text)
+
     examples = (
         Invalid(
             "import torch\nimport torch.nn as nn\n\nmodel = nn.Linear(4, 2).half()\n"
@@ -1018,6 +1029,11 @@ class GradientPenaltyAmp(_AmpUses):
     safety = Safety.DISPLAY
     prefilter = ("create_graph", "autograd")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and ("autocast" in text or "GradScaler" in text) \
+            and _prefilter.gradient_penalty_possible(text)
+
     examples = (
         Invalid(
             "import torch\n\nscaler = torch.amp.GradScaler(\"cuda\")\n\n\ndef step(model, x):\n"
@@ -1138,6 +1154,11 @@ class CustomFunctionAmp(_AmpUses):
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = ("Function",)
+    requires = ("autocast",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _prefilter.custom_function_possible(text)
     _amp_watch = frozenset({"autocast"})
 
     examples = (

@@ -138,6 +138,12 @@ class ChannelsLast(Rule):
     tags = (Tag.TOLERANCE,)
     prefilter = ("Conv2d", "ConvTranspose2d", "torchvision")
     requires = ("torch",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods.compile._model import models_possible
+
+        return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (1, 5)
     examples = (
         Invalid(_SRC, after=_AFTER, unsafe="tolerance", runnable=True),

@@ -168,3 +168,41 @@ def has_random_ops(module: cst.Module) -> bool:
             if any(tok in text for tok in RANDOM_TOKENS):
                 return True
     return False
+
+
+def models_possible(text: str) -> bool:
+    """Cheap necessary condition for ``find_models`` on CPython's ast: some plain name N is a
+    candidate (``N.eval()``, or ``N.parameters()``/``N.named_parameters()`` first positional argument
+    of a call that may resolve to ``torch.optim.*``), is assigned a call (``N = <call>``, one target)
+    and is called (``N(...)``) somewhere in the file. True when the text does not parse."""
+    import ast as _ast
+
+    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+
+    index, imports = ast_index(text), torch_import_map(text)
+    if index is None:
+        return True
+    calls = index.get(_ast.Call, ())
+    cands: set[str] = set()
+    for c in calls:
+        f = c.func
+        if isinstance(f, _ast.Attribute) and f.attr == "eval" and isinstance(f.value, _ast.Name) \
+                and not c.args and not c.keywords:
+            cands.add(f.value.id)
+            continue
+        if not c.args:
+            continue
+        first = c.args[0]
+        if isinstance(first, _ast.Starred):
+            first = first.value
+        if (isinstance(first, _ast.Call) and isinstance(first.func, _ast.Attribute)
+                and first.func.attr in _PARAM_METHODS and isinstance(first.func.value, _ast.Name)):
+            if imports is None or any(q.startswith("torch.optim.") for q in ast_torch_names(imports, c.func)):
+                cands.add(first.func.value.id)
+    if not cands:
+        return False
+    called = {c.func.id for c in calls if isinstance(c.func, _ast.Name)} & cands
+    if not called:
+        return False
+    return any(len(a.targets) == 1 and isinstance(a.targets[0], _ast.Name) and a.targets[0].id in called
+               and isinstance(a.value, _ast.Call) for a in index.get(_ast.Assign, ()))

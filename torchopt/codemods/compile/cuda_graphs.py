@@ -109,6 +109,13 @@ class CudaGraphsReduceOverhead(Rule):
     tags = (Tag.TOLERANCE,)
     prefilter = ("compile(",)
     requires = ("torch",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods.compile._model import models_possible
+
+        # visit_Module: `<model>.compile(...)` or `torch.compile(...)` of a model find_models finds.
+        return super().could_match(text) and models_possible(text)
     min_torch = (2, 0)
     examples = (
         Invalid(_HEAD + "model.compile()\n", after=_HEAD + 'model.compile(mode="reduce-overhead")\n',
@@ -217,7 +224,9 @@ class ManualCudaGraphs(Rule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # Every name in _APIS is under torch.cuda: the import or attribute chain spells "cuda".
-        return super().could_match(text) and "cuda" in text
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and "cuda" in text and may_call_torch(text, cls._APIS)
 
     examples = (
         Invalid("import torch\n\nmodel = torch.cuda.make_graphed_callables(model, (x,))\n"),

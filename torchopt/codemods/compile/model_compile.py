@@ -149,6 +149,12 @@ class CompileModel(Rule):
     tags = (Tag.TOLERANCE,)
     prefilter = ("parameters(", ".eval(")
     requires = ("torch",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods.compile._model import models_possible
+
+        return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (2, 2)
     examples = (
         Invalid(_SRC, after=_AFTER, unsafe="tolerance",

@@ -2,6 +2,8 @@
 cancels a per-channel constant (rules.md CBN-001)."""
 from __future__ import annotations
 
+import ast as _ast
+
 import libcst as cst
 
 from torchopt.codemods._torch import callee, has_comments, has_star, keyword, positional, set_kwarg, source, walk
@@ -39,6 +41,133 @@ def _arg(call: cst.Call, pos: int, name: str) -> cst.BaseExpression | None:
 
 def _text(rule: Rule, expr: cst.BaseExpression | None) -> str | None:
     return None if expr is None else " ".join(rule.ctx.module.code_for_node(expr).split())
+
+
+def _ast_key(node) -> str:
+    """A key that two expressions whose _text is equal share (string constants compared with
+    their whitespace runs collapsed; parentheses and comments ignored): a coarser equality."""
+    if isinstance(node, _ast.Constant):
+        v = node.value
+        if isinstance(v, str):
+            return "s" + repr(" ".join(v.split()))
+        if isinstance(v, bytes):
+            return "b" + repr(b" ".join(v.split()))
+        return "c" + repr(v)
+    if isinstance(node, _ast.AST):
+        return type(node).__name__ + "(" + ",".join(
+            _ast_key(getattr(node, f, None)) for f in node._fields if f != "ctx") + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(_ast_key(x) for x in node) + "]"
+    return repr(node)
+
+
+def _ast_arg(call: _ast.Call, pos: int, name: str):
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    return call.args[pos] if pos < len(call.args) else None
+
+
+def _could_match(text: str) -> bool:
+    """ConvBiasBeforeNorm's cheap necessary condition on CPython's ast: a torch.nn convolution call
+    _flag could fix or report (no star, no bias other than `True`, at most _BIAS_POS positional
+    arguments) and a torch.nn normalisation call (no star) that _cancels it (same spatial dims, the
+    channel counts spelled alike), either consecutive arguments of a call (the nn.Sequential form)
+    or both assigned to `self.<attr>` in the `__init__` of a class with a `forward`. True when the
+    text does not parse or star-imports from torch."""
+    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+
+    index, imports = ast_index(text), torch_import_map(text)
+    if index is None or imports is None:
+        return True
+    if not imports:
+        return False
+    convs: dict[int, str] = {}
+    norms: dict[int, str] = {}
+    for c in index.get(_ast.Call, ()):
+        names = ast_torch_names(imports, c.func)
+        if not names or any(isinstance(a, _ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+            continue
+        for q in names:
+            if (conv := _torch_nn_class(q, _CONVS)) is not None:
+                bias = next((k.value for k in c.keywords if k.arg == "bias"), None)
+                if (bias is None or (isinstance(bias, _ast.Constant) and bias.value is True)) \
+                        and len(c.args) <= _BIAS_POS and _ast_arg(c, 1, "out_channels") is not None:
+                    convs[id(c)] = conv
+            elif (norm := _torch_nn_class(q, _NORMS)) is not None:
+                norms[id(c)] = norm
+    if not convs or not norms:
+        return False
+
+    def cancels(conv: _ast.Call, norm: _ast.Call) -> bool:
+        cname, nname = convs[id(conv)], norms[id(norm)]
+        if _NORMS[nname] and _NORMS[nname] != _CONVS[cname]:
+            return False
+        out = _ast_key(_ast_arg(conv, 1, "out_channels"))
+        if nname == "GroupNorm":
+            g, ch = _ast_arg(norm, 0, "num_groups"), _ast_arg(norm, 1, "num_channels")
+            return g is not None and ch is not None and _ast_key(g) == _ast_key(ch) == out
+        f = _ast_arg(norm, 0, "num_features")
+        return f is not None and _ast_key(f) == out
+
+    for c in index.get(_ast.Call, ()):  # nn.Sequential(conv, norm, ...)
+        for a, b in zip(c.args, c.args[1:]):
+            if id(a) in convs and id(b) in norms and cancels(a, b):
+                return True
+    for cls in index.get(_ast.ClassDef, ()):
+        methods = {s.name: s for s in cls.body if isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef))}
+        if "__init__" not in methods or "forward" not in methods:
+            continue
+        built = {n.targets[0].attr: n.value for n in _ast.walk(methods["__init__"]) if isinstance(n, _ast.Assign)
+                 and len(n.targets) == 1 and _ast_self_attr(n.targets[0]) is not None}
+        cs = {k: v for k, v in built.items() if id(v) in convs}
+        ns = {k: v for k, v in built.items() if id(v) in norms}
+        if not any(cancels(a, b) for a in cs.values() for b in ns.values()):
+            continue
+        uses: dict[str, int] = {}
+        for n in _ast.walk(cls):
+            if (attr := _ast_self_attr(n)) is not None:
+                uses[attr] = uses.get(attr, 0) + 1
+        for c_attr, n_attr in _ast_pairs(methods["forward"]):
+            if c_attr in cs and n_attr in ns and uses.get(c_attr) == 2 and cancels(cs[c_attr], ns[n_attr]):
+                return True
+    return False
+
+
+def _ast_self_attr(node) -> str | None:
+    if isinstance(node, _ast.Attribute) and isinstance(node.value, _ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _ast_self_call(expr) -> tuple[str, _ast.AST] | None:
+    """``self.x(arg)`` -> ("x", arg) (_self_call)."""
+    if isinstance(expr, _ast.Call) and len(expr.args) == 1 and not expr.keywords \
+            and not isinstance(expr.args[0], _ast.Starred) and (attr := _ast_self_attr(expr.func)) is not None:
+        return attr, expr.args[0]
+    return None
+
+
+def _ast_pairs(forward) -> list[tuple[str, str]]:
+    """(conv attr, norm attr) candidates of _pairs: ``self.n(self.c(x))``, or ``v = self.c(x)``
+    directly followed by ``w = self.n(v)`` in one block (crossing nested scopes: a superset)."""
+    out = []
+    for n in _ast.walk(forward):
+        if (outer := _ast_self_call(n)) is not None and (inner := _ast_self_call(outer[1])) is not None:
+            out.append((inner[0], outer[0]))
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(n, field, None)
+            if not isinstance(stmts, list):
+                continue
+            for a, b in zip(stmts, stmts[1:]):
+                if not (isinstance(a, _ast.Assign) and isinstance(b, _ast.Assign) and len(a.targets) == 1
+                        and len(b.targets) == 1 and isinstance(a.targets[0], _ast.Name)
+                        and isinstance(b.targets[0], _ast.Name)):
+                    continue
+                c1, c2 = _ast_self_call(a.value), _ast_self_call(b.value)
+                if c1 is not None and c2 is not None and isinstance(c2[1], _ast.Name) and c2[1].id == a.targets[0].id:
+                    out.append((c1[0], c2[0]))
+    return out
 
 
 class ConvBiasBeforeNorm(Rule):
@@ -134,7 +263,7 @@ class ConvBiasBeforeNorm(Rule):
     def could_match(cls, text: str) -> bool:
         # Both layers must resolve to torch.nn, and every name in _NORMS spells one of these.
         return super().could_match(text) and "torch" in text and (
-            "BatchNorm" in text or "InstanceNorm" in text or "GroupNorm" in text)
+            "BatchNorm" in text or "InstanceNorm" in text or "GroupNorm" in text) and _could_match(text)
 
     note = ("train-mode outputs equal up to rounding; BatchNorm running means no longer include the bias, so "
             "eval-mode outputs differ until they converge; construction draws fewer random numbers, so "

@@ -484,3 +484,95 @@ class LoaderRule(Rule):
                 elif isinstance(n.func, cst.Attribute):
                     out.add(n.func.attr.value)
         return out
+
+
+# --------------------------------------------------------------------------- cheap pre-check
+# ``could_match`` of the DATA rules: a ``DataLoader(...)`` call that resolves to torch's (through the
+# file's imports, on CPython's ast: a superset of what QualifiedNameProvider resolves) and that the
+# rule's own test on its arguments does not rule out.
+
+_DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+
+
+def loader_calls_possible(text: str, test, looped: bool = False, epoch: bool = False) -> bool:
+    """Some torch DataLoader call without ``*``/``**`` arguments for which ``test(args)`` holds,
+    ``args`` mapping each DataLoader parameter name given (by keyword or position) to its ast value.
+    ``looped``: and LoaderRule._info could find a loop for it (``info.loops`` or a ``passed_to`` call
+    in a loop): some loop holds the call or the name it is assigned to, or the call or that name is
+    an argument of a call of a module-level function that has a ``for`` loop. True when the text
+    does not parse. ``epoch``: and TransientWorkers._epoch_loop could find an epoch loop
+    (_loader_epoch_looped)."""
+    import ast
+
+    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+
+    index = ast_index(text)
+    if index is None:
+        return True
+    imports = torch_import_map(text)
+    for c in index.get(ast.Call, ()):
+        f = c.func
+        last = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        if last != "DataLoader":
+            continue
+        if imports is not None and not (ast_torch_names(imports, f) & _DATALOADERS):
+            continue
+        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+            continue
+        args = {k.arg: k.value for k in c.keywords}
+        by_pos = {i: n for n, i in POSITION.items()}
+        for i, a in enumerate(c.args):
+            if i in by_pos:
+                args.setdefault(by_pos[i], a)
+        args["__positional__"] = len(c.args)
+        if test(args) and (not looped or _loader_looped(index, c)) and (not epoch or _loader_epoch_looped(index, c)):
+            return True
+    return False
+
+
+def _loader_epoch_looped(index: dict, call) -> bool:
+    """TransientWorkers._epoch_loop may find a loop: the loader is assigned to a name, and some loop
+    that does not hold the DataLoader call mentions that name in its body (the loop over the loader,
+    or a call it is passed to, nested in an epoch loop)."""
+    import ast
+
+    name = None
+    for n in [*index.get(ast.Assign, ()), *index.get(ast.AnnAssign, ())]:
+        if n.value is call:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                name = targets[0].id
+    if name is None:
+        return False
+    pos = (call.lineno, call.col_offset)
+    for loop in [*index.get(ast.For, ()), *index.get(ast.AsyncFor, ()), *index.get(ast.While, ())]:
+        if (loop.lineno, loop.col_offset) <= pos <= (loop.end_lineno, loop.end_col_offset):
+            continue
+        if any(isinstance(n, ast.Name) and n.id == name for st in loop.body for n in ast.walk(st)):
+            return True
+    return False
+
+
+def _loader_looped(index: dict, call) -> bool:
+    import ast
+
+    name = None
+    for n in [*index.get(ast.Assign, ()), *index.get(ast.AnnAssign, ())]:
+        if n.value is call:
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                name = targets[0].id
+
+    def mentions(node) -> bool:
+        return node is call or (name is not None and isinstance(node, ast.Name) and node.id == name)
+
+    for loop in [*index.get(ast.For, ()), *index.get(ast.AsyncFor, ()), *index.get(ast.While, ())]:
+        if any(mentions(n) for n in ast.walk(loop)):
+            return True
+    looping_fns = {f.name for f in [*index.get(ast.FunctionDef, ()), *index.get(ast.AsyncFunctionDef, ())]
+                   if any(isinstance(n, ast.For) for n in ast.walk(f))}
+    for c in index.get(ast.Call, ()):
+        if isinstance(c.func, ast.Name) and c.func.id in looping_fns and \
+                any(mentions(a) for a in [*c.args, *(k.value for k in c.keywords)]):
+            return True
+    return False

@@ -2,6 +2,8 @@
 TOP703 `persistent_workers`."""
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
@@ -23,6 +25,7 @@ from torchopt.codemods.data._loaders import (
     LoaderRule,
     Loop,
     loader_arg,
+    loader_calls_possible,
     names_in,
 )
 from torchopt.codemods.device.loops import UnpinnedHostCopy, _move_device
@@ -98,6 +101,13 @@ class SingleProcessLoading(LoaderRule):
     safety = Safety.UNSAFE
     tags = (Tag.RNG,)
     prefilter = ("DataLoader",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # _check: num_workers absent or the literal 0.
+        return super().could_match(text) and loader_calls_possible(text, lambda a: a.get("num_workers") is None or (
+            isinstance(a["num_workers"], ast.Constant) and type(a["num_workers"].value) is int
+            and a["num_workers"].value == 0))
     options = (
         Option("num-workers", int, 0,
                "the worker count to write; 0 writes `min(8, os.cpu_count() or 1)` (divided by the "
@@ -271,6 +281,12 @@ class UnpinnedLoader(LoaderRule):
     safety = Safety.SAFE
     prefilter = ("DataLoader",)
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # analyse: no pin_memory, at most 7 positional arguments, a loop over the loader.
+        return super().could_match(text) and loader_calls_possible(
+            text, lambda a: a.get("pin_memory") is None and a["__positional__"] <= 7, looped=True)
+
     examples = (
         Invalid(
             _H + _TDS + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
@@ -438,6 +454,18 @@ class TransientWorkers(LoaderRule):
     safety = Safety.UNSAFE
     tags = (Tag.RNG,)
     prefilter = ("DataLoader",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # _check: num_workers given, not a literal <= 0, no persistent_workers keyword, and an epoch
+        # loop around the loader's loop or a call it is passed to.
+        def test(a: dict) -> bool:
+            nw = a.get("num_workers")
+            if nw is None or "persistent_workers" in a:
+                return False
+            return not (isinstance(nw, ast.Constant) and type(nw.value) is int and nw.value <= 0)
+
+        return super().could_match(text) and loader_calls_possible(text, test, epoch=True)
 
     examples = (
         Invalid(

@@ -6,7 +6,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from torchopt.codemods._torch import keyword, walk
 from torchopt.codemods.ddp import FAMILY
-from torchopt.codemods.ddp._analysis import DDP, Analysis, calls
+from torchopt.codemods.ddp._analysis import DDP, DP, Analysis, calls
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
@@ -52,6 +52,12 @@ class FindUnusedParameters(Rule):
                "(and consider `gradient_as_bucket_view=True`)")
     safety = Safety.DISPLAY
     prefilter = ("find_unused_parameters",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP)  # visit_Call: a DDP call
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(_H + "model = DDP(model, find_unused_parameters=True)\n"),
@@ -101,6 +107,13 @@ class LoadBalance(Rule):
                "batch by token count or bucket by length")
     safety = Safety.DISPLAY
     prefilter = ("pad_sequence", "pack_padded_sequence")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
+            text, ("torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"))
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(_H + "from torch.nn.utils.rnn import pad_sequence\nmodel = DDP(model)\n"
@@ -160,6 +173,13 @@ class SchedulerAfterDDP(Rule):
                "scale the learning rate if the global batch changes")
     safety = Safety.DISPLAY
     prefilter = tuple(_SCHEDULERS)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
+            text, [f"torch.optim.lr_scheduler.{s}" for s in _SCHEDULERS])
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(_H + "model = DDP(model)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"

@@ -6,7 +6,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
 from torchopt.codemods.ddp import FAMILY
-from torchopt.codemods.ddp._analysis import Analysis, Refusal
+from torchopt.codemods.ddp._analysis import DP, LOADERS, Analysis, Refusal
 from torchopt.codemods.ddp._convert import convert, single_model
 from torchopt.codemods.ddp._examples import (
     DP_AFTER,
@@ -109,6 +109,12 @@ class DataParallelToDDP(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
     prefilter = ("DataParallel",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DP)  # visit_Module: a.dp or a.dp_other
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
         Invalid(DP_SRC, after=DP_AFTER, unsafe="semantics", runnable=True),
@@ -192,6 +198,16 @@ class SingleProcessToDDP(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
     prefilter = ("DataLoader",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch, torch_callees
+
+        # visit_Module: a DataLoader and a torch.optim optimizer bound to names, a training loop.
+        if not (super().could_match(text) and may_call_torch(text, LOADERS)):
+            return False
+        callees = torch_callees(text)
+        return callees is None or any(q.startswith("torch.optim.") for q in callees)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
         Invalid(SINGLE_SRC, after=SINGLE_AFTER, unsafe="semantics", runnable=True),

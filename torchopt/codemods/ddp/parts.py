@@ -8,7 +8,10 @@ from libcst.metadata import PositionProvider, ScopeProvider
 from torchopt.codemods._torch import keyword, walk
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp._analysis import (
+    DDP,
     DSAMPLERS,
+    INITS,
+    LOADERS,
     Analysis,
     Edits,
     Refusal,
@@ -83,6 +86,13 @@ class MissingSetEpoch(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
     prefilter = ("DistributedSampler",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        # visit_Module: a DataLoader (sampler=<a DistributedSampler>) bound to a name, looped over.
+        return super().could_match(text) and may_call_torch(text, DSAMPLERS) and may_call_torch(text, LOADERS)
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(EPOCH_SRC, after=EPOCH_AFTER, unsafe="semantics"),
@@ -173,6 +183,12 @@ class NoSyncAccumulation(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
     prefilter = ("DistributedDataParallel",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(ACC_SRC, after=ACC_AFTER, unsafe="tolerance", runnable=True),
@@ -307,6 +323,12 @@ class RankZeroGuards(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
     prefilter = ("init_process_group",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, INITS)  # visit_Module: a.inits
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(GUARD_SRC, after=GUARD_AFTER, unsafe="semantics"),
@@ -398,6 +420,12 @@ class CheckpointPortability(Rule):
     fix_title = "Use `{model}.module`"
     safety = Safety.SAFE
     prefilter = ("DistributedDataParallel",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(SAVE_SRC, after=SAVE_AFTER, unsafe="semantics"),

@@ -236,6 +236,24 @@ class ProfilerLeftOn(DebugRule):
     safety = Safety.SAFE
     prefilter = ("profile", "emit_nvtx", "emit_itt")
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # visit_With: a `with` item calling something that may resolve to a profiler (through the
+        # file's torch imports, on CPython's ast). True when the text does not parse.
+        if not super().could_match(text):
+            return False
+        import ast
+
+        from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+
+        index = ast_index(text)
+        imports = torch_import_map(text)
+        if index is None or imports is None:
+            return True
+        wanted = PROFILERS_ENABLED | PROFILERS_PLAIN
+        return any(isinstance(i.context_expr, ast.Call) and ast_torch_names(imports, i.context_expr.func) & wanted
+                   for w in [*index.get(ast.With, ()), *index.get(ast.AsyncWith, ())] for i in w.items)
+
     _LOOP = ("    for x, y in loader:\n        loss = (model(x) - y).pow(2).mean()\n        loss.backward()\n"
              "        opt.step()\n")
     examples = (

@@ -57,6 +57,12 @@ class SdpKernel(Rule):
     fix_title = "Use `torch.nn.attention.sdpa_kernel([...])`"
     safety = Safety.SAFE
     prefilter = ("sdp_kernel",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, ("torch.backends.cuda.sdp_kernel",))
     min_torch = (2, 4)
 
     examples = (

@@ -50,7 +50,15 @@ class CheckpointReentrant(Rule):
     message = "`{func}` without `use_reentrant=` warns today and is slated to raise"
     fix_title = "Pass `use_reentrant={value}`"
     safety = Safety.SAFE
-    prefilter = ("checkpoint(", "checkpoint_sequential(")
+    prefilter = ("checkpoint",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import torch_calls_to
+
+        calls = torch_calls_to(text, CHECKPOINT_FUNCS) if super().could_match(text) else []
+        # visit_Call: such a call without `use_reentrant=` and without `**kwargs`.
+        return calls is None or any(all(k.arg not in ("use_reentrant", None) for k in c.keywords) for c in calls)
     options = (
         Option("prefer", str, "keep", "`keep`: write use_reentrant=True (today's behaviour, safe); "
                "`non-reentrant`: write the recommended use_reentrant=False (unsafe)",

@@ -61,7 +61,13 @@ class TorchRange(Rule):
     message = "`torch.range` is deprecated (and includes its end)"
     fix_title = "Use `{new}`"
     safety = Safety.SAFE
-    prefilter = (".range(", "import range", ", range")
+    prefilter = ("range",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, ("torch.range",))
 
     examples = (
         Invalid(
@@ -151,6 +157,13 @@ class AutogradVariable(Rule):
     safety = Safety.SAFE
     prefilter = ("Variable",)
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(
+            text, ("torch.autograd.Variable", "torch.autograd.variable.Variable"))
+
     examples = (
         Invalid(
             "import torch\nfrom torch.autograd import Variable\n\nx = Variable(torch.ones(2)) * 2\n",
@@ -239,8 +252,14 @@ class ReplacedLinalg(Rule):
     message = "`{old}` is removed or deprecated: use {new}"
     safety = Safety.DISPLAY
     # `.norm(`-style dotted calls, plus the distinctive names (`from torch import chain_matmul`).
-    prefilter = tuple("." + q.split(".")[1] + "(" for q in REPLACED) + (
-        "symeig", "lstsq", "matrix_rank", "chain_matmul", "cholesky")
+    # A call that resolves to torch.X spells X (in the call or in its import).
+    prefilter = tuple(q.rsplit(".", 1)[1] for q in REPLACED)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, REPLACED)
 
     examples = (
         Invalid("import torch\n\ndef f(A, b):\n    return torch.solve(b, A)\n"),

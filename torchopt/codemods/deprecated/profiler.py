@@ -77,6 +77,12 @@ class ProfilerUseCuda(Rule):
     fix_title = "{title}"
     safety = Safety.SAFE
     prefilter = ("use_cuda",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, (LEGACY,))
     min_torch = (2, 1)
     options = (
         Option("api", str, "auto",

@@ -2,6 +2,8 @@
 constructors ``torch.cuda.FloatTensor(n)`` / ``torch.Tensor(sizes).cuda()`` (TOP828, DEP-008)."""
 from __future__ import annotations
 
+import ast as _ast
+
 import libcst as cst
 
 from torchopt.codemods._torch import (
@@ -80,6 +82,12 @@ class SetDefaultTensorType(Rule):
     fix_title = "Use `{new}`"
     safety = Safety.SAFE
     prefilter = ("set_default_tensor_type",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, ("torch.set_default_tensor_type",))
     min_torch = (2, 0)
 
     examples = (
@@ -194,7 +202,20 @@ class LegacyConstructor(Rule):
     message = "`{old}` is a legacy constructor{extra}"
     fix_title = "Use `{new}`"
     safety = Safety.SAFE
-    prefilter = ("Tensor(",)
+    prefilter = ("Tensor",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import torch_calls_to
+
+        if not super().could_match(text):
+            return False
+        names = ["torch.Tensor", *(f"torch.{t}" for t in TENSOR_TYPES), *(f"torch.cuda.{t}" for t in TENSOR_TYPES)]
+        calls = torch_calls_to(text, names)
+        # _sizes: every argument an integer literal (no keyword, no star).
+        return calls is None or any(
+            c.args and not c.keywords and all(isinstance(a, _ast.Constant) and type(a.value) is int for a in c.args)
+            for c in calls)
 
     examples = (
         Invalid(

@@ -73,6 +73,12 @@ class AssertAllclose(Rule):
     safety = Safety.SAFE
     prefilter = ("assert_allclose",)
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods._torch import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, ("torch.testing.assert_allclose",))
+
     examples = (
         Invalid(
             "import torch\n\nout = torch.ones(3)\nref = torch.ones(3, dtype=torch.float64)\n"

@@ -8,16 +8,19 @@ decided by one function, :func:`fold_verdict`, used by both rules (TOP101 needs 
 """
 from __future__ import annotations
 
+import ast as _ast
 import math
+import re
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import libcst as cst
 from libcst.metadata import QualifiedNameSource, ScopeProvider
 
 from torchopt.codemods._torch import (
     CAST_METHODS,
+    DTYPES,
     FLOAT_DTYPES,
     INT_DTYPES,
     Device,
@@ -39,6 +42,10 @@ from torchopt.codemods._torch import (
     set_kwarg,
     source,
     _is_import_of_torch,
+    ast_index,
+    ast_torch_names,
+    torch_calls_to,
+    torch_import_map,
     torch_ref,
 )
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
@@ -521,6 +528,102 @@ class _FactoryRule(Rule):
         return factory_data(self, kind, inner, self._default_float)
 
 
+_DEVICE_RE = re.compile(r"^(cuda|cpu|mps|xpu|meta|hpu|npu|xla|privateuseone)(:\d+)?$")
+
+
+def _ast_star(call: _ast.Call) -> bool:
+    return any(isinstance(a, _ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+
+
+def _ast_int_args(call: _ast.Call) -> bool:
+    """Every argument an integer literal (int_value), at least one."""
+    return bool(call.args) and not call.keywords and all(
+        isinstance(a, _ast.Constant) and type(a.value) is int for a in call.args)
+
+
+def _ast_factory_calls(text: str, methods: tuple[str, ...], kinds: Iterable[str]):
+    """(outer, inner, kind) for ``inner.<method>(...)`` where ``inner`` may call torch.<kind> and
+    factory_blockers does not rule it out; None when it cannot be told."""
+    index, imports = ast_index(text), torch_import_map(text)
+    if index is None or imports is None:
+        return None
+    kinds = set(kinds)
+    out = []
+    for c in index.get(_ast.Call, ()):
+        f = c.func
+        if not (isinstance(f, _ast.Attribute) and f.attr in methods and isinstance(f.value, _ast.Call)):
+            continue
+        inner = f.value
+        for q in ast_torch_names(imports, inner.func):
+            kind = q[len("torch."):]
+            if kind not in kinds or _ast_star(inner) or any(k.arg == "out" for k in inner.keywords):
+                continue
+            out.append((c, inner, kind))
+    return out
+
+
+def _could_move(text: str) -> bool:
+    """FactoryThenMove's cheap necessary condition (True when it cannot be told)."""
+    found = _ast_factory_calls(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
+    if found is None:
+        return True
+    imports = torch_import_map(text) or {}
+    for outer, inner, kind in found:
+        if kind in LEGACY and not _ast_int_args(inner):
+            continue
+        if outer.func.attr == "to" and _ast_to_dtype_only(imports, outer):
+            continue  # `.to(dtype)`: TOP102's
+        if kind == "from_numpy" and (len(inner.args) != 1 or inner.keywords):
+            continue
+        return True
+    calls = torch_calls_to(text, [f"torch.cuda.{t}" for t in CUDA_LEGACY])
+    return calls is None or any(_ast_int_args(c) and not _ast_star(c) for c in calls)
+
+
+def _could_cast(text: str) -> bool:
+    """FactoryCast's cheap necessary condition (True when it cannot be told)."""
+    found = _ast_factory_calls(text, (*CAST_METHODS, "to"), FACTORIES)
+    if found is None:
+        return True
+    imports = torch_import_map(text) or {}
+    return any(not (o.args or o.keywords) if o.func.attr != "to" else not _ast_to_device_only(imports, o)
+               for o, _i, _k in found)
+
+
+def _ast_to_dtype_only(imports: dict, call: _ast.Call) -> bool:
+    """parse_to surely finds no device (and no unknown) in ``.to(...)``: ``.to(dtype=...)``,
+    ``.to(<torch dtype>[, non_blocking[, copy]])`` or something it does not fold."""
+    if _ast_star(call):
+        return True
+    kws = {k.arg for k in call.keywords}
+    if "device" in kws or not kws <= {"dtype", "non_blocking", "copy"}:
+        return "device" not in kws
+    if not call.args:
+        return True
+    names = ast_torch_names(imports, call.args[0])
+    return len(call.args) <= 3 and all(isinstance(a, _ast.Constant) for a in call.args[1:]) and bool(names) and all(
+        q.startswith("torch.") and q[len("torch."):] in DTYPES for q in names)
+
+
+def _ast_to_device_only(imports: dict, call: _ast.Call) -> bool:
+    """parse_to surely gives CastAfterFactory nothing to fold in ``.to(...)`` (a device, or a form
+    it does not fold): a ``device=`` keyword, ``dtype=`` with a positional, another keyword, no
+    argument, or a sole ``<x>.device`` / ``'<device>'``."""
+    if _ast_star(call):
+        return True
+    kws = {k.arg for k in call.keywords}
+    if "device" in kws or not kws <= {"dtype", "non_blocking", "copy"}:
+        return True
+    if "dtype" in kws:
+        return bool(call.args)
+    if len(call.args) != 1:
+        return not call.args
+    a = call.args[0]
+    if isinstance(a, _ast.Attribute) and a.attr == "device":
+        return not ast_torch_names(imports, a)
+    return isinstance(a, _ast.Constant) and isinstance(a.value, str) and bool(_DEVICE_RE.match(a.value))
+
+
 def _keep_parens(outer: cst.Call, new: cst.Call) -> cst.Call:
     return new.with_changes(lpar=[*outer.lpar, *new.lpar], rpar=[*new.rpar, *outer.rpar])
 
@@ -688,7 +791,7 @@ class FactoryThenMove(_FactoryRule):
         # `torch.cuda.<legacy type>(...)` (spelled with "cuda" and the type's name).
         return super().could_match(text) and (
             chained_call(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
-            or ("cuda" in text and any(name in text for name in CUDA_LEGACY)))
+            or ("cuda" in text and any(name in text for name in CUDA_LEGACY))) and _could_move(text)
 
     def visit_Call(self, node: cst.Call) -> None:
         mc = method_call(node, ("cuda", "to"))
@@ -978,7 +1081,8 @@ class CastAfterFactory(_FactoryRule):
         from torchopt.codemods._torch import chained_call
 
         # visit_Call: `<torch factory>(...).<cast>()` (method_call + factory_kind).
-        return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES)
+        return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES) \
+            and _could_cast(text)
 
     def visit_Call(self, node: cst.Call) -> None:
         mc = method_call(node, (*CAST_METHODS, "to"))

@@ -62,6 +62,11 @@ class CpuLauncherAdvice(Rule):
     safety = Safety.DISPLAY
     prefilter = ("__main__",)
     requires = ("torch",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # visit_If: an accelerator script that never names the CPU is not reported.
+        return super().could_match(text) and not (_ACCEL.search(text) and not _CPU.search(text))
     examples = (
         Invalid("import torch\n\ndef main():\n    print(torch.ones(2).sum())\n\n\n" + _MAIN),
         Invalid("import torch\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
@@ -80,6 +85,8 @@ class CpuLauncherAdvice(Rule):
                 and isinstance(test.comparisons[0].operator, cst.Equal)):
             return
         code = self.ctx.module.code
+        if "torch" not in code:
+            return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
         if _ACCEL.search(code) and not _CPU.search(code):
             return
         extra = []

@@ -19,11 +19,21 @@ there, so the switches stay together in one block.
 """
 from __future__ import annotations
 
+import ast as _ast
 from dataclasses import dataclass, field
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, qualified_names, string_value, torch_name, walk
+from torchopt.codemods._torch import (
+    ast_index,
+    ast_tree,
+    callee,
+    qualified_names,
+    string_value,
+    torch_calls_to,
+    torch_name,
+    walk,
+)
 from torchopt.rewrite.rule import Rule
 
 # Convolution layers and functions (rules.md FLAG-001: `nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).
@@ -318,3 +328,62 @@ def insertion(prog: Program, line: cst.BaseStatement) -> cst.FlattenSentinel:
     assert prog.anchor is not None
     pair = [prog.anchor, line] if prog.anchor_after else [line, prog.anchor]
     return cst.FlattenSentinel(pair)
+
+
+# --------------------------------------------------------------------------- cheap pre-checks (CPython's ast)
+
+
+def _ast_main_guard(stmt: _ast.stmt) -> bool:
+    """_is_main_guard, loosened: ``if <a> == <b>:`` naming ``__name__`` and ``"__main__"``."""
+    if not isinstance(stmt, _ast.If) or not isinstance(stmt.test, _ast.Compare):
+        return False
+    t = stmt.test
+    if len(t.ops) != 1 or not isinstance(t.ops[0], _ast.Eq):
+        return False
+    sides = (t.left, t.comparators[0])
+    return any(isinstance(x, _ast.Name) and x.id == "__name__" for x in sides) and any(
+        isinstance(x, _ast.Constant) and x.value == "__main__" for x in sides)
+
+
+def entry_possible(text: str) -> bool:
+    """_find_entry may find an entry (anchor) in ``text``: a module-level ``__main__`` guard, a
+    module-level ``main`` function called from module level, or a module-level ``for``/``while``
+    that calls ``.backward``/``.step``. True when the text does not parse."""
+    tree = ast_tree(text)
+    if tree is None:
+        return True
+    body = tree.body
+    if any(_ast_main_guard(s) for s in body):
+        return True
+    if any(isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and s.name == "main" for s in body) and any(
+            isinstance(n, _ast.Call) and isinstance(n.func, _ast.Name) and n.func.id == "main"
+            for s in body if not isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef))
+            for n in _ast.walk(s)):
+        return True
+    return any(isinstance(s, (_ast.For, _ast.AsyncFor, _ast.While)) and any(
+        isinstance(n, _ast.Call) and isinstance(n.func, _ast.Attribute) and n.func.attr in ("backward", "step")
+        for n in _ast.walk(s)) for s in body)
+
+
+def determinism_possible(text: str) -> bool:
+    """_analyse may record a determinism switch: the CUBLAS string, an assignment of a literal
+    ``True`` to a ``.deterministic`` attribute, or a call that may be
+    ``torch.use_deterministic_algorithms(True)``. True when the text does not parse."""
+    if CUBLAS_ENV in text:
+        return True
+    index = ast_index(text)
+    if index is None:
+        return True
+    for n in [*index.get(_ast.Assign, ()), *index.get(_ast.AnnAssign, ()), *index.get(_ast.AugAssign, ())]:
+        if isinstance(n.value, _ast.Constant) and n.value.value is True:
+            targets = n.targets if isinstance(n, _ast.Assign) else [n.target]
+            if any(isinstance(t, _ast.Attribute) and t.attr == "deterministic" for t in targets):
+                return True
+    calls = torch_calls_to(text, (USE_DETERMINISTIC,))
+    if calls is None:
+        return True
+    for c in calls:
+        args = [*c.args, *(k.value for k in c.keywords)]  # node.args[0] may be any keyword
+        if any(isinstance(a, _ast.Constant) and a.value is True for a in args):
+            return True
+    return False

@@ -6,7 +6,7 @@ import libcst as cst
 
 from torchopt.codemods._torch import source, torch_ref
 from torchopt.codemods.flags import FAMILY
-from torchopt.codemods.flags._program import insertion, program
+from torchopt.codemods.flags._program import determinism_possible, entry_possible, insertion, program
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
 _ENTRY_DOC = """\
@@ -116,6 +116,11 @@ class CudnnBenchmark(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
     prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # program(): a convolution (torch.nn Conv*/conv* or a torchvision model) in an entry script.
+        return super().could_match(text) and ("onv" in text or "torchvision" in text) and entry_possible(text)
 
     examples = (
         Invalid(_CONV_SCRIPT, after=_CONV_SCRIPT_AFTER, unsafe="tolerance"),
@@ -244,6 +249,11 @@ class MatmulPrecision(Rule):
     tags = (Tag.NUMERICS,)
     prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
 
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # program(): the switch goes into an entry script only.
+        return super().could_match(text) and entry_possible(text)
+
     examples = (
         Invalid(_LINEAR_SCRIPT, after=_LINEAR_SCRIPT.replace(
             "import torch\n", "import torch\ntorch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n", 1),
@@ -329,6 +339,10 @@ class DeterminismSwitch(Rule):
     message = "{what} makes results reproducible at a cost in speed; keep it only where reproducibility is needed"
     safety = Safety.DISPLAY
     prefilter = ("deterministic", "CUBLAS_WORKSPACE_CONFIG")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and determinism_possible(text)
 
     examples = (
         Invalid("import torch\n\ntorch.backends.cudnn.deterministic = True\n"),

@@ -214,3 +214,125 @@ class EvalRule(Rule):
                 elif callee(self, n) in ("torch.autograd.grad", "torch.autograd.backward"):
                     out |= {x.value for x in walk(n, cross_scopes=True) if isinstance(x, cst.Name)}
         return out
+
+
+
+def epoch_loop_possible(text: str) -> bool:
+    """Cheap necessary condition for EvalTrainModeMismatch._epoch_loop on CPython's ast: a
+    ``for``/``while`` loop whose body, or the body of a function of the file it calls by name, runs a
+    backward pass (``.backward(...)``, or a call named ``grad``/``backward``: torch.autograd's), and
+    whose body, or such a function's, switches a model to eval mode (``.eval()``,
+    ``.train(False)``). True when the text does not parse."""
+    import ast
+
+    from torchopt.codemods._torch import ast_index
+
+    index = ast_index(text)
+    if index is None:
+        return True
+    loops = [*index.get(ast.For, ()), *index.get(ast.AsyncFor, ()), *index.get(ast.While, ())]
+    if not loops:
+        return False
+    calls = index.get(ast.Call, ())
+
+    def evals(c: ast.Call) -> bool:
+        f = c.func
+        if not isinstance(f, ast.Attribute):
+            return False
+        if f.attr == "eval" and not c.args and not c.keywords:
+            return True
+        first = c.args[0] if c.args else (c.keywords[0].value if c.keywords else None)
+        return f.attr == "train" and isinstance(first, ast.Constant) and first.value is False
+
+    grad_names = {"grad", "backward"}
+    for imp in index.get(ast.ImportFrom, ()):
+        for a in imp.names:
+            if a.asname and a.name in ("grad", "backward"):
+                grad_names.add(a.asname)
+
+    def trains(c: ast.Call) -> bool:
+        f = c.func
+        if isinstance(f, ast.Attribute):
+            return f.attr in grad_names
+        return isinstance(f, ast.Name) and f.id in grad_names
+
+    if not any(evals(c) for c in calls) or not any(trains(c) for c in calls):
+        return False
+    fn_flags: dict[str, list[bool]] = {}
+    for fn in [*index.get(ast.FunctionDef, ()), *index.get(ast.AsyncFunctionDef, ())]:
+        flags = fn_flags.setdefault(fn.name, [False, False])
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Call):
+                flags[0] = flags[0] or trains(n)
+                flags[1] = flags[1] or evals(n)
+    for loop in loops:
+        t = e = False
+        for stmt in loop.body:
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Call):
+                    t = t or trains(n)
+                    e = e or evals(n)
+                    if isinstance(n.func, ast.Name) and n.func.id in fn_flags:
+                        ft, fe = fn_flags[n.func.id]
+                        t, e = t or ft, e or fe
+            if t and e:
+                return True
+    return False
+
+
+def _switches_to_eval(nodes) -> bool:
+    """An ``.eval()`` or ``.train(False)`` call under ``nodes`` (EvalTrainModeMismatch._mode_calls)."""
+    import ast
+
+    stack = list(nodes)  # not into nested functions, classes or lambdas (walk without cross_scopes)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+            if n.func.attr == "eval" and not n.args and not n.keywords:
+                return True
+            first = n.args[0] if n.args else (n.keywords[0].value if n.keywords else None)
+            if n.func.attr == "train" and isinstance(first, ast.Constant) and first.value is False:
+                return True
+    return False
+
+
+def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> bool:
+    """Cheap necessary condition for the evaluation units of TOP801/TOP803, sharper than
+    _torch.eval_sites_possible: a function named like evaluation that is not a method (``is_method``:
+    defined directly in a class body) whose body calls something named like a model, or a ``for``
+    loop over something named like held-out data whose body does, outside a function named like
+    evaluation. ``asynchronous``: async defs and loops count (TOP803 visits them, TOP801 does not);
+    ``mode_calls``: a function that itself calls ``.eval()``/``.train(False)`` does not count
+    (TOP803). True when the text does not parse."""
+    import ast
+
+    from torchopt.codemods._torch import _ast_model_call, ast_tree
+
+    tree = ast_tree(text)
+    if tree is None:
+        return True
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef) if asynchronous else (ast.FunctionDef,)
+    loops = (ast.For, ast.AsyncFor) if asynchronous else (ast.For,)
+    stack: list = [(tree, None, False)]  # (node, enclosing def name, node is a class)
+    while stack:
+        node, fname, is_class = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(child, funcs) and not is_class and EVAL_FUNCTION.match(child.name) \
+                        and _ast_model_call(child.body) and not (mode_calls and _switches_to_eval(child.body)):
+                    return True
+                stack.append((child, child.name, False))
+                continue
+            if isinstance(child, ast.ClassDef):
+                stack.append((child, None, True))  # enclosing_function stops at a class
+                continue
+            if isinstance(child, loops) and not (fname and EVAL_FUNCTION.match(fname)):
+                names = [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(child.iter)
+                         if isinstance(x, (ast.Name, ast.Attribute))]
+                if any(eval_loader_name(x) for x in names) and _ast_model_call(child.body):
+                    return True
+            stack.append((child, fname, False))
+    return False

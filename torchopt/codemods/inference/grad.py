@@ -166,8 +166,10 @@ class EvalWithoutNoGrad(EvalRule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         from torchopt.codemods._torch import eval_sites_possible
+        from torchopt.codemods.inference._evalcode import eval_units_possible
 
-        return super().could_match(text) and eval_sites_possible(text)
+        return super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
+            text, asynchronous=False, mode_calls=False)
 
     examples = (
         Invalid(
@@ -619,8 +621,13 @@ class EvalTrainModeMismatch(EvalRule):
 
         # An epoch loop that trains (`.backward()` or torch.autograd's grad/backward) and calls
         # `.eval()`, or an evaluation function / loop that calls a model.
-        return super().could_match(text) and (
-            "backward" in text or "autograd" in text or eval_sites_possible(text))
+        from torchopt.codemods.inference._evalcode import epoch_loop_possible, eval_units_possible
+
+        if not super().could_match(text):
+            return False
+        if ("backward" in text or "autograd" in text) and epoch_loop_possible(text):
+            return True
+        return eval_sites_possible(text) and eval_units_possible(text, asynchronous=True, mode_calls=True)
 
     examples = (
         Invalid(

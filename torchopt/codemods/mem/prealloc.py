@@ -159,9 +159,11 @@ class PreallocateVarLen(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_pad_training_loop
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # _loader: a DataLoader with a collate_fn iterated by a training step loop.
+        return super().could_match(text) and "DataLoader" in text and "collate_fn" in text \
+            and hot_check(text, may_pad_training_loop)
 
     _PRE = (
         "import torch\nfrom torch.nn.utils.rnn import pad_sequence\nfrom torch.utils.data import DataLoader\n\n"

@@ -98,6 +98,73 @@ out = FeedForward()(torch.randn(3, 32))
 _LAYER_NAMES = frozenset(LAYERS)
 
 
+def _ast_int_const(text: str, expr, depth: int = 0) -> int | None:
+    """pad._common.int_const on CPython's ast (names through ast_reaching_values)."""
+    import ast as _ast
+
+    from torchopt.codemods._torch import ast_reaching_values
+
+    if expr is None or depth > 6:
+        return None
+    if isinstance(expr, _ast.Constant):
+        return expr.value if type(expr.value) is int else None
+    if isinstance(expr, _ast.UnaryOp) and isinstance(expr.op, _ast.USub):
+        v = _ast_int_const(text, expr.operand, depth + 1)
+        return None if v is None else -v
+    if isinstance(expr, _ast.BinOp):
+        a = _ast_int_const(text, expr.left, depth + 1)
+        b = _ast_int_const(text, expr.right, depth + 1)
+        if a is None or b is None:
+            return None
+        if isinstance(expr.op, _ast.Add):
+            return a + b
+        if isinstance(expr.op, _ast.Sub):
+            return a - b
+        if isinstance(expr.op, _ast.Mult):
+            return a * b
+        if isinstance(expr.op, _ast.FloorDiv) and b != 0:
+            return a // b
+        return None
+    if isinstance(expr, _ast.Name):
+        values = ast_reaching_values(text, expr)
+        if not values or any(v is None for v in values):
+            return None
+        known = {_ast_int_const(text, v, depth + 1) for v in values}
+        if len(known) == 1:
+            return known.pop()
+    return None
+
+
+def _bad_size_possible(text: str) -> bool:
+    """visit_Call may find a size to pad: a layer call (by last name, no star) with an argument
+    int_const evaluates to at least MIN_SIZE and not a multiple of 64 (so of neither allowed
+    `multiple`), or a MultiheadAttention whose head_dim is such. True when the text does not parse."""
+    import ast as _ast
+
+    from torchopt.codemods._torch import ast_index
+
+    index = ast_index(text)
+    if index is None:
+        return True
+    for c in index.get(_ast.Call, ()):
+        f = c.func
+        last = f.attr if isinstance(f, _ast.Attribute) else f.id if isinstance(f, _ast.Name) else None
+        if last not in LAYERS or any(isinstance(a, _ast.Starred) for a in c.args) or any(
+                k.arg is None for k in c.keywords):
+            continue
+        vals = [_ast_int_const(text, a) for a in [*c.args, *(k.value for k in c.keywords)]]
+        if any(v is not None and v >= MIN_SIZE and v % 64 for v in vals):
+            return True
+        if last == "MultiheadAttention":
+            def get(i: int, name: str):
+                kw = next((k.value for k in c.keywords if k.arg == name), None)
+                return kw if kw is not None else c.args[i] if i < len(c.args) else None
+            e, h = _ast_int_const(text, get(0, "embed_dim")), _ast_int_const(text, get(1, "num_heads"))
+            if e and h and e % h == 0 and (e // h) % 64:
+                return True
+    return False
+
+
 class PadGemmDims(Rule):
     """## What it does
     Reports `nn.Linear`, `nn.MultiheadAttention`, `nn.Transformer*Layer` and recurrent layers whose
@@ -155,10 +222,17 @@ class PadGemmDims(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import int_sized_layer_call
+        from torchopt.codemods._torch import int_sized_layer_call, torch_callees
 
         # The layer must resolve to torch.nn and have a size maybe_int can evaluate (visit_Call).
-        return super().could_match(text) and "torch" in text and int_sized_layer_call(text, LAYERS)
+        if not (super().could_match(text) and "torch" in text and int_sized_layer_call(text, LAYERS)):
+            return False
+        callees = torch_callees(text)
+        if callees is not None and not any(
+                q.split(".")[-1] in LAYERS and (q.count(".") == 2 or q.split(".")[2] == "modules")
+                and q.startswith("torch.nn.") for q in callees):
+            return False
+        return _bad_size_possible(text)
     options = (OPTION_MULTIPLE,)
 
     examples = (

@@ -7,6 +7,38 @@ from torchopt.codemods._torch import callee, has_star, keywords, positional, qua
 from torchopt.codemods.pad import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
+def _could_match(text: str) -> bool:
+    """visit_Call's necessary condition on CPython's ast: a call that may resolve to torch's
+    pad_sequence, or a call (no star, no pad_to_multiple_of=, under 4 positional arguments) named
+    like a Hugging Face collator in a file that imports from ``transformers`` (absolutely)."""
+    import ast as _ast
+
+    from torchopt.codemods._torch import ast_index, may_call_torch
+
+    index = ast_index(text)
+    if index is None or may_call_torch(text, ("torch.nn.utils.rnn.pad_sequence",)):
+        return True
+    names = set(_HF_COLLATORS)
+    hf = False
+    for imp in [*index.get(_ast.Import, ()), *index.get(_ast.ImportFrom, ())]:
+        if isinstance(imp, _ast.Import):
+            hf = hf or any(a.name.split(".")[0] == "transformers" for a in imp.names)
+        elif not imp.level and imp.module and imp.module.split(".")[0] == "transformers":
+            hf = True
+            if any(a.name == "*" for a in imp.names):
+                return True
+            names |= {a.asname for a in imp.names if a.asname}
+    if not hf:
+        return False
+    for c in index.get(_ast.Call, ()):
+        f = c.func
+        last = f.attr if isinstance(f, _ast.Attribute) else f.id if isinstance(f, _ast.Name) else None
+        if last in names and not any(isinstance(a, _ast.Starred) for a in c.args) \
+                and all(k.arg not in (None, "pad_to_multiple_of") for k in c.keywords) and len(c.args) < 4:
+            return True
+    return False
+
+
 _HF_COLLATORS = {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
                  "DataCollatorForLanguageModeling"}
 
@@ -67,6 +99,10 @@ class PadSequenceLength(Rule):
     message = "`{what}` pads each batch to its longest sequence; pad to a multiple of 8 (with the masks extended)"
     safety = Safety.DISPLAY
     prefilter = ("pad_sequence", "DataCollator")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        return super().could_match(text) and _could_match(text)
 
     examples = (
         Invalid("from torch.nn.utils.rnn import pad_sequence\n\n\ndef collate(batch):\n"

@@ -74,9 +74,10 @@ class DataDependentShape(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_dynamic_shape
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_dynamic_shape).
+        return super().could_match(text) and hot_check(text, may_dynamic_shape)
 
     examples = (
         Invalid(
@@ -236,9 +237,10 @@ class TensorControlFlow(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_tensor_branch
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_tensor_branch).
+        return super().could_match(text) and hot_check(text, may_tensor_branch)
 
     examples = (
         Invalid(
@@ -357,9 +359,10 @@ class ExplicitSyncInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_torch_call
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # A call that may resolve to one of _SYNC_CALLS in a step (a superset of HotMap.where).
+        return super().could_match(text) and hot_check(text, lambda h: may_torch_call(h, set(_SYNC_CALLS)))
 
     examples = (
         Invalid(
@@ -438,9 +441,10 @@ class GradNormSync(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_grad_norm_read
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_grad_norm_read).
+        return super().could_match(text) and hot_check(text, may_grad_norm_read)
 
     examples = (
         Invalid(
@@ -542,9 +546,10 @@ class GradScalerSync(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_scaler_sync
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_scaler_sync).
+        return super().could_match(text) and hot_check(text, may_scaler_sync)
 
     examples = (
         Invalid(
@@ -653,9 +658,10 @@ class PageableBatchCopy(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_pageable_copy
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_pageable_copy).
+        return super().could_match(text) and hot_check(text, may_pageable_copy)
 
     examples = (
         Invalid(

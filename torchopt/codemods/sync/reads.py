@@ -436,9 +436,10 @@ class HostReadInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_host_read
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_read).
+        return super().could_match(text) and hot_check(text, may_host_read)
 
     _HEAD = ("import torch\n\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
              "crit = torch.nn.MSELoss()\ndata = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]\n")
@@ -642,9 +643,10 @@ class PrintTensorInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_print_tensor
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_print_tensor).
+        return super().could_match(text) and hot_check(text, may_print_tensor)
 
     examples = (
         Invalid(
@@ -740,9 +742,10 @@ class DeviceToHostCopyInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_have_step_loops
+        from torchopt.codemods.sync._hot import hot_check, may_host_copy
 
-        return super().could_match(text) and may_have_step_loops(text)
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_copy).
+        return super().could_match(text) and hot_check(text, may_host_copy)
 
     examples = (
         Invalid(

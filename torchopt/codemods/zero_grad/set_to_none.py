@@ -198,6 +198,83 @@ def _loop_var(loop: cst.For) -> str | None:
     return loop.target.value
 
 
+def _zeroing_loop_possible(text: str) -> bool:
+    """visit_For's shapes on CPython's ast: ``for <v> in <X>.parameters():`` or ``for <g> in
+    <X>.param_groups:`` around exactly one ``for <v> in <g>["params"]:``, whose body only zeroes
+    ``<v>.grad`` (_zeroing_body: optionally under ``if <v>.grad is not None:``, at least one
+    ``zero_()``), with X a name or ``self.<name>``. True when the text does not parse."""
+    import ast
+
+    from torchopt.codemods._torch import ast_index
+
+    index = ast_index(text)
+    if index is None:
+        return True
+
+    def var_of(loop) -> str | None:
+        return loop.target.id if isinstance(loop, ast.For) and not loop.orelse and isinstance(loop.target, ast.Name) \
+            else None
+
+    def zeroing(stmt, var: str) -> str | None:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Attribute)):
+            return None
+        call = stmt.value
+        meth = call.func.attr
+        if meth not in _ZERO_METHODS:
+            return None
+        nargs = len(call.args) + len(call.keywords)
+        if meth == "requires_grad_":
+            arg = call.args[0] if call.args else (call.keywords[0].value if call.keywords else None)
+            if not (nargs == 1 and isinstance(arg, ast.Constant) and arg.value is False):
+                return None
+        elif nargs:
+            return None
+        target = call.func.value
+        if isinstance(target, ast.Attribute) and target.attr == "data" and meth == "zero_":
+            target = target.value
+        if isinstance(target, ast.Attribute) and target.attr == "grad" and isinstance(target.value, ast.Name) \
+                and target.value.id == var:
+            return meth
+        return None
+
+    def zeroing_body(body: list, var: str) -> bool:
+        stmts = body
+        if len(stmts) == 1 and isinstance(stmts[0], ast.If) and not stmts[0].orelse:
+            t = stmts[0].test
+            if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot)
+                    and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None
+                    and isinstance(t.left, ast.Attribute) and t.left.attr == "grad"
+                    and isinstance(t.left.value, ast.Name) and t.left.value.id == var):
+                return False
+            stmts = stmts[0].body
+        meths = [zeroing(st, var) for st in stmts]
+        return bool(meths) and all(meths) and "zero_" in meths
+
+    def owner_ok(owner) -> bool:
+        return isinstance(owner, ast.Name) or (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
+                                               and owner.value.id == "self")
+
+    for loop in index.get(ast.For, ()):
+        var = var_of(loop)
+        if var is None:
+            continue
+        it = loop.iter
+        if isinstance(it, ast.Call) and not it.args and not it.keywords and isinstance(it.func, ast.Attribute) \
+                and it.func.attr == "parameters" and owner_ok(it.func.value) and zeroing_body(loop.body, var):
+            return True
+        if isinstance(it, ast.Attribute) and it.attr == "param_groups" and owner_ok(it.value) \
+                and len(loop.body) == 1 and isinstance(loop.body[0], ast.For):
+            inner = loop.body[0]
+            ivar = var_of(inner)
+            sl = inner.iter.slice if isinstance(inner.iter, ast.Subscript) else None
+            if ivar is not None and sl is not None and isinstance(inner.iter.value, ast.Name) \
+                    and inner.iter.value.id == var \
+                    and isinstance(sl, ast.Constant) and sl.value == "params" and zeroing_body(inner.body, ivar):
+                return True
+    return False
+
+
 class ManualGradZeroing(Rule):
     __doc__ = """## What it does
     Flags a loop that zeroes every gradient by hand and rewrites it to `zero_grad()`:
@@ -246,8 +323,10 @@ class ManualGradZeroing(Rule):
     def could_match(cls, text: str) -> bool:
         # visit_For: a loop over `X.parameters()` or `X.param_groups` whose body calls one of
         # _ZERO_METHODS on `<var>.grad`.
-        return super().could_match(text) and ("parameters" in text or "param_groups" in text) and any(
-            m in text for m in _ZERO_METHODS)
+        if not (super().could_match(text) and ("parameters" in text or "param_groups" in text) and any(
+                m in text for m in _ZERO_METHODS)):
+            return False
+        return _zeroing_loop_possible(text)
 
     examples = (
         Invalid(
