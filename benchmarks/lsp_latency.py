@@ -6,7 +6,9 @@ pausing). Prints p50 / p95 / max, and what the engine alone takes on the same te
                                      [--profile]
 
 The latency includes the server's debounce (default 50 ms): the time an editor waits after the last
-keystroke. `--profile` prints where check_source spends its time on this module.
+keystroke. The server checks incrementally (only the edited group of statements is analysed again,
+rewrite/incremental.py); "check_source alone" is what a full check of the module costs.
+`--profile` prints where check_source spends its time on this module.
 """
 from __future__ import annotations
 
