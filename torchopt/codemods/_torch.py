@@ -456,16 +456,19 @@ def has_comments(node: cst.CSTNode | None) -> bool:
     """Whether ``node`` holds a comment (a fix that would drop it is not offered)."""
     if node is None:
         return False
-    found = False
+    finder = _CommentFinder()
+    node.visit(finder)
+    return finder.found
 
-    class _V(cst.CSTVisitor):
-        def visit_Comment(self, _node: cst.Comment) -> bool:
-            nonlocal found
-            found = True
-            return False
 
-    node.visit(_V())
-    return found
+class _CommentFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = False
+
+    def visit_Comment(self, _node: cst.Comment) -> bool:
+        self.found = True
+        return False
 
 
 def source(rule: Rule, node: cst.CSTNode) -> str:

@@ -10,7 +10,8 @@ import ast
 import dataclasses
 import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, MutableMapping
+from weakref import WeakKeyDictionary
 
 import libcst as cst
 from libcst.metadata import BaseMetadataProvider, QualifiedName, ScopeProvider
@@ -154,7 +155,7 @@ def install_fast_children() -> None:
         cst.CSTNode.children = property(ordered_children, doc=cst.CSTNode.children.__doc__)  # type: ignore[method-assign]
 
 
-_VISITOR_NAMES: dict[type, tuple[str, ...]] = {}
+_VISITOR_NAMES: MutableMapping[type, tuple[str, ...]] = WeakKeyDictionary()  # local classes come and go
 
 
 def _class_visitors(self: cst.BatchableCSTVisitor) -> dict:
@@ -214,6 +215,25 @@ def module_source(module: cst.Module, text: str) -> Iterator[None]:
         yield
     finally:
         _SOURCE[:] = old
+
+
+_MODULE_CODE = cst.Module.code.fget  # type: ignore[attr-defined]
+
+
+def _module_code(self: cst.Module) -> str:
+    """``Module.code`` without regenerating it for the module the engine is analysing: LibCST's
+    round trip is exact, so that is the text it was parsed from. Rules ask for the module's text
+    to look for a marker; regenerating a 4,000-line file for that cost more than analysing it."""
+    if _SOURCE[0] is self and _SOURCE[1] is not None:
+        return _SOURCE[1]
+    return _MODULE_CODE(self)
+
+
+def install_fast_module_code() -> None:
+    if os.environ.get("TORCHOPT_SLOW_CODE") == "1":
+        return
+    if cst.Module.code.fget is not _module_code:  # type: ignore[attr-defined]
+        cst.Module.code = property(_module_code, doc=cst.Module.code.__doc__)  # type: ignore[method-assign]
 
 
 def _ast_dotted(node: ast.AST) -> str | None:

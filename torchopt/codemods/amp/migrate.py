@@ -725,6 +725,35 @@ def _maybe_fp16(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Name)
 
 
+class _ParamReceivers(cst.CSTVisitor):
+    """Adds to ``found`` the receivers of ``.parameters()`` / ``.named_parameters()`` calls."""
+
+    def __init__(self, found: set[str]) -> None:
+        super().__init__()
+        self.found = found
+
+    def visit_Call(self, n: cst.Call) -> None:
+        if isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters"):
+            d = _dotted(n.func.value)
+            if d:
+                self.found.add(d)
+
+
+class _WithCalls(cst.CSTVisitor):
+    """Adds to ``calls`` the calls used as ``with`` items in ``fn``, not in functions nested in it."""
+
+    def __init__(self, fn: cst.FunctionDef, calls: list[cst.Call]) -> None:
+        super().__init__()
+        self.fn, self.calls = fn, calls
+
+    def visit_WithItem(self, n: cst.WithItem) -> None:
+        if isinstance(n.item, cst.Call):
+            self.calls.append(n.item)
+
+    def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
+        return n is self.fn
+
+
 def _dotted(node: cst.CSTNode) -> str | None:
     return cst.helpers.get_full_name_for_node(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
 
@@ -886,16 +915,7 @@ class PureFp16Model(Rule):
                     self._collect_params(arg.value)
 
     def _collect_params(self, expr: cst.CSTNode) -> None:
-        found = self._opt_receivers
-
-        class _V(cst.CSTVisitor):
-            def visit_Call(self, n: cst.Call) -> None:
-                if isinstance(n.func, cst.Attribute) and n.func.attr.value in ("parameters", "named_parameters"):
-                    d = _dotted(n.func.value)
-                    if d:
-                        found.add(d)
-
-        expr.visit(_V())
+        expr.visit(_ParamReceivers(self._opt_receivers))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._casts:
@@ -1249,16 +1269,7 @@ class CustomFunctionAmp(_AmpUses):
 
     def _disables_autocast(self, fn: cst.FunctionDef) -> bool:
         calls = [d.decorator for d in fn.decorators if isinstance(d.decorator, cst.Call)]
-
-        class _V(cst.CSTVisitor):
-            def visit_WithItem(self, n: cst.WithItem) -> None:
-                if isinstance(n.item, cst.Call):
-                    calls.append(n.item)
-
-            def visit_FunctionDef(self, n: cst.FunctionDef) -> bool:
-                return n is fn
-
-        fn.visit(_V())
+        fn.visit(_WithCalls(fn, calls))
         for c in calls:
             if torch_name(self, c.func) in AUTOCAST_NAMES:
                 en = keyword(c, "enabled")

@@ -1,0 +1,330 @@
+"""A read-only traversal for LibCST visitors that does not rebuild the tree.
+
+``CSTNode.visit`` runs a node's ``_visit_and_replace_children``, which constructs (and validates) a
+fresh copy of every node even for a plain ``CSTVisitor`` that can change nothing, and then throws the
+copy away. On the files rules actually analyse, that copying was the largest share of the time spent
+in scope analysis and in the rules' batched walk.
+
+For visitors (not transformers) ``visit`` is replaced by a walk that makes exactly the same calls in
+exactly the same order: ``on_visit``, then for each field in the order ``_visit_and_replace_children``
+visits them ``on_visit_attribute``, the field's nodes, ``on_leave_attribute``, and finally
+``on_leave``. The field order of a node class (for each combination of which fields hold a node, a
+sequence or neither) is learned once from LibCST itself by running ``_visit_and_replace_children`` with
+a recording visitor, and is used only when the recording is explained by it exactly; anything else
+keeps LibCST's own path. Attribute callbacks are skipped only for node classes for which the visitor
+has no ``visit_<Class>_<field>``/``leave_<Class>_<field>`` method, where they do nothing.
+
+``TORCHOPT_SLOW_VISIT=1`` keeps LibCST's own traversal. ``tests/test_fast_visit.py`` compares the full
+event sequence of both over real modules.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from operator import attrgetter
+from typing import Any, MutableMapping
+from weakref import WeakKeyDictionary
+
+import libcst as cst
+from libcst._batched_visitor import _BatchedCSTVisitor
+
+_ORIGINAL_VISIT = cst.CSTNode.visit
+_DEFAULT_VISIT_ATTR = (cst.CSTVisitor.on_visit_attribute, cst.CSTVisitor.on_leave_attribute)
+
+# (node class, field value kinds) -> field names in visit order, or None: use LibCST's own path.
+_PLAN: dict[tuple, tuple[str, ...] | None] = {}
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_KIND: dict[type, int] = {}  # 1: node, 2: tuple/list, 0: anything else
+_ATTR_METHOD = re.compile(r"^(?:visit|leave)_([A-Za-z]+)_[a-z_]+$")
+
+
+def _kind(t: type) -> int:
+    k = _KIND.get(t)
+    if k is None:
+        k = _KIND[t] = 1 if issubclass(t, cst.CSTNode) else 2 if issubclass(t, (tuple, list)) else 0
+    return k
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(cls.__dataclass_fields__)
+    return names
+
+
+class _Recorder(cst.CSTVisitor):
+    """Records what ``_visit_and_replace_children`` does for one node, without descending."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, Any]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.events.append(("node", node))
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        self.events.append(("enter", attribute))
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        self.events.append(("leave", attribute))
+
+
+def _learn(node: cst.CSTNode) -> tuple[str, ...] | None:
+    rec = _Recorder()
+    try:
+        _ORIGINAL_VISIT_CHILDREN(node, rec)
+    except Exception:  # noqa: BLE001 - an odd node: leave it to LibCST
+        return None
+    order: list[str] = []
+    ev = rec.events
+    i = 0
+    while i < len(ev):
+        what, name = ev[i]
+        if what != "enter" or not isinstance(name, str) or not hasattr(node, name):
+            return None
+        value = getattr(node, name)
+        k = _kind(type(value))
+        expected = [value] if k == 1 else list(value) if k == 2 else []
+        if k == 2 and any(_kind(type(v)) != 1 for v in expected):
+            return None
+        i += 1
+        for child in expected:
+            if i >= len(ev) or ev[i][0] != "node" or ev[i][1] is not child:
+                return None
+            i += 1
+        if i >= len(ev) or ev[i] != ("leave", name):
+            return None
+        i += 1
+        order.append(name)
+    return tuple(order)
+
+
+def _ORIGINAL_VISIT_CHILDREN(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    node._visit_and_replace_children(visitor)  # noqa: SLF001
+
+
+_GETTERS: dict[type, Any] = {}
+
+
+def _getter(cls: type) -> Any:
+    fields = _fields(cls)
+    if len(fields) == 1:
+        only = attrgetter(fields[0])
+        get = _GETTERS[cls] = lambda node: (only(node),)
+    elif not fields:
+        get = _GETTERS[cls] = lambda node: ()
+    else:
+        get = _GETTERS[cls] = attrgetter(*fields)
+    return get
+
+
+_UNIFORM: dict[type, bool] = {}
+_CLASS_PLAN: dict[type, tuple[str, ...] | None] = {}
+_BRANCH = re.compile(r"\b(?:if|for|while|try|match)\b")
+
+
+def _uniform(cls: type) -> bool:
+    """Whether ``cls._visit_and_replace_children`` is straight-line code: then it visits the same
+    fields in the same order for every node of the class (LibCST's ``visit_optional`` and friends
+    call the attribute callbacks even for an absent value), and one plan serves the class."""
+    try:
+        return _UNIFORM[cls]
+    except KeyError:
+        pass
+    try:
+        src = inspect.getsource(cls._visit_and_replace_children)  # noqa: SLF001
+        body = src.split(":", 1)[1] if src.lstrip().startswith("def") else src
+        ok = _BRANCH.search(body.split('"""')[-1] if body.count('"""') >= 2 else body) is None
+    except (OSError, TypeError):
+        ok = False
+    _UNIFORM[cls] = ok
+    return ok
+
+
+def _plan(node: cst.CSTNode) -> tuple[str, ...] | None:
+    cls = type(node)
+    try:
+        return _CLASS_PLAN[cls]
+    except KeyError:
+        pass
+    if _uniform(cls):
+        plan = _CLASS_PLAN[cls] = _learn(node)
+        return plan
+    get = _GETTERS.get(cls) or _getter(cls)
+    try:
+        sig = (cls, tuple(map(_KIND.__getitem__, map(type, get(node)))))
+    except KeyError:  # a value type not seen yet
+        sig = (cls, tuple(_kind(type(v)) for v in get(node)))
+    try:
+        return _PLAN[sig]
+    except KeyError:
+        plan = _PLAN[sig] = _learn(node)
+        return plan
+
+
+_PLAN_OF = _plan
+
+# Per visitor class: the node class names it has attribute methods for (None: it overrides the
+# attribute callbacks, so always call them).
+_HOOKS: MutableMapping[type, frozenset[str] | None] = WeakKeyDictionary()  # local classes come and go
+
+
+def _hooks(visitor: cst.CSTVisitor) -> frozenset[str] | None:
+    t = type(visitor)
+    try:
+        return _HOOKS[t]
+    except KeyError:
+        pass
+    if (t.on_visit_attribute, t.on_leave_attribute) != _DEFAULT_VISIT_ATTR:
+        h = None
+    else:
+        h = frozenset(m.group(1) for k in dir(t) if (m := _ATTR_METHOD.match(k)))
+    _HOOKS[t] = h
+    return h
+
+
+_DEFAULT_ON = (cst.CSTVisitor.on_visit, cst.CSTVisitor.on_leave)
+_TABLES: MutableMapping[type, tuple[dict, dict] | None] = WeakKeyDictionary()
+
+
+def _tables(visitor: cst.CSTVisitor) -> tuple[dict, dict] | None:
+    """For a visitor that keeps LibCST's default ``on_visit``/``on_leave`` (dispatch to
+    ``visit_<Class>``/``leave_<Class>``): per-class method tables, filled as classes are met."""
+    t = type(visitor)
+    try:
+        return _TABLES[t]
+    except KeyError:
+        tabs = _TABLES[t] = ({}, {}) if (t.on_visit, t.on_leave) == _DEFAULT_ON else None
+        return tabs
+
+
+def _method(vtype: type, prefix: str, cls: type) -> Any:
+    fn = getattr(vtype, prefix + cls.__name__, None)
+    return None if fn is None or getattr(fn, "_is_no_op", False) else fn
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: frozenset[str] | None,
+          tabs: tuple[dict, dict] | None) -> None:
+    cls = type(node)
+    if tabs is None:
+        descend = visitor.on_visit(node)
+    else:
+        try:
+            fn = tabs[0][cls]
+        except KeyError:
+            fn = tabs[0][cls] = _method(type(visitor), "visit_", cls)
+        descend = fn is None or fn(visitor, node) is not False
+    if descend:
+        plan = _PLAN_OF(node)
+        if plan is None:
+            _ORIGINAL_VISIT_CHILDREN(node, visitor)  # its children come back through fast_visit
+        else:
+            attrs = hooks is None or cls.__name__ in hooks
+            for name in plan:
+                if attrs:
+                    visitor.on_visit_attribute(node, name)
+                value = getattr(node, name)
+                k = _KIND.get(type(value)) or _kind(type(value))
+                if k == 1:
+                    _walk(value, visitor, hooks, tabs)
+                elif k == 2:
+                    for child in value:
+                        _walk(child, visitor, hooks, tabs)
+                if attrs:
+                    visitor.on_leave_attribute(node, name)
+    if tabs is None:
+        visitor.on_leave(node)
+    else:
+        try:
+            fn = tabs[1][cls]
+        except KeyError:
+            fn = tabs[1][cls] = _method(type(visitor), "leave_", cls)
+        if fn is not None:
+            fn(visitor, node)
+
+
+def _walk_batched(node: cst.CSTNode, visitor: _BatchedCSTVisitor, table: dict) -> None:
+    """``_walk`` for LibCST's batched visitor, with its per-node method lookups done once per class."""
+    cls = type(node)
+    entry = table.get(cls)
+    if entry is None:
+        entry = table[cls] = _batched_entry(visitor, cls)
+    visits, leaves, attrs = entry
+    before = visitor.before_visit
+    if before is not None:
+        before(node)
+    for v in visits:
+        v(node)
+    plan = _PLAN_OF(node)
+    if plan is None:
+        _ORIGINAL_VISIT_CHILDREN(node, visitor)
+    else:
+        for name in plan:
+            if attrs:
+                for v in attrs.get(("visit", name), ()):
+                    v(node)
+            value = getattr(node, name)
+            k = _KIND.get(type(value)) or _kind(type(value))
+            if k == 1:
+                _walk_batched(value, visitor, table)
+            elif k == 2:
+                for child in value:
+                    _walk_batched(child, visitor, table)
+            if attrs:
+                for v in attrs.get(("leave", name), ()):
+                    v(node)
+    for v in leaves:
+        v(node)
+    after = visitor.after_leave
+    if after is not None:
+        after(node)
+
+
+def _batched_entry(visitor: _BatchedCSTVisitor, cls: type) -> tuple:
+    methods = visitor.visitor_methods
+    name = cls.__name__
+    attrs: dict[tuple[str, str], list] = {}
+    prefix_v, prefix_l = f"visit_{name}_", f"leave_{name}_"
+    for key, fns in methods.items():
+        if key.startswith(prefix_v) and key[len(prefix_v):] in _fields(cls):
+            attrs[("visit", key[len(prefix_v):])] = fns
+        elif key.startswith(prefix_l) and key[len(prefix_l):] in _fields(cls):
+            attrs[("leave", key[len(prefix_l):])] = fns
+    return (tuple(methods.get(f"visit_{name}", ())), tuple(methods.get(f"leave_{name}", ())), attrs or None)
+
+
+def _module_only(node: cst.CSTNode, visitor: _BatchedCSTVisitor) -> bool:
+    return (type(node) is cst.Module and visitor.before_visit is None and visitor.after_leave is None
+            and all(k in ("visit_Module", "leave_Module") for k in visitor.visitor_methods))
+
+
+def fast_visit(self: cst.CSTNode, visitor: Any) -> Any:
+    """``CSTNode.visit``: the read-only walk for visitors, LibCST's own for transformers."""
+    if not isinstance(visitor, cst.CSTVisitor):
+        return _ORIGINAL_VISIT(self, visitor)
+    if type(visitor) is _BatchedCSTVisitor:
+        if _module_only(self, visitor):
+            # Batchable metadata providers such as ScopeProvider only have ``visit_Module`` (which
+            # runs their own visitor): nothing below the module would call anything.
+            for v in visitor.visitor_methods.get("visit_Module", ()):
+                v(self)
+            for v in visitor.visitor_methods.get("leave_Module", ()):
+                v(self)
+        else:
+            _walk_batched(self, visitor, {})
+    else:
+        _walk(self, visitor, _hooks(visitor), _tables(visitor))
+    return self
+
+
+def install_fast_visit() -> None:
+    """Make ``CSTNode.visit`` use :func:`fast_visit` (same callbacks, process-wide)."""
+    if os.environ.get("TORCHOPT_SLOW_VISIT") == "1":
+        return
+    if cst.CSTNode.visit is not fast_visit:
+        cst.CSTNode.visit = fast_visit  # type: ignore[method-assign]
