@@ -336,3 +336,18 @@ async def test_initialization_options(options_client: LanguageClient):
     want = fix_source(src, Settings(select=("TOP1",), ignore=("TOP105",)), unsafe=True).text
     assert "torch.rand(4, device='cuda')" in want
     assert _apply(c, src, _edits(c, fix_all, uri)) == want
+
+
+async def test_client_settings_change(options_client: LanguageClient):
+    """`workspace/didChangeConfiguration` replaces the client settings and re-checks open documents."""
+    c = options_client
+    uri, diags = await _open(c, "cfgchange.py", SRC)
+    assert [d.code for d in diags] == ["TOP101"]
+    c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
+        settings={"torchopt": {"select": ["TOP1"], "ignore": ["TOP101"]}}))
+    assert list((await _publish(c, uri)).diagnostics) == []
+    # Settings for other tools only, or none at all (pull-model clients): nothing changes.
+    c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"pylsp": {"x": 1}}))
+    c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings=None))
+    c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"select": ["TOP1"]}))
+    assert [d.code for d in (await _publish(c, uri)).diagnostics] == ["TOP101"]

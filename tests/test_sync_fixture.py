@@ -96,7 +96,7 @@ def test_every_sync_diagnostic_names_its_loop():
     diags = [d for d in check_source((FIX / "before.py").read_text(), Settings(select=("TOP6",))).diagnostics]
     assert {d.code for d in diags} >= {"TOP601", "TOP603", "TOP604", "TOP605", "TOP607", "TOP609"}
     for d in diags:
-        assert ("in the training loop at line 53" in d.message or "in the evaluation loop at line 77" in d.message
+        assert ("in the training loop at line 53" in d.message or "in the forward-pass loop at line 77" in d.message
                 or "called from the training loop at line 53" in d.message), d.message
     by_line = {(d.line, d.code): d for d in diags}
     assert "in `focal_loss`, called from the training loop at line 53" in by_line[(37, "TOP605")].message

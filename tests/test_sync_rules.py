@@ -130,5 +130,5 @@ def test_evaluation_loop_and_called_module_forward():
     codes = {(d.code, d.line) for d in diags}
     assert ("TOP605", 10) in codes and ("TOP601", 19) in codes, codes
     msg = {d.code: d.message for d in diags}
-    assert "in `Net.forward`, called from the evaluation loop at line 18" in msg["TOP605"]
-    assert "in the evaluation loop at line 18" in msg["TOP601"]
+    assert "in `Net.forward`, called from the forward-pass loop at line 18" in msg["TOP605"]
+    assert "in the forward-pass loop at line 18" in msg["TOP601"]

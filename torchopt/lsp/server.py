@@ -63,10 +63,13 @@ class Doc:
         return hit
 
 
+_OPTION_KEYS = ("select", "ignore", "unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe", "debounceMs", "ruleUrl")
+
+
 @dataclass
 class ClientOptions:
-    """`initializationOptions`: select / ignore / unsafeFixes like the CLI flags, plus debounceMs
-    and ruleUrl."""
+    """`initializationOptions` (and `workspace/didChangeConfiguration` settings): select / ignore /
+    unsafeFixes like the CLI flags, plus debounceMs and ruleUrl."""
 
     select: tuple[str, ...] | None = None
     ignore: tuple[str, ...] = ()
@@ -144,6 +147,7 @@ class TorchoptServer(LanguageServer):
         self.checker = IncrementalChecker()
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
+        self._lsp_memo: dict[tuple, lsp.Diagnostic] = {}
 
     # plumbing -----------------------------------------------------------------------------------
 
@@ -236,6 +240,20 @@ class TorchoptServer(LanguageServer):
         return lsp.Range(start=lsp.Position(sl, sc), end=lsp.Position(el, ec))
 
     def to_lsp(self, d: Diagnostic, lines: Lines) -> lsp.Diagnostic:
+        """The LSP form of ``d``. Remembered: after an edit most diagnostics are the ones published
+        before (the same finding on the same text), and building them again was a tenth of an edit's
+        time on a large module. The key holds everything the result depends on."""
+        key = (d, self.encoding, self.options.rule_url, lines.line(d.line - 1),
+               lines.line(d.end_line - 1) if d.end_line != d.line else None)
+        memo = self._lsp_memo
+        hit = memo.get(key)
+        if hit is None:
+            if len(memo) > 20_000:
+                memo.clear()
+            hit = memo[key] = self._to_lsp(d, lines)
+        return hit
+
+    def _to_lsp(self, d: Diagnostic, lines: Lines) -> lsp.Diagnostic:
         if d.fix is None:
             severity, fix = lsp.DiagnosticSeverity.Hint, None
         elif d.fix.safety == "safe":
@@ -405,6 +423,23 @@ def create_server() -> TorchoptServer:
             doc.checked_text = None  # force a re-check under the new settings
             doc.broken = False
             ls.schedule(doc, 0.0)
+
+    @server.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: TorchoptServer, params: lsp.DidChangeConfigurationParams) -> None:
+        """Client settings changed (the same keys as ``initializationOptions``, optionally under
+        ``torchopt``). A client that sends no settings here (the pull model) keeps the current ones."""
+        raw = params.settings
+        if not isinstance(raw, dict) or not raw:
+            return
+        if isinstance(raw.get("torchopt"), dict):
+            raw = raw["torchopt"]
+        elif not any(k in raw for k in _OPTION_KEYS):
+            return  # settings for other tools only
+        ls.options, problems = ClientOptions.parse(raw)
+        for p in problems:
+            ls.log_line(p, lsp.MessageType.Warning)
+        ls.log_line("client settings changed; settings reloaded")
+        await _settings_changed(ls)
 
     @server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
     async def did_change_watched(ls: TorchoptServer, params: lsp.DidChangeWatchedFilesParams) -> None:

@@ -166,7 +166,7 @@ def resplit(old_lines: list[str], old: list[Chunk], text: str) -> tuple[list[str
     if body is None:
         return lines, split(text)
     before = list(old[:a])
-    after = [replace(c, start=c.start + delta, end=c.end + delta) for c in old[b + 1:]]
+    after = [replace(c, start=c.start + delta, end=c.end + delta) for c in old[b + 1:]] if delta else old[b + 1:]
     mid = _cut(body, lines, r0, r1, first_at_lo=(a == 0)) if body else []
     if mid and mid[0].start > r0 + 1 and before:
         # Lines before the region's first statement are comments or blank: the chunk above owns them.

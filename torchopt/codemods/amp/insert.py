@@ -310,7 +310,9 @@ class _Analysis:
         self._scope_ids: dict[object, int] = {}
         self._key_memo: dict[tuple[int, str], Key] = {}
         self.module_classes: set[str] = set()
-        self.names: set[str] = {n.value for n in walk(self.module, True) if isinstance(n, cst.Name)}
+        # Every node of the module in walk order, once: the analysis and the rules scan it many times.
+        self.all_nodes: list[cst.CSTNode] = list(walk(self.module, True))
+        self.names: set[str] = {n.value for n in self.all_nodes if isinstance(n, cst.Name)}
         self.functions: dict[str, cst.FunctionDef] = {}
         self._collect()
 
@@ -366,7 +368,7 @@ class _Analysis:
     # -- collection
     def _collect(self) -> None:
         rule = self.rule
-        classes = [n for n in walk(self.module, True) if isinstance(n, cst.ClassDef)]
+        classes = [n for n in self.all_nodes if isinstance(n, cst.ClassDef)]
         changed = True
         while changed:
             changed = False
@@ -380,7 +382,7 @@ class _Analysis:
                         self.module_classes.add(c.name.value)
                         changed = True
                         break
-        for n in walk(self.module, True):
+        for n in self.all_nodes:
             if isinstance(n, cst.FunctionDef):
                 self.functions.setdefault(n.name.value, n)
             if not isinstance(n, cst.SimpleStatementLine):
@@ -533,7 +535,7 @@ class _Analysis:
         index = self.__dict__.get("_loop_call_index")
         if index is None:  # one walk for every name (a loop nested in n loops lists its calls n times)
             index = {}
-            for n in walk(self.module, True):
+            for n in self.all_nodes:
                 if isinstance(n, (cst.For, cst.While)):
                     for c in _calls(n.body):
                         if isinstance(c.func, cst.Name):
@@ -586,7 +588,7 @@ class _Analysis:
         index = self.__dict__.get("_assign_index")
         if index is None:
             index = {}
-            for n in walk(self.module, True):
+            for n in self.all_nodes:
                 if isinstance(n, cst.SimpleStatementLine):
                     for d in _assigned_names(n):
                         index.setdefault(d, []).append(n)
@@ -597,7 +599,7 @@ class _Analysis:
         """Every call in the file, in walk order."""
         calls = self.__dict__.get("_module_calls")
         if calls is None:
-            calls = self._module_calls = [n for n in walk(self.module, True) if isinstance(n, cst.Call)]
+            calls = self._module_calls = [n for n in self.all_nodes if isinstance(n, cst.Call)]
         return calls
 
 
@@ -638,7 +640,7 @@ def _site_key(a: _Analysis, site: StepSite, name: str) -> Key:
 
 def _loop_sites(a: _Analysis) -> list[StepSite]:
     sites = []
-    for n in walk(a.module, True):
+    for n in a.all_nodes:
         if isinstance(n, (cst.For, cst.While)):
             body = _body_list(n.body)
             if body:
@@ -796,7 +798,7 @@ def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], excl
     pending = set(names)
     found: set[str] = set()
     scope_node = a.scope_owner(region[0])
-    for n in walk(scope_node if not isinstance(scope_node, cst.Module) else a.module, True):  # one walk for all
+    for n in (walk(scope_node, True) if not isinstance(scope_node, cst.Module) else a.all_nodes):  # one walk for all
         if isinstance(n, cst.Name) and n.value in pending:
             p = a.pos(n)
             if lo <= p <= hi:
@@ -1071,7 +1073,7 @@ class _AmpBase(Rule):
         hit = a.__dict__.get("_imports_os")
         if hit is None:
             hit = a._imports_os = any(dotted(al.name) == "os" and al.asname is None
-                                      for n in walk(a.module, True) if isinstance(n, cst.Import)
+                                      for n in a.all_nodes if isinstance(n, cst.Import)
                                       for al in n.names)
         return hit
 
@@ -1285,7 +1287,7 @@ class MissingAutocast(_AmpBase):
         index = a.__dict__.get("_dict_assigns")
         if index is None:  # name -> `name = {...}` statements, one walk for the file
             index = {}
-            for n in walk(a.module, True):
+            for n in a.all_nodes:
                 small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
                 if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
                         and isinstance(small.targets[0].target, cst.Name):
@@ -1416,11 +1418,11 @@ class MissingGradScaler(_AmpBase):
         a = _Analysis(self)
         if a.has_scaler() or not a.optimizers:
             return
-        has_backward = any(_backward_call(s) is not None for s in walk(a.module, True)
+        has_backward = any(_backward_call(s) is not None for s in a.all_nodes
                            if isinstance(s, cst.SimpleStatementLine))
         if not has_backward:
             return
-        for n in walk(a.module, True):
+        for n in a.all_nodes:
             if isinstance(n, cst.WithItem) and isinstance(n.item, cst.Call) and self._fp16(n.item):
                 self.report(n.item)
 
@@ -1508,7 +1510,7 @@ class InferenceAutocast(_AmpBase):
         a = _Analysis(self)
         if not a.models:
             return
-        for n in walk(a.module, True):
+        for n in a.all_nodes:
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
                 return
         if a.autocast_with(a.module):
@@ -1517,7 +1519,7 @@ class InferenceAutocast(_AmpBase):
         first = None
         used: list[str] = []
         loops = []
-        for n in walk(a.module, True):
+        for n in a.all_nodes:
             if not isinstance(n, (cst.For, cst.While)):
                 continue
             lists = []

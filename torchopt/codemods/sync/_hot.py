@@ -78,7 +78,8 @@ def is_backward(c: cst.Call) -> bool:
 @dataclass(frozen=True)
 class HotLoop:
     node: cst.CSTNode = field(repr=False, compare=False)
-    kind: str  # "training" | "evaluation"
+    kind: str  # "training" (it runs a backward pass) | "forward-pass" (it calls a model, no backward:
+    # evaluation, inference, or a per-sample loop in a loss such as a matcher)
     line: int
 
     @property
@@ -125,7 +126,7 @@ class HotMap:
             if isinstance(n, LOOPS) and not (isinstance(n, cst.For) and n.asynchronous is not None):
                 ev = self._loop_events(n)
                 if ev:
-                    kind = "training" if "backward" in ev else "evaluation"
+                    kind = "training" if "backward" in ev else "forward-pass"
                     self.step_loops[id(n)] = HotLoop(n, kind, self.line(n))
         for loop in sorted(self.step_loops.values(), key=lambda h: h.line):
             self._spread(loop.node.body, loop, set())  # type: ignore[attr-defined]

@@ -103,7 +103,7 @@ class DataDependentShape(Rule):
         ),
         Valid(
             "import torch\n\nx = torch.arange(6)\nidx = x.nonzero()\nsel = x[x > 2]\n", runnable=True,
-            note="not in a training or evaluation loop",
+            note="not in a training or forward-pass loop",
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"

@@ -496,7 +496,7 @@ class HostReadInLoop(Rule):
             "import torch\n\nx = torch.randn(3)\nvals = [x.sum().item() for _ in range(3)]\n"
             "print(float(x.mean()))\n",
             runnable=True,
-            note="not in a training or evaluation loop",
+            note="not in a training or forward-pass loop",
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
