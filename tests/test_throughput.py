@@ -188,3 +188,18 @@ class _Rename(cst.CSTTransformer):
     def leave_Call(self, original_node, updated_node):
         shared = cst.Name("shared")
         return updated_node.with_changes(args=(cst.Arg(shared), cst.Arg(shared)) if updated_node.args else ())
+
+
+def test_children_memo_never_answers_for_another_node_with_the_same_id():
+    """The memo is keyed by id: a node freed during a pass (a rule's discarded replacement) may leave
+    its id to a new node, which must get its own children."""
+    from torchopt.rewrite import metadata
+
+    old = cst.parse_expression("f(a, b)")
+    new = cst.parse_expression("g(c)")
+    with metadata.children_memo():
+        assert metadata._MEMO is not None
+        metadata._MEMO[id(new)] = (old, tuple(old.children))  # what a reused id would look like
+        assert [type(c).__name__ for c in metadata.children_of(new)] == [type(c).__name__ for c in
+                                                                         metadata._SLOW_CHILDREN(new)]
+        assert all(a is b for a, b in zip(new.children, metadata._SLOW_CHILDREN(new)))

@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import libcst as cst
 from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
 
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import ParentProvider, children_of
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Rule
 
@@ -530,19 +530,23 @@ def is_tensor_name(rule: Rule, name: cst.Name) -> bool:
 # --------------------------------------------------------------------------- walking
 
 SCOPE_NODES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_SCOPE_TYPES = frozenset(SCOPE_NODES)  # concrete classes: an exact type test is isinstance here
 
 
 def walk(node: cst.CSTNode, cross_scopes: bool = False) -> Iterable[cst.CSTNode]:
     """Every node under ``node`` (pre-order), not entering nested functions, classes or lambdas
     unless ``cross_scopes``. Cheaper than a CSTVisitor for the small subtrees rules inspect."""
     stack = [node]
+    pop, push = stack.pop, stack.append
     while stack:
-        cur = stack.pop()
+        cur = pop()
         yield cur
-        for child in reversed(cur.children):
-            if not cross_scopes and isinstance(child, SCOPE_NODES):
-                continue
-            stack.append(child)
+        if cross_scopes:
+            stack.extend(reversed(children_of(cur)))
+            continue
+        for child in reversed(children_of(cur)):
+            if type(child) not in _SCOPE_TYPES:
+                push(child)
 
 
 # --------------------------------------------------------------------------- version guards

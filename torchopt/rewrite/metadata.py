@@ -61,8 +61,9 @@ def _kind(t: type) -> int:
 
 
 # While the engine analyses one file, children are also remembered per node (rules walk the same
-# subtrees many times); the memo holds the nodes, so ids cannot be reused, and is dropped afterwards.
-_MEMO: dict[cst.CSTNode, tuple[cst.CSTNode, ...]] | None = None
+# subtrees many times). Keyed by id (CSTNode.__hash__ is a Python call); each entry holds its node, so
+# a hit is checked to be that node, and the memo is dropped afterwards.
+_MEMO: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] | None = None
 
 
 @contextmanager
@@ -78,15 +79,20 @@ def children_memo() -> Iterator[None]:
             _MEMO = None
 
 
-def ordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Exactly ``node.children`` (same nodes, same order), several times cheaper."""
+def children_of(node: cst.CSTNode) -> tuple[cst.CSTNode, ...] | list[cst.CSTNode]:
+    """``node.children`` for reading only (not copied when remembered)."""
     memo = _MEMO
     if memo is not None:
-        hit = memo.get(node)
-        if hit is None:
-            hit = memo[node] = tuple(_ordered_children(node))
-        return list(hit)
+        hit = memo.get(id(node))
+        if hit is None or hit[0] is not node:
+            hit = memo[id(node)] = (node, tuple(_ordered_children(node)))
+        return hit[1]
     return _ordered_children(node)
+
+
+def ordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Exactly ``node.children`` (same nodes, same order), several times cheaper."""
+    return list(children_of(node))
 
 
 def _ordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
