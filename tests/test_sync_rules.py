@@ -132,3 +132,26 @@ def test_evaluation_loop_and_called_module_forward():
     msg = {d.code: d.message for d in diags}
     assert "in `Net.forward`, called from the forward-pass loop at line 18" in msg["TOP605"]
     assert "in the forward-pass loop at line 18" in msg["TOP601"]
+
+
+ALIASED = """\
+import torch
+from torch.nn import Linear{alias}
+
+proj = {cls}(4, 2)
+data = [torch.randn(3, 4) for _ in range(3)]
+total = 0.0
+with torch.no_grad():
+    for x in data:
+        out = proj(x)
+        total += out.sum().item()
+"""
+
+
+@pytest.mark.parametrize("alias,cls", [("", "Linear"), (" as lin", "lin"), (" as Lin", "Lin")])
+def test_a_module_class_imported_under_another_name_still_makes_a_hot_loop(alias, cls):
+    """`from torch.nn import Linear as lin`: `proj = lin(...)` is a module like `Linear(...)`, so the
+    loop calling it is a forward-pass loop (the cheap pre-checks used to look for a capital letter)."""
+    diags = check_source(ALIASED.format(alias=alias, cls=cls), S).diagnostics
+    assert [(d.code, d.line) for d in diags] == [("TOP601", 10)]
+    assert "in the forward-pass loop at line 8" in diags[0].message

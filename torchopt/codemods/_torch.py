@@ -634,6 +634,8 @@ def _step_loops_possible(index: dict[type, list]) -> bool:
     maybe_modules: set[str] = set()
     for n in _nodes(index, _ast.FunctionDef, _ast.AsyncFunctionDef):
         funcs.setdefault(n.name, []).append(n)
+    class_aliases = {a.asname for n in _nodes(index, _ast.ImportFrom) for a in n.names
+                     if a.asname and a.name.rsplit(".", 1)[-1][:1].isupper()}
     for n in _nodes(index, _ast.Assign, _ast.Call):
         if isinstance(n, _ast.Assign) and isinstance(n.value, _ast.Call):
             base = n.value
@@ -642,7 +644,7 @@ def _step_loops_possible(index: dict[type, list]) -> bool:
                 base = base.func.value
             name = _ast_dotted(base.func) if isinstance(base, _ast.Call) else None
             last = (name or "").rsplit(".", 1)[-1]
-            if last[:1].isupper() or last == "compile":
+            if last[:1].isupper() or last == "compile" or last in class_aliases:
                 for t in n.targets:
                     d = _ast_dotted(t)
                     if d:

@@ -147,27 +147,35 @@ class HotMap:
         or through a function of the file."""
         loops, funcs = [], {}
         maybe_modules: set[str] = set()
+        built: list[tuple[str, cst.Assign]] = []  # (callee's last name, assignment)
+        class_aliases: set[str] = set()  # `from torch.nn import Linear as lin`: `lin` is a class too
         for n in walk(module, True):
             if isinstance(n, LOOPS):
                 loops.append(n)
             elif isinstance(n, cst.FunctionDef):
                 funcs.setdefault(n.name.value, n)
+            elif isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar):
+                for alias in n.names:
+                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name) \
+                            and (dotted(alias.name) or "").rsplit(".", 1)[-1][:1].isupper():
+                        class_aliases.add(alias.asname.name.value)
             elif isinstance(n, cst.Assign) and isinstance(n.value, cst.Call):
                 base = n.value
                 while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
                         and isinstance(base.func.value, cst.Call):
                     base = base.func.value
                 name = dotted(base.func) if isinstance(base, cst.Call) else None
-                last = (name or "").rsplit(".", 1)[-1]
-                if last[:1].isupper() or last == "compile":
-                    for t in n.targets:
-                        d = dotted(t.target)
-                        if d:
-                            maybe_modules.add(d)
+                built.append(((name or "").rsplit(".", 1)[-1], n))
             elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _MODULE_METHODS:
                 d = dotted(n.func.value)
                 if d:
                     maybe_modules.add(d)
+        for last, n in built:
+            if last[:1].isupper() or last == "compile" or last in class_aliases:
+                for t in n.targets:
+                    d = dotted(t.target)
+                    if d:
+                        maybe_modules.add(d)
         if not loops:
             return False
         memo: dict[int, bool] = {}
