@@ -203,3 +203,21 @@ def test_children_memo_never_answers_for_another_node_with_the_same_id():
         assert [type(c).__name__ for c in metadata.children_of(new)] == [type(c).__name__ for c in
                                                                          metadata._SLOW_CHILDREN(new)]
         assert all(a is b for a, b in zip(new.children, metadata._SLOW_CHILDREN(new)))
+
+
+def test_module_walks_are_shared_during_an_analysis_and_equal_the_plain_walk():
+    from torchopt.codemods._torch import _walk, walk
+    from torchopt.rewrite import metadata
+
+    module = cst.parse_module(TRICKY)
+    for cross in (True, False):
+        plain = list(_walk(module, cross))
+        assert [id(n) for n in walk(module, cross)] == [id(n) for n in plain]  # outside: computed
+        with metadata.children_memo():
+            first = list(walk(module, cross))
+            assert [id(n) for n in first] == [id(n) for n in plain]
+            assert [id(n) for n in walk(module, cross)] == [id(n) for n in plain]  # from the memo
+            other = cst.parse_module("x = 1\n")
+            metadata._MEMO[("walk", cross, id(other))] = (module, plain)  # a reused id
+            assert [type(n).__name__ for n in walk(other, cross)] == [type(n).__name__ for n in _walk(other, cross)]
+    assert len(plain) > 10 and len(list(_walk(module, True))) > len(plain)  # scopes are skipped when asked

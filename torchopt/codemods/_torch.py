@@ -6,12 +6,12 @@ import enum
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import libcst as cst
 from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
 
-from torchopt.rewrite.metadata import ParentProvider, children_of
+from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Rule
 
@@ -535,7 +535,15 @@ _SCOPE_TYPES = frozenset(SCOPE_NODES)  # concrete classes: an exact type test is
 
 def walk(node: cst.CSTNode, cross_scopes: bool = False) -> Iterable[cst.CSTNode]:
     """Every node under ``node`` (pre-order), not entering nested functions, classes or lambdas
-    unless ``cross_scopes``. Cheaper than a CSTVisitor for the small subtrees rules inspect."""
+    unless ``cross_scopes``. Cheaper than a CSTVisitor for the small subtrees rules inspect.
+    Rules scan the whole module this way over and over: while the engine analyses a file, the
+    module's node list is made once and shared (``metadata.remembered``)."""
+    if type(node) is cst.Module:
+        return iter(remembered(("walk", cross_scopes), node, lambda: list(_walk(node, cross_scopes))))
+    return _walk(node, cross_scopes)
+
+
+def _walk(node: cst.CSTNode, cross_scopes: bool) -> Iterator[cst.CSTNode]:
     stack = [node]
     pop, push = stack.pop, stack.append
     while stack:

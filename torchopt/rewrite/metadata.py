@@ -10,7 +10,7 @@ import ast
 import dataclasses
 import os
 from contextlib import contextmanager
-from typing import Iterator, MutableMapping
+from typing import Callable, Iterator, MutableMapping, TypeVar
 from weakref import WeakKeyDictionary
 
 import libcst as cst
@@ -63,7 +63,8 @@ def _kind(t: type) -> int:
 # While the engine analyses one file, children are also remembered per node (rules walk the same
 # subtrees many times). Keyed by id (CSTNode.__hash__ is a Python call); each entry holds its node, so
 # a hit is checked to be that node, and the memo is dropped afterwards.
-_MEMO: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] | None = None
+_MEMO: dict | None = None  # id -> (node, children); (kind..., id) -> (node, value): see remembered
+T = TypeVar("T")
 
 
 @contextmanager
@@ -88,6 +89,19 @@ def children_of(node: cst.CSTNode) -> tuple[cst.CSTNode, ...] | list[cst.CSTNode
             hit = memo[id(node)] = (node, tuple(_ordered_children(node)))
         return hit[1]
     return _ordered_children(node)
+
+
+def remembered(kind: tuple, node: cst.CSTNode, make: Callable[[], T]) -> T:
+    """``make()``, remembered for ``node`` while the engine analyses a file (computed each time
+    outside an analysis). The entry holds its node, so a reused id is never answered from it."""
+    memo = _MEMO
+    if memo is None:
+        return make()
+    key = kind + (id(node),)
+    hit = memo.get(key)  # type: ignore[call-overload]
+    if hit is None or hit[0] is not node:
+        hit = memo[key] = (node, make())  # type: ignore[index]
+    return hit[1]
 
 
 def ordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
