@@ -345,3 +345,32 @@ def test_module_only_batched_visitors_see_the_module() -> None:
     with libcst_own_visit():
         slow = run()
     assert fast == slow == [("visit", id(module))] * 2 + [("leave", id(module))] * 2
+
+
+def test_isinstance_on_node_classes_is_plain_inheritance():
+    """Node classes get a metaclass that answers isinstance/issubclass without the ABC machinery:
+    every answer must be what the class hierarchy says, and abstract classes stay abstract."""
+    import abc
+    import inspect
+
+    classes = fastvisit._node_classes()
+    assert cst.Call in classes and cst.BaseExpression in classes
+    assert type(cst.Call) is fastvisit._NodeMeta and isinstance(cst.Call, abc.ABCMeta)
+    module = cst.parse_module(SYNTAX)
+    samples: dict[type, cst.CSTNode] = {}
+    stack = [module]
+    while stack:
+        node = stack.pop()
+        samples.setdefault(type(node), node)
+        stack.extend(node.children)
+    assert len(samples) > 60
+    for cls in classes:
+        for t, node in samples.items():
+            assert isinstance(node, cls) == (cls in t.__mro__), (t.__name__, cls.__name__)
+            assert issubclass(t, cls) == (cls in t.__mro__)
+        assert not isinstance("text", cls) and not isinstance(None, cls)
+    assert isinstance(module.body[0].body[0], (cst.Import, cst.ImportFrom))
+    for cls in (cst.CSTNode, cst.BaseExpression, cst.BaseStatement, cst.BaseSmallStatement):
+        assert inspect.isabstract(cls)
+        with pytest.raises(TypeError):
+            cls()

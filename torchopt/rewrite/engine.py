@@ -14,7 +14,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from torchopt.rewrite import pyast, suppress
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.fastvisit import install_fast_visit
+from torchopt.rewrite.fastvisit import install_fast_isinstance, install_fast_visit
 from torchopt.rewrite.metadata import (children_memo, install_fast_children, install_fast_module_code,
                                        install_fast_visitor_lookup, module_source)
 from torchopt.rewrite.positions import install_fast_positions
@@ -25,11 +25,12 @@ MAX_PASSES = 8
 
 # LibCST fast paths, each with the same result (tests/test_libcst_fast_paths.py compares them):
 # children read from the fields instead of rebuilding the node, visitor methods looked up once per
-# class, a read-only walk for visitors, positions stored as tuples, and Module.code of the module
-# being analysed answered from its source text.
+# class, a read-only walk for visitors, plain isinstance for node classes, positions stored as tuples,
+# and Module.code of the module being analysed answered from its source text.
 install_fast_children()
 install_fast_visitor_lookup()
 install_fast_visit()
+install_fast_isinstance()
 install_fast_positions()
 install_fast_module_code()
 

@@ -19,6 +19,7 @@ event sequence of both over real modules.
 """
 from __future__ import annotations
 
+import abc
 import inspect
 import os
 import re
@@ -328,3 +329,41 @@ def install_fast_visit() -> None:
         return
     if cst.CSTNode.visit is not fast_visit:
         cst.CSTNode.visit = fast_visit  # type: ignore[method-assign]
+
+
+# ------------------------------------------------------------------ isinstance on node classes
+# LibCST's node classes are ABCs, so every ``isinstance(x, cst.Call)`` that is not an exact match
+# goes through ``ABCMeta.__instancecheck__`` (a Python frame, then the ABC caches). Rules and scope
+# analysis make tens of thousands of such tests per file. LibCST registers no virtual subclasses and
+# defines no ``__subclasshook__``, so the answer is plain inheritance, which ``type``'s own checks give
+# directly. The node classes get a metaclass that only swaps those two checks in.
+
+
+class _NodeMeta(abc.ABCMeta):
+    __instancecheck__ = type.__instancecheck__  # type: ignore[assignment]
+    __subclasscheck__ = type.__subclasscheck__  # type: ignore[assignment]
+
+
+def _node_classes() -> list[type]:
+    out, stack, seen = [], [cst.CSTNode], set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        out.append(cls)
+        stack.extend(cls.__subclasses__())
+    return out
+
+
+def install_fast_isinstance() -> None:
+    """Give LibCST's node classes :class:`_NodeMeta` (same answers; ``TORCHOPT_SLOW_ISINSTANCE=1``
+    keeps ABCMeta). Only classes whose ABC registry is empty are changed."""
+    if os.environ.get("TORCHOPT_SLOW_ISINSTANCE") == "1":
+        return
+    dump = getattr(abc, "_get_dump", None)  # CPython's view of an ABC's registry
+    if dump is None:
+        return
+    for cls in _node_classes():
+        if type(cls) is abc.ABCMeta and not dump(cls)[0] and "__subclasshook__" not in cls.__dict__:
+            cls.__class__ = _NodeMeta
