@@ -10,7 +10,7 @@ import ast
 
 import pytest
 
-from torchopt.codemods._torch import ast_torch_names, torch_callees, torch_import_map
+from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_callees, torch_import_map
 from torchopt.rewrite.audit import unfiltered_codes
 from torchopt.rewrite.registry import all_rules
 

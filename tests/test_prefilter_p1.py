@@ -7,7 +7,9 @@ import pytest
 
 import ast
 
-from torchopt.codemods._torch import ast_loop_calls, ast_reaching_values, ast_tree, may_call_torch, torch_calls_to
+from torchopt.analysis.precheck.scopes import ast_loop_calls, ast_reaching_values
+from torchopt.analysis.precheck.torch_imports import may_call_torch, torch_calls_to
+from torchopt.analysis.precheck.tree import ast_tree
 from torchopt.rewrite.registry import all_rules
 
 RULES = all_rules()

@@ -206,7 +206,7 @@ def test_children_memo_never_answers_for_another_node_with_the_same_id():
 
 
 def test_module_walks_are_shared_during_an_analysis_and_equal_the_plain_walk():
-    from torchopt.codemods._torch import _walk, walk
+    from torchopt.analysis.syntax import _walk, walk
     from torchopt.rewrite import metadata
 
     module = cst.parse_module(TRICKY)

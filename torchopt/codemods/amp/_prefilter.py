@@ -10,13 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
-from torchopt.codemods._torch import (
-    _ast_calls,
-    _ast_dotted,
-    ast_index,
-    ast_torch_names,
-    torch_import_map,
-)
+from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
+from torchopt.analysis.precheck.tree import ast_calls, ast_dotted, ast_index
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -43,12 +38,12 @@ class _Facts:
         """(dotted target, value) of single-target assignments (what amp.insert._Analysis reads)."""
         for n in self.index.get(ast.Assign, ()):
             if len(n.targets) == 1:
-                d = _ast_dotted(n.targets[0])
+                d = ast_dotted(n.targets[0])
                 if d:
                     yield d, n.value
         for n in self.index.get(ast.AnnAssign, ()):
             if n.value is not None:
-                d = _ast_dotted(n.target)
+                d = ast_dotted(n.target)
                 if d:
                     yield d, n.value
 
@@ -85,7 +80,7 @@ class _Facts:
                     continue
                 for b in c.bases:
                     if any(q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() for q in self.names(b)) \
-                            or _ast_dotted(b) in out:
+                            or ast_dotted(b) in out:
                         out.add(c.name)
                         changed = True
                         break
@@ -117,7 +112,7 @@ class _Facts:
                         and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList",
                                         "ParameterDict", "Identity")):
                     return True
-        if any(_method(c, _PARAMS) and _ast_dotted(c.func.value) in names  # type: ignore[attr-defined]
+        if any(_method(c, _PARAMS) and ast_dotted(c.func.value) in names  # type: ignore[attr-defined]
                for c in self.calls()):
             return bool(self.optimizers())
         return False
@@ -183,7 +178,7 @@ def _back_loss(stmt: ast.AST) -> tuple[bool, ast.AST | None]:
     if not (isinstance(stmt, ast.Expr) and _method(stmt.value, "backward")):
         return False, None
     func = stmt.value.func  # type: ignore[attr-defined]
-    d = _ast_dotted(func)
+    d = ast_dotted(func)
     if d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward")):
         return True, None  # torch.autograd.backward(loss): not worth pinning down
     return True, func.value
@@ -197,12 +192,12 @@ def _live_step(body: list, optimizers: set[str]) -> bool:
         return False
     lists = [body] + [s.body for s in body if isinstance(s, ast.If)]
     if not any(isinstance(s, (ast.Expr, ast.Assign)) and _method(s.value, "step")
-               and _ast_dotted(s.value.func.value) in optimizers  # type: ignore[attr-defined]
+               and ast_dotted(s.value.func.value) in optimizers  # type: ignore[attr-defined]
                for lst in lists for s in lst):
         return False
     if any(_method(loss, "scale") for b, loss in backs if b):
         return False  # already scaled: the step is left alone
-    return not any(_method(c, "unscale_") for c in _ast_calls(body))
+    return not any(_method(c, "unscale_") for c in ast_calls(body))
 
 
 def missing_autocast_possible(text: str) -> bool:
@@ -300,7 +295,7 @@ def inference_autocast_possible(text: str) -> bool:
     if not bodies:
         return False
     called = {d for body in bodies for s in body for c in ast.walk(s)
-              if isinstance(c, ast.Call) and (d := _ast_dotted(c.func)) is not None}
+              if isinstance(c, ast.Call) and (d := ast_dotted(c.func)) is not None}
     return bool(called) and f.any_model(called)
 
 

@@ -23,17 +23,9 @@ from typing import Iterable, Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import (
-    dotted,
-    SCOPE_NODES,
-    callee,
-    classify_device,
-    dtype_of,
-    string_value,
-    torch_name,
-    torch_ref,
-    walk,
-)
+from torchopt.analysis.names import dotted, callee, torch_name, torch_ref
+from torchopt.analysis.values import classify_device, dtype_of, string_value
+from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import _prefilter
 from torchopt.rewrite.metadata import ParentProvider

@@ -11,19 +11,10 @@ from typing import Callable, Sequence
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.codemods._torch import (
-    callee,
-    dtype_of,
-    has_star,
-    keyword,
-    make_kwarg,
-    positional,
-    reaching_values,
-    set_kwarg,
-    source,
-    torch_name,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, reaching_values, torch_name, torch_ref
+from torchopt.analysis.values import dtype_of
+from torchopt.analysis.arguments import has_star, keyword, make_kwarg, positional, set_kwarg
+from torchopt.analysis.syntax import source
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import _prefilter
 from torchopt.rewrite.metadata import ParentProvider

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import has_star, keyword, qualified_names, set_kwarg, torch_name, torch_ref, walk
+from torchopt.analysis.names import qualified_names, torch_name, torch_ref
+from torchopt.analysis.arguments import has_star, keyword, set_kwarg
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.channels_last import FAMILY
 from torchopt.codemods.compile._model import calls_of, find_models
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.codemods._torch import callee, positional, walk
+from torchopt.analysis.names import callee
+from torchopt.analysis.arguments import positional
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
@@ -177,7 +179,8 @@ def models_possible(text: str) -> bool:
     and is called (``N(...)``) somewhere in the file. True when the text does not parse."""
     import ast as _ast
 
-    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.tree import ast_index
 
     index, imports = ast_index(text), torch_import_map(text)
     if index is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import torch_name
+from torchopt.analysis.names import torch_name
 from torchopt.codemods.compile import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, has_star, in_version_guard, keyword, set_kwarg, walk
+from torchopt.analysis.names import callee
+from torchopt.analysis.arguments import has_star, keyword, set_kwarg
+from torchopt.analysis.syntax import in_version_guard, walk
 from torchopt.codemods.compile import FAMILY
 from torchopt.codemods.compile._model import find_models, has_random_ops
 from torchopt.rewrite.metadata import ParentProvider
@@ -224,7 +226,7 @@ class ManualCudaGraphs(Rule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # Every name in _APIS is under torch.cuda: the import or attribute chain spells "cuda".
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and "cuda" in text and may_call_torch(text, cls._APIS)
 

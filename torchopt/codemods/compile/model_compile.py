@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, walk
+from torchopt.analysis.names import callee
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.compile import FAMILY
 from torchopt.codemods.compile._model import Model, find_models, has_random_ops, strip_chain
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid

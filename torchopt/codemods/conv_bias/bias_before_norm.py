@@ -6,7 +6,9 @@ import ast as _ast
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, has_comments, has_star, keyword, positional, set_kwarg, source, walk
+from torchopt.analysis.names import callee
+from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import has_comments, source, walk
 from torchopt.codemods.conv_bias import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
@@ -75,7 +77,8 @@ def _could_match(text: str) -> bool:
     channel counts spelled alike), either consecutive arguments of a call (the nn.Sequential form)
     or both assigned to `self.<attr>` in the `__init__` of a class with a `forward`. True when the
     text does not parse or star-imports from torch."""
-    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.tree import ast_index
 
     index, imports = ast_index(text), torch_import_map(text)
     if index is None or imports is None:

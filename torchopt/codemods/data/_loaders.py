@@ -9,16 +9,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import GlobalScope, PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import (
-    dotted,
-    SCOPE_NODES,
-    has_star,
-    keyword,
-    positional,
-    qualified_names,
-    reaching_values,
-    walk,
-)
+from torchopt.analysis.names import dotted, qualified_names, reaching_values
+from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.codemods.device.loops import DATALOADERS
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
@@ -395,7 +388,7 @@ class LoaderRule(Rule):
         return False
 
     def _device_arg(self, expr: cst.BaseExpression) -> bool:
-        from torchopt.codemods._torch import classify_device
+        from torchopt.analysis.values import classify_device
 
         dev = classify_device(self, expr)
         return dev.is_device and not dev.is_cpu and dev.text != "meta"
@@ -504,7 +497,8 @@ def loader_calls_possible(text: str, test, looped: bool = False, epoch: bool = F
     (_loader_epoch_looped)."""
     import ast
 
-    from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
+    from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None:

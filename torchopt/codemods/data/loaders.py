@@ -7,17 +7,10 @@ import ast
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.codemods._torch import (
-    DeviceKind,
-    classify_device,
-    has_star,
-    keyword,
-    positional,
-    set_kwarg,
-    source,
-    torch_ref,
-    walk,
-)
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.values import DeviceKind, classify_device
+from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.data import FAMILY
 from torchopt.codemods.data._loaders import (
     DatasetKind,

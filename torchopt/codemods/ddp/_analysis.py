@@ -10,17 +10,10 @@ from typing import Callable, Iterable, Sequence
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from torchopt.codemods._torch import (
-    dotted,
-    SCOPE_NODES,
-    callee,
-    keyword,
-    positional,
-    qualified_names,
-    string_value,
-    torch_name,
-    walk,
-)
+from torchopt.analysis.names import dotted, callee, qualified_names, torch_name
+from torchopt.analysis.values import string_value
+from torchopt.analysis.arguments import keyword, positional
+from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Rule
 

@@ -9,17 +9,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    has_star,
-    int_value,
-    keyword,
-    keywords,
-    positional,
-    set_kwarg,
-    string_value,
-    torch_ref,
-    walk,
-)
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.values import int_value, string_value
+from torchopt.analysis.arguments import has_star, keyword, keywords, positional, set_kwarg
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.ddp._analysis import (
     LAUNCH_NOTE,
     MODULE_METHODS,

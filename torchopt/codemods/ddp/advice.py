@@ -4,7 +4,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import keyword, walk
+from torchopt.analysis.arguments import keyword
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp._analysis import DDP, DP, Analysis, calls
 from torchopt.rewrite.metadata import ParentProvider
@@ -55,7 +56,7 @@ class FindUnusedParameters(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Call: a DDP call
     METADATA_DEPENDENCIES = _DEPS
@@ -71,7 +72,7 @@ class FindUnusedParameters(Rule):
         kw = keyword(node, "find_unused_parameters")
         if kw is None or not (isinstance(kw.value, cst.Name) and kw.value.value == "True"):
             return
-        from torchopt.codemods._torch import callee
+        from torchopt.analysis.names import callee
 
         if callee(self, node) in DDP:
             self.report(kw)
@@ -110,7 +111,7 @@ class LoadBalance(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
             text, ("torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"))
@@ -176,7 +177,7 @@ class SchedulerAfterDDP(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
             text, [f"torch.optim.lr_scheduler.{s}" for s in _SCHEDULERS])

@@ -112,7 +112,7 @@ class DataParallelToDDP(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DP)  # visit_Module: a.dp or a.dp_other
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
@@ -201,7 +201,7 @@ class SingleProcessToDDP(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch, torch_callees
+        from torchopt.analysis.precheck.torch_imports import may_call_torch, torch_callees
 
         # visit_Module: a DataLoader and a torch.optim optimizer bound to names, a training loop.
         if not (super().could_match(text) and may_call_torch(text, LOADERS)):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import keyword, walk
+from torchopt.analysis.arguments import keyword
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp._analysis import (
     DDP,
@@ -89,7 +90,7 @@ class MissingSetEpoch(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         # visit_Module: a DataLoader (sampler=<a DistributedSampler>) bound to a name, looped over.
         return super().could_match(text) and may_call_torch(text, DSAMPLERS) and may_call_torch(text, LOADERS)
@@ -186,7 +187,7 @@ class NoSyncAccumulation(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS
@@ -326,7 +327,7 @@ class RankZeroGuards(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, INITS)  # visit_Module: a.inits
     METADATA_DEPENDENCIES = _DEPS
@@ -423,7 +424,7 @@ class CheckpointPortability(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS

@@ -4,7 +4,10 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, keyword, positional, set_kwarg, source, string_value, torch_ref, walk
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.values import string_value
+from torchopt.analysis.arguments import keyword, positional, set_kwarg
+from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.debug import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Valid
@@ -244,7 +247,8 @@ class ProfilerLeftOn(DebugRule):
             return False
         import ast
 
-        from torchopt.codemods._torch import ast_index, ast_torch_names, torch_import_map
+        from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
+        from torchopt.analysis.precheck.tree import ast_index
 
         index = ast_index(text)
         imports = torch_import_map(text)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, has_comments, in_version_guard, torch_ref
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.syntax import has_comments, in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
@@ -60,7 +61,7 @@ class SdpKernel(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.backends.cuda.sdp_kernel",))
     min_torch = (2, 4)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, in_version_guard, keyword, set_kwarg
+from torchopt.analysis.names import callee
+from torchopt.analysis.arguments import keyword, set_kwarg
+from torchopt.analysis.syntax import in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Tag, Valid
 
@@ -54,7 +56,7 @@ class CheckpointReentrant(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import torch_calls_to
+        from torchopt.analysis.precheck.torch_imports import torch_calls_to
 
         calls = torch_calls_to(text, CHECKPOINT_FUNCS) if super().could_match(text) else []
         # visit_Call: such a call without `use_reentrant=` and without `**kwargs`.

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    callee,
-    has_comments,
-    has_star,
-    in_version_guard,
-    int_value,
-    keywords,
-    positional,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.values import int_value
+from torchopt.analysis.arguments import has_star, keywords, positional
+from torchopt.analysis.syntax import has_comments, in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
@@ -65,7 +59,7 @@ class TorchRange(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.range",))
 
@@ -159,7 +153,7 @@ class AutogradVariable(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(
             text, ("torch.autograd.Variable", "torch.autograd.variable.Variable"))
@@ -257,7 +251,7 @@ class ReplacedLinalg(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, REPLACED)
 

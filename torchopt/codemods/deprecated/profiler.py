@@ -4,17 +4,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.codemods._torch import (
-    callee,
-    drop_kwarg,
-    has_star,
-    in_version_guard,
-    keyword,
-    keywords,
-    positional,
-    set_kwarg,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.arguments import drop_kwarg, has_star, keyword, keywords, positional, set_kwarg
+from torchopt.analysis.syntax import in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Tag, Valid
@@ -80,7 +72,7 @@ class ProfilerUseCuda(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, (LEGACY,))
     min_torch = (2, 1)

@@ -6,16 +6,9 @@ import ast as _ast
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    callee,
-    has_comments,
-    in_version_guard,
-    int_value,
-    method_call,
-    string_value,
-    torch_name,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, method_call, torch_name, torch_ref
+from torchopt.analysis.values import int_value, string_value
+from torchopt.analysis.syntax import has_comments, in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
@@ -85,7 +78,7 @@ class SetDefaultTensorType(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.set_default_tensor_type",))
     min_torch = (2, 0)
@@ -206,7 +199,7 @@ class LegacyConstructor(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import torch_calls_to
+        from torchopt.analysis.precheck.torch_imports import torch_calls_to
 
         if not super().could_match(text):
             return False

@@ -3,17 +3,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    callee,
-    has_comments,
-    has_star,
-    in_version_guard,
-    is_tensor_name,
-    keyword,
-    positional,
-    set_kwarg,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, is_tensor_name, torch_ref
+from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import has_comments, in_version_guard
 from torchopt.codemods.deprecated import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
@@ -75,7 +67,7 @@ class AssertAllclose(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import may_call_torch
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.testing.assert_allclose",))
 

@@ -18,36 +18,17 @@ from typing import Iterable, Sequence
 import libcst as cst
 from libcst.metadata import QualifiedNameSource, ScopeProvider
 
-from torchopt.codemods._torch import (
-    CAST_METHODS,
-    DTYPES,
-    FLOAT_DTYPES,
-    INT_DTYPES,
-    Device,
-    DeviceKind,
-    TorchRef,
-    callee,
-    classify_device,
-    drop_kwarg,
-    dtype_of,
-    has_comments,
-    has_star,
-    int_value,
-    is_tensor_name,
-    keyword,
-    method_call,
-    param_annotation,
-    positional,
-    reaching_values,
-    set_kwarg,
-    source,
-    _is_import_of_torch,
-    ast_index,
-    ast_torch_names,
-    torch_calls_to,
-    torch_import_map,
-    torch_ref,
+from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
+from torchopt.analysis.precheck.tree import ast_index
+from torchopt.analysis.names import (
+    TorchRef, callee, is_tensor_name, method_call, param_annotation, reaching_values, is_import_of_torch,
+    torch_ref
 )
+from torchopt.analysis.values import (
+    CAST_METHODS, DTYPES, FLOAT_DTYPES, INT_DTYPES, Device, DeviceKind, classify_device, dtype_of, int_value
+)
+from torchopt.analysis.arguments import drop_kwarg, has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import has_comments, source
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Tag, Valid
 
@@ -493,7 +474,7 @@ class _FactoryRule(Rule):
         except KeyError:
             return ref
         if scope is not None and "torch" in scope and any(
-                not _is_import_of_torch(a) for a in scope["torch"]):
+                not is_import_of_torch(a) for a in scope["torch"]):
             return None
         return ref
 
@@ -785,7 +766,7 @@ class FactoryThenMove(_FactoryRule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import chained_call
+        from torchopt.analysis.precheck.patterns import chained_call
 
         # visit_Call: `<torch factory>(...).cuda()/.to()` (method_call), or a bare
         # `torch.cuda.<legacy type>(...)` (spelled with "cuda" and the type's name).
@@ -1078,7 +1059,7 @@ class CastAfterFactory(_FactoryRule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import chained_call
+        from torchopt.analysis.precheck.patterns import chained_call
 
         # visit_Call: `<torch factory>(...).<cast>()` (method_call + factory_kind).
         return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES) \

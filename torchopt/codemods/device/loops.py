@@ -13,35 +13,15 @@ from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
 from torchopt.rewrite.metadata import ParentProvider
 
-from torchopt.codemods._torch import (
-    walk,
-    DeviceKind,
-    callee,
-    classify_device,
-    dtype_of,
-    has_star,
-    in_loop,
-    is_tensor_name,
-    keyword,
-    method_call,
-    positional,
-    set_kwarg,
-    source,
-    string_value,
-    torch_name,
-    torch_ref,
-)
-from torchopt.codemods._torch import (
-    _NOT_TENSOR,
-    _TENSOR_NAMESPACES,
-    DTYPES,
-    ast_index,
-    ast_loop_calls,
-    ast_scope_chain,
-    ast_torch_names,
-    torch_calls_to,
-    torch_import_map,
-)
+from torchopt.analysis.names import callee, is_tensor_name, method_call, torch_name, torch_ref
+from torchopt.analysis.values import DeviceKind, classify_device, dtype_of, string_value
+from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import walk, in_loop, source
+from torchopt.analysis.precheck.scopes import ast_loop_calls, ast_scope_chain
+from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
+from torchopt.analysis.precheck.tree import ast_index
+from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES
+from torchopt.analysis.values import DTYPES
 from torchopt.codemods.device import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
@@ -221,7 +201,7 @@ class UnpinnedHostCopy(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import torch_calls_to
+        from torchopt.analysis.precheck.torch_imports import torch_calls_to
 
         # visit_Call/leave_Module: `<name> = DataLoader(...)` and a `.cuda()`/`.to()` in a for loop.
         if not super().could_match(text):
@@ -576,8 +556,8 @@ def _ast_torch_tensor_call(imports: dict, value) -> bool:
         base = base.func.value
     if not isinstance(base, _ast.Call):
         return False
-    return any(any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES)
-               and q.rsplit(".", 1)[1] not in _NOT_TENSOR for q in ast_torch_names(imports, base.func))
+    return any(any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES)
+               and q.rsplit(".", 1)[1] not in NOT_TENSOR for q in ast_torch_names(imports, base.func))
 
 
 def _ast_maybe_tensor_name(index: dict, imports: dict, name: str) -> bool:
@@ -601,13 +581,13 @@ def _ast_maybe_tensor_name(index: dict, imports: dict, name: str) -> bool:
         if not isinstance(base, _ast.Call):
             continue
         for q in ast_torch_names(imports, base.func):
-            if any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES) \
-                    and q.rsplit(".", 1)[1] not in _NOT_TENSOR:
+            if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES) \
+                    and q.rsplit(".", 1)[1] not in NOT_TENSOR:
                 return True
     return False
 
 
-_ASCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
+AST_SCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
 _DEVICE_LITERAL = re.compile(r"^(cuda|mps|xpu|hpu|npu|xla|privateuseone)(:\d+)?$")
 
 
@@ -654,7 +634,7 @@ def _ast_bound_in(loop: _ast.AST) -> set[str]:
         if isinstance(cur, _ast.Name) and isinstance(cur.ctx, _ast.Store):
             out.add(cur.id)
         for child in _ast.iter_child_nodes(cur):
-            if not isinstance(child, (*_ASCOPES, _ast.ListComp, _ast.SetComp, _ast.DictComp, _ast.GeneratorExp)):
+            if not isinstance(child, (*AST_SCOPES, _ast.ListComp, _ast.SetComp, _ast.DictComp, _ast.GeneratorExp)):
                 stack.append(child)
     return out
 
@@ -686,7 +666,7 @@ def _ast_mutated_names(loop: _ast.AST) -> set[str]:
         if b is not None:
             out.add(b)
         for child in _ast.iter_child_nodes(cur):
-            if not isinstance(child, _ASCOPES):
+            if not isinstance(child, AST_SCOPES):
                 stack.append(child)
     return out
 

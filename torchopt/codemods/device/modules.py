@@ -3,23 +3,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    CAST_METHODS,
-    FLOAT_DTYPES,
-    DeviceKind,
-    callee,
-    classify_device,
-    dtype_of,
-    has_comments,
-    has_star,
-    int_value,
-    keyword,
-    method_call,
-    positional,
-    set_kwarg,
-    source,
-    torch_ref,
-)
+from torchopt.analysis.names import callee, method_call, torch_ref
+from torchopt.analysis.values import CAST_METHODS, FLOAT_DTYPES, DeviceKind, classify_device, dtype_of, int_value
+from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
+from torchopt.analysis.syntax import has_comments, source
 from torchopt.codemods.device import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
@@ -125,7 +112,7 @@ class ModuleThenMove(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import chained_call
+        from torchopt.analysis.precheck.patterns import chained_call
 
         # visit_Call: `<torch.nn module>(...).<move>()` (method_call + module_class).
         return super().could_match(text) and chained_call(text, _MOVES, (*RANDOM_INIT, *DETERMINISTIC_INIT))

@@ -24,16 +24,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    ast_index,
-    ast_tree,
-    callee,
-    qualified_names,
-    string_value,
-    torch_calls_to,
-    torch_name,
-    walk,
-)
+from torchopt.analysis.precheck.torch_imports import torch_calls_to
+from torchopt.analysis.precheck.tree import ast_index, ast_tree
+from torchopt.analysis.names import callee, qualified_names, torch_name
+from torchopt.analysis.values import string_value
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
 # Convolution layers and functions (rules.md FLAG-001: `nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).

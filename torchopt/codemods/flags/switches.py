@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import source, torch_ref
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.syntax import source
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags._program import determinism_possible, entry_possible, insertion, program
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid

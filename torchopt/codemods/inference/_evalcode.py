@@ -2,43 +2,22 @@
 over loaders named like validation data, model forwards, training steps, grad-mode contexts."""
 from __future__ import annotations
 
-import re
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, dotted, has_star, positional, walk
+from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.arguments import has_star, positional
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
+from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
 
-EVAL_FUNCTION = re.compile(
-    r"^_*(?:(?:evaluate|eval|validate|validation|val|predict|infer|inference)(?:_\w+)?|test"
-    r"|\w+_(?:evaluate|eval|validate|validation|predict|infer|inference))$")
-EVAL_WORDS = {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "dev", "holdout"}
-EVAL_PREFIXES = ("val", "valid", "test", "eval", "dev")
-LOADER_SUFFIXES = ("loader", "dl", "dataloader", "iter", "batches", "data", "set", "ds")
-MODEL_WORDS = ("model", "net", "encoder", "decoder", "classifier", "backbone", "teacher", "student",
-               "generator", "discriminator", "head", "policy", "critic")
 GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
             "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
 GRAD_ON = {"torch.enable_grad", "torch.set_grad_enabled", "torch.autograd.grad_mode.enable_grad",
            "torch.autograd.grad_mode.set_grad_enabled", "torch.autograd.grad", "torch.autograd.backward",
            "torch.func.grad", "torch.autograd.functional.jacobian"}
 _TRAIN_METHODS = {"backward", "step", "zero_grad", "requires_grad_", "retain_grad"}
-
-
-def eval_loader_name(name: str) -> bool:
-    low = name.lower()
-    parts = [p for p in re.split(r"[_\d]+", low) if p]
-    if any(p in EVAL_WORDS for p in parts):
-        return True
-    return any(low.startswith(p) and low[len(p):] in LOADER_SUFFIXES for p in EVAL_PREFIXES)
-
-
-def model_name(name: str) -> bool:
-    low = name.lower()
-    return any(w in low for w in MODEL_WORDS)
-
-
 
 
 class EvalRule(Rule):
@@ -216,7 +195,6 @@ class EvalRule(Rule):
         return out
 
 
-
 def epoch_loop_possible(text: str) -> bool:
     """Cheap necessary condition for EvalTrainModeMismatch._epoch_loop on CPython's ast: a
     ``for``/``while`` loop whose body, or the body of a function of the file it calls by name, runs a
@@ -225,7 +203,7 @@ def epoch_loop_possible(text: str) -> bool:
     ``.train(False)``). True when the text does not parse."""
     import ast
 
-    from torchopt.codemods._torch import ast_index
+    from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None:
@@ -309,7 +287,8 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
     (TOP803). True when the text does not parse."""
     import ast
 
-    from torchopt.codemods._torch import _ast_model_call, ast_tree
+    from torchopt.analysis.precheck.patterns import ast_model_call
+    from torchopt.analysis.precheck.tree import ast_tree
 
     tree = ast_tree(text)
     if tree is None:
@@ -322,7 +301,7 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if isinstance(child, funcs) and not is_class and EVAL_FUNCTION.match(child.name) \
-                        and _ast_model_call(child.body) and not (mode_calls and _switches_to_eval(child.body)):
+                        and ast_model_call(child.body) and not (mode_calls and _switches_to_eval(child.body)):
                     return True
                 stack.append((child, child.name, False))
                 continue
@@ -332,7 +311,7 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
             if isinstance(child, loops) and not (fname and EVAL_FUNCTION.match(fname)):
                 names = [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(child.iter)
                          if isinstance(x, (ast.Name, ast.Attribute))]
-                if any(eval_loader_name(x) for x in names) and _ast_model_call(child.body):
+                if any(eval_loader_name(x) for x in names) and ast_model_call(child.body):
                     return True
             stack.append((child, fname, False))
     return False

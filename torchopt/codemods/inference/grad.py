@@ -5,9 +5,11 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.codemods._torch import callee, source, torch_ref, walk
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.inference import FAMILY
-from torchopt.codemods.inference._evalcode import EVAL_FUNCTION, EvalRule, dotted, eval_loader_name
+from torchopt.codemods.inference._evalcode import EvalRule, dotted
+from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Safety, Tag, Valid
 
@@ -165,7 +167,7 @@ class EvalWithoutNoGrad(EvalRule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import eval_sites_possible
+        from torchopt.analysis.precheck.patterns import eval_sites_possible
         from torchopt.codemods.inference._evalcode import eval_units_possible
 
         return super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
@@ -380,7 +382,7 @@ class NoGradInPureInference(EvalRule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import module_level_with
+        from torchopt.analysis.precheck.patterns import module_level_with
 
         return super().could_match(text) and ("__main__" in text or module_level_with(text))
 
@@ -617,7 +619,7 @@ class EvalTrainModeMismatch(EvalRule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import eval_sites_possible
+        from torchopt.analysis.precheck.patterns import eval_sites_possible
 
         # An epoch loop that trains (`.backward()` or torch.autograd's grad/backward) and calls
         # `.eval()`, or an evaluation function / loop that calls a model.

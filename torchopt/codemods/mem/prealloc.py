@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, has_star, keyword, positional, string_value, torch_ref, walk
+from torchopt.analysis.names import callee, torch_ref
+from torchopt.analysis.values import string_value
+from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.mem import FAMILY
 from torchopt.codemods.sync._hot import SCOPES, HotLoop, HotMap, dotted, hot_map
 from torchopt.rewrite.metadata import ParentProvider

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, keyword, positional, reaching_values, walk
+from torchopt.analysis.names import callee, reaching_values
+from torchopt.analysis.arguments import keyword, positional
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Option, Rule
 
 OPTION_MULTIPLE = Option("multiple", int, 8, "pad sizes to a multiple of this (8 for fp16/bf16 Tensor Cores, "

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import has_star, positional, walk
+from torchopt.analysis.arguments import has_star, positional
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad import FAMILY
 from torchopt.codemods.pad._common import (
     OPTION_MULTIPLE,
@@ -102,7 +103,7 @@ def _ast_int_const(text: str, expr, depth: int = 0) -> int | None:
     """pad._common.int_const on CPython's ast (names through ast_reaching_values)."""
     import ast as _ast
 
-    from torchopt.codemods._torch import ast_reaching_values
+    from torchopt.analysis.precheck.scopes import ast_reaching_values
 
     if expr is None or depth > 6:
         return None
@@ -141,7 +142,7 @@ def _bad_size_possible(text: str) -> bool:
     `multiple`), or a MultiheadAttention whose head_dim is such. True when the text does not parse."""
     import ast as _ast
 
-    from torchopt.codemods._torch import ast_index
+    from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None:
@@ -222,7 +223,8 @@ class PadGemmDims(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import int_sized_layer_call, torch_callees
+        from torchopt.analysis.precheck.patterns import int_sized_layer_call
+        from torchopt.analysis.precheck.torch_imports import torch_callees
 
         # The layer must resolve to torch.nn and have a size maybe_int can evaluate (visit_Call).
         if not (super().could_match(text) and "torch" in text and int_sized_layer_call(text, LAYERS)):
@@ -527,7 +529,7 @@ class PadGemmDims(Rule):
         return out
 
     def _fn_name(self, call: cst.Call) -> str | None:
-        from torchopt.codemods._torch import callee
+        from torchopt.analysis.names import callee
 
         return callee(self, call)
 

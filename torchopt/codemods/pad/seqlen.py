@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, has_star, keywords, positional, qualified_names
+from torchopt.analysis.names import callee, qualified_names
+from torchopt.analysis.arguments import has_star, keywords, positional
 from torchopt.codemods.pad import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
@@ -13,7 +14,8 @@ def _could_match(text: str) -> bool:
     like a Hugging Face collator in a file that imports from ``transformers`` (absolutely)."""
     import ast as _ast
 
-    from torchopt.codemods._torch import ast_index, may_call_torch
+    from torchopt.analysis.precheck.torch_imports import may_call_torch
+    from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None or may_call_torch(text, ("torch.nn.utils.rnn.pad_sequence",)):

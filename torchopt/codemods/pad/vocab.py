@@ -5,7 +5,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, dtype_of, has_star, string_value, walk
+from torchopt.analysis.names import callee
+from torchopt.analysis.values import dtype_of, string_value
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad import FAMILY
 from torchopt.codemods.pad._common import (
     OPTION_MULTIPLE,
@@ -189,7 +192,7 @@ class PadVocabulary(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods._torch import embedding_and_head_in_init
+        from torchopt.analysis.precheck.patterns import embedding_and_head_in_init
 
         return super().could_match(text) and "torch" in text and embedding_and_head_in_init(text)
     options = (OPTION_MULTIPLE,)

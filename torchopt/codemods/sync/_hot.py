@@ -18,25 +18,16 @@ from typing import Iterable
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import (
-    dotted,
-    _NOT_TENSOR,
-    _TENSOR_NAMESPACES,
-    callee,
-    param_annotation,
-    reaching_values,
-    torch_name,
-    walk,
+from torchopt.analysis.names import (
+    dotted, NOT_TENSOR, TENSOR_NAMESPACES, callee, param_annotation, reaching_values, torch_name
 )
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
 
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 LOOPS = (cst.For, cst.While)
-_MODULE_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", "named_modules", "buffers",
-                   "requires_grad_"}
-_CONVENTIONAL_MODELS = {"model", "net", "network", "module", "encoder", "decoder", "generator",
-                        "discriminator", "backbone", "classifier"}
 # Tensor methods whose result is again a tensor (a conservative list for the strict analysis).
 TENSOR_METHODS = {
     "mean", "sum", "float", "double", "half", "bfloat16", "detach", "clone", "to", "cuda", "cpu", "view",
@@ -50,8 +41,6 @@ TENSOR_METHODS = {
 }
 _TUPLE_REDUCTIONS = {"max", "min"}  # with a dim they return (values, indices)
 HOST_READS = {"item", "tolist", "numpy"}
-
-
 
 
 def calls_in(node: cst.CSTNode, into_loops: bool = True) -> Iterable[cst.Call]:
@@ -166,7 +155,7 @@ class HotMap:
                     base = base.func.value
                 name = dotted(base.func) if isinstance(base, cst.Call) else None
                 built.append(((name or "").rsplit(".", 1)[-1], n))
-            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _MODULE_METHODS:
+            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in MODULE_ONLY_METHODS:
                 d = dotted(n.func.value)
                 if d:
                     maybe_modules.add(d)
@@ -188,7 +177,7 @@ class HotMap:
                 if d is None:
                     continue
                 last = d.rsplit(".", 1)[-1]
-                if d in maybe_modules or last in _CONVENTIONAL_MODELS or d == "self":
+                if d in maybe_modules or last in CONVENTIONAL_MODEL_NAMES or d == "self":
                     return True
                 if d.startswith("self.") or "." not in d:
                     fn = funcs.get(last)
@@ -241,7 +230,7 @@ class HotMap:
             elif isinstance(n, cst.AnnAssign) and n.value is not None:
                 self._assignment(n, n.target, n.value)
             elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) \
-                    and n.func.attr.value in _MODULE_METHODS:
+                    and n.func.attr.value in MODULE_ONLY_METHODS:
                 d = dotted(n.func.value)
                 if d:
                     self.modules.add(d)
@@ -295,7 +284,7 @@ class HotMap:
             return True
         if isinstance(c.func, cst.Name) and c.func.value in self.functions:
             return False
-        return d.rsplit(".", 1)[-1] in _CONVENTIONAL_MODELS
+        return d.rsplit(".", 1)[-1] in CONVENTIONAL_MODEL_NAMES
 
     def resolve(self, c: cst.Call, cls: str | None) -> list[tuple[cst.FunctionDef, str]]:
         """Function definitions of this file that the call runs, with a readable name."""
@@ -489,8 +478,8 @@ class Tensors:
             f = expr.func
             q = callee(rule, expr) if isinstance(f, (cst.Name, cst.Attribute)) else None
             if q is not None:
-                if any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES):
-                    return q.rsplit(".", 1)[1] not in _NOT_TENSOR
+                if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES):
+                    return q.rsplit(".", 1)[1] not in NOT_TENSOR
                 return False
             if isinstance(f, cst.Attribute) and f.attr.value in TENSOR_METHODS:
                 if f.attr.value in _TUPLE_REDUCTIONS and expr.args:
@@ -634,7 +623,7 @@ import ast as _ast  # noqa: E402
 from bisect import bisect_right  # noqa: E402
 
 _AFUNCS = (_ast.FunctionDef, _ast.AsyncFunctionDef)
-_ASCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
+AST_SCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
 _ALOOPS = (_ast.For, _ast.AsyncFor, _ast.While)
 
 
@@ -655,7 +644,7 @@ def _acalls(stmts: list, into_loops: bool) -> list[_ast.Call]:
     stack = list(stmts)
     while stack:
         cur = stack.pop()
-        if isinstance(cur, _ASCOPES) or (not into_loops and isinstance(cur, _ALOOPS)):
+        if isinstance(cur, AST_SCOPES) or (not into_loops and isinstance(cur, _ALOOPS)):
             continue
         if isinstance(cur, _ast.Call):
             out.append(cur)
@@ -775,7 +764,7 @@ class AstHot:
         for c in self.index.get(_ast.Call, ()):
             f = c.func
             if isinstance(f, _ast.Attribute):
-                if f.attr in _MODULE_METHODS:
+                if f.attr in MODULE_ONLY_METHODS:
                     d = _adotted(f.value)
                     if d:
                         self.modules.add(d)
@@ -785,7 +774,7 @@ class AstHot:
                         self.backward_names.add(d)
         # Local nn.Module subclasses (HotMap._collect: a base resolving to torch.nn.<Class>, or a
         # local module class), matched by name.
-        from torchopt.codemods._torch import ast_torch_names
+        from torchopt.analysis.precheck.torch_imports import ast_torch_names
 
         module_classes: set[str] = set()
         changed = True
@@ -862,7 +851,7 @@ class AstHot:
             return True
         if isinstance(c.func, _ast.Name) and c.func.id in self.functions:
             return False
-        return d.rsplit(".", 1)[-1] in _CONVENTIONAL_MODELS
+        return d.rsplit(".", 1)[-1] in CONVENTIONAL_MODEL_NAMES
 
     def resolve(self, c: _ast.Call, cls: str | None) -> list:
         f = c.func
@@ -1036,15 +1025,15 @@ class AstHot:
             f = e.func
             d = _adotted(f)
             if d is not None and self.torch_rooted(f):
-                # Tensors._is_tensor: a torch function of a tensor namespace, not in _NOT_TENSOR (when
+                # Tensors._is_tensor: a torch function of a tensor namespace, not in NOT_TENSOR (when
                 # the name does not resolve to torch after all, the tests below apply).
                 if self.imports is None:
                     return True
-                from torchopt.codemods._torch import ast_torch_names
+                from torchopt.analysis.precheck.torch_imports import ast_torch_names
 
                 for q in ast_torch_names(self.imports, f):
-                    if any(q.startswith(ns) and "." not in q[len(ns):] for ns in _TENSOR_NAMESPACES) \
-                            and q.rsplit(".", 1)[1] not in _NOT_TENSOR:
+                    if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES) \
+                            and q.rsplit(".", 1)[1] not in NOT_TENSOR:
                         return True
             if isinstance(f, _ast.Attribute) and f.attr in TENSOR_METHODS:
                 if not (f.attr in _TUPLE_REDUCTIONS and e.args) and self.maybe_tensor(f.value, own, depth + 1, pending):
@@ -1255,7 +1244,8 @@ def ast_hot(text: str):
     in it; ``UNPARSED`` when CPython cannot parse it."""
     if _AST_HOT_MEMO[0] is text:
         return _AST_HOT_MEMO[1]
-    from torchopt.codemods._torch import ast_index, ast_tree, torch_import_map
+    from torchopt.analysis.precheck.torch_imports import torch_import_map
+    from torchopt.analysis.precheck.tree import ast_index, ast_tree
 
     result = None
     if "for" in text or "while" in text:
@@ -1521,7 +1511,7 @@ def may_tensor_branch(hot: AstHot) -> bool:
 
 def may_torch_call(hot: AstHot, qualified: set[str]) -> bool:
     """TOP606: a call in a step whose callee may resolve to one of ``qualified``."""
-    from torchopt.codemods._torch import ast_torch_names
+    from torchopt.analysis.precheck.torch_imports import ast_torch_names
 
     lasts = {q.rsplit(".", 1)[1] for q in qualified}
     for c in hot.index.get(_ast.Call, ()):

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    callee,
-    classify_device,
-    has_star,
-    keyword,
-    positional,
-    source,
-    walk,
-)
+from torchopt.analysis.names import callee
+from torchopt.analysis.values import classify_device
+from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync._hot import HotMap, Tensors, calls_in, dotted, hot_map
+from torchopt.codemods.sync._hot import Tensors, calls_in, dotted, hot_map
 from torchopt.codemods.sync.reads import grad_norm_names, host_read
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
@@ -182,7 +177,7 @@ class DataDependentShape(Rule):
                 return True
             return False
         if isinstance(e, cst.Name) and depth < 3:
-            from torchopt.codemods._torch import reaching_values
+            from torchopt.analysis.names import reaching_values
 
             values = reaching_values(self, e)
             return bool(values) and all(v is not None and self._is_mask(v, tz, depth + 1) for v in values)

@@ -11,20 +11,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import (
-    classify_device,
-    has_star,
-    keyword,
-    positional,
-    source,
-    string_value,
-    torch_ref,
-    walk,
-)
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.values import classify_device, string_value
+from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.sync import FAMILY
 from torchopt.codemods.sync._hot import (
     HOST_READS,
-    LOOPS,
     SCOPES,
     HotLoop,
     HotMap,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import callee, qualified_names, reaching_values, torch_name, walk
+from torchopt.analysis.names import callee, qualified_names, reaching_values, torch_name
+from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 

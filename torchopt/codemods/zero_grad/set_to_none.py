@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from torchopt.codemods._torch import has_comments, has_star, source
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.syntax import has_comments, source
 from torchopt.codemods.zero_grad import FAMILY
 from torchopt.codemods.zero_grad._objects import (
     MODULE,
@@ -205,7 +206,7 @@ def _zeroing_loop_possible(text: str) -> bool:
     ``zero_()``), with X a name or ``self.<name>``. True when the text does not parse."""
     import ast
 
-    from torchopt.codemods._torch import ast_index
+    from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None:
