@@ -1,7 +1,7 @@
 """Naming conventions rules rely on: what a model, an evaluation function or a held-out loader is usually called."""
 from __future__ import annotations
-import re
 
+import re
 
 MODULE_ONLY_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", "named_modules", "buffers",
                    "requires_grad_"}
@@ -40,3 +40,9 @@ def eval_loader_name(name: str) -> bool:
 def model_name(name: str) -> bool:
     low = name.lower()
     return any(w in low for w in MODEL_WORDS)
+
+
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
+
+
+LOGGER_NAMES = {"logging", "logger", "log", "LOGGER", "_logger", "LOG"}

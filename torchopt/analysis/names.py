@@ -4,15 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from libcst.metadata import Assignment
-from libcst.metadata import QualifiedNameSource
-from libcst.metadata import ScopeProvider
 import libcst as cst
+from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
 
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
-from torchopt.rewrite.rule import ImportSpec
-from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import ImportSpec, Rule
 
 
 def qualified_names(rule: Rule, node: cst.CSTNode) -> set[str]:

@@ -1,14 +1,11 @@
 """Statement and subtree helpers on LibCST nodes: walking one scope, comments, source text, enclosing loops and version guards."""
 from __future__ import annotations
 
-from typing import Iterable
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import libcst as cst
 
-from torchopt.rewrite.metadata import ParentProvider
-from torchopt.rewrite.metadata import children_of
-from torchopt.rewrite.metadata import remembered
+from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
 
 

@@ -1,17 +1,16 @@
 """Values a rule reasons about: dtypes, devices and literals, followed through assignments where that is sound."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
 import enum
 import fnmatch
 import re
+from dataclasses import dataclass
+from typing import Sequence
 
 import libcst as cst
 
 from torchopt.analysis.names import callee, reaching_values, torch_name
 from torchopt.rewrite.rule import Rule
-
 
 DTYPES = {
     "float16": "float16", "half": "float16", "bfloat16": "bfloat16",

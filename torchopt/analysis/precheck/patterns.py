@@ -5,8 +5,21 @@ from __future__ import annotations
 import ast as _ast
 from typing import Iterable
 
-from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, EVAL_FUNCTION, MODULE_ONLY_METHODS, eval_loader_name, model_name
-from torchopt.analysis.precheck.tree import AST_SCOPES, ast_calls, ast_dotted, nodes_of, ast_index, ast_tree
+from torchopt.analysis.conventions import (
+    CONVENTIONAL_MODEL_NAMES,
+    EVAL_FUNCTION,
+    MODULE_ONLY_METHODS,
+    eval_loader_name,
+    model_name,
+)
+from torchopt.analysis.precheck.tree import (
+    AST_SCOPES,
+    ast_calls,
+    ast_dotted,
+    ast_index,
+    ast_tree,
+    nodes_of,
+)
 
 _STEP_LOOP_MEMO: list = [None, True]  # (text, answer): the rules of one file ask in a row
 

@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import ast as _ast
 
-from torchopt.analysis.precheck.tree import AST_SCOPES
-from torchopt.analysis.precheck.tree import nodes_of
-from torchopt.analysis.precheck.tree import ast_index
-from torchopt.analysis.precheck.tree import ast_tree
-
+from torchopt.analysis.precheck.tree import AST_SCOPES, ast_index, ast_tree, nodes_of
 
 _LOOP_CALLS_MEMO: list = [None, None]
 

@@ -1,11 +1,10 @@
 """How a file imports torch, seen through CPython's ast: which names may resolve to which torch APIs."""
 from __future__ import annotations
 
-from typing import Iterable
 import ast as _ast
+from typing import Iterable
 
 from torchopt.analysis.precheck.tree import ast_index
-
 
 _TORCH_IMPORT_MEMO: list = [None, None]
 

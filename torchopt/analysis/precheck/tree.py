@@ -1,9 +1,8 @@
 """CPython's ast of a file, indexed by node type: the cheap parse every pre-check shares."""
 from __future__ import annotations
 
-from typing import Iterable
 import ast as _ast
-
+from typing import Iterable
 
 AST_SCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
 

@@ -7,7 +7,7 @@ from torchopt.analysis.names import qualified_names, torch_name, torch_ref
 from torchopt.analysis.arguments import has_star, keyword, set_kwarg
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.channels_last import FAMILY
-from torchopt.codemods.compile._model import calls_of, find_models
+from torchopt.analysis.models import calls_of, find_models
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
 _CONV2D = ("torch.nn.Conv2d", "torch.nn.modules.conv.Conv2d", "torch.nn.ConvTranspose2d",
@@ -143,7 +143,7 @@ class ChannelsLast(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.compile._model import models_possible
+        from torchopt.analysis.models import models_possible
 
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (1, 5)

@@ -8,7 +8,7 @@ from torchopt.analysis.names import callee
 from torchopt.analysis.arguments import has_star, keyword, set_kwarg
 from torchopt.analysis.syntax import in_version_guard, walk
 from torchopt.codemods.compile import FAMILY
-from torchopt.codemods.compile._model import find_models, has_random_ops
+from torchopt.analysis.models import find_models, has_random_ops
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
@@ -114,7 +114,7 @@ class CudaGraphsReduceOverhead(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.compile._model import models_possible
+        from torchopt.analysis.models import models_possible
 
         # visit_Module: `<model>.compile(...)` or `torch.compile(...)` of a model find_models finds.
         return super().could_match(text) and models_possible(text)

@@ -7,7 +7,7 @@ import libcst as cst
 from torchopt.analysis.names import callee
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.compile import FAMILY
-from torchopt.codemods.compile._model import Model, find_models, has_random_ops, strip_chain
+from torchopt.analysis.models import Model, find_models, has_random_ops, strip_chain
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
 CHECKPOINT_NOTE = (
@@ -153,7 +153,7 @@ class CompileModel(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.compile._model import models_possible
+        from torchopt.analysis.models import models_possible
 
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (2, 2)

@@ -12,7 +12,7 @@ from libcst.metadata import GlobalScope, PositionProvider, ScopeProvider
 from torchopt.analysis.names import dotted, qualified_names, reaching_values
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.syntax import SCOPE_NODES, walk
-from torchopt.codemods.device.loops import DATALOADERS
+from torchopt.analysis.transfers import DATALOADERS
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 

@@ -21,7 +21,7 @@ from torchopt.codemods.data._loaders import (
     loader_calls_possible,
     names_in,
 )
-from torchopt.codemods.device.loops import UnpinnedHostCopy, _move_device
+from torchopt.analysis.transfers import loop_copies, move_device
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Invalid, Option, Safety, Tag, Valid
 
@@ -337,7 +337,7 @@ class UnpinnedLoader(LoaderRule):
             if len(positional(call)) > 7:
                 continue
             if any(not lp.via_parameter and info.binding is not None
-                   and UnpinnedHostCopy._moves(self, lp.node, lp.target)[0]  # type: ignore[arg-type]
+                   and loop_copies(self, lp.node, lp.target)[0]  # type: ignore[arg-type]
                    for lp in info.loops):
                 continue  # TOP104 pins this loader
             kinds: set[str] = set()
@@ -382,7 +382,7 @@ class UnpinnedLoader(LoaderRule):
                 continue
             if isinstance(n.func, cst.Attribute) and n.func.attr.value in ("cuda", "to"):
                 if names_in(n.func.value) & tainted:
-                    mv = _move_device(self, n)
+                    mv = move_device(self, n)
                     if mv is not None:
                         kinds.add(mv[0])
                 continue

@@ -9,14 +9,14 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import Assignment, PositionProvider, ScopeProvider
+from libcst.metadata import Assignment, ScopeProvider
 
 from torchopt.rewrite.metadata import ParentProvider
 
 from torchopt.analysis.names import callee, is_tensor_name, method_call, torch_name, torch_ref
-from torchopt.analysis.values import DeviceKind, classify_device, dtype_of, string_value
+from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
-from torchopt.analysis.syntax import walk, in_loop, source
+from torchopt.analysis.syntax import in_loop, source
 from torchopt.analysis.precheck.scopes import ast_loop_calls, ast_scope_chain
 from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
 from torchopt.analysis.precheck.tree import ast_index
@@ -24,120 +24,14 @@ from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES
 from torchopt.analysis.values import DTYPES
 from torchopt.codemods.device import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+from torchopt.analysis.transfers import (
+    loop_copies,
+    DATALOADERS, end_of, move_device, mutated_names, start_of
+)
 
-DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 _PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
 
 # --------------------------------------------------------------------------- small analysis helpers
-
-
-def _pos(rule: Rule, node: cst.CSTNode) -> tuple[int, int]:
-    r = rule.get_metadata(PositionProvider, node)
-    return (r.start.line, r.start.column)
-
-
-def _end(rule: Rule, node: cst.CSTNode) -> tuple[int, int]:
-    r = rule.get_metadata(PositionProvider, node)
-    return (r.end.line, r.end.column)
-
-
-def _inside(rule: Rule, node: cst.CSTNode, container: cst.CSTNode) -> bool:
-    return _pos(rule, container) <= _pos(rule, node) and _end(rule, node) <= _end(rule, container)
-
-
-
-
-def _base_name(expr: cst.BaseExpression) -> cst.Name | None:
-    """``x`` for ``x``, ``x[0]``, ``x['a'][1]``."""
-    while isinstance(expr, cst.Subscript):
-        expr = expr.value
-    return expr if isinstance(expr, cst.Name) else None
-
-
-def _mutated_names(body: cst.CSTNode) -> set[str]:
-    """Names mutated in place in ``body``: ``x.add_(...)``, ``x[i] = ...``, ``x += ...``, ``x.a = ...``."""
-    out: set[str] = set()
-    for n in walk(body):
-        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
-            attr = n.func.attr.value
-            if attr.endswith("_") and not attr.startswith("_"):
-                b = _base_name(n.func.value)
-                if b is not None:
-                    out.add(b.value)
-        elif isinstance(n, cst.AugAssign):
-            b = _base_name(n.target) if not isinstance(n.target, cst.Attribute) else _base_name(n.target.value)
-            if b is not None:
-                out.add(b.value)
-        elif isinstance(n, cst.AssignTarget) and isinstance(n.target, (cst.Subscript, cst.Attribute)):
-            b = _base_name(n.target.value)
-            if b is not None:
-                out.add(b.value)
-    return out
-
-
-def _statement_of(rule: Rule, node: cst.CSTNode) -> cst.CSTNode | None:
-    cur: cst.CSTNode | None = node
-    while cur is not None and not isinstance(cur, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-        cur = rule.get_metadata(ParentProvider, cur, None)
-    return cur
-
-
-def _assigned_before(rule: Rule, name: cst.Name, start: cst.CSTNode, use: cst.CSTNode) -> bool:
-    """Whether ``name`` may be rebound between the start of ``start`` (a loop body) and ``use``.
-    An assignment in the same simple statement as ``use`` (``x = x.cuda()``) happens after it."""
-    try:
-        scope = rule.get_metadata(ScopeProvider, name)
-    except KeyError:
-        return True
-    if scope is None:
-        return True
-    begin, at = _pos(rule, start), _pos(rule, use)
-    for a in scope[name.value]:
-        if not isinstance(a, Assignment):
-            continue
-        node = a.node
-        try:
-            p = _pos(rule, node)
-        except KeyError:
-            return True
-        if not (begin <= p < at):
-            continue
-        stmt = _statement_of(rule, node)
-        if isinstance(stmt, cst.BaseSmallStatement) and stmt is _statement_of(rule, use):
-            continue
-        return True
-    return False
-
-
-def _move_device(rule: Rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None] | None:
-    """For ``<expr>.cuda(...)`` / ``<expr>.to(<device>, ...)`` that copies host→device: ("cuda"
-    when the target is literally CUDA, else "device", the device expression); None otherwise."""
-    if not isinstance(call.func, cst.Attribute) or has_star(call):
-        return None
-    meth = call.func.attr.value
-    pos = positional(call)
-    if meth == "cuda":
-        if len(pos) > 1:  # .cuda(device, non_blocking)
-            return None
-        return "cuda", None
-    if meth != "to":
-        return None
-    dev_arg = keyword(call, "device")
-    if len(pos) > 2 or (len(pos) == 2 and dtype_of(rule, pos[1].value) is None):
-        return None
-    if dev_arg is not None:
-        if pos and dtype_of(rule, pos[0].value) is None:
-            return None
-        expr = dev_arg.value
-    elif pos:
-        expr = pos[0].value
-    else:
-        return None
-    dev = classify_device(rule, expr)
-    if not dev.is_device or dev.is_cpu or dev.text == "meta":
-        return None
-    literal_cuda = dev.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and dev.text.split(":")[0] == "cuda"
-    return ("cuda" if literal_cuda else "device"), expr
 
 
 # --------------------------------------------------------------------------- TOP104
@@ -401,31 +295,7 @@ class UnpinnedHostCopy(Rule):
         return out
 
     def _moves(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
-        """Kinds of host→device copies of loop-target tensors in the body, and those lacking
-        ``non_blocking``."""
-        names = {n.value for n in walk(target) if isinstance(n, cst.Name)}
-        if not names:
-            return set(), []
-        mutated = _mutated_names(loop.body)
-        kinds: set[str] = set()
-        fixable: list[cst.Call] = []
-        for n in walk(loop.body):
-            if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
-                continue
-            if n.func.attr.value not in ("cuda", "to"):
-                continue
-            base = _base_name(n.func.value)
-            if base is None or base.value not in names or base.value in mutated:
-                continue
-            if _assigned_before(self, base, loop.body, n):
-                continue
-            mv = _move_device(self, n)
-            if mv is None:
-                continue
-            kinds.add(mv[0])
-            if keyword(n, "non_blocking") is None:
-                fixable.append(n)
-        return kinds, fixable
+        return loop_copies(self, loop, target)
 
 
 # --------------------------------------------------------------------------- TOP105
@@ -611,7 +481,7 @@ def _ast_maybe_device(imports: dict, expr: _ast.AST) -> bool:
 
 
 def _ast_maybe_move(imports: dict, call: _ast.Call) -> bool:
-    """_move_device may return a host→device move for ``call`` (``.cuda(...)``/``.to(...)``)."""
+    """move_device may return a host→device move for ``call`` (``.cuda(...)``/``.to(...)``)."""
     pos = call.args
     if call.func.attr == "cuda":  # type: ignore[attr-defined]
         return len(pos) <= 1
@@ -646,7 +516,7 @@ def _ast_base_name(expr: _ast.AST) -> str | None:
 
 
 def _ast_mutated_names(loop: _ast.AST) -> set[str]:
-    """_mutated_names on CPython's ast (the same forms, so never more names)."""
+    """mutated_names on CPython's ast (the same forms, so never more names)."""
     out: set[str] = set()
     stack = [loop]
     while stack:
@@ -799,7 +669,7 @@ class DevicePlacementHint(Rule):
 
     # (i) and (ii, moved form)
     def _loop_move(self, node: cst.Call) -> None:
-        mv = _move_device(self, node)
+        mv = move_device(self, node)
         if mv is None:
             return
         recv = node.func.value  # type: ignore[union-attr]
@@ -826,16 +696,16 @@ class DevicePlacementHint(Rule):
         assignments = list(scope[name.value])
         if not assignments:
             return False
-        loop_start = _pos(self, loop)
+        loop_start = start_of(self, loop)
         for a in assignments:
             if not isinstance(a, Assignment) or a.scope is not scope:
                 return False
             try:
-                if _end(self, a.node) > loop_start:
+                if end_of(self, a.node) > loop_start:
                     return False
             except KeyError:
                 return False
-        return name.value not in _mutated_names(loop)
+        return name.value not in mutated_names(loop)
 
     # (ii, device= form) and (iv)
     def _tensor_call(self, node: cst.Call) -> None:
@@ -848,7 +718,7 @@ class DevicePlacementHint(Rule):
         parent = self.get_metadata(ParentProvider, node, None)
         grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
         moved = isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
-            and parent.attr.value in ("cuda", "to") and _move_device(self, grand) is not None
+            and parent.attr.value in ("cuda", "to") and move_device(self, grand) is not None
         if isinstance(data, cst.Name) and is_tensor_name(self, data):
             dev = keyword(node, "device")
             dtype = keyword(node, "dtype")
@@ -857,7 +727,7 @@ class DevicePlacementHint(Rule):
                 parts.append(f"device={source(self, dev.value)}")
             elif moved:
                 assert isinstance(grand, cst.Call)
-                mv = _move_device(self, grand)
+                mv = move_device(self, grand)
                 parts.append(source(self, mv[1]) if mv and mv[1] is not None else "'cuda'")
             if dtype is not None:
                 parts.append(f"dtype={source(self, dtype.value)}")

@@ -11,9 +11,11 @@ from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.mem import FAMILY
-from torchopt.codemods.sync._hot import SCOPES, HotLoop, HotMap, dotted, hot_map
+from torchopt.analysis.step_loops import SCOPES, HotLoop, HotMap, dotted, hot_map
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+from torchopt.analysis.precheck.step_loops import AstHot
+import ast as _ast
 
 HELPER = "_torchopt_preallocate"
 STEP = "_torchopt_warmup_loss"
@@ -162,7 +164,7 @@ class PreallocateVarLen(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_pad_training_loop
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # _loader: a DataLoader with a collate_fn iterated by a training step loop.
         return super().could_match(text) and "DataLoader" in text and "collate_fn" in text \
@@ -631,3 +633,18 @@ class _Insert(cst.CSTTransformer):
                 out.append(u)
             return updated_node.with_changes(body=out)
         return updated_node
+
+
+def may_pad_training_loop(hot: AstHot) -> bool:
+    """TOP711: a training step loop ``for ... in <name>`` (through enumerate/tqdm)."""
+    for loop in hot.step_loops.values():
+        if id(loop) not in hot.training_loops or not isinstance(loop, _ast.For):
+            continue
+        it = loop.iter
+        for _ in range(3):
+            if isinstance(it, _ast.Call) and isinstance(it.func, _ast.Name) and it.func.id in ("enumerate", "tqdm") \
+                    and (it.args or it.keywords):
+                it = it.args[0] if it.args else it.keywords[0].value
+        if isinstance(it, _ast.Name):
+            return True
+    return False

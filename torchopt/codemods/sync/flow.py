@@ -11,7 +11,7 @@ from torchopt.analysis.values import classify_device
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync._hot import Tensors, calls_in, dotted, hot_map
+from torchopt.analysis.step_loops import Tensors, calls_in, dotted, hot_map
 from torchopt.codemods.sync.reads import grad_norm_names, host_read
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
@@ -69,7 +69,8 @@ class DataDependentShape(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_dynamic_shape
+        from torchopt.codemods.sync.step_prechecks import may_dynamic_shape
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_dynamic_shape).
         return super().could_match(text) and hot_check(text, may_dynamic_shape)
@@ -232,7 +233,8 @@ class TensorControlFlow(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_tensor_branch
+        from torchopt.codemods.sync.step_prechecks import may_tensor_branch
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_tensor_branch).
         return super().could_match(text) and hot_check(text, may_tensor_branch)
@@ -354,7 +356,8 @@ class ExplicitSyncInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_torch_call
+        from torchopt.codemods.sync.step_prechecks import may_torch_call
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # A call that may resolve to one of _SYNC_CALLS in a step (a superset of HotMap.where).
         return super().could_match(text) and hot_check(text, lambda h: may_torch_call(h, set(_SYNC_CALLS)))
@@ -436,7 +439,8 @@ class GradNormSync(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_grad_norm_read
+        from torchopt.codemods.sync.step_prechecks import may_grad_norm_read
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_grad_norm_read).
         return super().could_match(text) and hot_check(text, may_grad_norm_read)
@@ -541,7 +545,8 @@ class GradScalerSync(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_scaler_sync
+        from torchopt.codemods.sync.step_prechecks import may_scaler_sync
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_scaler_sync).
         return super().could_match(text) and hot_check(text, may_scaler_sync)
@@ -653,7 +658,8 @@ class PageableBatchCopy(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_pageable_copy
+        from torchopt.codemods.sync.step_prechecks import may_pageable_copy
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_pageable_copy).
         return super().could_match(text) and hot_check(text, may_pageable_copy)

@@ -16,7 +16,7 @@ from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync._hot import (
+from torchopt.analysis.step_loops import (
     HOST_READS,
     SCOPES,
     HotLoop,
@@ -29,6 +29,7 @@ from torchopt.codemods.sync._hot import (
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+from torchopt.analysis.conventions import LOGGER_NAMES, LOG_METHODS
 
 _CLIP = ("clip_grad_norm_", "clip_grad_norm", "get_total_norm")
 _BUILTIN_CASTS = ("float", "int", "bool")
@@ -429,7 +430,8 @@ class HostReadInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_host_read
+        from torchopt.codemods.sync.step_prechecks import may_host_read
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_read).
         return super().could_match(text) and hot_check(text, may_host_read)
@@ -589,10 +591,6 @@ _WHY = {
 # --------------------------------------------------------------------------- TOP602
 
 
-_LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
-_LOGGERS = {"logging", "logger", "log", "LOGGER", "_logger", "LOG"}
-
-
 class PrintTensorInLoop(Rule):
     """## What it does
     Flags printing, logging or formatting a tensor inside a training or evaluation step:
@@ -636,7 +634,8 @@ class PrintTensorInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_print_tensor
+        from torchopt.codemods.sync.step_prechecks import may_print_tensor
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_print_tensor).
         return super().could_match(text) and hot_check(text, may_print_tensor)
@@ -681,7 +680,7 @@ class PrintTensorInLoop(Rule):
         if isinstance(f, cst.Attribute) and f.attr.value == "format" and isinstance(
                 f.value, (cst.SimpleString, cst.ConcatenatedString)):
             return any(tz.is_tensor(a) for a in args)
-        if isinstance(f, cst.Attribute) and f.attr.value in _LOG_METHODS and dotted(f.value) in _LOGGERS:
+        if isinstance(f, cst.Attribute) and f.attr.value in LOG_METHODS and dotted(f.value) in LOGGER_NAMES:
             return any(self._text_of_tensor(a, tz) for a in args)
         return False
 
@@ -735,7 +734,8 @@ class DeviceToHostCopyInLoop(Rule):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        from torchopt.codemods.sync._hot import hot_check, may_host_copy
+        from torchopt.codemods.sync.step_prechecks import may_host_copy
+        from torchopt.analysis.precheck.step_loops import hot_check
 
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_copy).
         return super().could_match(text) and hot_check(text, may_host_copy)
