@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from torchopt.cli import app
-from torchopt.codemods.conv_bias.bias_before_norm import ConvBiasBeforeNorm
+from torchopt.codemods.conv_bias.conv_bias_before_norm import ConvBiasBeforeNorm
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 from torchopt.validate.compare import compare

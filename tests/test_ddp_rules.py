@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchopt.codemods.ddp import _examples as ex
+from torchopt.codemods.ddp import example_programs as ex
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 

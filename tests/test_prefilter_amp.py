@@ -1,4 +1,4 @@
-"""The AMP rules' cheap prefilters (TOP201-TOP207, torchopt/codemods/amp/_prefilter.py) and the
+"""The AMP rules' cheap prefilters (TOP201-TOP207, torchopt/codemods/amp/prechecks.py) and the
 shared ast name resolver they use (_torch.torch_import_map / ast_torch_names / torch_callees).
 
 Every "reports" text is checked both ways: the rule (run without its prefilter) reports on it, and

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchopt.codemods.inference._evalcode import epoch_loop_possible
+from torchopt.codemods.inference.eval_code import epoch_loop_possible
 from torchopt.analysis.precheck.step_loops import UNPARSED, ast_hot
 from torchopt.rewrite.audit import unfiltered_codes
 from torchopt.rewrite.registry import all_rules

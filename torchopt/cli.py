@@ -14,7 +14,7 @@ from torchopt.rewrite import report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.registry import all_rules, source_path
 from torchopt.rewrite.runner import FileResult, Mode, process_text, run
 from torchopt.rewrite.selection import SelectorError, expand_all, split_arg
 
@@ -314,7 +314,7 @@ def check_cmd(
         raise typer.Exit(EXIT_ERROR)
     diags = [d for r in results if r for d in r.diagnostics]
     if profile is not None:
-        from torchopt.codemods.sync._profile import ProfileError, apply_profile
+        from torchopt.codemods.sync.profile_evidence import ProfileError, apply_profile
 
         try:
             diags = apply_profile(profile, diags)
@@ -360,13 +360,14 @@ def rules_cmd(output_format: str = typer.Option("text", "--output-format", help=
     if output_format == "json":
         import json
 
-        rows = [{"code": c, "name": r.name, "family": r.family, "fix": r.safety.value, "summary": r.summary()}
-                for c, r in rules.items()]
+        rows = [{"code": c, "name": r.name, "family": r.family, "fix": r.safety.value, "file": source_path(r),
+                 "summary": r.summary()} for c, r in rules.items()]
         print(json.dumps(rows, indent=2))
         return
     width = max((len(r.name) for r in rules.values()), default=4)
+    file_width = max((len(source_path(r)) for r in rules.values()), default=4)
     for code, r in rules.items():
-        print(f"{code}  {r.name:<{width}}  {r.safety.value:<12}  {r.summary()}")
+        print(f"{code}  {r.name:<{width}}  {r.safety.value:<12}  {source_path(r):<{file_width}}  {r.summary()}")
 
 
 @app.command("rule")

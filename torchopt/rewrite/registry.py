@@ -25,7 +25,7 @@ def collect(package: str = RULE_PACKAGE) -> dict[str, type[Rule]]:
     infos = pkgutil.walk_packages(pkg.__path__, prefix=f"{package}.")
     for info in sorted(infos, key=lambda i: i.name):
         if any(part.startswith("_") for part in info.name.split(".")):
-            continue
+            continue  # private modules hold no rules (a module without a Rule is skipped below anyway)
         mod = importlib.import_module(info.name)
         for obj in vars(mod).values():
             if not (isinstance(obj, type) and issubclass(obj, Rule) and obj is not Rule):
@@ -50,6 +50,11 @@ def collect(package: str = RULE_PACKAGE) -> dict[str, type[Rule]]:
 @functools.lru_cache(maxsize=1)
 def all_rules() -> dict[str, type[Rule]]:
     return collect()
+
+
+def source_path(rule: type[Rule]) -> str:
+    """Where a rule's code lives, relative to the project root: one hop from a code to its file."""
+    return rule.__module__.replace(".", "/") + ".py"
 
 
 def families() -> dict[str, str]:

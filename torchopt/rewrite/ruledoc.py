@@ -9,7 +9,7 @@ import re
 import os
 import sys
 
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.registry import RULE_PACKAGE, all_rules, source_path
 from torchopt.rewrite.rule import TAG_MEANING, Invalid, Rule, Safety, Tag, Valid
 
 
@@ -47,6 +47,8 @@ def render(rule: type[Rule]) -> str:
         f"*Family:* {rule.family} · *Fix:* {fix}"
         + (f" · *Needs:* PyTorch ≥ {rule.min_torch[0]}.{rule.min_torch[1]} (not run when `target-torch` is older)"
            if rule.min_torch else ""),
+        "",
+        f"Source: {source_path(rule)}",
         "",
         f"*Message:* {_template(rule.message)}",
         "",
@@ -98,10 +100,11 @@ def render_index() -> str:
 
 def catalogue_notes() -> dict[str, tuple[str, str]]:
     """Catalogue entries (rules.md IDs) that have no rule of their own, declared by the rule package
-    as ``CATALOGUE_NOTES = {"DEP-002": ("TOP822", "why"), ...}``."""
+    as ``CATALOGUE_NOTES = {"DEP-002": ("TOP822", "why"), ...}``. The package is named, not imported
+    by name: the engine knows no rule."""
     import importlib
 
-    pkg = importlib.import_module("torchopt.codemods")
+    pkg = importlib.import_module(RULE_PACKAGE)
     return dict(getattr(pkg, "CATALOGUE_NOTES", {}))
 
 

@@ -1,0 +1,216 @@
+"""TOP701 `dataloader-without-workers`: Flags a `torch.utils.data.DataLoader(...)` without worker processes (`num_workers` missing or."""
+from __future__ import annotations
+
+import ast
+
+from libcst.metadata import ScopeProvider
+import libcst as cst
+
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.arguments import set_kwarg
+from torchopt.codemods.data import FAMILY
+from torchopt.codemods.data.loader_analysis import DatasetKind
+from torchopt.codemods.data.loader_analysis import LoaderInfo
+from torchopt.codemods.data.loader_analysis import LoaderRule
+from torchopt.codemods.data.loader_analysis import loader_arg
+from torchopt.codemods.data.loader_analysis import loader_calls_possible
+from torchopt.codemods.data.loader_arguments import (
+    AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _H, _TDS, _loader_text, _replace_arg
+)
+from torchopt.rewrite.rule import ImportSpec
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Option
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_DISTRIBUTED_HINTS = ("torch.distributed", "DistributedSampler", "DistributedDataParallel", "LOCAL_RANK",
+                      "init_process_group")
+
+
+class SingleProcessLoading(LoaderRule):
+    """## What it does
+    Flags a `torch.utils.data.DataLoader(...)` without worker processes (`num_workers` missing or
+    `0`) and offers `num_workers=min(8, os.cpu_count() or 1)` (divided by `LOCAL_WORLD_SIZE` in
+    distributed scripts, or the `num-workers` option).
+
+    ## Why is this slow
+    With `num_workers=0` every batch is read, decoded, augmented and collated in the training
+    process, between two steps: the device idles while the host loads. Worker processes prepare
+    the next batches while the current one trains.
+
+    ## Example
+    ```python
+    loader = DataLoader(ds, batch_size=64, shuffle=True)
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=min(8, os.cpu_count() or 1))
+    ```
+
+    ## Fix safety
+    Unsafe (**rng**). The sample order of a map-style dataset is unchanged (`in_order=True`), and
+    creating an iterator draws the workers' base seed from the global generator with or without
+    workers, so the main process's random stream does not move. But random augmentation in
+    `__getitem__` now draws from each worker's generators (torch and `random` seeded with
+    `base_seed + worker_id`, NumPy with a state derived from both), so its values change, and workers
+    run with one intra-op thread. Validated by comparing sample order and everything else bitwise.
+
+    When the dataset's type is not visible (a parameter, a call into another module) the fix is
+    also tagged **semantics**: an `IterableDataset` is copied into every worker, which yields it
+    whole, so `k` workers repeat every sample `k` times unless its `__iter__` shards with
+    `torch.utils.data.get_worker_info()`. An `IterableDataset` class in the file that does not shard
+    is only reported. Also reported without a fix: a dataset holding device tensors (CUDA cannot be
+    used in forked workers), a `collate_fn`/`worker_init_fn` that is a lambda
+    or a local function and a dataset class defined in a function (the `spawn`/`forkserver` start
+    methods cannot pickle them), a dataset whose `__init__` opens a file handle, and a script that
+    would start workers at import time without an `if __name__ == "__main__":` guard.
+    """
+
+    code = "TOP701"
+    name = "dataloader-without-workers"
+    family = FAMILY
+    message = "`{loader}` loads every batch in the main process (no worker processes)"
+    blocked_message = ("`{loader}` loads every batch in the main process (no worker processes); "
+                       "add workers by hand once this is fixed: {why}")
+    fix_title = "Load batches in worker processes: `num_workers={workers}`"
+    safety = Safety.UNSAFE
+    tags = (Tag.RNG,)
+    prefilter = ("DataLoader",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # _check: num_workers absent or the literal 0.
+        return super().could_match(text) and loader_calls_possible(text, lambda a: a.get("num_workers") is None or (
+            isinstance(a["num_workers"], ast.Constant) and type(a["num_workers"].value) is int
+            and a["num_workers"].value == 0))
+    options = (
+        Option("num-workers", int, 0,
+               "the worker count to write; 0 writes `min(8, os.cpu_count() or 1)` (divided by the "
+               "`LOCAL_WORLD_SIZE` environment variable in distributed scripts)"),
+    )
+
+    examples = (
+        Invalid(
+            _H + _TDS + "\n\ndef main():\n    loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
+            "    return [x.sum() for x, y in loader]\n\n\nif __name__ == \"__main__\":\n    out = main()\n",
+            after=_H.replace("\n\n", "\nimport os\n\n") + _TDS + "\n\ndef main():\n"
+            "    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=min(8, os.cpu_count() or 1))\n"
+            "    return [x.sum() for x, y in loader]\n\n\nif __name__ == \"__main__\":\n    out = main()\n",
+            unsafe="rng",
+            runnable=True,
+            note="TensorDataset is map-style: only random augmentation could change",
+        ),
+        Invalid(
+            "import os\nfrom torch.utils.data import DataLoader\n\n\ndef make_loader(ds):\n"
+            "    return DataLoader(ds, 32, True, None, None, 0)\n",
+            after="import os\nfrom torch.utils.data import DataLoader\n\n\ndef make_loader(ds):\n"
+            "    return DataLoader(ds, 32, True, None, None, min(8, os.cpu_count() or 1))\n",
+            unsafe=("rng", "semantics"),
+            note="positional `num_workers=0`; the dataset's type is unknown (an IterableDataset would be duplicated)",
+        ),
+        Invalid(
+            "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n\n"
+            "def make_loader(ds):\n    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=0)\n",
+            after="import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\nimport os\n\n\n"
+            "def make_loader(ds):\n    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), "
+            "num_workers=min(8, max(1, (os.cpu_count() or 1) // int(os.environ.get(\"LOCAL_WORLD_SIZE\", \"1\")))))\n",
+            unsafe=("rng", "semantics"),
+            note="one process per GPU: the CPUs are shared by the local ranks",
+        ),
+        Invalid(
+            _H + "class Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
+            "        return iter(range(8))\n\n\ndef main():\n    loader = DataLoader(Stream(), batch_size=2)\n"
+            "    return list(loader)\n\n\nif __name__ == \"__main__\":\n    main()\n",
+            after=None,
+            note="an IterableDataset that does not shard: every worker would yield all 8 items",
+        ),
+        Invalid(
+            _H + _TDS + "loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: b)\n",
+            after=None,
+            note="no main guard and a lambda collate_fn: reported, not fixed",
+        ),
+        Invalid(
+            _H + "def make(x, y, device):\n    ds = TensorDataset(x.to(device), y.to(device))\n"
+            "    return DataLoader(ds, batch_size=4)\n",
+            after=None,
+            note="device tensors in the dataset: CUDA cannot be used in forked workers",
+        ),
+        Valid(_H + "def make(ds, args):\n    return DataLoader(ds, batch_size=4, num_workers=args.workers)\n"),
+        Valid(_H + "def make(ds, **kw):\n    return DataLoader(ds, batch_size=4, **kw)\n",
+              note="`**kw` may carry num_workers"),
+        Valid(_H + _TDS + "loader = DataLoader(ds, batch_size=4, num_workers=2)\n", runnable=True),
+        Valid("from mylib import DataLoader\n\nloader = DataLoader(ds)\n"),
+    )
+
+    def analyse(self, infos: list[LoaderInfo]) -> None:
+        for info in infos:
+            self._check(info)
+
+    def _check(self, info: LoaderInfo) -> None:
+        call = info.call
+        if has_star(call):
+            return
+        nw = loader_arg(call, "num_workers")
+        if nw is not None and not (isinstance(nw.value, cst.Integer) and int(nw.value.evaluated_value) == 0):
+            return
+        kind, cls = self.dataset_kind(call)
+        why = self.worker_blockers(call, cls)
+        if kind is DatasetKind.ITERABLE:
+            name = cls.name.value if cls is not None else "the dataset"
+            why.insert(0, f"`{name}` is an IterableDataset whose `__iter__` does not shard with "
+                          "`torch.utils.data.get_worker_info()`, so every worker would yield all of it")
+        fmt = {"loader": _loader_text(self, call)}
+        if why:
+            self.report(call, message=self.blocked_message, fmt={**fmt, "why": "; ".join(why)})
+            return
+        value = self._workers()
+        if value is None:
+            self.report(call, fmt=fmt)
+            return
+        text = cst.Module([]).code_for_node(value)
+        replacement = set_kwarg(call, "num_workers", value) if nw is None else _replace_arg(call, nw, value)
+        tags: tuple[Tag, ...] = (Tag.RNG,)
+        note = ("random augmentation in the dataset draws from the workers' generators; sample order "
+                "is unchanged; the dataset and collate_fn must be picklable")
+        if kind is DatasetKind.UNKNOWN:
+            tags = (Tag.RNG, Tag.SEMANTICS)
+            note += ("; if the dataset is an IterableDataset that does not shard with get_worker_info(), "
+                     "every worker yields all of it")
+        imports = () if self.option("num-workers") > 0 else (ImportSpec("os"),)
+        self.report(call, fmt={**fmt, "workers": text}, replacement=replacement, tags=tags, note=note,
+                    imports=imports)
+
+    def _workers(self) -> cst.BaseExpression | None:
+        k = self.option("num-workers")
+        if k > 0:
+            return cst.Integer(str(k))
+        module = self.ctx.module
+        hit = self.__dict__.get("_workers_memo")
+        if hit is None or hit[0] is not module:  # once per parse: module.code regenerates the file
+            shadowed = self._os_shadowed()
+            code = "" if shadowed else module.code
+            hit = self._workers_memo = (module, shadowed, any(h in code for h in _DISTRIBUTED_HINTS))
+        if hit[1]:
+            return None
+        text = AUTO_WORKERS_DISTRIBUTED if hit[2] else AUTO_WORKERS
+        return cst.parse_expression(text)
+
+    def _os_shadowed(self) -> bool:
+        for stmt in self.ctx.module.body:
+            try:
+                scope = self.get_metadata(ScopeProvider, stmt)
+            except KeyError:
+                continue
+            if scope is None or "os" not in scope:
+                return False
+            for a in scope["os"]:
+                node = getattr(a, "node", None)
+                if not (isinstance(node, cst.Import) and any(
+                        cst.helpers.get_full_name_for_node(n.name) == "os" and n.asname is None
+                        for n in node.names)):
+                    return True
+            return False
+        return False

@@ -1,0 +1,522 @@
+"""The DataParallel / single-process -> DistributedDataParallel conversion (TOP401, TOP402) and the
+per-rank edits that the other DDP rules also make on their own (set_epoch, rank-0 guards, checkpoint
+portability)."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.values import int_value, string_value
+from torchopt.analysis.arguments import has_star, keyword, keywords, positional, set_kwarg
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.ddp.program_analysis import (
+    LAUNCH_NOTE,
+    MODULE_METHODS,
+    TQDM,
+    WRITERS,
+    Analysis,
+    Rewrite,
+    Edits,
+    Refusal,
+    calls,
+    collective_free,
+    dotted,
+    fresh,
+    has_backward,
+    is_docstring,
+    is_import,
+    side_effects,
+    stmt,
+)
+from torchopt.rewrite.rule import ImportSpec
+
+_CUDA_INDEX = re.compile(r"^cuda:\d+$")
+
+
+@dataclass
+class Names:
+    """How generated code spells things, and the imports that make the spellings true."""
+
+    T: str
+    dist: str
+    os: str
+    ddp: str = ""
+    sampler: str = ""
+    consume: str = ""
+    imports: list[ImportSpec] = field(default_factory=list)
+
+
+def need(found, node: cst.CSTNode, what: str):  # type: ignore[no-untyped-def]
+    if found is None:
+        raise Refusal(node, f"the name `{what}` is bound to something else in this file")
+    return found
+
+
+def base_names(rule, a: Analysis, node: cst.CSTNode) -> Names:  # type: ignore[no-untyped-def]
+    ref = torch_ref(rule)
+    if ref is None:
+        raise Refusal(node, "`torch` is bound to something else in this file")
+    dist, imp1 = need(a.dist_alias(), node, "dist")
+    os_, imp2 = need(a.plain_import("os"), node, "os")
+    return Names(ref.name, dist, os_, imports=list(ref.imports) + list(imp1) + list(imp2))
+
+
+def setup_def(fn: str, n: Names) -> cst.BaseStatement:
+    T, d, o = n.T, n.dist, n.os
+    return cst.parse_statement(
+        f'def {fn}():\n'
+        f'    """torchopt (DDP): join the process group that torchrun describes in the environment (RANK,\n'
+        f'    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""\n'
+        f'    if not {d}.is_initialized():\n'
+        f'        backend = "nccl" if {T}.cuda.is_available() else "gloo"\n'
+        f'        if "WORLD_SIZE" in {o}.environ:\n'
+        f'            {d}.init_process_group(backend=backend)\n'
+        f'        else:\n'
+        f'            {d}.init_process_group(backend=backend, store={d}.HashStore(), rank=0, world_size=1)\n'
+        f'    local_rank = int({o}.environ.get("LOCAL_RANK", "0"))\n'
+        f'    if {T}.cuda.is_available():\n'
+        f'        {T}.cuda.set_device(local_rank)  # before any CUDA allocation\n'
+        f'    return local_rank, {d}.get_rank(), {d}.get_world_size()\n')
+
+
+# --------------------------------------------------------------------------- per-rank edits
+
+
+class Context:
+    """Where the rank and world size can be read from in generated code."""
+
+    def __init__(self, a: Analysis, dist: str, scope: cst.CSTNode | None = None, rank: str | None = None,
+                 world: str | None = None) -> None:
+        self.a, self.dist, self.scope, self.rank, self.world = a, dist, scope, rank, world
+
+    def visible(self, node: cst.CSTNode) -> bool:
+        if self.scope is None or self.rank is None:
+            return False
+        if self.block is not None:
+            return any(anc is self.block for anc in self.a.ancestors(node))
+        if isinstance(self.scope, cst.Module):
+            return True
+        return any(anc is self.scope for anc in self.a.ancestors(node))
+
+    def rank_expr(self, node: cst.CSTNode) -> str:
+        return self.rank if self.visible(node) else f"{self.dist}.get_rank()"  # type: ignore[return-value]
+
+    def rank0(self, node: cst.CSTNode) -> str:
+        return f"{self.rank_expr(node)} == 0"
+
+    def not_rank0(self, node: cst.CSTNode) -> str:
+        return f"{self.rank_expr(node)} != 0"
+
+    def world_expr(self, node: cst.CSTNode) -> str:
+        return self.world if self.visible(node) else f"{self.dist}.get_world_size()"  # type: ignore[return-value]
+
+    block: cst.CSTNode | None = None  # the `if __name__ == "__main__":` that holds the set-up
+
+    def may_edit(self, node: cst.CSTNode) -> bool:
+        """Module-level code outside the setup function may run before the group exists."""
+        if self.block is not None and isinstance(self.a.scope_owner(node), cst.Module):
+            return any(anc is self.block for anc in self.a.ancestors(node))
+        if self.scope is None or isinstance(self.scope, cst.Module):
+            return True
+        owner = self.a.scope_owner(node)
+        return not isinstance(owner, cst.Module)
+
+
+def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
+    """Rank-0 guards for output side effects (DDP-005). Returns how many statements were guarded."""
+    n = 0
+    for se in side_effects(a):
+        s = se.stmt
+        if a.under_rank_guard(s) or not ctx.may_edit(s):
+            continue
+        why = collective_free(a, s, ctx.dist)
+        if why is not None:
+            skipped.append(f"line {a.pos(s)[0]}: {se.what} calls {why}; not guarded")
+            continue
+        e.guards[id(s)] = ctx.rank0(s)
+        n += 1
+    for c in calls(a.module, True):
+        if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
+            continue
+        q = a.call_name(c)
+        if q in TQDM and keyword(c, "disable") is None and not has_star(c) and not a.under_rank_guard(c):
+            test = ctx.not_rank0(c)
+            e.exprs[id(c)] = lambda upd, test=test: set_kwarg(upd, "disable", cst.parse_expression(test))
+            n += 1
+        elif q in WRITERS and not a.under_rank_guard(c):
+            parent = a.parent(c)
+            if isinstance(parent, cst.Assign) and parent.value is c:
+                test = ctx.rank0(c)
+                e.exprs[id(c)] = lambda upd, test=test: cst.IfExp(
+                    test=cst.parse_expression(test), body=upd, orelse=cst.Name("None"))
+                n += 1
+    return n
+
+
+def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | None,
+                     saves: bool = True, loads: bool = True) -> tuple[int, int]:
+    """``M.state_dict()`` -> ``M.module.state_dict()``; ``M.load_state_dict(x)`` ->
+    ``consume_prefix_in_state_dict_if_present(x, "module."); M.module.load_state_dict(x)`` (DDP-006)."""
+    n_save = n_load = 0
+    taken = set(a.names)
+    for c in calls(a.module, True):
+        if not isinstance(c.func, cst.Attribute):
+            continue
+        recv = dotted(c.func.value)
+        if recv not in models:
+            continue
+        meth = c.func.attr.value
+        if meth == "state_dict" and saves:
+            e.exprs[id(c.func)] = lambda upd: upd.with_changes(
+                value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            n_save += 1
+        elif meth == "load_state_dict" and loads and consume is not None:
+            s = a.statement(c)
+            if not isinstance(s, cst.SimpleStatementLine) or len(s.body) != 1 or has_star(c) or not c.args:
+                continue
+            small = s.body[0]
+            top = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+            if top is not c:
+                continue
+            arg = c.args[0]
+            if arg.keyword is not None and arg.keyword.value != "state_dict":
+                continue
+            code = a.module.code_for_node(arg.value)
+            pre: list[cst.BaseStatement] = []
+            if not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
+                var = fresh(taken, "state_dict")
+                pre.append(stmt(f"{var} = {code}\n"))
+                code = var
+                e.exprs[id(arg.value)] = lambda upd, var=var: cst.Name(var)
+            pre.append(stmt(f'{consume}({code}, "module.")  # also load checkpoints saved from the wrapper\n'))
+            e.add_before(s, pre)
+            e.exprs[id(c.func)] = lambda upd: upd.with_changes(
+                value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            n_load += 1
+    return n_save, n_load
+
+
+def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list[str]) -> int:
+    """``sampler.set_epoch(epoch)`` first in the epoch loop around each training loop (DDP-003).
+    ``samplers``: loader name -> code of its sampler (``None``-able when it ends in ``?``)."""
+    done: set[tuple[int, str]] = set()
+    n = 0
+    for loop in a.training_loops():
+        code = samplers.get(loop.loader)
+        if code is None:
+            continue
+        ep = loop.epoch
+        if ep is None:
+            continue
+        if isinstance(ep, cst.While) or not isinstance(ep.target, cst.Name):
+            notes.append(f"line {a.pos(ep)[0]}: no epoch counter to pass to `set_epoch`: add one")
+            continue
+        key = (id(ep), code)
+        if key in done:
+            continue
+        done.add(key)
+        body = ep.body.body if isinstance(ep.body, cst.IndentedBlock) else None
+        if not body:
+            continue
+        epoch = ep.target.value
+        if code.endswith("?"):
+            s = code[:-1]
+            new = stmt(f"if {s} is not None:\n    {s}.set_epoch({epoch})  # a new shuffle every epoch\n")
+        else:
+            new = stmt(f"{code}.set_epoch({epoch})  # a new shuffle every epoch\n")
+        e.add_before(body[0], [new])
+        n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- the conversion
+
+
+def _hardcoded_device(a: Analysis) -> cst.CSTNode | None:
+    for n in walk(a.module, True):
+        s = string_value(n) if isinstance(n, (cst.SimpleString, cst.ConcatenatedString)) else None
+        if s is not None and _CUDA_INDEX.match(s):
+            return n
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("cuda", "to"):
+            pos = positional(n)
+            if pos and int_value(pos[0].value) is not None:
+                return n
+        if isinstance(n, cst.Call) and isinstance(n.func, (cst.Name, cst.Attribute)) \
+                and a.call_name(n) == "torch.device" and len(positional(n)) > 1:
+            return n
+    return None
+
+
+def _sum_reduction(a: Analysis) -> cst.CSTNode | None:
+    """A `reduction="sum"` loss where gradients are taken (a loop or function that calls backward)."""
+    for c in calls(a.module, True):
+        r = keyword(c, "reduction")
+        if r is None or string_value(r.value) != "sum":
+            continue
+        loop = a.enclosing_loop(c)
+        owner = a.scope_owner(c)
+        if (loop is not None and has_backward(loop.body)) or (
+                not isinstance(owner, cst.Module) and has_backward(owner)):
+            return c
+    return None
+
+
+def _setup_scope(a: Analysis, anchors: list[cst.CSTNode]) -> cst.CSTNode:
+    owners = {id(a.scope_owner(x)): a.scope_owner(x) for x in anchors}
+    if len(owners) != 1:
+        raise Refusal(anchors[0], "the models are created in different functions")
+    owner = next(iter(owners.values()))
+    if isinstance(owner, cst.Module):
+        return owner
+    if not isinstance(owner, cst.FunctionDef) or not isinstance(a.parent(owner), cst.Module):
+        raise Refusal(anchors[0], "the model is created in a nested function or a class")
+    return owner
+
+
+def _is_main_guard(s: cst.If) -> bool:
+    t = s.test
+    return (isinstance(t, cst.Comparison) and isinstance(t.left, cst.Name) and t.left.value == "__name__"
+            and len(t.comparisons) == 1 and isinstance(t.comparisons[0].operator, cst.Equal)
+            and string_value(t.comparisons[0].comparator) == "__main__")
+
+
+def _first_exec(body, skip_defs: bool):  # type: ignore[no-untyped-def]
+    for s in body:
+        if is_docstring(s) or is_import(s):
+            continue
+        if isinstance(s, cst.SimpleStatementLine) and any(
+                isinstance(b, cst.ImportFrom) and dotted(b.module) == "__future__" for b in s.body):
+            continue
+        if skip_defs and isinstance(s, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        return s
+    return None
+
+
+def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],  # type: ignore[no-untyped-def]
+            node: cst.CSTNode, mode: str):
+    """Build the converted module. ``wraps``: (statement, model name, wrapped expression) — for
+    DataParallel the statement is replaced; for a single-process script (expression None) the wrap
+    is inserted before the statement. Returns (module, imports, note). Raises Refusal."""
+    if a.inits:
+        raise Refusal(a.inits[0], "the program already initialises a process group (no second set-up is "
+                                  "added); wrap the model in DistributedDataParallel by hand")
+    bad = _hardcoded_device(a)
+    if bad is not None:
+        raise Refusal(bad, f"`{' '.join(a.module.code_for_node(bad).split())[:40]}` names a fixed device index: "
+                           "under DDP every process must use its own GPU (`cuda` after "
+                           "`torch.cuda.set_device(local_rank)`); use the device variable")
+    for c in calls(a.module, True):
+        if isinstance(c.func, (cst.Name, cst.Attribute)) and (a.call_name(c) or "").startswith("torch.nn.Lazy"):
+            raise Refusal(c, "a lazy module creates its parameters at the first forward, after DDP has registered "
+                             "them: run one forward before wrapping, then convert")
+    bad = _sum_reduction(a)
+    if bad is not None:
+        raise Refusal(bad, "a loss with reduction='sum': DDP averages gradients over processes, so they would "
+                           "be world_size times smaller (multiply the loss by the world size, or use 'mean')")
+    n = base_names(rule, a, node)
+    n.ddp, imp = need(a.import_name("torch.nn.parallel", "DistributedDataParallel"), node, "DistributedDataParallel")
+    n.imports += imp
+    n.sampler, imp = need(a.import_name("torch.utils.data.distributed", "DistributedSampler"), node,
+                          "DistributedSampler")
+    n.imports += imp
+    scope = _setup_scope(a, [w[0] for w in wraps])
+    loops = a.training_loops()
+    if not loops:
+        raise Refusal(node, "no training loop over a `DataLoader` was found, so the data could not be sharded "
+                            "across processes")
+    taken = set(a.names)
+    fn = fresh(taken, "_torchopt_ddp_setup")
+    lr, rank, world = fresh(taken, "local_rank"), fresh(taken, "rank"), fresh(taken, "world_size")
+    ctx = Context(a, n.dist, scope, rank, world)
+    e = Edits()
+    notes: list[str] = []
+    # set-up: the helper after the imports, its call first in the scope that builds the model
+    top = _first_exec(a.module.body, skip_defs=False)
+    if top is None:
+        raise Refusal(node, "nothing to insert the set-up before")
+    helper = setup_def(fn, n).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    comment = cst.EmptyLine(comment=cst.Comment(
+        "# torchopt (DDP): launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` "
+        "runs one process"))
+    call = stmt(f"{lr}, {rank}, {world} = {fn}()\n")
+    if isinstance(scope, cst.Module):
+        first = _first_exec(a.module.body, skip_defs=True)
+        if first is None:
+            raise Refusal(node, "no module-level code to set the process group up for")
+    else:
+        body = scope.body.body if isinstance(scope.body, cst.IndentedBlock) else []
+        first = next((s for s in body if not is_docstring(s)), None)
+        if first is None:
+            raise Refusal(node, "empty function")
+    main_block = None
+    if isinstance(scope, cst.Module) and isinstance(first, cst.If) and _is_main_guard(first) \
+            and isinstance(first.body, cst.IndentedBlock) \
+            and all(any(anc is first for anc in a.ancestors(w[0])) for w in wraps):
+        main_block = first
+        ctx.block = first
+        first = first.body.body[0]
+    if first is top:
+        e.add_before(top, [helper, call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment])])
+    else:
+        e.add_before(top, [helper])
+        e.replace[id(top)] = lambda upd: [upd.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [
+            ll for ll in upd.leading_lines if ll.comment is not None])]
+        e.add_before(first, [call.with_changes(leading_lines=[comment])])
+    # the model wraps
+    for s, name, expr in wraps:
+        wrap_src = (f"{name} = {n.ddp}({name}, device_ids=[{lr}] if next({name}.parameters()).is_cuda else None)\n")
+        if expr is None:  # single-process script: wrap before the optimizer is built
+            e.add_before(s, [stmt(wrap_src)])
+        else:
+            pre = [] if isinstance(expr, cst.Name) and expr.value == name else [
+                stmt(f"{name} = {a.module.code_for_node(expr)}\n")]
+            new = pre + [stmt(wrap_src)]
+
+            def rep(upd, new=new):  # type: ignore[no-untyped-def]
+                return [new[0].with_changes(leading_lines=upd.leading_lines)] + new[1:]
+            e.replace[id(s)] = rep
+    # the training loaders
+    samplers: dict[str, str] = {}
+    seen: set[str] = set()
+    for loop in loops:
+        L = loop.loader
+        if L in seen:
+            continue
+        seen.add(L)
+        bindings = a.loaders[L]
+        if len(bindings) != 1:
+            raise Refusal(loop.node, f"`{L}` is bound to more than one DataLoader")
+        ls, lc = bindings[0]
+        if has_star(lc):
+            raise Refusal(lc, f"`{L}` is built with *args/**kwargs")
+        kws = keywords(lc)
+        if "sampler" in kws or "batch_sampler" in kws or len(positional(lc)) > 3:
+            raise Refusal(lc, f"`{L}` already has a sampler: shard it across processes by hand "
+                              "(a DistributedSampler, or a sampler that takes rank and world size)")
+        pos = positional(lc)
+        ds = kws["dataset"].value if "dataset" in kws else (pos[0].value if pos else None)
+        if not isinstance(ds, (cst.Name, cst.Attribute)):
+            raise Refusal(lc, f"bind the dataset of `{L}` to a name first (the sampler needs it too)")
+        shuffle = kws["shuffle"].value if "shuffle" in kws else (pos[2].value if len(pos) > 2 else None)
+        bs_arg = kws.get("batch_size") or (pos[1] if len(pos) > 1 else None)
+        base = L[:-len("loader")] if L.endswith("loader") else f"{L}_"
+        sname = fresh(taken, f"{base}sampler")
+        ws = ctx.world_expr(ls)
+        ds_code = a.module.code_for_node(ds)
+        sh_code = a.module.code_for_node(shuffle) if shuffle is not None else "False"
+        pre = []
+        if bs_arg is not None:
+            bcode = a.module.code_for_node(bs_arg.value)
+            atom = isinstance(bs_arg.value, (cst.Name, cst.Attribute, cst.Integer))
+            pre.append(stmt(f'assert {bcode if atom else "(" + bcode + ")"} % {ws} == 0, '
+                            f'"the global batch size must divide by the number of processes"\n'))
+        pre.append(stmt(f"{sname} = {n.sampler}({ds_code}, shuffle={sh_code}) if {ws} > 1 else None\n"))
+        pre[0] = pre[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            "# torchopt (DDP): each process loads its own shard; batch_size is per process"))])
+
+        def fix_loader(upd: cst.Call, bs_arg=bs_arg, shuffle=shuffle, sname=sname, ws=ws) -> cst.Call:  # type: ignore[no-untyped-def]
+            args = list(upd.args)
+            orig_pos = [x for x in args if x.keyword is None]
+            for i, x in enumerate(args):
+                if bs_arg is not None and (x.keyword is not None and x.keyword.value == "batch_size"
+                                           or (x.keyword is None and len(orig_pos) > 1 and x is orig_pos[1])):
+                    v = x.value
+                    if not isinstance(v, (cst.Name, cst.Attribute, cst.Integer)):
+                        v = v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                    args[i] = x.with_changes(value=cst.BinaryOperation(
+                        left=v, operator=cst.FloorDivide(whitespace_before=cst.SimpleWhitespace(" "),
+                                                         whitespace_after=cst.SimpleWhitespace(" ")),
+                        right=cst.parse_expression(ws)))
+                if shuffle is not None and (x.keyword is not None and x.keyword.value == "shuffle"
+                                            or (x.keyword is None and len(orig_pos) > 2 and x is orig_pos[2])):
+                    v = x.value
+                    if isinstance(v, cst.Name) and v.value == "True":
+                        nv = cst.parse_expression(f"{sname} is None")
+                    elif isinstance(v, cst.Name) and v.value == "False":
+                        nv = v
+                    else:
+                        nv = cst.parse_expression(f"({a.module.code_for_node(shuffle)}) and {sname} is None")
+                    args[i] = x.with_changes(value=nv)
+            out = upd.with_changes(args=args)
+            return set_kwarg(out, "sampler", cst.Name(sname))
+        e.exprs[id(lc)] = fix_loader
+        e.add_before(ls, pre)
+        samplers[L] = sname + "?"
+    set_epoch_edits(a, e, samplers, notes)
+    others = sorted(set(a.loaders) - seen)
+    if others:
+        notes.append(f"{', '.join(f'`{x}`' for x in others)} left alone (not a training loader): every process "
+                     "iterates all of it")
+    workers = [L for L in seen if any(keyword(c, "num_workers") is not None for _, c in a.loaders[L])]
+    if workers:
+        notes.append("with NCCL and DataLoader workers, consider `multiprocessing_context=\"forkserver\"` "
+                     "(NCCL is not fork-safe)")
+    # per-rank side effects and checkpoints
+    skipped: list[str] = []
+    guard_edits(a, e, ctx, skipped)
+    models = {w[1] for w in wraps}
+    uses_load = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict"
+                    and dotted(c.func.value) in models for c in calls(a.module, True))
+    consume = None
+    if uses_load:
+        consume, imp = need(a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
+                            node, "consume_prefix_in_state_dict_if_present")
+        n.imports += imp
+    checkpoint_edits(a, e, models, consume)
+    names = {a.call_name(c) for c in calls(a.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))}
+    if "torch.save" in names and "torch.load" in names:
+        notes.append(f"if other ranks read a checkpoint that rank 0 writes in the same run, call "
+                     f"`{n.dist}.barrier()` after the save")
+    # leave the process group on the way out
+    destroy = stmt(f"{n.dist}.destroy_process_group()\n")
+    if isinstance(scope, cst.FunctionDef):
+        returns = [r for r in walk(scope.body) if isinstance(r, cst.Return)]
+        body = scope.body.body  # type: ignore[union-attr]
+        last_ret = body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return)
+        if len(returns) > (1 if last_ret else 0):
+            notes.append(f"`{scope.name.value}` returns early: call `{n.dist}.destroy_process_group()` before exit")
+        else:
+            e.body_end[id(scope)] = [destroy]
+    elif main_block is not None:
+        e.body_end[id(main_block.body)] = [destroy]
+    else:
+        e.body_end[id(scope)] = [destroy.with_changes(leading_lines=[cst.EmptyLine()])]
+    new = a.module.visit(Rewrite(e))
+    fname = os.path.basename(rule.ctx.path) if rule.ctx.path not in ("<string>", "<stdin>", "-") else "train.py"
+    note = LAUNCH_NOTE.format(file=fname)
+    extra = notes + skipped
+    if extra:
+        note += "; " + "; ".join(extra)
+    return new, n.imports, note
+
+
+def single_model(a: Analysis, node: cst.CSTNode) -> tuple[cst.SimpleStatementLine, str]:
+    """The one model of a single-process script and the statement that builds its optimizer."""
+    opts = []
+    for oname, s in a.optimizers.items():
+        for c in calls(s):
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value in ("parameters", "named_parameters"):
+                m = dotted(c.func.value)
+                if m:
+                    opts.append((s, m))
+    ms = {m for _, m in opts}
+    if not opts:
+        raise Refusal(node, "no optimizer built from a model's `.parameters()`")
+    if len(ms) != 1 or len(opts) != 1:
+        raise Refusal(node, "more than one model or optimizer: wrap each in DistributedDataParallel by hand")
+    s, m = opts[0]
+    if m not in a.models or a.bindings.get(m, 0) > 3:
+        raise Refusal(node, f"`{m}` is not built from a torch.nn module in this file")
+    if a.scope_owner(a.models[m]) is not a.scope_owner(s):
+        raise Refusal(node, f"`{m}` and its optimizer are built in different scopes")
+    for n in walk(a.module, True):
+        if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == m \
+                and n.attr.value not in MODULE_METHODS:
+            raise Refusal(n, f"`{m}.{n.attr.value}` reads an attribute of the model; on the DDP wrapper it is "
+                             f"`{m}.module.{n.attr.value}`")
+    return s, m

@@ -1,0 +1,105 @@
+"""TOP406 `ddp-checkpoint-prefix`: For a model bound to `DistributedDataParallel(...)`: saves its inner module,."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.codemods.ddp import FAMILY
+from torchopt.codemods.ddp.program_analysis import Analysis
+from torchopt.codemods.ddp.program_analysis import DDP
+from torchopt.codemods.ddp.program_analysis import Edits
+from torchopt.codemods.ddp.program_analysis import Rewrite
+from torchopt.codemods.ddp.program_analysis import calls
+from torchopt.codemods.ddp.program_analysis import dotted
+from torchopt.codemods.ddp.conversion_edits import checkpoint_edits
+from torchopt.codemods.ddp.example_programs import LOAD_AFTER
+from torchopt.codemods.ddp.example_programs import LOAD_SRC
+from torchopt.codemods.ddp.example_programs import SAVE_AFTER
+from torchopt.codemods.ddp.example_programs import SAVE_SRC
+from torchopt.codemods.ddp.step_checks import _DEPS
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+class CheckpointPortability(Rule):
+    """## What it does
+    For a model bound to `DistributedDataParallel(...)`: saves its inner module,
+    `model.module.state_dict()` instead of `model.state_dict()`, so checkpoints have no `module.`
+    prefix and load into the plain model; and before `model.load_state_dict(sd)` removes a
+    `module.` prefix if the checkpoint has one (`consume_prefix_in_state_dict_if_present`) and
+    loads into `model.module`, so both old (wrapper) and new checkpoints load.
+
+    ## Why is this slow
+    Not a speed problem: DDP (like DataParallel) prefixes every key with `module.`, so checkpoints
+    saved from the wrapper do not load into an unwrapped model for evaluation or inference
+    (E-12, E-22), and ones saved from the inner module do not load into the wrapper.
+
+    ## Example
+    ```python
+    torch.save(model.state_dict(), "ckpt.pt")
+    model.load_state_dict(torch.load("ckpt.pt"))
+    ```
+
+    ## Use instead
+    ```python
+    torch.save(model.module.state_dict(), "ckpt.pt")
+    state_dict = torch.load("ckpt.pt")
+    consume_prefix_in_state_dict_if_present(state_dict, "module.")
+    model.module.load_state_dict(state_dict)
+    ```
+
+    ## Fix safety
+    Loading: safe (the same tensors reach the same parameters; a checkpoint without the prefix now
+    loads instead of raising). Saving: unsafe (semantics): the file's keys lose the `module.`
+    prefix, which matters to other programs that load it into a wrapped model.
+    """
+
+    code = "TOP406"
+    name = "ddp-checkpoint-prefix"
+    family = FAMILY
+    message = "checkpoint of a DDP model: `{what}` carries the wrapper's `module.` prefix"
+    fix_title = "Use `{model}.module`"
+    safety = Safety.SAFE
+    prefilter = ("DistributedDataParallel",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
+    METADATA_DEPENDENCIES = _DEPS
+    examples = (
+        Invalid(SAVE_SRC, after=SAVE_AFTER, unsafe="semantics"),
+        Invalid(LOAD_SRC, after=LOAD_AFTER),
+        Valid(SAVE_AFTER.replace("model.load_state_dict", "model.module.load_state_dict")),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        a = Analysis.of(self)
+        models = {m for m in a.ddp if a.ddp_sure(m)}
+        if not models:
+            return
+        for c in calls(a.module, True):
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value == "state_dict" \
+                    and dotted(c.func.value) in models and not c.args:
+                m = dotted(c.func.value)
+                new = c.with_changes(func=c.func.with_changes(value=cst.Attribute(value=c.func.value,
+                                                                                  attr=cst.Name("module"))))
+                self.report(c, fmt={"what": f"{m}.state_dict()", "model": m}, replacement=new,
+                            tags=[Tag.SEMANTICS], note="saved checkpoints lose the `module.` key prefix")
+        loads = [c for c in calls(a.module, True) if isinstance(c.func, cst.Attribute)
+                 and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models]
+        if not loads:
+            return
+        found = a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")
+        if found is None:
+            return
+        consume, imports = found
+        e = Edits()
+        _, n = checkpoint_edits(a, e, models, consume, saves=False)
+        if n:
+            m = dotted(loads[0].func.value)  # type: ignore[union-attr]
+            self.report(loads[0], fmt={"what": f"{m}.load_state_dict(...)", "model": m},
+                        replacement=a.module.visit(Rewrite(e)), target=a.module, imports=imports)

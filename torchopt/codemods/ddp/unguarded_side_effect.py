@@ -1,0 +1,125 @@
+"""TOP405 `unguarded-side-effect`: In a program that calls `init_process_group`, guards output side effects with."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.ddp import FAMILY
+from torchopt.codemods.ddp.program_analysis import Analysis
+from torchopt.codemods.ddp.program_analysis import Edits
+from torchopt.codemods.ddp.program_analysis import INITS
+from torchopt.codemods.ddp.program_analysis import Rewrite
+from torchopt.codemods.ddp.conversion_edits import Context
+from torchopt.codemods.ddp.conversion_edits import guard_edits
+from torchopt.codemods.ddp.example_programs import GUARD_AFTER
+from torchopt.codemods.ddp.example_programs import GUARD_SRC
+from torchopt.codemods.ddp.step_checks import _DEPS
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+class RankZeroGuards(Rule):
+    """## What it does
+    In a program that calls `init_process_group`, guards output side effects with
+    `if dist.get_rank() == 0:` (after an unconditional `init_process_group`, in the same function)
+    or `if not dist.is_initialized() or dist.get_rank() == 0:` (elsewhere: code that may also run
+    without a process group keeps its output):
+    `print`, `logging` calls and loggers' methods, `torch.save`, TensorBoard writers (created as
+    `SummaryWriter(...) if <rank 0> else None`, their `add_*`/`flush`/`close` guarded),
+    `wandb`/`mlflow` logging, `plt.savefig` and `with open(path, "w")` blocks; `tqdm(...)` gets
+    `disable=<not rank 0>`. Consecutive guarded statements share one `if`. Statements
+    already under a test that mentions the rank are left alone, and so is anything that could take
+    part in a collective (a DDP forward, `backward()`, `dist.*`, a function of the file).
+    Only code after the process group is created, or inside functions, is edited.
+
+    ## Why is this slow
+    Every process runs the whole script: unguarded, each line is printed world-size times, each
+    checkpoint written by every process at once (racing on the same file) and every TensorBoard
+    event logged N times, which costs I/O and makes logs unreadable.
+
+    ## Example
+    ```python
+    print(f"epoch {epoch}: {loss.item():.4f}")
+    torch.save(model.module.state_dict(), "ckpt.pt")
+    ```
+
+    ## Use instead
+    ```python
+    if dist.get_rank() == 0:
+        print(f"epoch {epoch}: {loss.item():.4f}")
+        torch.save(model.module.state_dict(), "ckpt.pt")
+    ```
+
+    ## Fix safety
+    Unsafe (semantics): processes other than rank 0 no longer print, log or write files; training
+    maths is untouched. Values printed by rank 0 are rank 0's own (e.g. its local loss); to log a
+    global mean, `dist.all_reduce` a copy on every rank before the guard. If other ranks read a
+    checkpoint rank 0 writes, add `dist.barrier()` after the save.
+    """
+
+    code = "TOP405"
+    name = "unguarded-side-effect"
+    family = FAMILY
+    message = "output side effects run on every DDP process: guard them with rank 0"
+    fix_title = "Run prints, logs and file writes on rank 0 only"
+    safety = Safety.UNSAFE
+    tags = (Tag.SEMANTICS,)
+    prefilter = ("init_process_group",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.torch_imports import may_call_torch
+
+        return super().could_match(text) and may_call_torch(text, INITS)  # visit_Module: a.inits
+    METADATA_DEPENDENCIES = _DEPS
+    examples = (
+        Invalid(GUARD_SRC, after=GUARD_AFTER, unsafe="semantics"),
+        Valid(GUARD_AFTER),
+        Valid("import torch\nprint(torch.zeros(2))\ntorch.save({}, 'x.pt')\n", note="not a distributed program"),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        a = Analysis.of(self)
+        if not a.inits:
+            return
+        alias = a.dist_alias()
+        if alias is None:
+            return
+        dist, imports = alias
+        anchor = min(a.inits, key=a.pos)
+        anchor_scope = a.scope_owner(anchor)
+        apos = a.pos(anchor)
+        init_stmt = a.statement(anchor)
+        parent = a.parent(init_stmt) if init_stmt is not None else None
+        unconditional = isinstance(parent, cst.Module) or (
+            isinstance(parent, cst.IndentedBlock) and a.parent(parent) is anchor_scope)
+        safe = f"(not {dist}.is_initialized() or {dist}.get_rank() == 0)"
+
+        class _Ctx(Context):
+            def may_edit(self, node: cst.CSTNode) -> bool:  # type: ignore[override]
+                owner = a.scope_owner(node)
+                if owner is anchor_scope:
+                    return a.pos(node) > apos
+                return not isinstance(owner, cst.Module)
+
+            def _sure(self, node: cst.CSTNode) -> bool:
+                return unconditional and a.scope_owner(node) is anchor_scope
+
+            def rank0(self, node: cst.CSTNode) -> str:  # type: ignore[override]
+                return f"{dist}.get_rank() == 0" if self._sure(node) else safe[1:-1]
+
+            def not_rank0(self, node: cst.CSTNode) -> str:  # type: ignore[override]
+                return f"{dist}.get_rank() != 0" if self._sure(node) else f"not {safe}"
+
+        e = Edits()
+        skipped: list[str] = []
+        n = guard_edits(a, e, _Ctx(a, dist), skipped)
+        if n == 0:
+            return
+        first = min((x for x in walk(a.module, True) if id(x) in e.guards or id(x) in e.exprs), key=a.pos)
+        self.report(first, replacement=a.module.visit(Rewrite(e)), target=a.module, tags=[Tag.SEMANTICS],
+                    imports=imports, note="processes other than rank 0 no longer print, log or write files"
+                    + ("; " + "; ".join(skipped) if skipped else ""))

@@ -1,0 +1,460 @@
+"""TOP101 `factory-then-move`: Flags a tensor factory whose result is moved to a device at once, e.g. `torch.zeros(n).cuda()`."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.arguments import drop_kwarg
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.arguments import keyword
+from torchopt.analysis.arguments import positional
+from torchopt.analysis.arguments import set_kwarg
+from torchopt.analysis.names import callee
+from torchopt.analysis.names import is_tensor_name
+from torchopt.analysis.names import method_call
+from torchopt.analysis.names import reaching_values
+from torchopt.analysis.syntax import has_comments
+from torchopt.analysis.syntax import source
+from torchopt.analysis.values import Device
+from torchopt.analysis.values import DeviceKind
+from torchopt.analysis.values import classify_device
+from torchopt.analysis.values import dtype_of
+from torchopt.analysis.values import int_value
+from torchopt.codemods.device.factory_analysis import (
+    COMPUTED, CUDA_LEGACY, Data, FACTORIES, LEGACY, RANDOM, SPELLING, _FactoryRule, _NOTE_LEAF, _could_move,
+    _int_span_exact, _keep_parens, _literal_int_span, _removed_has_comments, arange_is_int, fold_verdict,
+    int_typed, parse_cuda, parse_to
+)
+from torchopt.rewrite.rule import ImportSpec
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_NOTE_RNG = "random values are drawn on {where} from its generator instead of the CPU one: they change, and later CPU random draws shift"
+
+
+_NOTE_TOL = "values are computed by a device kernel instead of on the host: they may differ by about 1 ulp"
+
+
+class FactoryThenMove(_FactoryRule):
+    """## What it does
+    Flags a tensor factory whose result is moved to a device at once, e.g. `torch.zeros(n).cuda()`
+    or `torch.arange(n).to(device)`, and creates the tensor on the device instead.
+
+    ## Why is this slow
+    The tensor is first allocated and filled on the host, then copied to the device, and the host
+    copy is thrown away. Passing `device=` to the factory skips the host allocation and the
+    host-to-device copy (PyTorch performance tuning guide, "Create tensors directly on the target
+    device").
+
+    ## Example
+    ```python
+    x = torch.zeros(3, 4).cuda()
+    y = torch.ones(n).cuda(rank)
+    z = torch.arange(10).to(device)
+    w = torch.from_numpy(a).cuda()
+    ```
+
+    ## Use instead
+    ```python
+    x = torch.zeros(3, 4, device='cuda')
+    y = torch.ones(n, device=torch.device('cuda', rank))
+    z = torch.arange(10, device=device)
+    w = torch.as_tensor(a, device='cuda')
+    ```
+
+    ## Fix safety
+    Safe for deterministic factories: `zeros`, `ones`, `empty*`, `full`, `eye`, `scalar_tensor`,
+    `tril/triu_indices`, `sparse_coo_tensor`, `tensor`/`as_tensor`/`asarray`, the non-random
+    `*_like`, integer `arange`, `from_numpy` (rewritten to `as_tensor`) and legacy typed constructors
+    with int sizes (rewritten to `empty`; contents are uninitialised in both). An `arange` is integer
+    when every bound is an int literal, `len(...)`, `int(...)`, `x.size(i)`, `x.numel()`,
+    `x.shape[i]`, or a name bound only to those, or when its `dtype=` is an integer dtype.
+    `non_blocking` is dropped (no copy is left) and so is `pin_memory=True` (pinning only affects
+    host tensors); an existing `device=` is replaced.
+
+    Unsafe fixes:
+    * **rng**: random factories (`rand`, `randn`, `randint`, `randperm`, `normal`, `*_like`) draw
+      from the device generator instead of the CPU one, so values change and later CPU draws shift.
+    * **tolerance**: `linspace`, `logspace`, `torch.range`, window functions and non-integer
+      `arange` are computed by a device kernel and may differ by about 1 ulp.
+    * **semantics**: with `requires_grad=True` the original result is a non-leaf copy whose `.grad`
+      is never filled; the rewritten tensor is a leaf (usually a bug fix).
+
+    `.to(device, dtype)` also folds the dtype when DEV-002 proves the cast value-preserving.
+    Names such as `device`, `dev`, `*_device` and `<expr>.device` are assumed to hold a
+    `torch.device` (the `device-names` setting); such findings say so. Not rewritten: `.to(x)` where
+    `x` may be a dtype or a tensor, `.cuda(x)` with `x` of unknown type (reported only),
+    `copy=True`, `memory_format=`, star-arguments, `out=`, and `Tensor.new_*` (the receiver's type
+    is unknown).
+    """
+
+    code = "TOP101"
+    name = "factory-then-move"
+    message = "`{factory}(...)` is created on the host, then moved to `{device}`{assumption}"
+    fix_title = "Create it on the device: `{new}(..., device={device})`"
+    safety = Safety.SAFE
+    prefilter = (".cuda(", ".to(", "Tensor(")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.patterns import chained_call
+
+        # visit_Call: `<torch factory>(...).cuda()/.to()` (method_call), or a bare
+        # `torch.cuda.<legacy type>(...)` (spelled with "cuda" and the type's name).
+        return super().could_match(text) and (
+            chained_call(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
+            or ("cuda" in text and any(name in text for name in CUDA_LEGACY))) and _could_move(text)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        mc = method_call(node, ("cuda", "to"))
+        if mc is not None:
+            inner, meth = mc
+            self._trailing(node, inner, meth)
+            return
+        q = callee(self, node)
+        if q is not None and q.startswith("torch.cuda.") and q[len("torch.cuda."):] in CUDA_LEGACY:
+            self._bare_cuda_ctor(node, q[len("torch.cuda."):])
+
+    # ---- torch.cuda.FloatTensor(2, 3) -------------------------------------------------------
+
+    def _bare_cuda_ctor(self, node: cst.Call, ctor: str) -> None:
+        if not node.args or has_star(node) or any(
+                a.keyword is not None or int_value(a.value) is None for a in node.args):
+            return
+        factory = source(self, node.func)
+        ref = self.ref_at(node)
+        fmt = {"factory": factory, "device": "'cuda'", "assumption": "", "new": factory}
+        msg = "`{factory}(...)` is a legacy CUDA constructor"
+        if ref is None or has_comments(node.func):
+            self.report(node, fmt=fmt, message=msg)
+            return
+        new = node.with_changes(func=ref.attr("empty"))
+        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))  # type: ignore[index]
+        new = set_kwarg(new, "device", cst.SimpleString("'cuda'"))
+        self.report(node, fmt={**fmt, "new": f"{ref.name}.empty"}, message=msg, replacement=new,
+                    imports=ref.imports, fix_title="Use `{new}(..., dtype=..., device={device})`")
+
+    # ---- <factory>(...).cuda() / .to() ------------------------------------------------------
+
+    def _trailing(self, node: cst.Call, inner: cst.Call, meth: str) -> None:
+        fk = self.factory_of(inner)
+        if fk is None:
+            return
+        kind, _q = fk
+        if self.factory_blockers(kind, inner):
+            return
+        legacy = kind in LEGACY
+        if legacy and (not inner.args or any(
+                a.keyword is not None or a.star or int_value(a.value) is None for a in inner.args)):
+            return  # torch.Tensor(data) / sizes we cannot see: overloaded, skip
+        if kind == "from_numpy" and (len(inner.args) != 1 or inner.args[0].keyword is not None):
+            return
+        if kind in RANDOM and keyword(inner, "generator") is not None:
+            return  # a CPU generator cannot feed a CUDA factory
+        tr = parse_cuda(node) if meth == "cuda" else parse_to(self, node)
+        if tr is None:
+            return
+        factory = source(self, inner.func)
+        if tr.unknown is not None:
+            self.report(node, fmt={"factory": factory, "x": source(self, tr.unknown)},
+                        message="`{factory}(...).to({x})`: `{x}` may be a device, a dtype or a tensor "
+                                "(a tensor gives both its dtype and its device); if it is a device, "
+                                "pass `device={x}` to the factory")
+            return
+        if tr.device is None and not tr.cuda:
+            return  # `.to(dtype)` / `.to(dtype=...)`: TOP102's
+        ref = self.ref_at(node)
+
+        # --- the device expression
+        assumption = ""
+        dev_kind: Device | None = None
+        if tr.cuda:
+            if tr.device is None:
+                dev_expr: cst.BaseExpression | None = cst.SimpleString("'cuda'")
+                dev_kind = Device(DeviceKind.LITERAL, "cuda")
+            elif int_value(tr.device) is not None:
+                dev_expr = cst.SimpleString(f"'cuda:{int_value(tr.device)}'")
+                dev_kind = Device(DeviceKind.LITERAL, f"cuda:{int_value(tr.device)}")
+            elif int_typed(self, tr.device):
+                dev_expr = None if ref is None else cst.Call(
+                    func=ref.attr("device"),
+                    args=[cst.Arg(cst.SimpleString("'cuda'"),
+                                  comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                          cst.Arg(tr.device)])
+                dev_kind = Device(DeviceKind.LITERAL, "cuda")
+                if dev_expr is None:
+                    self.report(node, fmt={"factory": factory, "device": source(self, tr.device),
+                                           "assumption": " (no fix: `torch` is bound to something else here)"})
+                    return
+            else:
+                dev_kind = classify_device(self, tr.device)
+                if not dev_kind.is_device or self._may_be_int(tr.device):
+                    self.report(node, fmt={"factory": factory, "x": source(self, tr.device)},
+                                message="`{factory}(...).cuda({x})`: the type of `{x}` is not known; pass "
+                                        "`device=torch.device('cuda', {x})` if it is a GPU index, or "
+                                        "`device={x}` if it is a device")
+                    return
+                dev_expr = tr.device
+        else:
+            dev_kind = classify_device(self, tr.device)
+            dev_expr = tr.device
+            if not dev_kind.is_device and not tr.forced:
+                self.report(node, fmt={"factory": factory, "x": source(self, tr.device)},
+                            message="`{factory}(...).to({x})`: `{x}` may be a device, a dtype or a tensor; "
+                                    "if it is a device, pass `device={x}` to the factory")
+                return
+        assert dev_expr is not None
+        if dev_kind is not None and dev_kind.kind is DeviceKind.CONVENTION and not tr.forced:
+            assumption = f" (assuming `{source(self, tr.device)}` is a torch.device)"  # type: ignore[arg-type]
+        device_text = " ".join(self.ctx.module.code_for_node(dev_expr).split())
+        new_name = factory
+        if (kind == "from_numpy" or kind in LEGACY) and ref is not None:
+            new_name = f"{ref.name}.{'as_tensor' if kind == 'from_numpy' else 'empty'}"
+        fmt = {"factory": factory, "device": device_text, "assumption": assumption, "new": new_name}
+
+        # --- same device as now? (`.to('cpu')` on a host factory returns self)
+        existing = keyword(inner, "device")
+        target_cpu = dev_kind is not None and dev_kind.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and dev_kind.is_cpu
+        if existing is None:
+            same_device = target_cpu
+        else:
+            ex = classify_device(self, existing.value)
+            same_device = target_cpu and ex.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and ex.is_cpu
+
+        # --- tags from the factory kind
+        tags: list[Tag] = []
+        notes: list[str] = []
+        where = "the device" if not dev_kind or not dev_kind.text else f"`{dev_kind.text}`"
+        if not same_device:
+            if kind in RANDOM:
+                tags.append(Tag.RNG)
+                notes.append(_NOTE_RNG.format(where=where))
+            elif kind in COMPUTED or (kind == "arange" and not self._arange_exact_on_device(inner)):
+                tags.append(Tag.TOLERANCE)
+                notes.append(_NOTE_TOL)
+
+        # --- dtype folded with the device
+        dtype_expr: cst.BaseExpression | None = None
+        if tr.dtype is not None:
+            if kind in LEGACY or kind == "from_numpy":
+                data = Data("host", LEGACY.get(kind)) if kind in LEGACY else Data("host")
+            else:
+                data = self.data(kind, inner)
+            dst = dtype_of(self, tr.dtype)
+            verdict = fold_verdict(data, dst)
+            if not verdict.ok:
+                self.report(node, fmt={**fmt, "why": verdict.reason},
+                            message="`{factory}(...)` is created on the host, then moved to `{device}`"
+                                    "{assumption}; not fixed: the dtype cannot be folded ({why})")
+                return
+            for t in verdict.tags:
+                if t not in tags:
+                    tags.append(t)
+                    notes.append(verdict.reason)
+            dtype_expr = tr.dtype
+            if same_device and data.src is not None and data.src == dst:
+                pass
+            elif self.requires_grad(inner) and Tag.SEMANTICS not in tags:
+                tags.append(Tag.SEMANTICS)
+                notes.append(_NOTE_LEAF)
+        if self.requires_grad(inner) and not same_device and Tag.SEMANTICS not in tags:
+            tags.append(Tag.SEMANTICS)
+            notes.append(_NOTE_LEAF)
+
+        # --- existing tensor copied by torch.tensor(t)
+        if kind == "tensor" and self._is_tensor_data(inner):
+            data_src = source(self, positional(inner)[0].value)
+            self.report(node, fmt={**fmt, "t": data_src},
+                        message="`{factory}({t})` copy-constructs from a tensor, then moves it; use "
+                                "`{t}.detach().to({device})`")
+            return
+
+        # --- comments that the fix would drop
+        pin = keyword(inner, "pin_memory")
+        drop_pin = pin is not None and not same_device
+        if (_removed_has_comments(node) or (existing is not None and has_comments(existing.value))
+                or (drop_pin and has_comments(pin)) or ((kind in LEGACY or kind == "from_numpy") and has_comments(inner.func))
+                or (dtype_expr is not None and keyword(inner, "dtype") is not None and has_comments(keyword(inner, "dtype").value))):  # type: ignore[union-attr]
+            self.report(node, fmt=fmt, message=self.message + "; not fixed automatically: a comment would be lost")
+            return
+
+        # --- build the replacement
+        imports: tuple[ImportSpec, ...] = ()
+        new = inner
+        if kind == "from_numpy" or kind in LEGACY:
+            if ref is None:
+                self.report(node, fmt=fmt, message=self.message + "; no fix: `torch` is bound to something else here")
+                return
+            imports = ref.imports
+            new = new.with_changes(func=ref.attr("as_tensor" if kind == "from_numpy" else "empty"))
+            if kind in LEGACY and LEGACY[kind] is not None:
+                new = set_kwarg(new, "dtype", ref.attr(SPELLING[LEGACY[kind]]))  # type: ignore[index]
+        if isinstance(dev_expr, cst.Call) and dev_expr is not tr.device and ref is not None:
+            imports = ref.imports
+        if drop_pin:
+            new = drop_kwarg(new, "pin_memory")
+        before = ("requires_grad", "pin_memory")
+        new = set_kwarg(new, "device", dev_expr, before=before)
+        if dtype_expr is not None:
+            new = set_kwarg(new, "dtype", dtype_expr, before=before)
+        new = _keep_parens(node, new)
+        self.report(node, fmt=fmt, replacement=new, safety=Safety.UNSAFE if tags else Safety.SAFE,
+                    tags=tuple(tags), note="; ".join(notes), imports=imports)
+
+    def _may_be_int(self, expr: cst.BaseExpression) -> bool:
+        """A name with an int among its definitions (``.cuda(d)``, ``d = 0 if ... else 'cuda'``)."""
+        if isinstance(expr, cst.Name):
+            values = reaching_values(self, expr) or []
+            return any(isinstance(v, cst.Integer) or (isinstance(v, cst.IfExp) and (
+                isinstance(v.body, cst.Integer) or isinstance(v.orelse, cst.Integer))) for v in values)
+        return False
+
+    def _arange_exact_on_device(self, call: cst.Call) -> bool:
+        if arange_is_int(self, call):
+            return True
+        span = _literal_int_span(call)
+        if span == "empty":
+            return True
+        if isinstance(span, tuple):
+            dt = keyword(call, "dtype")
+            dst = dtype_of(self, dt.value) if dt is not None else None
+            return dst is not None and _int_span_exact(span[0], span[1], dst)
+        return False
+
+    def _is_tensor_data(self, call: cst.Call) -> bool:
+        pos = positional(call)
+        return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
+
+    examples = ()  # filled below
+
+
+FactoryThenMove.examples = (
+    # --- the DEV-001 table
+    Invalid("import torch\nx = torch.zeros(3, 4).cuda()\n",
+            after="import torch\nx = torch.zeros(3, 4, device='cuda')\n"),
+    Invalid("import torch as T\nx = T.ones(2).cuda(1)\n",
+            after="import torch as T\nx = T.ones(2, device='cuda:1')\n"),
+    Invalid('from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long).to("cuda:0", non_blocking=True)\n',
+            after='from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long, device="cuda:0")\n'),
+    Invalid("import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0).to(device=dev, dtype=torch.float16)\n",
+            after="import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0, device=dev, dtype=torch.float16)\n"),
+    Invalid("import torch\n\ndef train(model, device, loader):\n    return torch.arange(10).to(device)\n",
+            after="import torch\n\ndef train(model, device, loader):\n    return torch.arange(10, device=device)\n",
+            note="device-names convention: `device` is assumed to be a torch.device"),
+    Invalid("import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t).to(t2.device)\n",
+            after="import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t, device=t2.device)\n"),
+    Invalid("import torch\nx = torch.zeros(3, pin_memory=True).cuda(non_blocking=True)\n",
+            after="import torch\nx = torch.zeros(3, device='cuda')\n"),
+    Invalid("import torch\n\ndef f(n, rank: int):\n    return torch.ones(n).cuda(rank)\n",
+            after="import torch\n\ndef f(n, rank: int):\n    return torch.ones(n, device=torch.device('cuda', rank))\n"),
+    Invalid("import torch\nx = torch.rand(5).cuda()\n",
+            after="import torch\nx = torch.rand(5, device='cuda')\n", unsafe="rng"),
+    Invalid('import torch\nx = torch.randn(2, 2, device="cpu").to(torch.device("cuda", 0))\n',
+            after='import torch\nx = torch.randn(2, 2, device=torch.device("cuda", 0))\n', unsafe="rng"),
+    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).cuda()\n",
+            after="import torch\nx = torch.zeros(3, device='cuda', requires_grad=True)\n", unsafe="semantics"),
+    Invalid("import torch\n\ndef f(x):\n    return torch.empty(3).to(x)\n",
+            note="x may be a device, a dtype or a tensor: display-only"),
+    Invalid("import torch\n\ndef f(a):\n    return torch.from_numpy(a).cuda()\n",
+            after="import torch\n\ndef f(a):\n    return torch.as_tensor(a, device='cuda')\n"),
+    Invalid("import torch\nx = torch.Tensor(2, 3).cuda()\n",
+            after="import torch\nx = torch.empty(2, 3, device='cuda')\n"),
+    Invalid("import torch\nx = torch.cuda.FloatTensor(2, 3)\n",
+            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
+    Invalid("import torch\nx = torch.cuda.LongTensor(4)\n",
+            after="import torch\nx = torch.empty(4, dtype=torch.int64, device='cuda')\n"),
+    Invalid("import torch\nx = torch.FloatTensor(2, 3).cuda()\n",
+            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
+    # --- aliases and imports
+    Invalid("import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n).cuda(rank)\n",
+            after="import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n, device=T.device('cuda', rank))\n"),
+    Invalid("from torch import ones\n\ndef f(n):\n    rank = int(2)\n    return ones(n).cuda(rank)\n",
+            after="from torch import ones\nimport torch\n\ndef f(n):\n    rank = int(2)\n    return ones(n, device=torch.device('cuda', rank))\n"),
+    Invalid("from torch import rand as R\nx = R(3).cuda()\n",
+            after="from torch import rand as R\nx = R(3, device='cuda')\n", unsafe="rng"),
+    Invalid("import torch\nimport torch.distributed as dist\nx = torch.zeros(3).cuda(dist.get_rank())\n",
+            after="import torch\nimport torch.distributed as dist\nx = torch.zeros(3, device=torch.device('cuda', dist.get_rank()))\n"),
+    Invalid("import torch\nx = torch.zeros(3).cuda(device=1)\n",
+            after="import torch\nx = torch.zeros(3, device='cuda:1')\n"),
+    Invalid("import torch\n\ndef f(target_device):\n    return torch.ones(3).to(device=target_device)\n",
+            after="import torch\n\ndef f(target_device):\n    return torch.ones(3, device=target_device)\n"),
+    # --- device-computed and random factories
+    Invalid("import torch\nx = torch.linspace(0, 1, 5).cuda()\n",
+            after="import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n", unsafe="tolerance"),
+    Invalid("import torch\nx = torch.arange(0, 1, 0.1).cuda()\n",
+            after="import torch\nx = torch.arange(0, 1, 0.1, device='cuda')\n", unsafe="tolerance"),
+    Invalid("import torch\nx = torch.hann_window(8).cuda()\n",
+            after="import torch\nx = torch.hann_window(8, device='cuda')\n", unsafe="tolerance"),
+    Invalid("import torch\n\ndef f(x):\n    return torch.arange(x.size(0)).cuda()\n",
+            after="import torch\n\ndef f(x):\n    return torch.arange(x.size(0), device='cuda')\n"),
+    Invalid("import torch\nx = torch.randint(0, 10, (3,)).to('cuda', torch.int32)\n",
+            after="import torch\nx = torch.randint(0, 10, (3,), device='cuda', dtype=torch.int32)\n", unsafe="rng"),
+    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cuda', torch.float64)\n",
+            after="import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64, requires_grad=True)\n",
+            unsafe="semantics"),
+    Invalid("import torch\nx = torch.normal(0.0, 1.0, size=(3,)).cuda()\n",
+            after="import torch\nx = torch.normal(0.0, 1.0, size=(3,), device='cuda')\n", unsafe="rng"),
+    # --- layout: multi-line calls, existing device=, parentheses
+    Invalid("import torch\nx = torch.zeros(\n    3,\n    4,\n).cuda()\n",
+            after="import torch\nx = torch.zeros(\n    3,\n    4,\n    device='cuda',\n)\n"),
+    Invalid("import torch\nx = torch.zeros(\n    3,\n).cuda()\n",
+            after="import torch\nx = torch.zeros(\n    3,\n    device='cuda',\n)\n"),
+    Invalid("import torch\nx = torch.zeros(3, device='cpu').cuda()\n",
+            after="import torch\nx = torch.zeros(3, device='cuda')\n"),
+    Invalid("import torch\nx = (torch.zeros(3)).cuda()\n",
+            after="import torch\nx = (torch.zeros(3, device='cuda'))\n"),
+    # --- display-only
+    Invalid("import torch\n\ndef f(args):\n    return torch.zeros(3).cuda(args.local_rank)\n",
+            note="type of args.local_rank unknown"),
+    Invalid("import torch\nx = torch.zeros(3).cuda(  # on the GPU\n)\n", note="a comment would be lost"),
+    Invalid("import torch\n\ndef f(device):\n    return torch.linspace(0, 1, 5).to(device, torch.float64)\n",
+            note="the float64 fold is not value-preserving"),
+    Invalid("import torch\nt = torch.ones(3)\nx = torch.tensor(t).cuda()\n", note="copy-construct from a tensor"),
+    Invalid("from torch import zeros\ntorch = None\n\ndef f(rank: int):\n    return zeros(3).cuda(rank)\n",
+            note="`torch` is bound to something else: no generated torch reference"),
+    # --- runnable on the CPU (bitwise equal, RNG state included)
+    Invalid("import torch\nx = torch.zeros(3, 4).to('cpu')\n",
+            after="import torch\nx = torch.zeros(3, 4, device='cpu')\n", runnable=True),
+    Invalid("import torch\nx = torch.rand(3).to('cpu')\ny = torch.randn(2)\n",
+            after="import torch\nx = torch.rand(3, device='cpu')\ny = torch.randn(2)\n", runnable=True,
+            note="same device: the same CPU generator is used"),
+    Invalid("import torch\ndevice = 'cpu'\nx = torch.arange(10).to(device)\ny = torch.linspace(0, 1, 7).to(device)\n",
+            after="import torch\ndevice = 'cpu'\nx = torch.arange(10, device=device)\ny = torch.linspace(0, 1, 7, device=device)\n",
+            runnable=True),
+    Invalid("import torch\nx = torch.tensor([1.0, 2.0]).to('cpu', torch.float64)\n",
+            after="import torch\nx = torch.tensor([1.0, 2.0], device='cpu', dtype=torch.float64)\n", runnable=True),
+    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cpu')\n",
+            after="import torch\nx = torch.zeros(3, device='cpu', requires_grad=True)\n", runnable=True),
+    Invalid("import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.from_numpy(a).to('cpu')\n",
+            after="import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.as_tensor(a, device='cpu')\n",
+            runnable=True),
+    Invalid("import torch\nx = torch.full(\n    (2, 2),\n    7,\n    dtype=torch.long,\n).to(device='cpu', non_blocking=True)\n",
+            after="import torch\nx = torch.full(\n    (2, 2),\n    7,\n    dtype=torch.long,\n    device='cpu',\n)\n",
+            runnable=True),
+    Valid("import torch\nx = torch.zeros(3, device='cpu')\ny = torch.arange(4).to(torch.float16)\n", runnable=True),
+    Valid("import torch\n\ndef k(torch):\n    return torch.rand(3).cuda()\n", note="parameter named torch"),
+    Valid("import mylib\nx = mylib.zeros(3).cuda()\n"),
+    Valid("import torch\n\ndef zeros(n):\n    return torch.ones(n)\n\nx = zeros(3).cuda()\n"),
+    Valid("import torch\n\ndef f(shape):\n    return torch.zeros(*shape).cuda()\n"),
+    Valid("import torch\n\ndef f(kw):\n    return torch.zeros(3).cuda(**kw)\n"),
+    Valid("import torch\n\ndef f(o):\n    return torch.zeros(3, out=o).cuda()\n"),
+    Valid("import torch\nx = torch.ones(3).cuda(memory_format=torch.contiguous_format)\n"),
+    Valid("import torch\nx = torch.arange(10).to('cpu', copy=True)\n", runnable=True),
+    Valid("import torch\nx = torch.ones(3).to(torch.float16)\n", note="a dtype cast alone is TOP102's"),
+    Valid("import torch\n\ndef f(a):\n    return a.new_zeros(3).cuda()\n", note="receiver type unknown"),
+    Valid("import torch\n\ndef f(x, dtype):\n    return torch.arange(4).to(x.dtype) + torch.arange(4).to(dtype)\n",
+          note="a cast by name: TOP102's"),
+    Invalid("from x import is_torch_available\nif is_torch_available():\n    import torch\n\ndef f(a, rank: int):\n"
+            "    return torch.zeros(3).cuda(rank)\n",
+            after="from x import is_torch_available\nif is_torch_available():\n    import torch\n\ndef f(a, rank: int):\n"
+                  "    return torch.zeros(3, device=torch.device('cuda', rank))\n",
+            note="a guarded `import torch` is reused; no top-level import is added"),
+    Valid("import torch\n\ndef f(data):\n    return torch.Tensor(data).cuda()\n", note="torch.Tensor is overloaded"),
+    Valid("import torch\n\ndef f(mean, std):\n    return torch.normal(mean, std).cuda()\n"),
+    Valid("import torch\n\ndef f(g):\n    return torch.rand(3, generator=g).cuda()\n", note="a CPU generator"),
+    Valid("import torch\n\ndef f(x):\n    return torch.as_tensor(x, torch.float32).cuda()\n"),
+    Valid("import torch\n\ndef f(x):\n    return torch.bernoulli(x).cuda()\n", note="no device= parameter"),
+    Valid("import torch\n\ndef f(x):\n    return x.type(torch.cuda.FloatTensor)\n", note="TOP105's"),
+)

@@ -1,0 +1,283 @@
+"""TOP104 `unpinned-host-copy`: Flags a `torch.utils.data.DataLoader` whose batches are copied to the device in a `for` loop."""
+from __future__ import annotations
+
+import ast as _ast
+
+from libcst.metadata import ScopeProvider
+import libcst as cst
+
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.arguments import keyword
+from torchopt.analysis.arguments import positional
+from torchopt.analysis.arguments import set_kwarg
+from torchopt.analysis.names import callee
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.precheck.scopes import ast_loop_calls
+from torchopt.analysis.precheck.torch_imports import torch_calls_to
+from torchopt.analysis.syntax import source
+from torchopt.analysis.transfers import DATALOADERS
+from torchopt.analysis.transfers import loop_copies
+from torchopt.codemods.device import FAMILY
+from torchopt.codemods.device.loop_prechecks import _LoaderUse
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Valid
+
+
+_PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
+
+
+class UnpinnedHostCopy(Rule):
+    """## What it does
+    Flags a `torch.utils.data.DataLoader` whose batches are copied to the device in a `for` loop
+    (`for x, y in loader`, `for i, (x, y) in enumerate(loader)`, `for b in tqdm(loader)`) when
+    the loader does not pin its batches or the copies are synchronous. Two findings, each with its
+    own fix: `pin_memory=...` on the `DataLoader(...)` call, and `non_blocking=True` on each
+    host→device copy (`x.cuda()`, `x.to(device)`) of a tensor that comes from the loop target.
+
+    ## Why is this slow
+    A copy from ordinary (pageable) host memory is staged through a pinned buffer by the driver
+    and blocks the host until it is done, so the next kernels cannot be queued meanwhile. With
+    `pin_memory=True` the loader's worker puts every batch in page-locked memory, and a copy with
+    `non_blocking=True` from there is a true asynchronous DMA that overlaps with compute.
+
+    ## Example
+    ```python
+    loader = DataLoader(ds, batch_size=64, num_workers=4)
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    ```
+
+    ## Fix safety
+    Safe: the values are identical. A host→device copy with `non_blocking=True` is ordered before
+    every later kernel on the same stream, and a DataLoader yields a fresh batch per iteration, so
+    nothing mutates the source while the copy runs (copies of tensors mutated in place in the loop
+    are left alone). `non_blocking` is never added to device→host copies (`.cpu()`, `.to('cpu')`),
+    whose result the host may read before it arrives. `pin_memory=True` is used when the copies go
+    to CUDA explicitly; when the device comes from a variable the fix writes
+    `pin_memory=torch.cuda.is_available()`, so the script still runs without a GPU. A loader that
+    already passes `pin_memory` (any value) or `**kwargs` keeps its arguments. The fix does not
+    insert `.pin_memory()` calls, which are slower than a plain copy.
+    """
+
+    code = "TOP104"
+    name = "unpinned-host-copy"
+    family = FAMILY
+    message = "`{move}` copies a DataLoader batch to the device synchronously"
+    loader_message = "`{loader}` feeds host→device copies but does not pin its batches"
+    fix_title = "Add `non_blocking=True`"
+    loader_fix_title = "Add `pin_memory={value}`"
+    safety = Safety.SAFE
+    prefilter = ("DataLoader",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+
+        # visit_Call/leave_Module: `<name> = DataLoader(...)` and a `.cuda()`/`.to()` in a for loop.
+        if not super().could_match(text):
+            return False
+        calls = torch_calls_to(text, DATALOADERS)
+        if calls is None:
+            return True
+        if not calls:
+            return False
+        loop_calls = ast_loop_calls(text)
+        return loop_calls is None or any(
+            isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls)
+
+    _HEAD = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+    _DS = "ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))\n"
+    examples = (
+        Invalid(
+            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4)\n"
+            "for x, y in loader:\n    x, y = x.cuda(), y.cuda()\n",
+            after=_HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4, pin_memory=True)\n"
+            "for x, y in loader:\n    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)\n",
+        ),
+        Invalid(
+            _HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
+            + "loader = DataLoader(ds, batch_size=2)\nseen = []\n"
+            "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n    seen.append(x.sum(0) + y)\n",
+            after=_HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
+            + "loader = DataLoader(ds, batch_size=2, pin_memory=torch.cuda.is_available())\nseen = []\n"
+            "for x, y in loader:\n    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
+            "    seen.append(x.sum(0) + y)\n",
+            runnable=True,
+        ),
+        Invalid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def train(model, ds, device):\n"
+            "    loader = DataLoader(ds, batch_size=32, shuffle=True)\n"
+            "    for step, (images, labels) in enumerate(loader):\n"
+            "        out = model(images.to(device))\n"
+            "        loss = (out - labels.to(device, torch.float32)).pow(2).mean()\n",
+            after="import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def train(model, ds, device):\n"
+            "    loader = DataLoader(ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available())\n"
+            "    for step, (images, labels) in enumerate(loader):\n"
+            "        out = model(images.to(device, non_blocking=True))\n"
+            "        loss = (out - labels.to(device, torch.float32, non_blocking=True)).pow(2).mean()\n",
+        ),
+        Invalid(
+            "import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
+            "for batch in loader:\n    batch = batch.cuda()\n",
+            after="import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
+            "for batch in loader:\n    batch = batch.cuda(non_blocking=True)\n",
+            note="the loader already pins: only the copy changes",
+        ),
+        Invalid(
+            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            after="from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            note="the copies are already asynchronous: only the loader changes",
+        ),
+        Valid(
+            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2)\n"
+            "for x, y in loader:\n    x = x.to('cpu')\n", runnable=True,
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=False)\n"
+            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\n"
+            "def make(ds, **kw):\n    loader = DataLoader(ds, **kw)\n"
+            "    for x, y in loader:\n        x = x.cuda(non_blocking=True)\n",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
+            "for x, y in loader:\n    p = model(x.cuda(non_blocking=True)).cpu()\n    q = p.to('cpu')\n",
+            note="device→host copies never get non_blocking",
+        ),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
+            "for x, y in loader:\n    x = x.to(other)\n",
+            note="`other` may be a tensor or a dtype",
+        ),
+        Valid(
+            "from torch.utils.data import DataLoader\n\ndef build(ds):\n    loader = DataLoader(ds)\n    return loader\n\n"
+            "def train(loader):\n    for x, y in loader:\n        x = x.cuda()\n",
+            note="the loop's loader is a parameter, not the DataLoader built elsewhere",
+        ),
+    )
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx)
+        self._loaders: dict[int, cst.Call] = {}  # id(binding Name) -> DataLoader call
+        self._fors: list[cst.For] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if callee(self, node) not in DATALOADERS:
+            return
+        parent = self.get_metadata(ParentProvider, node, None)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = parent.targets[0].target
+        elif isinstance(parent, cst.AnnAssign):
+            target = parent.target
+        else:
+            return
+        if isinstance(target, cst.Name):
+            self._loaders[id(target)] = node
+
+    def visit_For(self, node: cst.For) -> None:
+        if node.asynchronous is None:
+            self._fors.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if not self._loaders:
+            return
+        uses: dict[int, _LoaderUse] = {}
+        moves: dict[int, cst.Call] = {}
+        for loop in self._fors:
+            unwrapped = self._unwrap(loop.iter, loop.target)
+            if unwrapped is None:
+                continue
+            name, target = unwrapped
+            calls = self._loader_calls(name)
+            if not calls:
+                continue
+            kinds, fixable = self._moves(loop, target)
+            if not kinds:
+                continue
+            for call in calls:
+                uses.setdefault(id(call), _LoaderUse(call)).kinds |= kinds
+            for m in fixable:
+                moves[id(m)] = m
+        for m in moves.values():
+            self.report(m, fmt={"move": source(self, m)},
+                        replacement=set_kwarg(m, "non_blocking", cst.Name("True")))
+        for use in uses.values():
+            self._report_loader(use)
+
+    def _report_loader(self, use: _LoaderUse) -> None:
+        call = use.call
+        if has_star(call) or keyword(call, "pin_memory") is not None:
+            return
+        if len(positional(call)) > _PIN_MEMORY_POSITION:
+            return
+        if use.kinds == {"cuda"}:
+            value: cst.BaseExpression = cst.Name("True")
+            imports = ()
+        else:
+            ref = torch_ref(self)
+            if ref is None:
+                return
+            value = ref.attr("cuda.is_available()")
+            imports = ref.imports
+        text = cst.Module([]).code_for_node(value)
+        fmt = {"loader": source(self, call.func) + "(...)", "value": text}
+        self.report(call, fmt=fmt, message=self.loader_message, fix_title=self.loader_fix_title,
+                    replacement=set_kwarg(call, "pin_memory", value), imports=imports)
+
+    def _unwrap(self, it: cst.BaseExpression, target: cst.BaseExpression
+                ) -> tuple[cst.Name, cst.BaseExpression] | None:
+        """The loader name and the part of the target that receives its batches."""
+        for _ in range(4):
+            if isinstance(it, cst.Name):
+                return it, target
+            if not isinstance(it, cst.Call) or has_star(it):
+                return None
+            args = positional(it)
+            if not args:
+                return None
+            fname = it.func.value if isinstance(it.func, cst.Name) else (
+                it.func.attr.value if isinstance(it.func, cst.Attribute) else "")
+            if fname == "enumerate" and isinstance(it.func, cst.Name):
+                if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != 2:
+                    return None
+                target = target.elements[1].value
+            elif fname in ("tqdm", "track", "progress_bar"):
+                pass
+            else:
+                return None
+            it = args[0].value
+        return None
+
+    def _loader_calls(self, name: cst.Name) -> list[cst.Call]:
+        """The DataLoader calls ``name`` is bound to, if every binding it can see is one."""
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return []
+        if scope is None or name.value not in scope:
+            return []
+        out = []
+        for a in scope[name.value]:
+            call = self._loaders.get(id(getattr(a, "node", None)))
+            if call is None:
+                return []
+            out.append(call)
+        return out
+
+    def _moves(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
+        return loop_copies(self, loop, target)

@@ -1,0 +1,152 @@
+"""TOP501 `cudnn-benchmark-off`: Flags an entry script that builds convolutions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*d`,."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.syntax import source
+from torchopt.codemods.flags import FAMILY
+from torchopt.codemods.flags.program_flags import entry_possible
+from torchopt.codemods.flags.program_flags import insertion
+from torchopt.codemods.flags.program_flags import program
+from torchopt.codemods.flags.example_scripts import _CONV_SCRIPT, _ENTRY_DOC, _MAIN_SCRIPT
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_CONV_SCRIPT_AFTER = _CONV_SCRIPT.replace(
+    "import torch.nn as nn\n", "import torch.nn as nn\ntorch.backends.cudnn.benchmark = True  # torchopt TOP501\n")
+
+
+_MAIN_SCRIPT_AFTER = _MAIN_SCRIPT.replace(
+    '    """Train."""\n', '    """Train."""\n    torch.backends.cudnn.benchmark = True  # torchopt TOP501\n')
+
+
+class CudnnBenchmark(Rule):
+    __doc__ = """## What it does
+    Flags an entry script that builds convolutions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*d`,
+    `F.conv*`, `torchvision.models` builders), runs on CUDA, and leaves the cuDNN auto-tuner off.
+    The fix inserts `torch.backends.cudnn.benchmark = True` once.
+
+    It does nothing when the file already sets `torch.backends.cudnn.benchmark` (to anything: an
+    explicit user setting is never overridden), or shows reproducibility intent
+    (`torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)`,
+    `CUBLAS_WORKSPACE_CONFIG`). When input shapes vary per batch (`pad_sequence` /
+    `pack_padded_sequence`, `transforms.Resize(<int>)` without a crop) it reports without a fix.
+
+    ## Why is this slow
+    With the auto-tuner off, cuDNN picks a convolution algorithm by heuristics. With it on, the
+    first call for each input shape benchmarks the available algorithms and caches the fastest
+    one, which usually speeds up fixed-shape convolutional training (PyTorch tuning guide,
+    "Enable cuDNN auto-tuner"). With highly variable shapes every new shape pays for a benchmark,
+    which can make the program slower: then the rule only reports (pair it with MEM-001).
+
+{entry}
+
+    ## Example
+    ```python
+    import torch
+    import torch.nn as nn
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+    for x in loader:
+        model(x.cuda()).mean().backward()
+    ```
+
+    ## Use instead
+    ```python
+    import torch
+    import torch.nn as nn
+    torch.backends.cudnn.benchmark = True  # torchopt TOP501
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+    for x in loader:
+        model(x.cuda()).mean().backward()
+    ```
+
+    ## Fix safety
+    Unsafe (tag tolerance). The auto-tuner may select another algorithm in different runs, so
+    convolution outputs change by rounding and training trajectories drift slowly. `torchopt
+    validate` holds a tolerance-tagged rewrite to the fp32 `assert_close` defaults for outputs and
+    rel 1e-5 for training probes (rules.md VAL-6 allows rtol 1e-4 / atol 1e-5 for this switch on
+    a GPU; not yet measured there). On a CPU-only build the switch is a no-op and the rewrite is
+    bitwise the same. The line is inserted exactly once; a second run finds the switch set and
+    changes nothing.
+    """.replace("{entry}", _ENTRY_DOC)
+
+    code = "TOP501"
+    name = "cudnn-benchmark-off"
+    family = FAMILY
+    message = "This program builds convolutions ({what}) with the cuDNN auto-tuner off"
+    varying_message = ("This program builds convolutions but its input shapes vary per batch ({why}): "
+                       "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
+                       "pad inputs to a few fixed shapes (MEM-001) before enabling it")
+    fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
+    safety = Safety.UNSAFE
+    tags = (Tag.TOLERANCE,)
+    prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # program(): a convolution (torch.nn Conv*/conv* or a torchvision model) in an entry script.
+        return super().could_match(text) and ("onv" in text or "torchvision" in text) and entry_possible(text)
+
+    examples = (
+        Invalid(_CONV_SCRIPT, after=_CONV_SCRIPT_AFTER, unsafe="tolerance"),
+        Invalid(_MAIN_SCRIPT, after=_MAIN_SCRIPT_AFTER, unsafe="tolerance", runnable=True),
+        Invalid(
+            "import torch as T\nfrom torchvision import models\n\n\nif __name__ == '__main__':\n"
+            "    net = models.resnet18().cuda()\n    net(T.randn(1, 3, 224, 224).cuda())\n",
+            after="import torch as T\nfrom torchvision import models\n\n\nif __name__ == '__main__':\n"
+            "    T.backends.cudnn.benchmark = True  # torchopt TOP501\n"
+            "    net = models.resnet18().cuda()\n    net(T.randn(1, 3, 224, 224).cuda())\n",
+            unsafe="tolerance",
+            note="the file's torch alias; a guard without main(): first statement of the guard",
+        ),
+        Invalid(
+            "import torch\nimport torch.nn as nn\nfrom torch.nn.utils.rnn import pad_sequence\n\n"
+            "conv = nn.Conv1d(8, 8, 3).cuda()\nfor seqs in batches:\n"
+            "    x = pad_sequence(seqs, batch_first=True).transpose(1, 2).cuda()\n"
+            "    conv(x).sum().backward()\n",
+            after=None,
+            note="variable sequence length fed to Conv1d: reported, not fixed",
+        ),
+        Valid(_CONV_SCRIPT_AFTER, note="already set: a second run changes nothing"),
+        Valid(_CONV_SCRIPT.replace("import torch.nn as nn\n",
+                                   "import torch.nn as nn\ntorch.backends.cudnn.benchmark = False\n"),
+              note="an explicit user setting is never overridden"),
+        Valid(_CONV_SCRIPT.replace("import torch.nn as nn\n",
+                                   "import torch.nn as nn\ntorch.use_deterministic_algorithms(True)\n"),
+              note="reproducibility intent"),
+        Valid("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n",
+              note="a library module, not an entry script"),
+        Valid("import torch\nimport torch.nn as nn\n\nmodel = nn.Linear(4, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "for _ in range(3):\n    model(torch.randn(2, 4).cuda()).sum().backward()\n    opt.step()\n",
+              note="no convolution"),
+        Valid("import torch\nimport torch.nn as nn\n\nmodel = nn.Conv2d(3, 8, 3)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "for _ in range(2):\n    model(torch.randn(2, 3, 8, 8)).sum().backward()\n    opt.step()\n",
+              runnable=True, note="never runs on CUDA: the switch would be a no-op"),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        prog = program(self)
+        if not prog.convs or not prog.cuda or prog.benchmark_set or prog.intent:
+            return
+        if prog.anchor is None:
+            return
+        if prog.variable_shapes:
+            where, why = prog.variable_shapes[0]
+            self.report(where, message=self.varying_message, fmt={"why": why})
+            return
+        ref = torch_ref(self)
+        if ref is None:
+            return
+        line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True  # torchopt TOP501\n")
+        self.report(prog.convs[0], fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
+                    replacement=insertion(prog, line), target=prog.anchor,  # type: ignore[arg-type]
+                    tags=[Tag.TOLERANCE], imports=ref.imports,
+                    note="cuDNN may pick another convolution algorithm per run: outputs change by rounding")

@@ -1,0 +1,133 @@
+"""TOP502 `fp32-matmul-precision-highest`: Flags an entry script that runs float32 matrix multiplies (`nn.Linear`, attention, RNNs,."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.syntax import source
+from torchopt.codemods.flags import FAMILY
+from torchopt.codemods.flags.program_flags import entry_possible
+from torchopt.codemods.flags.program_flags import insertion
+from torchopt.codemods.flags.program_flags import program
+from torchopt.codemods.flags.example_scripts import _ENTRY_DOC
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_LINEAR_SCRIPT = '''\
+import torch
+
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(10):
+    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+    opt.step()
+'''
+
+
+class MatmulPrecision(Rule):
+    __doc__ = """## What it does
+    Flags an entry script that runs float32 matrix multiplies (`nn.Linear`, attention, RNNs,
+    `torch.matmul`, `@`, ...) on CUDA at the default `"highest"` precision. The fix inserts
+    `torch.set_float32_matmul_precision("high")` once (where: see below).
+
+    It does nothing when the file already sets any TF32 switch
+    (`torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`, any
+    `fp32_precision`, `torch.set_float32_matmul_precision`) or a determinism switch
+    (`cudnn.deterministic`, `use_deterministic_algorithms`, `CUBLAS_WORKSPACE_CONFIG`: a program
+    that asks for reproducible results does not want reduced precision either). When the file uses
+    precision-sensitive float32 linear algebra (`torch.linalg.*`, `torch.cdist`, `torch.inverse`,
+    ...) it reports without a fix, because the switch is global. Existing `allow_tf32`
+    assignments are never migrated to `fp32_precision`.
+
+    ## Why is this slow
+    With precision `"highest"` (the default) float32 matmuls run in full IEEE fp32. `"high"` lets
+    them use TensorFloat-32 tensor cores on Ampere and later GPUs (or a sum of two bfloat16
+    numbers), several times the fp32 throughput (PyTorch tuning guide, "Enable Tensor cores").
+    It does not change the output dtype, does not affect convolutions (cuDNN already uses TF32 for
+    them by default) and only affects CUDA.
+
+{entry}
+
+    ## Example
+    ```python
+    import torch
+
+    model = torch.nn.Linear(64, 64).cuda()
+    ```
+
+    ## Use instead
+    ```python
+    import torch
+    torch.set_float32_matmul_precision("high")  # torchopt TOP502
+
+    model = torch.nn.Linear(64, 64).cuda()
+    ```
+
+    ## Fix safety
+    Unsafe (tag numerics): TF32 keeps 10 explicit mantissa bits instead of 23, so matmul results
+    lose precision on purpose (validator bound: rel-L2 of matmul-heavy outputs ≤ 5e-3). On a
+    CPU-only build nothing changes. Inserted exactly once; a second run finds the switch and
+    changes nothing.
+    """.replace("{entry}", _ENTRY_DOC)
+
+    code = "TOP502"
+    name = "fp32-matmul-precision-highest"
+    family = FAMILY
+    message = "float32 matmuls ({what}) run at full IEEE precision; TF32 tensor cores are not used"
+    sensitive_message = ("float32 matmuls run at full precision, but this file uses precision-sensitive "
+                         "linear algebra (`{what}`): `torch.set_float32_matmul_precision(\"high\")` is "
+                         "global and would change it too; enable TF32 only around the model, if at all")
+    fix_title = "Insert `torch.set_float32_matmul_precision(\"high\")` ({where})"
+    safety = Safety.UNSAFE
+    tags = (Tag.NUMERICS,)
+    prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        # program(): the switch goes into an entry script only.
+        return super().could_match(text) and entry_possible(text)
+
+    examples = (
+        Invalid(_LINEAR_SCRIPT, after=_LINEAR_SCRIPT.replace(
+            "import torch\n", "import torch\ntorch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n", 1),
+            unsafe="numerics"),
+        Invalid(
+            "import torch\nimport torch.nn as nn\n\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "    w = torch.randn(4, 4, device=device)\n    print((w @ w).sum())\n\n\nmain()\n",
+            after="import torch\nimport torch.nn as nn\n\n\ndef main():\n"
+            "    torch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n"
+            "    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+            "    w = torch.randn(4, 4, device=device)\n    print((w @ w).sum())\n\n\nmain()\n",
+            unsafe="numerics", runnable=True,
+        ),
+        Invalid(_LINEAR_SCRIPT.replace("for _", "basis = torch.linalg.qr(torch.randn(4, 4))\nfor _"), after=None,
+                note="precision-sensitive linear algebra: reported, not fixed"),
+        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n"),
+              note="the user already chose"),
+        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n"),
+              note="a second run changes nothing"),
+        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.backends.cudnn.deterministic = True\n"),
+              note="reproducibility intent"),
+        Valid("import torch\n\nlayer = torch.nn.Linear(4, 4).cuda()\n", note="not an entry script"),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        prog = program(self)
+        if not prog.matmuls or not prog.cuda or prog.tf32_set or prog.intent or prog.anchor is None:
+            return
+        if prog.sensitive:
+            where, what = prog.sensitive[0]
+            self.report(where, message=self.sensitive_message, fmt={"what": what})
+            return
+        ref = torch_ref(self)
+        if ref is None:
+            return
+        line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")  # torchopt TOP502\n')
+        self.report(prog.matmuls[0], fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
+                    replacement=insertion(prog, line), target=prog.anchor,  # type: ignore[arg-type]
+                    tags=[Tag.NUMERICS], imports=ref.imports,
+                    note="float32 matmuls on CUDA use TF32 (10 mantissa bits): rel-L2 of outputs up to ~5e-3")

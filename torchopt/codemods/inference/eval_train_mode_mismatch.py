@@ -1,0 +1,249 @@
+"""TOP803 `eval-train-mode-mismatch`: Reports two mode mistakes around evaluation:."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.conventions import EVAL_FUNCTION
+from torchopt.analysis.conventions import eval_loader_name
+from torchopt.analysis.names import callee
+from torchopt.analysis.syntax import source
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.inference import FAMILY
+from torchopt.codemods.inference.eval_code import EvalRule
+from torchopt.codemods.inference.eval_code import dotted
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Valid
+
+
+class EvalTrainModeMismatch(EvalRule):
+    """## What it does
+    Reports two mode mistakes around evaluation:
+
+    * evaluation code (a function named like evaluation, or a loop over a loader named like
+      held-out data) that runs a model without `model.eval()` before it — neither in the function
+      nor before the calls to it;
+    * an epoch loop that trains and then switches a model to evaluation (`model.eval()`, or a
+      function of the file that calls `.eval()`) but never switches it back with `model.train()`, so
+      from the second epoch on the model trains in evaluation mode.
+
+    ## Why is this slow
+    It is a correctness trap that looks like a tuning one: `torch.no_grad()` does not disable
+    dropout (E-11: 49 % of the entries were still zeroed) or freeze BatchNorm statistics, so evaluation
+    without `.eval()` is noisy and updates running statistics with evaluation data; training left in
+    `.eval()` mode runs without dropout and with frozen statistics.
+
+    ## Example
+    ```python
+    for epoch in range(10):
+        for x, y in train_loader:
+            loss = criterion(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        model.eval()
+        evaluate(model, val_loader)
+    ```
+
+    ## Use instead
+    ```python
+    for epoch in range(10):
+        model.train()
+        for x, y in train_loader:
+            ...
+        model.eval()
+        evaluate(model, val_loader)
+    ```
+
+    ## Fix safety
+    Display-only: inserting `.eval()`/`.train()` changes what dropout and BatchNorm compute (rules.md
+    INF-003 allows it only as an opt-in semantic rewrite), and the right place depends on the code.
+    """
+
+    code = "TOP803"
+    name = "eval-train-mode-mismatch"
+    family = FAMILY
+    message = "{what} runs `{model}` without `{model_root}.eval()`: dropout and BatchNorm stay in training mode"
+    train_message = ("`{call}` switches the model to evaluation inside an epoch loop that trains, and nothing "
+                     "switches it back: from the second epoch on it trains in eval mode; call `.train()` "
+                     "at the start of each epoch")
+    safety = Safety.DISPLAY
+    prefilter = ("val", "test", "eval", "predict", "infer", "dev_", "_dev", "devloader", "holdout")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.patterns import eval_sites_possible
+
+        # An epoch loop that trains (`.backward()` or torch.autograd's grad/backward) and calls
+        # `.eval()`, or an evaluation function / loop that calls a model.
+        from torchopt.codemods.inference.eval_code import epoch_loop_possible, eval_units_possible
+
+        if not super().could_match(text):
+            return False
+        if ("backward" in text or "autograd" in text) and epoch_loop_possible(text):
+            return True
+        return eval_sites_possible(text) and eval_units_possible(text, asynchronous=True, mode_calls=True)
+
+    examples = (
+        Invalid(
+            "def evaluate(model, loader):\n    return [model(x) for x, y in loader]\n",
+            note="no `.eval()` here nor before a call",
+        ),
+        Invalid(
+            "def fit(model, opt, train_loader, val_loader, epochs):\n    for epoch in range(epochs):\n"
+            "        for x, y in train_loader:\n            model(x).sum().backward()\n            opt.step()\n"
+            "        model.eval()\n        score = sum(model(x).sum().item() for x, y in val_loader)\n",
+        ),
+        Valid(
+            "def evaluate(model, loader):\n    model.eval()\n    return [model(x) for x, y in loader]\n",
+        ),
+        Valid(
+            "import torch\n\n\ndef distill(student, teacher, opt, loader, epochs):\n    for epoch in range(epochs):\n"
+            "        teacher.eval()\n        for x, y in loader:\n            with torch.no_grad():\n"
+            "                soft = teacher(x)\n            (student(x) - soft).pow(2).mean().backward()\n"
+            "            opt.step()\n",
+            note="the model switched to eval mode is not the one trained",
+        ),
+        Valid(
+            "def evaluate(model, loader):\n    return [model(x) for x, y in loader]\n\n\n"
+            "def main(model, loader):\n    model.eval()\n    return evaluate(model, loader)\n",
+            note="the caller switches the mode",
+        ),
+        Valid(
+            "def fit(model, opt, train_loader, val_loader, epochs):\n    for epoch in range(epochs):\n"
+            "        model.train()\n        for x, y in train_loader:\n            model(x).sum().backward()\n"
+            "            opt.step()\n        model.eval()\n        evaluate(model, val_loader)\n",
+        ),
+    )
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx)
+        self._fns: list[cst.FunctionDef] = []
+        self._loops: list[cst.For | cst.While] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._fns.append(node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._loops.append(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._loops.append(node)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        fns = {f.name.value: f for f in self._fns}
+        for fn in self._fns:
+            if EVAL_FUNCTION.match(fn.name.value):
+                self._eval_function(fn)
+        for loop in self._loops:
+            if isinstance(loop, cst.For):
+                self._eval_loop(loop)
+        reported: set[int] = set()
+        for loop in self._loops:
+            self._epoch_loop(loop, fns, reported)
+
+    def _mode_calls(self, body: cst.CSTNode, mode: str) -> list[cst.Call]:
+        out = []
+        for n in walk(body):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
+                attr = n.func.attr.value
+                arg = n.args[0].value if n.args else None
+                false = isinstance(arg, cst.Name) and arg.value == "False"
+                if mode == "eval" and (attr == "eval" and not n.args or attr == "train" and false):
+                    out.append(n)
+                elif mode == "train" and attr == "train" and not false:
+                    out.append(n)
+        return out
+
+    def _eval_function(self, fn: cst.FunctionDef) -> None:
+        if self.is_method(fn) or self.called_from_training(fn):
+            return
+        fwd = self.forward_calls(fn.body)
+        if not fwd or self.trains(fn.body) is not None or self._mode_calls(fn.body, "eval"):
+            return
+        calls = self.calls_to(fn.name.value)
+        for call in calls:
+            if not self._eval_before(call):
+                break
+        else:
+            if calls:
+                return
+        model = fwd[0][1]
+        self.report(fn.name, fmt={"what": f"`{fn.name.value}()`", "model": model, "model_root": model.split(".")[0]
+                                  if model.split(".")[0] != "self" else model})
+
+    def _eval_before(self, node: cst.CSTNode, root: str | None = None) -> bool:
+        """Whether an `.eval()` call (on ``root``, when given) precedes ``node`` in its function (or
+        the module)."""
+        scope = self.scope_body(node)
+        pos = self.get_metadata_pos(node)
+        if any(self.get_metadata_pos(c) < pos for c in self._mode_calls(scope, "eval")
+               if root is None or (dotted(c.func.value) or "").split(".")[0] == root):
+            return True
+        # A call, before ``node``, of a function of this file that switches its argument to eval mode.
+        fns = {f.name.value: f for f in self._fns}
+        for n in walk(scope):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
+                    and self.get_metadata_pos(n) < pos and self._mode_calls(fns[n.func.value].body, "eval"):
+                if root is None or any(isinstance(a.value, cst.Name) and a.value.value == root for a in n.args):
+                    return True
+        return False
+
+    def get_metadata_pos(self, node: cst.CSTNode) -> tuple[int, int]:
+        from libcst.metadata import PositionProvider
+
+        r = self.get_metadata(PositionProvider, node)
+        return (r.start.line, r.start.column)
+
+    def _eval_loop(self, loop: cst.For) -> None:
+        name = self.loop_iter_name(loop)
+        if not name or not eval_loader_name(name):
+            return
+        fn = self.enclosing_function(loop)
+        if fn is not None and EVAL_FUNCTION.match(fn.name.value):
+            return
+        fwd = self.forward_calls(loop.body)
+        if not fwd or self.trains(loop.body) is not None:
+            return
+        model = fwd[0][1]
+        root = model.split(".")[0]
+        if self._eval_before(loop, root if root != "self" else None):
+            return
+        self.report(loop.iter, fmt={"what": f"The loop over `{name}`", "model": model,
+                                    "model_root": root if root != "self" else model})
+
+    def _epoch_loop(self, loop: cst.For | cst.While, fns: dict[str, cst.FunctionDef], reported: set[int]) -> None:
+        body = loop.body
+        called = [fns[n.func.value] for n in walk(body)
+                  if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns]
+        trains = self._has_backward(body) or any(self._has_backward(f.body) for f in called)
+        if not trains:
+            return
+        if self._mode_calls(body, "train") or any(self._mode_calls(f.body, "train") for f in called):
+            return
+        # The models the loop trains: called with autograd on, or handed to a function that trains.
+        trained = {d.split(".")[0] for c, d in self.forward_calls(body) if not self.in_grad_off(c)}
+        for n in walk(body):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
+                    and self._has_backward(fns[n.func.value].body):
+                trained |= {a.value.value for a in n.args if isinstance(a.value, cst.Name)}
+        evals: list[cst.CSTNode] = [c for c in self._mode_calls(body, "eval")
+                                    if (dotted(c.func.value) or "").split(".")[0] in trained]  # type: ignore[union-attr]
+        for n in walk(body):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
+                    and self._mode_calls(fns[n.func.value].body, "eval") \
+                    and any(isinstance(a.value, cst.Name) and a.value.value in trained for a in n.args):
+                evals.append(n)
+        if not evals:
+            return
+        first = min(evals, key=self.get_metadata_pos)
+        if id(first) in reported:
+            return
+        reported.add(id(first))
+        self.report(first, message=self.train_message, fmt={"call": source(self, first)})
+
+    def _has_backward(self, body: cst.CSTNode) -> bool:
+        for n in walk(body):
+            if isinstance(n, cst.Call):
+                if isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward":
+                    return True
+                if callee(self, n) in ("torch.autograd.grad", "torch.autograd.backward"):
+                    return True
+        return False

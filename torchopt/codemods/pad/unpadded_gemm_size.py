@@ -1,0 +1,448 @@
+"""TOP302 `unpadded-gemm-size`: Reports `nn.Linear`, `nn.MultiheadAttention`, `nn.Transformer*Layer` and recurrent layers whose."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.arguments import positional
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.pad import FAMILY
+from torchopt.codemods.pad.sizes import OPTION_MULTIPLE
+from torchopt.codemods.pad.sizes import arg
+from torchopt.codemods.pad.sizes import code
+from torchopt.codemods.pad.sizes import int_const
+from torchopt.codemods.pad.sizes import last_name
+from torchopt.codemods.pad.sizes import maybe_int
+from torchopt.codemods.pad.sizes import nn_class
+from torchopt.codemods.pad.sizes import pad_formula
+from torchopt.codemods.pad.sizes import padded
+from torchopt.codemods.pad.gemm_layers import (
+    DROPOUT, DROPOUT_FN, LAYERS, MIN_SIZE, NO_ARGS_ONLY, ZERO_PRESERVING, ZERO_PRESERVING_FN,
+    ZERO_PRESERVING_METHODS, _FFN, _bad_size_possible, _self_attr
+)
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "eval", "requires_grad_"}
+
+_MLP = '''import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+mlp = nn.Sequential(
+    nn.Linear(16, 100),
+    nn.ReLU(),
+    nn.Linear(100, 24),
+)
+out = mlp(torch.randn(4, 16))
+'''
+
+
+_LAYER_NAMES = frozenset(LAYERS)
+
+
+class PadGemmDims(Rule):
+    """## What it does
+    Reports `nn.Linear`, `nn.MultiheadAttention`, `nn.Transformer*Layer` and recurrent layers whose
+    sizes are known constants that are not multiples of 8, with the nearest padded size. Sizes the
+    rule cannot evaluate (function parameters, config fields) are not reported, nor sizes below 8
+    (a score head `nn.Linear(h, 1)`, a 2-way classifier: memory-bound, nothing to gain). Convolution
+    channels are not reported: cuDNN 7.3 and later has no such constraint.
+
+    ## Why is this slow
+    fp16/bf16 (and TF32) Tensor Cores multiply tiles whose sides are multiples of 8; a GEMM with
+    `K`, `N` or `M` off that grid runs slower kernels or is padded inside cuBLAS on every call.
+
+    ## Example
+    ```python
+    mlp = nn.Sequential(nn.Linear(16, 100), nn.ReLU(), nn.Linear(100, 24))
+    ```
+
+    ## Use instead
+    ```python
+    mlp = nn.Sequential(nn.Linear(16, 104), nn.ReLU(), nn.Linear(104, 24))
+    ```
+    Changing a size changes the architecture, so in general this is advice only. A fix is offered
+    in one case where it is provably output-preserving at equal weights: a hidden dimension between
+    two `nn.Linear` layers of one `nn.Sequential`, joined only by elementwise activations with
+    `f(0) == 0` (ReLU, GELU, SiLU, Tanh, ...) or dropout, is padded on both sides. The Sequential's
+    input and output sizes are never changed, nor a size a normalisation layer reduces over, nor a
+    Sequential the file indexes or slices (its hidden features would become visible). The same holds
+    for two `nn.Linear` attributes of one module whose only use is `self.fc2(act(self.fc1(x)))`
+    (activations held in attributes, their functional forms such as `F.relu`, `.relu()`, or
+    dropout in between).
+
+    ## Fix safety
+    Unsafe, tags semantics, rng and tolerance. With the original weights in the leading rows and
+    columns and zeros in the pad (what `torchopt validate` sets up, docs/validation.md "Weight
+    transplant"), each pad unit computes `f(0) = 0`, contributes exact zeros to the next layer and
+    receives exactly zero gradient, so it stays zero during training.
+    - **semantics**: parameter shapes change (old checkpoints no longer load as they are).
+    - **rng**: the padded layers draw more random numbers at initialisation, so they and every module
+      built afterwards start from other weights; dropout between the layers draws its mask over the
+      padded width, so the mask of the real units changes.
+    - **tolerance**: the second GEMM sums over more (zero) terms; on the CPU the kernel blocks the sum
+      differently, so results differ by float rounding (measured up to 1e-4 absolute on 64 x 784 x
+      300 x 10; bitwise for some shapes only). The validator holds it to the fp32 tolerance.
+    """
+
+    code = "TOP302"
+    name = "unpadded-gemm-size"
+    family = FAMILY
+    message = "`{layer}`: {dims} not a multiple of {multiple} (nearest padded: {suggest})"
+    fix_title = "Pad the hidden size {hidden} to {padded} on both sides"
+    safety = Safety.UNSAFE
+    tags = (Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE)
+    prefilter = ("Linear", "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
+                 "LSTM", "GRU", "RNN")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.patterns import int_sized_layer_call
+        from torchopt.analysis.precheck.torch_imports import torch_callees
+
+        # The layer must resolve to torch.nn and have a size maybe_int can evaluate (visit_Call).
+        if not (super().could_match(text) and "torch" in text and int_sized_layer_call(text, LAYERS)):
+            return False
+        callees = torch_callees(text)
+        if callees is not None and not any(
+                q.split(".")[-1] in LAYERS and (q.count(".") == 2 or q.split(".")[2] == "modules")
+                and q.startswith("torch.nn.") for q in callees):
+            return False
+        return _bad_size_possible(text)
+    options = (OPTION_MULTIPLE,)
+
+    examples = (
+        Invalid(_MLP, after=_MLP.replace("100", "104"), unsafe=("semantics", "rng", "tolerance"), runnable=True),
+        Invalid(
+            "import torch.nn as nn\n\nH = 50\nnet = nn.Sequential(nn.Linear(32, H), nn.GELU(), nn.Dropout(0.1), nn.Linear(H, 8))\n",
+            after="import torch.nn as nn\n\nH = 50\nnet = nn.Sequential(nn.Linear(32, ((H + 7) // 8) * 8), nn.GELU(), "
+                  "nn.Dropout(0.1), nn.Linear(((H + 7) // 8) * 8, 8))\n",
+            unsafe=("semantics", "rng", "tolerance"),
+        ),
+        Invalid(_FFN, after=_FFN.replace("100", "104"), unsafe=("semantics", "rng", "tolerance"), runnable=True,
+                note="two layers of one module, joined by an activation held in an attribute"),
+        Invalid(_FFN.replace("self.fc2(self.act(self.fc1(x)))", "self.fc2(self.act(self.fc1(x))) + self.fc1(x).sum()"),
+                after=None, note="the hidden features are used twice: reported, not fixed"),
+        Invalid("import torch.nn as nn\n\nhead = nn.Linear(64, 10)\n", after=None,
+                note="an output size: reported, never padded"),
+        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.LayerNorm(30), nn.ReLU(), nn.Linear(30, 8))\n",
+                after=None, note="LayerNorm reduces over the hidden size"),
+        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.Sigmoid(), nn.Linear(30, 8))\n",
+                after=None, note="sigmoid(0) = 0.5: the pad units would learn"),
+        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.ReLU(), nn.Linear(30, 8))\n"
+                "features = net[:2]\n", after=None, note="the hidden features are used directly"),
+        Invalid("import torch.nn as nn\n\nattn = nn.MultiheadAttention(100, 4)\n", after=None),
+        Valid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))\n",
+              runnable=True),
+        Valid("import torch.nn as nn\n\ndef build(n):\n    return nn.Linear(n, 3 * n)\n", note="sizes not known"),
+        Valid("import torch.nn as nn\n\nconv = nn.Conv2d(3, 17, 3)\n", note="convolutions are not reported"),
+    )
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx)
+        self._multiple = int(self.option("multiple"))
+        self._vocab_keys: set[str] | None = None
+        self._subscripted: set[str] | None = None
+        self._pairs: dict[int, list] = {}
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = last_name(node.func)
+        if name not in LAYERS or has_star(node):
+            return
+        if not any(a is not None and maybe_int(self, a.value) for a in (arg(node, i, n) for n, i in LAYERS[name])):
+            return  # no size can be known: skip the name resolution
+        cls = nn_class(self, node, _LAYER_NAMES)
+        if cls not in LAYERS:
+            return
+        m = self._multiple
+        bad = []
+        for name, index in LAYERS[cls]:
+            a = arg(node, index, name)
+            if a is None:
+                continue
+            v = int_const(self, a.value)
+            if v is None or v < MIN_SIZE or v % m == 0:
+                continue
+            if cls == "Linear" and name == "out_features" and code(self, a.value) in self._vocabulary():
+                continue  # the vocabulary: TOP301
+            bad.append((name, v))
+        if cls == "MultiheadAttention":
+            e, h = arg(node, 0, "embed_dim"), arg(node, 1, "num_heads")
+            ev, hv = int_const(self, e.value if e else None), int_const(self, h.value if h else None)
+            if ev and hv and ev % hv == 0 and (ev // hv) % m and not bad:
+                bad.append(("head_dim", ev // hv))
+        if not bad:
+            return
+        fmt = {
+            "layer": code(self, node) if len(code(self, node)) <= 60 else code(self, node.func) + "(...)",
+            "dims": ", ".join(f"{n}={v}" for n, v in bad) + (" is" if len(bad) == 1 else " are"),
+            "multiple": str(m),
+            "suggest": ", ".join(f"{n}={padded(v, m)}" for n, v in bad),
+        }
+        fix = (self._sequential_fix(node) or self._module_fix(node)) if cls == "Linear" else None
+        if fix is None:
+            self.report(node, fmt=fmt)
+            return
+        seq, replacement, hidden, pad_to, dropout = fix
+        fmt.update(hidden=hidden, padded=pad_to)
+        note = ("parameter shapes change; the padded layers draw more random numbers at initialisation; "
+                "the next layer sums over extra zero terms (float rounding may differ)")
+        if dropout:
+            note += "; dropout draws its mask over the padded width"
+        self.report(node, fmt=fmt, replacement=replacement, target=seq, safety=Safety.UNSAFE,
+                    tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE), note=note)
+
+    def _vocabulary(self) -> set[str]:
+        if self._vocab_keys is None:
+            keys: set[str] = set()
+            if "Embedding" in self.ctx.module.code:
+                for n in walk(self.ctx.module, cross_scopes=True):
+                    if isinstance(n, cst.Call) and nn_class(self, n, {"Embedding"}) == "Embedding":
+                        a = arg(n, 0, "num_embeddings")
+                        if a is not None:
+                            keys.add(code(self, a.value))
+            self._vocab_keys = keys
+        return self._vocab_keys
+
+    def _sequential_fix(self, linear: cst.Call):  # type: ignore[no-untyped-def]
+        """(Sequential call, its padded replacement, first hidden size, its padded size, dropout?) when
+        ``linear`` takes part in a paddable hidden dimension of an nn.Sequential; else None."""
+        parent = self.get_metadata(ParentProvider, linear, None)
+        seq = self.get_metadata(ParentProvider, parent, None) if isinstance(parent, cst.Arg) else None
+        if not isinstance(seq, cst.Call) or nn_class(self, seq) != "Sequential" or has_star(seq):
+            return None
+        if any(a.keyword is not None for a in seq.args) or not self._private(seq):
+            return None
+        items = [a.value for a in positional(seq)]
+        m = self._multiple
+        edits: dict[int, cst.BaseExpression] = {}  # id(Arg) -> new value
+        involved: set[int] = set()
+        first = None
+        dropout = False
+        for i, item in enumerate(items):
+            if not (isinstance(item, cst.Call) and nn_class(self, item) == "Linear") or has_star(item):
+                continue
+            out = arg(item, 1, "out_features")
+            h = int_const(self, out.value) if out else None
+            if out is None or h is None or h <= 0 or h % m == 0:
+                continue
+            j = i + 1
+            drop_here = False
+            while j < len(items):
+                nxt = items[j]
+                if not isinstance(nxt, cst.Call):
+                    break
+                cls = nn_class(self, nxt)
+                if cls in ZERO_PRESERVING or (cls in NO_ARGS_ONLY and not nxt.args):
+                    j += 1
+                    continue
+                if cls in DROPOUT:
+                    drop_here = True
+                    j += 1
+                    continue
+                break
+            if j >= len(items):
+                continue
+            nxt = items[j]
+            if not (isinstance(nxt, cst.Call) and nn_class(self, nxt) == "Linear") or has_star(nxt):
+                continue
+            inp = arg(nxt, 0, "in_features")
+            if inp is None or int_const(self, inp.value) != h:
+                continue
+            if isinstance(out.value, cst.Integer):
+                new_out: cst.BaseExpression = cst.Integer(str(padded(h, m)))
+            else:
+                new_out = cst.parse_expression(pad_formula(code(self, out.value), m))
+            if isinstance(inp.value, cst.Integer):
+                new_in: cst.BaseExpression = cst.Integer(str(padded(h, m)))
+            else:
+                new_in = cst.parse_expression(pad_formula(code(self, inp.value), m))
+            edits[id(out)] = new_out
+            edits[id(inp)] = new_in
+            involved |= {id(item), id(nxt)}
+            dropout = dropout or drop_here
+            if first is None:
+                first = (h, padded(h, m))
+        if id(linear) not in involved or first is None:
+            return None
+
+        class _Edit(cst.CSTTransformer):
+            def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+                new = edits.get(id(original_node))
+                return updated_node if new is None else updated_node.with_changes(value=new)
+
+        return seq, seq.visit(_Edit()), str(first[0]), str(first[1]), dropout
+
+    # ------------------------------------------------------------------ two Linear layers of one module
+
+    def _module_fix(self, linear: cst.Call):  # type: ignore[no-untyped-def]
+        """Like _sequential_fix, for ``self.a = nn.Linear(i, H)`` / ``self.b = nn.Linear(H, o)`` of one
+        class whose only use is ``self.b(act(self.a(x)))`` (activations: zero-preserving modules held
+        in attributes, their functional forms, ``.relu()``/``.tanh()``, dropout)."""
+        init = self._enclosing_init(linear)
+        if init is None:
+            return None
+        cls, fn = init
+        pairs = self._pairs.get(id(cls))
+        if pairs is None:
+            pairs = self._pairs[id(cls)] = self._module_pairs(cls, fn)
+        mine = [p for p in pairs if linear is p[0] or linear is p[1]]
+        if not mine:
+            return None
+        m = self._multiple
+        edits: dict[int, cst.BaseExpression] = {}
+        for l1, l2, h, _ in pairs:
+            for call, index, name in ((l1, 1, "out_features"), (l2, 0, "in_features")):
+                a = arg(call, index, name)
+                assert a is not None
+                edits[id(a)] = (cst.Integer(str(padded(h, m))) if isinstance(a.value, cst.Integer)
+                                else cst.parse_expression(pad_formula(code(self, a.value), m)))
+
+        class _Edit(cst.CSTTransformer):
+            def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+                new = edits.get(id(original_node))
+                return updated_node if new is None else updated_node.with_changes(value=new)
+
+        h = mine[0][2]
+        return fn, fn.visit(_Edit()), str(h), str(padded(h, m)), any(p[3] for p in pairs)
+
+    def _enclosing_init(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
+        fn = None
+        cur = self.get_metadata(ParentProvider, node, None)
+        while cur is not None:
+            if isinstance(cur, cst.FunctionDef):
+                if fn is not None:
+                    return None
+                fn = cur
+            elif isinstance(cur, cst.ClassDef):
+                if fn is None or fn.name.value != "__init__" or not fn.params.params:
+                    return None
+                return cur, fn
+            elif isinstance(cur, cst.Lambda):
+                return None
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return None
+
+    def _module_pairs(self, cls: cst.ClassDef, init: cst.FunctionDef) -> list:
+        self_name = init.params.params[0].name.value
+        linears: dict[str, cst.Call] = {}
+        acts: dict[str, bool] = {}  # attribute -> is dropout
+        counts: dict[str, int] = {}
+        for n in walk(init.body):
+            if isinstance(n, cst.Assign) and len(n.targets) == 1:
+                attr = _self_attr(n.targets[0].target, self_name)
+                if attr is None:
+                    continue
+                counts[attr] = counts.get(attr, 0) + 1
+                if isinstance(n.value, cst.Call) and not has_star(n.value):
+                    c = nn_class(self, n.value)
+                    if c == "Linear":
+                        linears[attr] = n.value
+                    elif c in ZERO_PRESERVING or (c in NO_ARGS_ONLY and not n.value.args) or c in DROPOUT:
+                        acts[attr] = c in DROPOUT
+        linears = {a: c for a, c in linears.items() if counts.get(a) == 1}
+        acts = {a: d for a, d in acts.items() if counts.get(a) == 1}
+        if len(linears) < 2:
+            return []
+        # Every reference to a Linear attribute: it must be exactly one call, self.<attr>(x).
+        refs: dict[str, list[cst.CSTNode]] = {a: [] for a in linears}
+        for n in walk(cls, cross_scopes=True):
+            if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == "self" \
+                    and n.attr.value in refs:
+                refs[n.attr.value].append(n)
+        calls: dict[str, cst.Call] = {}
+        for a, rs in refs.items():
+            uses = [r for r in rs if not self._is_own_assignment(r, linears[a])]
+            if len(uses) != 1:
+                continue
+            parent = self.get_metadata(ParentProvider, uses[0], None)
+            if isinstance(parent, cst.Call) and parent.func is uses[0] and len(parent.args) == 1 \
+                    and not parent.args[0].star and parent.args[0].keyword is None:
+                calls[a] = parent
+        by_call = {id(c): a for a, c in calls.items()}
+        m = self._multiple
+        out = []
+        for a, c1 in calls.items():
+            out_arg = arg(linears[a], 1, "out_features")
+            h = int_const(self, out_arg.value) if out_arg else None
+            if h is None or h <= 0 or h % m == 0:
+                continue
+            cur: cst.CSTNode = c1
+            dropout = False
+            while True:
+                parent = self.get_metadata(ParentProvider, cur, None)
+                if isinstance(parent, cst.Attribute) and parent.value is cur \
+                        and parent.attr.value in ZERO_PRESERVING_METHODS:
+                    call = self.get_metadata(ParentProvider, parent, None)
+                    if isinstance(call, cst.Call) and call.func is parent and not call.args:
+                        cur = call
+                        continue
+                    break
+                if not isinstance(parent, cst.Arg) or parent.keyword is not None or parent.star:
+                    break
+                call = self.get_metadata(ParentProvider, parent, None)
+                if not isinstance(call, cst.Call) or not call.args or call.args[0] is not parent or has_star(call):
+                    break
+                b = by_call.get(id(call))
+                if b is not None:  # reached the second Linear
+                    inp = arg(linears[b], 0, "in_features")
+                    if inp is not None and int_const(self, inp.value) == h and b != a:
+                        out.append((linears[a], linears[b], h, dropout))
+                    break
+                attr = _self_attr(call.func, "self")
+                name = None if attr else self._fn_name(call)
+                if attr in acts and len(call.args) == 1:
+                    dropout = dropout or acts[attr]
+                elif name in ZERO_PRESERVING_FN:
+                    pass
+                elif name in DROPOUT_FN:
+                    dropout = True
+                else:
+                    break
+                cur = call
+        return out
+
+    def _fn_name(self, call: cst.Call) -> str | None:
+        from torchopt.analysis.names import callee
+
+        return callee(self, call)
+
+    def _is_own_assignment(self, ref: cst.CSTNode, ctor: cst.Call) -> bool:
+        parent = self.get_metadata(ParentProvider, ref, None)
+        if not isinstance(parent, cst.AssignTarget):
+            return False
+        stmt = self.get_metadata(ParentProvider, parent, None)
+        return isinstance(stmt, cst.Assign) and stmt.value is ctor
+
+    def _private(self, seq: cst.Call) -> bool:
+        """The Sequential is bound to a name or attribute that the file never indexes or slices."""
+        cur: cst.CSTNode = seq
+        parent = self.get_metadata(ParentProvider, cur, None)
+        while isinstance(parent, cst.Attribute) and parent.value is cur and parent.attr.value in _MOVES:
+            call = self.get_metadata(ParentProvider, parent, None)  # `nn.Sequential(...).to(device)`
+            if not (isinstance(call, cst.Call) and call.func is parent):
+                return False
+            cur, parent = call, self.get_metadata(ParentProvider, call, None)
+        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1):
+            return False
+        target = parent.targets[0].target
+        if not isinstance(target, (cst.Name, cst.Attribute)):
+            return False
+        if self._subscripted is None:
+            names: set[str] = set()
+            for n in walk(self.ctx.module, cross_scopes=True):
+                if isinstance(n, cst.Subscript):
+                    v = n.value
+                    if isinstance(v, cst.Attribute):
+                        names.add(v.attr.value)
+                    elif isinstance(v, cst.Name):
+                        names.add(v.value)
+            self._subscripted = names
+        attr = target.attr.value if isinstance(target, cst.Attribute) else target.value
+        return attr not in self._subscripted

@@ -1,0 +1,476 @@
+"""TOP301 `unpadded-vocabulary`: Flags a language model whose token embedding (`nn.Embedding(V, d)`) and output projection."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.names import callee
+from torchopt.analysis.syntax import walk
+from torchopt.analysis.values import dtype_of
+from torchopt.analysis.values import string_value
+from torchopt.codemods.pad import FAMILY
+from torchopt.codemods.pad.sizes import OPTION_MULTIPLE
+from torchopt.codemods.pad.sizes import arg
+from torchopt.codemods.pad.sizes import code
+from torchopt.codemods.pad.sizes import int_const
+from torchopt.codemods.pad.sizes import is_pad_formula
+from torchopt.codemods.pad.sizes import last_name
+from torchopt.codemods.pad.sizes import names_in
+from torchopt.codemods.pad.sizes import nn_class
+from torchopt.codemods.pad.sizes import reaching_values
+from torchopt.codemods.pad.sizes import self_attr
+from torchopt.codemods.pad.vocab_models import (
+    PADDED, _CONST, _GPT, _Plan, _Rewrite, _bound_names, _free_names, _instance_of, _target_names
+)
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Tag
+from torchopt.rewrite.rule import Valid
+
+
+_LAYERS = frozenset({"Embedding", "Linear"})
+
+
+_CHECKPOINT = ("load_state_dict", "from_pretrained", "torch.load(", "load_checkpoint")
+
+
+_SIZE_ATTRS = {"num_embeddings", "out_features"}
+
+
+_SIMPLE = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation)
+
+
+_GPT_AFTER = _GPT.replace(
+    "        self.embed = nn.Embedding(vocab_size, d_model)\n"
+    "        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)\n",
+    "        self.vocab_size = vocab_size\n"
+    "        padded_vocab = ((vocab_size + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"
+    "        self.embed = nn.Embedding(padded_vocab, d_model)\n"
+    "        self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)\n",
+).replace(
+    "        logits = self.lm_head(torch.tanh(self.embed(idx)))\n"
+    "        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))\n",
+    "        logits = self.lm_head(torch.tanh(self.embed(idx)))[..., : self.vocab_size]\n"
+    "        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.view(-1))\n",
+)
+
+
+_CONST_AFTER = _CONST.replace(
+    "        self.tok = nn.Embedding(VOCAB, 64)\n        self.head = nn.Linear(64, VOCAB)\n",
+    "        padded_vocab = ((VOCAB + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"
+    "        self.tok = nn.Embedding(padded_vocab, 64)\n        self.head = nn.Linear(64, padded_vocab)\n",
+).replace("self.head(self.tok(idx)).argmax(-1)", "self.head(self.tok(idx))[..., : self.n_vocab].argmax(-1)")
+
+
+class PadVocabulary(Rule):
+    """## What it does
+    Flags a language model whose token embedding (`nn.Embedding(V, d)`) and output projection
+    (`nn.Linear(d, V)`) are built in the same class with a vocabulary size `V` that is not (or not
+    known to be) a multiple of 8. The fix pads both to the next multiple, slices the logits back to
+    `V` at every call of the output projection, before any softmax, argmax, sampling or loss, and
+    turns `.view` on the sliced logits into `.reshape`.
+
+    ## Why is this slow
+    The output projection is often the largest GEMM of a language model (GPT-2: 768 x 50257). fp16
+    and bf16 Tensor Cores work on tiles whose sides are multiples of 8; with `V = 50257`
+    (`50257 % 8 == 1`) cuBLAS falls back to slower kernels or pads internally on every call. The
+    PyTorch tuning guide names the vocabulary as the typical size to pad explicitly. The option
+    `multiple = 64` pads further (50304), which suits GEMM tiling best.
+
+    ## Example
+    ```python
+    class GPT(nn.Module):
+        def __init__(self, vocab_size, d_model):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, d_model)
+            self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+            self.lm_head.weight = self.embed.weight
+
+        def forward(self, idx, targets):
+            logits = self.lm_head(self.embed(idx))
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+    ```
+
+    ## Use instead
+    ```python
+    class GPT(nn.Module):
+        def __init__(self, vocab_size, d_model):
+            super().__init__()
+            self.vocab_size = vocab_size
+            padded_vocab = ((vocab_size + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary
+            self.embed = nn.Embedding(padded_vocab, d_model)
+            self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)
+            self.lm_head.weight = self.embed.weight
+
+        def forward(self, idx, targets):
+            logits = self.lm_head(self.embed(idx))[..., : self.vocab_size]
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+    ```
+    Only the two constructors see the padded size: every other use of the vocabulary size
+    (`ignore_index`, `F.one_hot(..., num_classes=V)`, metrics, top-k, sampling, generation) keeps
+    the unpadded value, and the logits every caller sees have exactly `V` columns. Tied weights
+    stay tied (both modules are padded together).
+
+    ## Fix safety
+    Unsafe, tags semantics and rng.
+    - **Outputs**: exact. With the original weights copied into the first `V` rows (pad rows zero),
+      the sliced logits and the loss are bitwise equal on the CPU (rules.md E-15; `torchopt validate`
+      does that copy itself, see docs/validation.md "Weight transplant"). Without the slice the
+      loss would change (the pad columns enter the softmax) and argmax or sampling could return a
+      pad id: the slice is why the fix is exact. Embedding lookups of valid ids are unchanged. Pad
+      rows receive no gradient (with weight decay they decay from zero and stay zero).
+    - **Semantics**: the parameters change shape: a checkpoint saved before the fix no longer loads
+      with `load_state_dict` (copy it into the first `V` rows and zero the rest). The fix is
+      therefore not offered in a file that loads checkpoints (`load_state_dict`, `torch.load`,
+      `from_pretrained`): it targets training from scratch. `num_embeddings`/`out_features` and
+      `weight.shape` report the padded size, so a class that reads them is not rewritten; the
+      sliced logits are not contiguous, so `.view` on them must become `.reshape`: done inside the
+      class and, in the same file, on what an instance of it returns (`logits, loss = model(x)`;
+      separate findings of this rule); code in other files is not rewritten.
+    - **rng / initialisation**: the padded layers draw more random numbers, so they and every
+      module built after them are initialised differently; training from scratch starts from
+      other (equally distributed) weights.
+    """
+
+    code = "TOP301"
+    name = "unpadded-vocabulary"
+    family = FAMILY
+    message = ("vocabulary size `{vocab}`{value} is not a multiple of {multiple}: the embedding and the "
+               "output projection `{head}` miss Tensor-Core tiles{why}")
+    fix_title = "Pad the vocabulary to a multiple of {multiple} and slice the logits back to `{vocab}`"
+    safety = Safety.UNSAFE
+    tags = (Tag.SEMANTICS, Tag.RNG)
+    prefilter = ("Embedding",)
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.analysis.precheck.patterns import embedding_and_head_in_init
+
+        return super().could_match(text) and "torch" in text and embedding_and_head_in_init(text)
+    options = (OPTION_MULTIPLE,)
+
+    examples = (
+        Invalid(_GPT, after=_GPT_AFTER, unsafe=("semantics", "rng"), runnable=True),
+        Invalid(_CONST, after=_CONST_AFTER, unsafe=("semantics", "rng"),
+                note="an existing attribute holding the size is reused"),
+        Invalid(
+            _CONST + "\n\ndef load(state):\n    model = LM()\n    model.load_state_dict(state)\n",
+            after=None,
+            note="the file loads a checkpoint, whose shapes would no longer match: reported, not fixed",
+        ),
+        Invalid(
+            "import torch.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self, cfg):\n"
+            "        super().__init__()\n        self.wte = nn.Embedding(cfg.vocab, cfg.dim)\n"
+            "        self.out = nn.Linear(cfg.dim, cfg.vocab)\n\n    def forward(self, x):\n"
+            "        return self.out(self.wte(x)), self.out.out_features\n",
+            after=None,
+            note="the class reads `out_features`, which would report the padded size",
+        ),
+        Valid("import torch.nn as nn\n\nVOCAB = 40\n\n\nclass LM(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.tok = nn.Embedding(VOCAB, 64)\n        self.head = nn.Linear(64, VOCAB)\n\n"
+              "    def forward(self, idx):\n        return self.head(self.tok(idx))\n",
+              note="the vocabulary is known to be a multiple of 8"),
+        Valid(_GPT_AFTER, note="already padded", runnable=True),
+        Valid("import torch.nn as nn\n\n\nclass Tagger(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+              "        self.emb = nn.Embedding(n, 16)\n        self.cls = nn.Linear(16, 5)\n",
+              note="no output projection over the vocabulary"),
+        Valid("import mylib.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self, v):\n        super().__init__()\n"
+              "        self.e = nn.Embedding(v, 16)\n        self.h = nn.Linear(16, v)\n",
+              note="not torch.nn"),
+    )
+
+    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(ctx)
+        self._multiple = int(self.option("multiple"))
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        init = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"),
+                    None) if isinstance(node.body, cst.IndentedBlock) else None
+        if init is None or not init.params.params or not isinstance(init.body, cst.IndentedBlock):
+            return
+        names = {last_name(n.func) for n in walk(init.body) if isinstance(n, cst.Call)}
+        if not _LAYERS <= names:
+            return  # no embedding and projection here: skip the name resolution
+        embeds: list[cst.Call] = []
+        linears: list[cst.Call] = []
+        for n in walk(init.body):
+            if isinstance(n, cst.Call):
+                cls = nn_class(self, n, _LAYERS)
+                if cls == "Embedding":
+                    embeds.append(n)
+                elif cls == "Linear":
+                    linears.append(n)
+        if not embeds or not linears:
+            return
+        groups: dict[str, list[cst.Call]] = {}
+        vexprs: dict[str, cst.BaseExpression] = {}
+        for e in embeds:
+            a = arg(e, 0, "num_embeddings")
+            if a is None or has_star(e):
+                continue
+            key = code(self, a.value)
+            groups.setdefault(key, []).append(e)
+            vexprs.setdefault(key, a.value)
+        for key, group in groups.items():
+            heads = []
+            for lin in linears:
+                out = arg(lin, 1, "out_features")
+                if out is not None and code(self, out.value) == key:
+                    heads.append(lin)
+            if heads:
+                self._one(node, init, vexprs[key], group, heads)
+
+    # ------------------------------------------------------------------------------ analysis
+
+    def _one(self, cls: cst.ClassDef, init: cst.FunctionDef, vocab: cst.BaseExpression,
+             embeds: list[cst.Call], heads: list[cst.Call]) -> None:
+        m = self._multiple
+        if isinstance(vocab, cst.Name):
+            values = reaching_values(self, vocab) or []
+            if any(is_pad_formula(v) for v in values if v is not None):
+                return  # already padded
+        if is_pad_formula(vocab):
+            return
+        value = int_const(self, vocab)
+        if value is not None and value % m == 0:
+            return
+        vcode = code(self, vocab)
+        parent = self.get_metadata(ParentProvider, heads[0], None)
+        head = (code(self, parent.targets[0].target) if isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                else code(self, heads[0].func) + "(...)")
+        fmt = {"vocab": vcode, "value": f" ({value})" if value is not None and vcode != str(value) else "",
+               "multiple": str(m), "head": head, "why": ""}
+        plan = _Plan(vocab=vocab, embeds=embeds, heads=heads)
+        why = self._plan(cls, init, plan)
+        if why:
+            fmt["why"] = f" (no automatic fix: {why})"
+            self.report(embeds[0], fmt=fmt)
+            return
+        new = cls.visit(_Rewrite(self, init, plan, m))
+        self.report(embeds[0], fmt=fmt, replacement=new, target=cls, safety=Safety.UNSAFE,
+                    tags=(Tag.SEMANTICS, Tag.RNG),
+                    note=("parameter shapes change (old checkpoints need the first V rows copied in); the "
+                          "padded layers draw more random numbers, so initialisation changes from there on; "
+                          "outputs are exact with the same weights (the logits are sliced back)"))
+        # The model's logits are now a non-contiguous slice: `.view` on them in this file becomes
+        # `.reshape` (the same result wherever `.view` worked).
+        for view in self._outside_views(cls):
+            reshape = view.with_changes(func=view.func.with_changes(attr=cst.Name("reshape")))  # type: ignore[union-attr]
+            self.report(view, message=_VIEW_MESSAGE, fmt={"model": cls.name.value}, replacement=reshape,
+                        fix_title="Use `.reshape(...)`", safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
+                        note="part of the vocabulary padding of the same class; `.reshape` equals `.view` "
+                             "wherever `.view` works")
+
+    def _plan(self, cls: cst.ClassDef, init: cst.FunctionDef, plan: _Plan) -> str:
+        """Fill ``plan``; return why no fix can be offered ('' when one can)."""
+        text = self.ctx.module.code
+        if any(s in text for s in _CHECKPOINT):
+            return "the file loads checkpoints, whose shapes would no longer match"
+        if any(isinstance(n, cst.BaseExpression) and not isinstance(n, _SIMPLE)
+               for n in walk(plan.vocab, cross_scopes=True)):
+            return "the vocabulary size is not a plain name or constant"
+        self_name = init.params.params[0].name.value
+        for h in plan.heads:
+            parent = self.get_metadata(ParentProvider, h, None)
+            if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1):
+                return "the output projection is not assigned to an attribute"
+            attr = self_attr(parent.targets[0].target, self_name)
+            if attr is None or has_star(h):
+                return "the output projection is not assigned to an attribute"
+            plan.head_attrs.add(attr)
+        # Every use of the heads in the class: calls (sliced), ties and init functions.
+        own = {id(self.get_metadata(ParentProvider, h)) for h in plan.heads}
+        for n in walk(cls, cross_scopes=True):
+            if isinstance(n, cst.Attribute) and n.attr.value in _SIZE_ATTRS:
+                return f"the class reads `.{n.attr.value}`, which would report the padded size"
+            if isinstance(n, cst.Attribute) and n.attr.value == "weight" and not self._weight_use_ok(n):
+                return f"`{code(self, n)}` is used directly (its rows would not be sliced)"
+            attr = self_attr(n, self_name) or self_attr(n, "self")
+            if attr is None or attr not in plan.head_attrs:
+                continue
+            parent = self.get_metadata(ParentProvider, n, None)
+            if isinstance(parent, cst.Call) and parent.func is n:
+                plan.calls.append(parent)
+            elif isinstance(parent, cst.Attribute) and parent.attr.value == "weight":
+                continue  # checked above
+            elif isinstance(parent, cst.AssignTarget) and id(self.get_metadata(ParentProvider, parent)) in own:
+                continue
+            else:
+                return f"`self.{attr}` is used other than by calling it"
+        if not plan.calls:
+            return "the output projection is never called in the class"
+        # The attribute that holds the unpadded size in forward().
+        vcode = code(self, plan.vocab)
+        assigned: dict[str, int] = {}
+        candidate = None
+        for n in walk(cls, cross_scopes=True):
+            if isinstance(n, cst.AssignTarget):
+                attr = self_attr(n.target, self_name) or self_attr(n.target, "self")
+                if attr:
+                    assigned[attr] = assigned.get(attr, 0) + 1
+        for stmt in init.body.body:
+            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+                a = stmt.body[0]
+                if len(a.targets) == 1:
+                    attr = self_attr(a.targets[0].target, self_name)
+                    if attr and code(self, a.value) == vcode and assigned.get(attr) == 1:
+                        candidate = attr
+                        break
+        if candidate is not None:
+            plan.vattr = candidate
+        elif "vocab_size" not in assigned and not any(
+                isinstance(n, cst.Attribute) and n.attr.value == "vocab_size" and self_attr(n, self_name)
+                for n in walk(cls, cross_scopes=True)):
+            plan.vattr, plan.insert_attr = "vocab_size", True
+        else:
+            return "no attribute can hold the unpadded vocabulary size"
+        if PADDED in names_in(init):
+            return f"`{PADDED}` is already a name in `__init__`"
+        # Where the padded size is computed: before the first statement that builds a layer.
+        body = list(init.body.body)
+        index = len(body)
+        for call in plan.embeds + plan.heads:
+            cur: cst.CSTNode = call
+            while True:
+                parent = self.get_metadata(ParentProvider, cur, None)
+                if parent is None or parent is init.body:
+                    break
+                cur = parent
+            if cur in body:
+                index = min(index, body.index(cur))
+        if index == len(body):
+            return "the layers are built in an unusual place"
+        later: set[str] = set()
+        later_attrs: set[str] = set()
+        for stmt in body[index:]:
+            later |= _bound_names(stmt)
+            later_attrs |= {code(self, n.target) for n in walk(stmt)
+                            if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Attribute)}
+        used_attrs = {code(self, n) for n in walk(plan.vocab, cross_scopes=True) if isinstance(n, cst.Attribute)}
+        if _free_names(plan.vocab) & later or used_attrs & later_attrs:
+            return "the vocabulary size is assigned after the layers are built"
+        plan.index = index
+        # `.view` on the (non-contiguous) sliced logits becomes `.reshape`.
+        head_calls = {id(c) for c in plan.calls}
+        for fn in walk(cls, cross_scopes=True):
+            if isinstance(fn, cst.FunctionDef) and fn.params.params:
+                plan.views.extend(self._views(fn, head_calls))
+        return ""
+
+    def _outside_views(self, cls: cst.ClassDef) -> list[cst.Call]:
+        """`.view(...)` calls outside ``cls`` on what an instance of it returns (`logits, loss = model(x)`)."""
+        name = cls.name.value
+        nodes: list[cst.CSTNode] = []
+        stack: list[cst.CSTNode] = [self.ctx.module]
+        while stack:
+            cur = stack.pop()
+            if cur is cls:
+                continue
+            nodes.append(cur)
+            stack.extend(reversed(cur.children))
+        models = set()
+        for n in nodes:
+            if isinstance(n, cst.Assign) and _instance_of(n.value, name):
+                for t in n.targets:
+                    models |= _target_names(t.target)
+        if not models:
+            return []
+        tainted: set[str] = set()
+
+        def from_model(expr: cst.CSTNode) -> bool:
+            cur = expr
+            while True:
+                if isinstance(cur, cst.Call):
+                    f = cur.func
+                    if isinstance(f, cst.Name):
+                        return f.value in models
+                    if isinstance(f, cst.Attribute):
+                        if isinstance(f.value, cst.Name) and f.value.value in models:
+                            return f.attr.value == "forward"
+                        cur = f.value
+                        continue
+                    return False
+                if isinstance(cur, (cst.Subscript, cst.Attribute)):
+                    cur = cur.value
+                    continue
+                return isinstance(cur, cst.Name) and cur.value in tainted
+
+        assigns = [n for n in nodes if isinstance(n, cst.Assign)]
+        for _ in range(4):
+            before = len(tainted)
+            for a in assigns:
+                if from_model(a.value):
+                    for t in a.targets:
+                        tainted |= _target_names(t.target)
+            if len(tainted) == before:
+                break
+        return [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value == "view" and from_model(n.func.value) and self._shape_args(n)]
+
+    def _weight_use_ok(self, node: cst.Attribute) -> bool:
+        parent = self.get_metadata(ParentProvider, node, None)
+        if isinstance(parent, cst.AssignTarget):
+            stmt = self.get_metadata(ParentProvider, parent, None)
+            return isinstance(stmt, cst.Assign) and isinstance(stmt.value, cst.Attribute) and stmt.value.attr.value == "weight"
+        if isinstance(parent, cst.Assign) and parent.value is node:
+            return all(isinstance(t.target, cst.Attribute) and t.target.attr.value == "weight" for t in parent.targets)
+        if isinstance(parent, cst.Arg):
+            call = self.get_metadata(ParentProvider, parent, None)
+            if isinstance(call, cst.Call):
+                name = callee(self, call) or ""
+                return name.startswith("torch.nn.init.")
+        return False
+
+    def _views(self, fn: cst.FunctionDef, head_calls: set[int]) -> list[cst.Call]:
+        self_name = fn.params.params[0].name.value
+        tainted: set[str] = set()
+
+        def from_logits(expr: cst.CSTNode) -> bool:
+            cur = expr
+            while True:
+                if isinstance(cur, cst.Call):
+                    if id(cur) in head_calls:
+                        return True
+                    f = cur.func
+                    if isinstance(f, cst.Name) and f.value == self_name:
+                        return True  # self(...): forward's output
+                    if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == self_name \
+                            and f.attr.value == "forward":
+                        return True
+                    if isinstance(f, cst.Attribute):
+                        cur = f.value
+                        continue
+                    return False
+                if isinstance(cur, (cst.Subscript, cst.Attribute)):
+                    cur = cur.value
+                    continue
+                return isinstance(cur, cst.Name) and cur.value in tainted
+
+        assigns = [n for n in walk(fn.body) if isinstance(n, cst.Assign)]
+        for _ in range(4):
+            before = len(tainted)
+            for a in assigns:
+                if from_logits(a.value):
+                    for t in a.targets:
+                        tainted |= _target_names(t.target)
+            if len(tainted) == before:
+                break
+        out = []
+        for n in walk(fn.body):
+            if (isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "view"
+                    and from_logits(n.func.value) and self._shape_args(n)):
+                out.append(n)
+        return out
+
+    def _shape_args(self, call: cst.Call) -> bool:
+        if not call.args or any(a.keyword is not None or a.star for a in call.args):
+            return False
+        return all(dtype_of(self, a.value) is None and string_value(a.value) is None for a in call.args)
+
+
+_VIEW_MESSAGE = ("`.view` on the logits of `{model}`, whose vocabulary is padded and sliced back: the slice is "
+                 "not contiguous, so `.view` would raise")

@@ -1,0 +1,164 @@
+"""TOP301: pad the vocabulary of embedding and output projection (rules.md PAD-001)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.pad.sizes import (
+    arg,
+    code,
+    pad_formula,
+)
+from torchopt.rewrite.rule import Rule
+
+PADDED = "padded_vocab"
+
+_GPT = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size, d_model):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, idx, targets):
+        logits = self.lm_head(torch.tanh(self.embed(idx)))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+torch.manual_seed(0)
+model = GPT(37, 8)
+idx = torch.randint(0, 37, (2, 5))
+logits, loss = model(idx, idx)
+'''
+
+
+_CONST = '''import torch.nn as nn
+
+VOCAB = 1001
+
+
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n_vocab = VOCAB
+        self.tok = nn.Embedding(VOCAB, 64)
+        self.head = nn.Linear(64, VOCAB)
+
+    def forward(self, idx):
+        return self.head(self.tok(idx)).argmax(-1)
+'''
+
+
+@dataclass
+class _Plan:
+    """What the fix changes in one class."""
+
+    vocab: cst.BaseExpression
+    embeds: list[cst.Call]
+    heads: list[cst.Call]
+    head_attrs: set[str] = field(default_factory=set)
+    calls: list[cst.Call] = field(default_factory=list)  # self.<head>(...)
+    views: list[cst.Call] = field(default_factory=list)  # <logits>.view(...)
+    vattr: str = ""
+    insert_attr: bool = False
+    index: int = 0
+
+
+def _instance_of(value: cst.BaseExpression, cls_name: str) -> bool:
+    """``C(...)`` or ``C(...).to(device)`` (any method chain on the new instance)."""
+    cur = value
+    while isinstance(cur, cst.Call) and isinstance(cur.func, cst.Attribute) and isinstance(cur.func.value, cst.Call):
+        cur = cur.func.value
+    return isinstance(cur, cst.Call) and isinstance(cur.func, cst.Name) and cur.func.value == cls_name
+
+
+def _free_names(expr: cst.BaseExpression) -> set[str]:
+    """Variables ``expr`` reads: ``config`` in ``config.vocab_size`` (not the attribute name)."""
+    if isinstance(expr, cst.Name):
+        return {expr.value}
+    if isinstance(expr, cst.Attribute):
+        return _free_names(expr.value)
+    if isinstance(expr, cst.BinaryOperation):
+        return _free_names(expr.left) | _free_names(expr.right)
+    return set()
+
+
+def _target_names(t: cst.BaseExpression) -> set[str]:
+    if isinstance(t, cst.Name):
+        return {t.value}
+    if isinstance(t, (cst.Tuple, cst.List)):
+        out: set[str] = set()
+        for e in t.elements:
+            out |= _target_names(e.value)
+        return out
+    if isinstance(t, cst.StarredElement):
+        return _target_names(t.value)
+    return set()
+
+
+def _bound_names(stmt: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+    for n in walk(stmt, cross_scopes=False):
+        if isinstance(n, cst.AssignTarget):
+            out |= _target_names(n.target)
+        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            out |= _target_names(n.target)
+        elif isinstance(n, (cst.For, cst.CompFor)):
+            out |= _target_names(n.target)
+        elif isinstance(n, cst.NamedExpr):
+            out |= _target_names(n.target)
+        elif isinstance(n, cst.AsName):
+            out |= _target_names(n.name)  # type: ignore[arg-type]
+    return out
+
+
+class _Rewrite(cst.CSTTransformer):
+    """Applies a _Plan to the class it was made for."""
+
+    def __init__(self, rule: Rule, init: cst.FunctionDef, plan: _Plan, multiple: int) -> None:
+        super().__init__()
+        self.init_body = init.body
+        self.plan = plan
+        self.multiple = multiple
+        self.vcode = code(rule, plan.vocab)
+        self.size_args = {id(arg(e, 0, "num_embeddings")) for e in plan.embeds}
+        self.size_args |= {id(arg(h, 1, "out_features")) for h in plan.heads}
+        self.calls = {id(c) for c in plan.calls}
+        self.views = {id(v) for v in plan.views}
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if id(original_node) in self.size_args:
+            return updated_node.with_changes(value=cst.Name(PADDED))
+        return updated_node
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if id(original_node) in self.views:
+            updated_node = updated_node.with_changes(
+                func=updated_node.func.with_changes(attr=cst.Name("reshape")))  # type: ignore[union-attr]
+        if id(original_node) in self.calls:
+            sliced = cst.parse_expression(f"_[..., : self.{self.plan.vattr}]")
+            assert isinstance(sliced, cst.Subscript)
+            return sliced.with_changes(value=updated_node.with_changes(lpar=(), rpar=()),
+                                       lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        if original_node is not self.init_body:
+            return updated_node
+        new = []
+        if self.plan.insert_attr:
+            new.append(cst.parse_statement(f"self.{self.plan.vattr} = {self.vcode}\n"))
+        new.append(cst.parse_statement(
+            f"{PADDED} = {pad_formula(self.vcode, self.multiple)}  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"))
+        body = list(updated_node.body)
+        body[self.plan.index:self.plan.index] = new
+        return updated_node.with_changes(body=body)

@@ -1,0 +1,259 @@
+"""TOP601 `host-read-in-loop`: Flags reads of tensor values on the host inside a training or evaluation step: `t.item()`,."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.names import torch_ref
+from torchopt.analysis.step_loops import HOST_READS
+from torchopt.analysis.step_loops import Tensors
+from torchopt.analysis.step_loops import Where
+from torchopt.analysis.step_loops import calls_in
+from torchopt.analysis.step_loops import dotted
+from torchopt.analysis.step_loops import hot_map
+from torchopt.analysis.syntax import source
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.host_read_planning import Plan, Refused, _Apply, _Planner, grad_norm_names, host_read
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Valid
+
+
+class HostReadInLoop(Rule):
+    """## What it does
+    Flags reads of tensor values on the host inside a training or evaluation step: `t.item()`,
+    `t.tolist()`, `t.numpy()`, `float(t)`, `int(t)`, `bool(t)`. A *step* is the body of a loop that
+    runs a backward pass or a module's forward on every iteration, and every function or module
+    `forward` of the same file that the loop calls (a custom loss, a model). The message names the
+    loop ("in the training loop at line 42").
+
+    The common logging pattern, a Python float summed from `loss.item()` every step and printed
+    every N steps, is rewritten: the sum is kept on the device in float64 and read with `.item()`
+    only where the program reads it.
+
+    ## Why is this slow
+    CUDA kernels run asynchronously: the host queues work and moves on. Reading a value on the host
+    must wait until every queued kernel that produces it has finished, so the queue drains and the
+    GPU idles while the host prepares the next step. One `.item()` per step is enough to serialise
+    the whole loop.
+
+    ## Example
+    ```python
+    running_loss = 0.0
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        running_loss += loss.item()
+        if i % 100 == 99:
+            print(f"loss {running_loss / 100:.4f}")
+            running_loss = 0.0
+    ```
+
+    ## Use instead
+    ```python
+    running_loss = torch.zeros((), dtype=torch.float64, device=device)
+    for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        running_loss += loss.detach()
+        if i % 100 == 99:
+            print(f"loss {running_loss.item() / 100:.4f}")
+            running_loss.zero_()
+    ```
+
+    ## Fix safety
+    Safe: the logged numbers are the same bits. Python adds the float32 `loss.item()` values as
+    doubles; a float64 tensor adds the same float32 values, converted exactly, with the same IEEE
+    double additions in the same order (rules.md E-17, and tests/test_sync_accumulator.py over
+    100 000 random losses). A compound summand (`loss.item() * x.size(0)`) becomes
+    `loss.detach().double() * x.size(0)`, a double multiplication as in Python. Each read becomes
+    `running_loss.item()` and keeps its arithmetic in Python, so `running_loss.item() / 100` is the
+    very division the program did (this differs from rules.md's `(running_loss / 100).item()`, which
+    would need a proof that the divisor is a Python number).
+
+    The fix is made only when: every summand's receiver is provably a tensor (a torch call, a
+    `torch.nn` loss module, or a function of this file that returns one; a method name alone is
+    not proof, G-1/G-2), the other operands are Python numbers; the name is bound only to `0.0`
+    (or `0`, then it may only be read as `name / ...`), to `+=` in one loop, and read in the same
+    function (a module-level global is left alone: another module may import it as a float); no
+    read happens on every step (that would gain nothing); the loop's data goes to one device
+    expression visible where the accumulator starts (or the file uses no device at all).
+    `t.size(i)`, `t.shape[i]` and `len(...)` are taken to be Python ints.
+    Resets inside the loop become `.zero_()`. On Apple MPS (no float64) the fix is not made for a
+    literal `'mps'` device, but a device variable that is MPS at run time would fail. Every other
+    host read is reported with the sync-free alternative and not changed.
+    """
+
+    code = "TOP601"
+    name = "host-read-in-loop"
+    family = FAMILY
+    message = ("`{expr}` {why}, {where}: it waits for every queued kernel, so the GPU idles while the "
+               "host prepares the next step{advice}")
+    fix_title = "Accumulate `{acc}` on the device in float64 and read it only when it is logged"
+    safety = Safety.SAFE
+    prefilter = (".item(", ".tolist(", ".numpy(", "float(", "int(", "bool(")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods.sync.step_prechecks import may_host_read
+        from torchopt.analysis.precheck.step_loops import hot_check
+
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_read).
+        return super().could_match(text) and hot_check(text, may_host_read)
+
+    _HEAD = ("import torch\n\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+             "crit = torch.nn.MSELoss()\ndata = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]\n")
+    examples = (
+        Invalid(
+            _HEAD + "def train():\n    running = 0.0\n    logged = []\n    for i, (x, y) in enumerate(data):\n"
+            "        loss = crit(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+            "        running += loss.item()\n        if i % 3 == 2:\n            logged.append(running / 3)\n"
+            "            running = 0.0\n    return logged\n\nlogged = train()\n",
+            after=_HEAD + "def train():\n    running = torch.zeros((), dtype=torch.float64)\n    logged = []\n"
+            "    for i, (x, y) in enumerate(data):\n"
+            "        loss = crit(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+            "        running += loss.detach()\n        if i % 3 == 2:\n            logged.append(running.item() / 3)\n"
+            "            running.zero_()\n    return logged\n\nlogged = train()\n",
+            runnable=True,
+            note="no device in the file: the accumulator lives on the CPU like the loss",
+        ),
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\n\n"
+            "def train(model, loader, opt, device):\n    total = 0.0\n    for x, y in loader:\n"
+            "        x, y = x.to(device), y.to(device)\n        loss = F.cross_entropy(model(x), y)\n"
+            "        loss.backward()\n        opt.step()\n        total += loss.item() * x.size(0)\n"
+            "    return total / len(loader.dataset)\n",
+            after="import torch\nimport torch.nn.functional as F\n\n"
+            "def train(model, loader, opt, device):\n    total = torch.zeros((), dtype=torch.float64, device=device)\n"
+            "    for x, y in loader:\n"
+            "        x, y = x.to(device), y.to(device)\n        loss = F.cross_entropy(model(x), y)\n"
+            "        loss.backward()\n        opt.step()\n        total += loss.detach().double() * x.size(0)\n"
+            "    return total.item() / len(loader.dataset)\n",
+            note="weighted sum: a double multiplication on the device as in Python",
+        ),
+        Invalid(
+            "import torch\n\ndef train(model, loader, opt, crit, device):\n    hist = []\n"
+            "    for x, y in loader:\n        loss = crit(model(x.to(device)), y.to(device))\n"
+            "        loss.backward()\n        opt.step()\n        hist.append(loss.item())\n",
+            after=None,
+            note="appended every step: reported with advice, not rewritten",
+        ),
+        Invalid(
+            "import torch\n\ndef train(model, loader, opt, crit):\n    for x, y in loader:\n"
+            "        loss = crit(model(x), y)\n        loss.backward()\n"
+            "        if float(loss) > 100:\n            break\n        opt.step()\n",
+            after=None,
+            note="control flow on a host value: reported, never rewritten",
+        ),
+        Invalid(
+            "import torch\n\ndef train(model, loader, opt, crit, device):\n    running = 0.0\n"
+            "    for x, y in loader:\n        loss = crit(model(x.to(device)), y.to(device))\n"
+            "        loss.backward()\n        running += loss.item()\n        print(running)\n",
+            after=None,
+            note="read on every step: the rewrite would save nothing; `crit` is not provably a tensor function",
+        ),
+        Valid(
+            "import torch\n\nx = torch.randn(3)\nvals = [x.sum().item() for _ in range(3)]\n"
+            "print(float(x.mean()))\n",
+            runnable=True,
+            note="not in a training or forward-pass loop",
+        ),
+        Valid(
+            "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+            "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n"
+            "    print(loss.item())\n",
+            note="after the loop: once",
+        ),
+        Valid(
+            "import torch\n\nfor epoch in range(3):\n    for x in data:\n        model(x).sum().backward()\n"
+            "    print(float(torch.ones(1).sum()), n.item())\n",
+            note="per-epoch code of the outer loop is not a step",
+        ),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        hm = hot_map(self)
+        if not hm.step_loops:
+            return
+        tz = Tensors(self, hm)
+        norms = grad_norm_names(hm)
+        planner = _Planner(self, hm, tz)
+        plans: dict[tuple[int, str], Plan | str] = {}
+        item_plan: dict[int, tuple[int, str]] = {}
+        for n in walk(node, True):
+            if isinstance(n, cst.AugAssign) and isinstance(n.target, cst.Name) and hm.where(n) is not None:
+                key = (id(planner.owner(n)), n.target.value)
+                if key not in plans:
+                    try:
+                        plans[key] = planner.plan(n)
+                    except Refused as exc:
+                        plans[key] = str(exc)
+                for c in calls_in(n.value):
+                    item_plan[id(c)] = key
+        done: set[tuple[int, str]] = set()
+        ref = torch_ref(self)
+        for n in walk(node, True):
+            if not isinstance(n, cst.Call):
+                continue
+            kind = host_read(hm, tz, n)
+            if kind is None:
+                continue
+            where = hm.where(n)
+            if where is None:
+                continue
+            if isinstance(n.func, cst.Attribute) and dotted(n.func.value) in norms:
+                continue  # TOP607
+            parent = self.get_metadata(ParentProvider, n, None)
+            grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
+            if isinstance(parent, cst.Attribute) and parent.value is n and isinstance(grand, cst.Call) \
+                    and grand.func is parent and parent.attr.value in HOST_READS:
+                continue  # `t.numpy().tolist()`: one read, reported at the outer call
+            inner = n.func.value if isinstance(n.func, cst.Attribute) else n.args[0].value
+            fmt = {"expr": source(self, n), "where": where.text, "why": _WHY[kind.strip(".()")],
+                   "advice": self._advice(n, kind, where), "acc": ""}
+            key = item_plan.get(id(n))
+            plan = plans.get(key) if key is not None else None
+            if isinstance(plan, Plan) and key not in done and ref is not None:
+                done.add(key)
+                fmt["acc"] = plan.name
+                fmt["advice"] = "; keep the running sum on the device and read it when it is logged"
+                new = plan.owner.visit(_Apply(plan, ref.name))
+                self.report(n, fmt=fmt, replacement=new, target=plan.owner, imports=ref.imports)
+                continue
+            if isinstance(plan, Plan):
+                self.report(n, fmt=fmt)
+                continue
+            if isinstance(plan, str) and key is not None:
+                fmt["advice"] += f" (not rewritten: {plan})"
+            del inner
+            self.report(n, fmt=fmt)
+
+    def _advice(self, n: cst.Call, kind: str, where: Where) -> str:
+        parent = self.get_metadata(ParentProvider, n, None)
+        stmt = parent
+        while stmt is not None and not isinstance(stmt, (cst.If, cst.While, cst.Assert, cst.IfExp,
+                                                         cst.SimpleStatementLine)):
+            stmt = self.get_metadata(ParentProvider, stmt, None)
+        if isinstance(stmt, (cst.If, cst.While, cst.Assert, cst.IfExp)):
+            return ("; decide on the device instead (`torch.where`), check every N steps, or use "
+                    "`torch._assert_async`")
+        if kind in (".tolist()", ".numpy()"):
+            return "; collect the tensors on the device (`torch.cat`) and convert once after the loop"
+        return ("; accumulate on the device (`running += t.detach()`) and call `.item()` only every N steps "
+                "or after the loop")
+
+
+_WHY = {
+    "item": "copies a device value to the host",
+    "tolist": "copies a tensor to the host",
+    "numpy": "copies a tensor to the host",
+    "float": "copies a device value to the host",
+    "int": "copies a device value to the host",
+    "bool": "copies a device value to the host",
+}

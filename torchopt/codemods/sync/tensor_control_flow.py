@@ -1,0 +1,127 @@
+"""TOP605 `tensor-control-flow`: Flags Python control flow on tensor values inside a training or evaluation step, including in a."""
+from __future__ import annotations
+
+import libcst as cst
+
+from torchopt.analysis.step_loops import Tensors
+from torchopt.analysis.step_loops import hot_map
+from torchopt.analysis.syntax import source
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.sync import FAMILY
+from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.rule import Safety
+from torchopt.rewrite.rule import Valid
+
+
+class TensorControlFlow(Rule):
+    """## What it does
+    Flags Python control flow on tensor values inside a training or evaluation step, including in a
+    loss function or module of the same file that the loop calls: `if (t != 0).all():`,
+    `while loss > thr:`, `assert torch.isfinite(x).all()`, `a if t.sum() > 0 else b`.
+
+    ## Why is this slow
+    Python must know the truth value now, so `Tensor.__bool__` copies the value to the host and
+    waits for every queued kernel: the GPU drains its queue at every branch. In a loss function
+    that branches per batch, this happens on every step.
+
+    ## Example
+    ```python
+    def robust_loss(pred, target):
+        err = (pred - target).abs()
+        if err.max() > 1.0:
+            return (err ** 2).mean()
+        return err.mean()
+    ```
+
+    ## Use instead
+    ```python
+    def robust_loss(pred, target):
+        err = (pred - target).abs()
+        return torch.where(err.max() > 1.0, (err ** 2).mean(), err.mean())
+    ```
+    For checks, use `torch._assert_async(cond)` or check every N steps; `torch.cond` exists for
+    data-dependent branches under `torch.compile`.
+
+    ## Fix safety
+    Display-only: `torch.where` evaluates both branches (which may fail or cost more, and changes
+    the autograd graph), and an asynchronous assert reports the failure later. The user must decide.
+    """
+
+    code = "TOP605"
+    name = "tensor-control-flow"
+    family = FAMILY
+    message = ("`{expr}` branches on a tensor value {where}: `bool()` of a tensor copies it to the host and waits "
+               "for the GPU; {advice}")
+    fix_title = None
+    safety = Safety.DISPLAY
+    prefilter = ("if ", "while ", "assert ")
+
+    @classmethod
+    def could_match(cls, text: str) -> bool:
+        from torchopt.codemods.sync.step_prechecks import may_tensor_branch
+        from torchopt.analysis.precheck.step_loops import hot_check
+
+        # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_tensor_branch).
+        return super().could_match(text) and hot_check(text, may_tensor_branch)
+
+    examples = (
+        Invalid(
+            "import torch\n\ndef robust_loss(pred, target):\n    err = (pred - target).abs()\n"
+            "    if err.max() > 1.0:\n        return (err ** 2).mean()\n    return err.mean()\n\n"
+            "def train(model, loader, opt):\n    for x, y in loader:\n"
+            "        loss = robust_loss(model(x), y)\n        loss.backward()\n",
+            after=None,
+            note="in a loss function the loop calls",
+        ),
+        Invalid(
+            "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+            "        out = model(x)\n        assert torch.isfinite(out).all()\n        out.sum().backward()\n",
+            after=None,
+        ),
+        Valid(
+            "import torch\n\ndef train(model, loader, opt, step):\n    for x, y in loader:\n"
+            "        loss = model(x).sum()\n        if step % 10 == 0:\n            print(step)\n        loss.backward()\n",
+        ),
+        Valid(
+            "import torch\n\nx = torch.ones(3)\nif (x > 0).all():\n    y = x * 2\n", runnable=True,
+            note="not in a step",
+        ),
+        Valid(
+            "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+            "        loss = model(x).sum()\n        if loss.item() > 10:\n            continue\n        loss.backward()\n",
+            note="the `.item()` is TOP601's finding",
+        ),
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        hm = hot_map(self)
+        if not hm.step_loops:
+            return
+        tz = Tensors(self, hm)
+        for n in walk(node, True):
+            test = None
+            if isinstance(n, (cst.If, cst.While, cst.IfExp)):
+                test = n.test
+            elif isinstance(n, cst.Assert):
+                test = n.test
+            if test is None or not self._tensor_truth(test, tz):
+                continue
+            where = hm.where(n)
+            if where is None:
+                continue
+            if isinstance(n, cst.Assert):
+                advice = "use `torch._assert_async(cond)` or check every N steps, outside the step"
+            elif isinstance(n, cst.IfExp):
+                advice = "select on the device with `torch.where(cond, a, b)`"
+            else:
+                advice = ("select on the device with `torch.where`, or check every N steps; `torch.cond` handles "
+                          "data-dependent branches under torch.compile")
+            self.report(test, fmt={"expr": source(self, test), "where": where.text, "advice": advice})
+
+    def _tensor_truth(self, e: cst.BaseExpression, tz: Tensors) -> bool:
+        if isinstance(e, cst.BooleanOperation):
+            return self._tensor_truth(e.left, tz) or self._tensor_truth(e.right, tz)
+        if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
+            return self._tensor_truth(e.expression, tz)
+        return tz.is_tensor(e)
