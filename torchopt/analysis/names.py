@@ -7,7 +7,7 @@ from typing import Iterable
 import libcst as cst
 from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
 
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import remembered, ParentProvider
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import ImportSpec, Rule
 
@@ -23,9 +23,6 @@ def qualified_names(rule: Rule, node: cst.CSTNode) -> set[str]:
     return {q.name for q in names if q.source is QualifiedNameSource.IMPORT}
 
 
-_BOUND_CACHE: dict[int, tuple[cst.Module, frozenset[str] | None]] = {}
-
-
 _COMPOUND = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
              cst.FunctionDef, cst.ClassDef, cst.With, cst.For, cst.While, cst.IndentedBlock,
              cst.SimpleStatementSuite, cst.SimpleStatementLine, cst.Module)
@@ -34,9 +31,10 @@ _COMPOUND = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.Exce
 def _torch_bound_names(module: cst.Module) -> frozenset[str] | None:
     """Names any import of torch binds anywhere in the file (None after `from torch... import *`).
     Walks statements only, so it is far cheaper than scope analysis."""
-    hit = _BOUND_CACHE.get(id(module))
-    if hit is not None and hit[0] is module:
-        return hit[1]
+    return remembered(("torch-bound-names",), module, lambda: _find_torch_bound_names(module))
+
+
+def _find_torch_bound_names(module: cst.Module) -> frozenset[str] | None:
     names: set[str] = set()
     star = False
     stack: list[cst.CSTNode] = [module]
@@ -58,9 +56,6 @@ def _torch_bound_names(module: cst.Module) -> frozenset[str] | None:
         elif isinstance(node, _COMPOUND):
             stack.extend(node.children)
     result = None if star else frozenset(names)
-    if len(_BOUND_CACHE) > 64:
-        _BOUND_CACHE.clear()
-    _BOUND_CACHE[id(module)] = (module, result)
     return result
 
 
@@ -120,15 +115,13 @@ class TorchRef:
         return cst.parse_expression(f"{self.name}.{dotted}")
 
 
-_ALIAS_CACHE: dict[int, tuple[cst.Module, TorchRef | None]] = {}
-
-
 def torch_ref(rule: Rule) -> TorchRef | None:
     """Reuse the file's ``import torch [as T]``; else schedule ``import torch`` if that name is free."""
     module = rule.ctx.module
-    hit = _ALIAS_CACHE.get(id(module))
-    if hit is not None and hit[0] is module:
-        return hit[1]
+    return remembered(("torch-alias",), module, lambda: _find_torch_ref(rule, module))
+
+
+def _find_torch_ref(rule: Rule, module: cst.Module) -> TorchRef | None:
     ref: TorchRef | None = None
     bound_torch = False
     for stmt in module.body:
@@ -162,9 +155,6 @@ def torch_ref(rule: Rule) -> TorchRef | None:
             ref = TorchRef("torch")  # `import torch.nn` binds `torch` too
         else:
             ref = TorchRef("torch", (ImportSpec("torch"),))
-    if len(_ALIAS_CACHE) > 64:
-        _ALIAS_CACHE.clear()
-    _ALIAS_CACHE[id(module)] = (module, ref)
     return ref
 
 

@@ -22,7 +22,7 @@ from torchopt.analysis.names import (
     dotted, NOT_TENSOR, TENSOR_NAMESPACES, callee, param_annotation, reaching_values, torch_name
 )
 from torchopt.analysis.syntax import walk
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
 from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
 
@@ -392,21 +392,14 @@ class HotMap:
             cur = parent
 
 
-_CACHE: dict[int, tuple[cst.Module, HotMap]] = {}
 _BATCH = cst.Name("__batch__")  # marker: a value of a step loop's target
 
 
 def hot_map(rule: Rule) -> HotMap:
-    module = rule.ctx.module
-    hit = _CACHE.get(id(module))
-    if hit is not None and hit[0] is module:
-        hit[1].rule = rule
-        return hit[1]
-    hm = HotMap(rule).build()
-    if len(_CACHE) > 16:
-        _CACHE.clear()
-    _CACHE[id(module)] = (module, hm)
-    return hm
+    """The step-loop analysis of the rule's file, built once per analysis and shared by its rules."""
+    hot = remembered(("hot-map",), rule.ctx.module, lambda: HotMap(rule).build())
+    hot.rule = rule
+    return hot
 
 
 # --------------------------------------------------------------------------- tensor inference
