@@ -66,8 +66,8 @@ class _Usage(Exception):
 
 def _resolver(select, ignore, unsafe, config) -> Resolver:
     try:
-        sel = split_arg(select) or None
-        ign = split_arg(ignore)
+        sel = split_arg(select, "--select") or None
+        ign = split_arg(ignore, "--ignore")
         expand_all(sel or ())
         expand_all(ign)
     except SelectorError as exc:
@@ -95,19 +95,24 @@ def _progress(total: int):
 
 def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir: Optional[str]):  # type: ignore[no-untyped-def]
     """The result cache (see torchopt/rewrite/cache.py for where it lives); None with --no-cache or
-    when it cannot be created."""
+    when it cannot be created, and with a warning when the folder is not torchopt's to use."""
     if no_cache:
         return None
-    from torchopt.rewrite.cache import Cache, default_dir
+    from torchopt.rewrite.cache import Cache, CacheRefused, default_dir
 
     settings = resolver.for_path(paths[0] if paths else ".")
     root = os.path.dirname(os.path.abspath(settings.config_path)) if settings.config_path else None
-    return Cache.open(default_dir(root, cache_dir))
+    try:
+        return Cache.open(default_dir(root, cache_dir))
+    except CacheRefused as exc:
+        _err(f"warning: cache: {exc}; running without a cache")
+        return None
 
 
 def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int], no_cache: bool = True,
                cache_dir: Optional[str] = None) -> list[FileResult]:
-    files = discover(paths, resolver.for_path)
+    files = discover(paths, resolver.for_path,
+                     on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
     cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
     if prog is None:
