@@ -78,37 +78,52 @@ class Outcome:
 def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagnostic], notes: list[str],
                     opts: "RunOptions", *, labels: tuple[str, str], keep: bool = False,
                     replayed: bool = False, transplant: bool | None = None) -> Outcome:
-    """Run both versions side by side (two processes at once), compare and report. With
+    """Run both versions side by side (two processes at once, each in a scratch copy of its
+    folder), compare and report. With
     ``transplant`` (default: when a padding fix was applied) the original runs first and the
     rewrite starts from its weights (torchopt.validate.transplant)."""
     from dataclasses import replace
 
+    from torchopt.validate import scratch
     from torchopt.validate import transplant as tp
     from torchopt.validate.compare import compare, ranks_agree
     from torchopt.validate.report import render_text, to_json
-    from torchopt.validate.runner import run_version
+    from torchopt.validate.runner import protected_roots, run_version
     from torchopt.validate.tolerance import tolerance_for
 
-    workdir = tempfile.mkdtemp(prefix="torchopt-validate-")
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-validate-"))
     results: dict[str, list[dict]] = {}
+    cancel = threading.Event()
+    roots = sorted({*protected_roots(before), *protected_roots(after)})
+    opts = replace(opts, protect=tuple(roots))
+    user_files = scratch.fingerprint(roots, {workdir})
 
     def go(v: "Version") -> None:
-        results[v.label] = run_version(v, opts, workdir)
+        results[v.label] = run_version(v, opts, workdir, cancel)
 
     if transplant is None:
         transplant = tp.wanted(applied)
-    if transplant:
-        opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
-        go(before)  # the record must exist before the rewrite starts
-        go(after)
-    else:
-        threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if not keep:
-        shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        if transplant:
+            opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
+            go(before)  # the record must exist before the rewrite starts
+            go(after)
+        else:
+            threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
+            for t in threads:
+                t.start()
+            try:
+                for t in threads:
+                    t.join()
+            except BaseException:  # Ctrl-C: stop both runs (and all they started) before leaving
+                cancel.set()
+                for t in threads:
+                    t.join()
+                raise
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    touched = scratch.changes(user_files, scratch.fingerprint(roots, {workdir}))
 
     tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
     fixes = _fix_rows(applied)
@@ -140,6 +155,18 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
         extra.append(f"replay site {err}")
         if cmp.verdict == "equivalent":
             cmp.verdict = "diverged"
+    for label, runs in results.items():
+        written = runs[0].get("written") or []
+        if written:
+            extra.append(f"{label} version wrote, in its scratch copy of its folder (discarded): "
+                         f"{scratch.listing(written)}")
+        linked = runs[0].get("linked") or []
+        if linked:
+            extra.append(f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
+                         f"instead of copied, e.g. {linked[0]}")
+    if touched:
+        extra.insert(0, "WARNING: files in your folder changed while the programs ran (a write torchopt "
+                        f"could not redirect, or another process): {scratch.listing(touched)}")
     cmp.notes = list(cmp.notes) + extra
     kw = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
     code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)

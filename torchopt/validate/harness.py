@@ -42,6 +42,16 @@ class _OverrideLoader(importlib.machinery.SourceFileLoader):
             return self._text.encode("utf-8")
         return super().get_data(path)
 
+    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[no-untyped-def,override]
+        # Compile the text itself: the file's coding line (latin-1, ...) names the bytes on disk,
+        # not the UTF-8 bytes get_data hands back.
+        if os.path.realpath(path) == os.path.realpath(self.path):
+            return compile(self._text, path, "exec", dont_inherit=True, optimize=_optimize)
+        return super().source_to_code(data, path, _optimize=_optimize)
+
+    def get_source(self, fullname: str) -> str:
+        return self._text
+
     def path_stats(self, path: str):  # never trust a .pyc of the file on disk
         raise OSError("in-memory source")
 
@@ -331,6 +341,70 @@ def _determinism(torch: Any, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# audit event -> positions of the path arguments it changes; the NOFOLLOW ones act on a link itself
+_PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.mkdir": (0,),
+                "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
+                "os.link": (1,), "os.symlink": (1,), "shutil.rmtree": (0,)}
+_NOFOLLOW_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.symlink", "os.link"})
+
+
+class _WriteGuard:
+    """Refuses writes into the user's folders: the program runs in a scratch copy, and a write
+    to an absolute path (or through a link to a file too big to copy) would reach the original."""
+
+    def __init__(self, protect: list[str], allow: list[str]) -> None:
+        self.protect = [os.path.realpath(p) for p in protect]
+        self.allow = [os.path.realpath(p) for p in allow]
+
+    @staticmethod
+    def _inside(path: str, roots: list[str]) -> bool:
+        return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+    def check(self, path: Any, follow: bool = True) -> None:
+        if isinstance(path, int) or path is None:
+            return
+        try:
+            path = os.fsdecode(os.fspath(path))
+        except TypeError:
+            return
+        if follow:
+            real = os.path.realpath(path)
+        else:  # removing or renaming a link in the copy leaves its target alone
+            real = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+        if self._inside(real, self.protect) and not self._inside(real, self.allow):
+            raise PermissionError(
+                13, "torchopt validate: refusing to write into your folder (the program runs in a scratch "
+                    "copy of it; write relative to the working directory instead)", real)
+
+    def hook(self, event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = (tuple(args) + (None, None, None))[:3]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+            if writing:
+                self.check(path)
+        elif event in _PATH_EVENTS:
+            for i in _PATH_EVENTS[event]:
+                if i < len(args):
+                    self.check(args[i], follow=event not in _NOFOLLOW_EVENTS)
+
+
+def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+    guard = _WriteGuard(protect, allow)
+    sys.addaudithook(guard.hook)
+    # torch.save opens plain paths in C++, out of the audit hook's sight.
+    save = torch.save
+
+    def guarded_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(f, (str, bytes, os.PathLike)):
+            guard.check(f)
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = guarded_save
+    torch.serialization.save = guarded_save
+
+
 def _script_module(path: str, argv: list[str]) -> types.ModuleType:
     """A fresh `__main__` whose namespace we keep even when the run is stopped midway."""
     mod = types.ModuleType("__main__")
@@ -364,6 +438,8 @@ def main(spec_path: str) -> int:
         transplant = Transplant(torch, spec["transplant"]["mode"], f"{spec['transplant']['path']}.rank{rank}",
                                 rec.notes)
         transplant.install()
+    if spec.get("protect"):
+        _guard_writes(torch, spec["protect"], spec.get("allow", []))
     status, tb = "ok", None
     namespace: dict[str, Any] | None = None
     returned: Any = None
@@ -372,9 +448,10 @@ def main(spec_path: str) -> int:
         if spec["mode"] == "script":
             path = spec["path"]
             source = spec.get("source")
-            if source is None:
-                with open(path, encoding="utf-8") as fh:
-                    source = fh.read()
+            if source is None:  # as the rewrite engine reads it: coding line, BOM
+                from torchopt.rewrite.source import read
+
+                source = read(path, 0).text
             mod = _script_module(path, spec.get("argv", []))
             namespace = mod.__dict__
             exec(compile(source, path, "exec", dont_inherit=True), namespace)
