@@ -90,6 +90,7 @@ class Recorder:
         self.notes: list[str] = []
         self.site_errors: list[str] = []
         self.site_calls: dict[str, int] = {}
+        self.uncomputed: list[str] = []  # globals holding clock/process/random values (provenance.py)
 
     def _record_loss(self, t: Any) -> None:
         try:
@@ -224,7 +225,7 @@ class Recorder:
                 tensors[f"rng/cuda{i}"] = s
         return {"losses": self.losses, "loss_steps": self.loss_steps, "steps_done": self.steps_done,
                 "tensors": tensors, "notes": self.notes, "site_errors": self.site_errors,
-                "site_calls": dict(self.site_calls)}
+                "site_calls": dict(self.site_calls), "uncomputed": list(self.uncomputed)}
 
 
 def _detach(a: Any, torch: Any) -> Any:
@@ -309,6 +310,54 @@ def _site_problem(torch: Any, new: Any, old: Any) -> str | None:
         if abs(float(a.mean()) - float(b.mean())) > bound:
             return f"mean {float(a.mean()):.4g} is more than 5 sigma/sqrt(n) from {float(b.mean()):.4g}"
     return None
+
+
+# --------------------------------------------------------------------------- timing (--bench)
+
+
+class StepClock:
+    """Bench mode: a clock reading after each step of the first optimizer that steps, taken after
+    synchronising the device; stops the program after N steps. Records nothing else, so the
+    program runs at its own speed."""
+
+    def __init__(self, torch: Any, steps: int) -> None:
+        self.torch = torch
+        self.max_steps = steps
+        self.marks: list[float] = []
+        self.first: Any = None
+
+    def install(self) -> None:
+        import time
+
+        import torch.optim.optimizer as optim_mod
+
+        torch = self.torch
+
+        def after_step(opt, args, kwargs):  # type: ignore[no-untyped-def]
+            if self.first is None:
+                self.first = opt
+            if opt is not self.first:
+                return
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.marks.append(time.perf_counter())
+            if self.max_steps and len(self.marks) >= self.max_steps:
+                raise StopRun()
+
+        optim_mod.register_optimizer_step_post_hook(after_step)
+
+    def collect(self) -> dict:
+        torch = self.torch
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+            kind = "CUDA max_memory_allocated"
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            kind = "process peak RSS"
+        return {"marks": list(self.marks), "steps_done": len(self.marks), "peak_memory": int(peak),
+                "memory_kind": kind, "losses": [], "loss_steps": [], "tensors": {}, "notes": []}
 
 
 # --------------------------------------------------------------------------- set-up
@@ -422,14 +471,20 @@ def main(spec_path: str) -> int:
     out_path = spec["out"].format(rank=rank)
     import torch
 
+    bench = bool(spec.get("bench"))
     _seed(torch, int(spec.get("seed", 0)))
-    _determinism(torch, int(spec.get("threads", 1)))
+    if not bench:  # timing measures the program as it runs on its own
+        _determinism(torch, int(spec.get("threads", 1)))
     if spec.get("sources"):
         sys.meta_path.insert(0, _OverrideFinder(spec["sources"]))
     for p in reversed(spec.get("sys_path", [])):
         sys.path.insert(0, p)
     rec = Recorder(torch, int(spec.get("steps", 0)))
-    rec.install()
+    clock = StepClock(torch, int(spec.get("steps", 0)))
+    if bench:
+        clock.install()
+    else:
+        rec.install()
     _install_sites(torch, rec)
     transplant = None
     if spec.get("transplant"):  # padded parameters start from the original's weights (transplant.py)
@@ -454,6 +509,9 @@ def main(spec_path: str) -> int:
                 source = read(path, 0).text
             mod = _script_module(path, spec.get("argv", []))
             namespace = mod.__dict__
+            from torchopt.validate.provenance import uncomputed_globals
+
+            rec.uncomputed = sorted(uncomputed_globals(source))
             exec(compile(source, path, "exec", dont_inherit=True), namespace)
         else:
             module_name, _, func_name = spec["entry"].partition(":")
@@ -470,7 +528,7 @@ def main(spec_path: str) -> int:
     if transplant is not None:
         transplant.finish()
     try:
-        probes = rec.collect(namespace, returned, has_return=has_return)
+        probes = clock.collect() if bench else rec.collect(namespace, returned, has_return=has_return)
     except Exception:
         probes = {"losses": rec.losses, "loss_steps": rec.loss_steps, "steps_done": rec.steps_done,
                   "tensors": {}, "notes": [f"collecting probes failed: {traceback.format_exc()}"]}

@@ -38,6 +38,7 @@ class RunOptions:
     threads: int = 1
     transplant: str | None = None  # record file: the "before" run records, the others apply (transplant.py)
     protect: tuple[str, ...] = ()  # more of the user's folders no run may write into
+    bench: bool = False  # time the optimizer steps instead of recording probes (bench.py)
 
 
 def _env(device: str) -> dict[str, str]:
@@ -131,6 +132,7 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
                        if opts.transplant else None),
         "protect": sorted({*protected_roots(version), *opts.protect}),
         "allow": [tmp],
+        "bench": opts.bench,
     }
     spec_path = os.path.join(tmp, f"{tag}.json")
     with open(spec_path, "w", encoding="utf-8") as fh:
