@@ -3,6 +3,7 @@ to do; 1 changes pending (--diff/--check) or diagnostics found (check); 2 a file
 processed, bad usage or bad configuration (every other file is still processed)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import List, Optional
@@ -10,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from torchopt import __version__
-from torchopt.rewrite import report, source
+from torchopt.rewrite import budget, interrupt, report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError
@@ -66,8 +67,8 @@ class _Usage(Exception):
 
 def _resolver(select, ignore, unsafe, config) -> Resolver:
     try:
-        sel = split_arg(select) or None
-        ign = split_arg(ignore)
+        sel = split_arg(select, "--select") or None
+        ign = split_arg(ignore, "--ignore")
         expand_all(sel or ())
         expand_all(ign)
     except SelectorError as exc:
@@ -95,19 +96,24 @@ def _progress(total: int):
 
 def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir: Optional[str]):  # type: ignore[no-untyped-def]
     """The result cache (see torchopt/rewrite/cache.py for where it lives); None with --no-cache or
-    when it cannot be created."""
+    when it cannot be created, and with a warning when the folder is not torchopt's to use."""
     if no_cache:
         return None
-    from torchopt.rewrite.cache import Cache, default_dir
+    from torchopt.rewrite.cache import Cache, CacheRefused, default_dir
 
     settings = resolver.for_path(paths[0] if paths else ".")
     root = os.path.dirname(os.path.abspath(settings.config_path)) if settings.config_path else None
-    return Cache.open(default_dir(root, cache_dir))
+    try:
+        return Cache.open(default_dir(root, cache_dir))
+    except CacheRefused as exc:
+        _err(f"warning: cache: {exc}; running without a cache")
+        return None
 
 
 def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int], no_cache: bool = True,
                cache_dir: Optional[str] = None) -> list[FileResult]:
-    files = discover(paths, resolver.for_path)
+    files = discover(paths, resolver.for_path,
+                     on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
     cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
     if prog is None:
@@ -116,9 +122,9 @@ def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[
         return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
 
 
-def _read_stdin(name: str) -> tuple[FileResult | None, source.SourceText | None]:
+def _read_stdin(name: str, data: bytes | None = None) -> tuple[FileResult | None, source.SourceText | None]:
     try:
-        return None, source.decode(sys.stdin.buffer.read())
+        return None, source.decode(sys.stdin.buffer.read() if data is None else data)
     except source.SourceError as exc:
         return FileResult(path=name, status="failed", reason=str(exc)), None
 
@@ -126,7 +132,7 @@ def _read_stdin(name: str) -> tuple[FileResult | None, source.SourceText | None]
 def _print_failures(results: list[FileResult]) -> int:
     failed = [r for r in results if r.status == "failed"]
     for r in failed:
-        _err(f"error: {r.path}: {r.reason}")
+        _err(f"error: {source.shown(r.path)}: {r.reason}")
     return len(failed)
 
 
@@ -170,10 +176,19 @@ def rewrite(
     validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY.py",
                                            help="Run ENTRY.py before and after (rewritten files served from memory) and write only fixes that keep it computing the same thing."),
     steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1, help="With --validate: seconds each run may take."),
+    device: str = typer.Option("auto", "--device", help="With --validate: auto | cpu | cuda"),
+    entry: Optional[str] = typer.Option(None, "--entry", metavar="MODULE:FUNC", help="With --validate: call this function and compare what it returns."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="With --validate: run each version under torchrun with this many processes."),
+    script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="With --validate: an argument for ENTRY.py (also: after `--`)."),
     no_cache: bool = NoCacheOpt,
     cache_dir: Optional[str] = CacheDirOpt,
 ) -> None:
     """Apply fixes in place (safe ones by default) and print a summary."""
+    # As an editor filter (`-` without --diff/--check), every error still gives the input back
+    # unchanged on stdout: read it before anything can fail.
+    stdin_data = sys.stdin.buffer.read() if paths == ["-"] else None
+    echo = stdin_data if not (diff or check) else None
     try:
         _check_format(output_format)
         if diff and output_format != "text":
@@ -184,28 +199,33 @@ def rewrite(
         if paths == ["-"]:
             if validate:
                 raise _Usage("--validate needs files, not stdin")
-            raise typer.Exit(_rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet))
+            raise typer.Exit(_rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet,
+                                            stdin_data or b""))
         if validate:
-            resolver = _validated_resolver(paths, resolver, validate, unsafe_fixes, steps, select, ignore, config)
+            run_opts = dict(steps=steps, timeout=timeout, device=device, entry=entry, nproc=nproc,
+                            argv=tuple(script_arg or ()), jobs=jobs or os.cpu_count() or 1)
+            resolver = _validated_resolver(paths, resolver, validate, unsafe_fixes, run_opts)
             if resolver is None:
                 raise typer.Exit(EXIT_PENDING)
         results = _run_files(paths, resolver, mode, jobs, no_cache, cache_dir)
     except (ConfigError, _Usage) as exc:
+        _give_back(echo)
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
     raise typer.Exit(_rewrite_report(results, mode, output_format, quiet))
 
 
-def _validated_resolver(paths, resolver, entry, unsafe_fixes, steps, select, ignore, config):  # type: ignore[no-untyped-def]
-    """Validate the rewrite by running ``entry``; narrow the selection to the codes that passed."""
-    from torchopt.validate.command import check_rewrite
+def _validated_resolver(paths, resolver, entry, unsafe_fixes, run_opts):  # type: ignore[no-untyped-def]
+    """Validate the rewrite by running ``entry``; leave out, file by file, the rules that broke it."""
+    from torchopt.validate.command import KeptResolver, check_rewrite
 
     if not os.path.isfile(entry):
         raise _Usage(f"--validate: {entry} is not a file")
+    if run_opts["device"] not in ("auto", "cpu", "cuda"):
+        raise _Usage("--device must be auto, cpu or cuda")
     files = discover(paths, resolver.for_path)
     unsafe = bool(unsafe_fixes) if unsafe_fixes is not None else resolver.for_path(entry).unsafe_fixes
-    keep, lines = check_rewrite(files, resolver.for_path, entry, unsafe=unsafe, steps=steps, device="auto",
-                                timeout=600.0)
+    keep, lines = check_rewrite(files, resolver.for_path, entry, unsafe=unsafe, per_file=True, **run_opts)
     for line in lines:
         _err(line.rstrip("\n"))
     if keep is None:
@@ -213,23 +233,45 @@ def _validated_resolver(paths, resolver, entry, unsafe_fixes, steps, select, ign
     if not keep:
         _err("No fix kept the program equivalent; nothing written.")
         return None
-    return _resolver(sorted(keep), ignore, unsafe_fixes, config)
+    dropped: dict[str, set[str]] = {}
+    for f in files:
+        real = os.path.realpath(f)
+        kept_here = {c for p, c in keep if p == real}
+        dropped[real] = set(resolver.for_path(f).enabled_codes(f)) - kept_here
+    return KeptResolver(resolver, dropped)
 
 
-def _rewrite_stdin(resolver: Resolver, mode: Mode, name: str, fmt: str, quiet: bool) -> int:
+def _give_back(data: bytes | None) -> None:
+    """An editor filter never swallows its input: on an error it prints it back, byte for byte."""
+    if data is not None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+def _rewrite_stdin(resolver: Resolver, mode: Mode, name: str, fmt: str, quiet: bool, data: bytes) -> int:
+    echo = data if mode is Mode.FIX else None
     settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
-    failed, src = _read_stdin(name)
+    failed, src = _read_stdin(name, data)
     if failed is not None or src is None:
+        _give_back(echo)
         return 2 if _print_failures([failed]) else 0  # type: ignore[list-item]
-    res = process_text(src.text, name, settings, mode)
+    try:
+        with budget.time_limit(budget.FILE_SECONDS):
+            res = process_text(src.text, name, settings, mode)
+        out = src.encode(res.new_text or "") if mode is Mode.FIX and res.status == "ok" and res.changed else data
+    except interrupt.Interrupted:
+        _give_back(echo)
+        raise
+    except budget.TimeBudgetExceeded as exc:
+        res = FileResult(path=name, status="failed", reason=str(exc))
+    except Exception as exc:  # a bug of ours, or a fix the declared encoding cannot hold
+        res = FileResult(path=name, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
     if res.status != "ok":
-        if mode is Mode.FIX:  # a filter must never swallow its input
-            sys.stdout.buffer.write(src.encode(src.text))
+        _give_back(echo)
         _print_failures([res])
         return EXIT_ERROR
     if mode is Mode.FIX:
-        sys.stdout.buffer.write(src.encode(res.new_text or ""))
-        sys.stdout.flush()
+        _give_back(out)
         return _rewrite_report([res], mode, fmt, quiet, to_stdout=False)
     return _rewrite_report([res], mode, fmt, quiet)
 
@@ -248,7 +290,7 @@ def _rewrite_report(results: list[FileResult], mode: Mode, fmt: str, quiet: bool
             sys.stdout.write(report.render(remaining, fmt, fixed=applied))
         elif mode is Mode.LIST:
             for r in changed:
-                print(f"Would rewrite: {r.path}")
+                print(f"Would rewrite: {source.shown(r.path)}")
     n_failed = _print_failures(results)
     if not quiet:
         for d in applied:
@@ -400,6 +442,10 @@ def validate_cmd(
     script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="An argument for the script (also: after `--`)."),
     config: Optional[str] = ConfigOpt,
     transplant: bool = typer.Option(False, "--transplant", help="Start the rewritten run from the original's weights, zero-padded (automatic after padding fixes, TOP301/TOP302)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Runs at once while bisecting a divergence to the fixes that cause it (default: CPU count)."),
+    bench: bool = typer.Option(False, "--bench", help="After the comparison, time both versions one at a time and report step times, memory and the speed-up."),
+    bench_repeats: int = typer.Option(3, "--bench-repeats", min=1, help="With --bench: rounds of (before, after) runs."),
+    bench_warmup: int = typer.Option(2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."),
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
     Exit 0 equivalent, 1 diverged, 2 could not run."""
@@ -419,9 +465,12 @@ def validate_cmd(
             if not torch.cuda.is_available():
                 raise _Usage("--device cuda: no CUDA device is available here (use --device cpu or auto)")
 
+        from torchopt.validate.bench import BenchOptions
+
         out = validate(before, after, settings, unsafe=settings.unsafe_fixes, steps=steps, device=device,
                        argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout,
-                       transplant=transplant)
+                       transplant=transplant, jobs=jobs or os.cpu_count() or 1,
+                       bench=BenchOptions(bench_repeats, bench_warmup) if bench else None)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
@@ -438,7 +487,7 @@ def migrate_cmd(
     repos_file: Optional[str] = typer.Option(None, "--repos-file", metavar="FILE", help="More repositories, one per line (# comments; relative to FILE's folder)."),
     out: str = typer.Option("torchopt-migrate", "--out", help="Folder for patches, report.md, report.json and the --resume state."),
     branch: str = typer.Option("torchopt/migrate", "--branch", help="With --commit: the branch to create in each repository."),
-    commit: bool = typer.Option(False, "--commit", help="Commit the rewrite on a new branch (made in a scratch worktree; your checkout is not touched)."),
+    commit: bool = typer.Option(False, "--commit", help="Commit the rewrite on a new branch (built from git objects; your checkout is not touched)."),
     validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY", help="Run ENTRY (relative to each repository) before and after; keep only fixes that pass."),
     steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
     select: Optional[List[str]] = SelectOpt,
@@ -460,20 +509,33 @@ def migrate_cmd(
 
 
 def split_script_args(argv: list[str]) -> list[str]:
-    """`torchopt validate a.py -- --lr 0.1` -> `... --script-arg=--lr --script-arg=0.1`."""
-    if len(argv) > 1 and argv[1] == "validate" and "--" in argv:
-        i = argv.index("--")
+    """`torchopt validate a.py -- --lr 0.1` -> `... --script-arg=--lr --script-arg=0.1`; the same for
+    `torchopt rewrite PATH --validate ENTRY.py -- ARGS` (without --validate, `--` ends the options
+    of rewrite as usual and what follows are paths)."""
+    if len(argv) < 2 or "--" not in argv:
+        return argv
+    i = argv.index("--")
+    validating = any(a == "--validate" or a.startswith("--validate=") for a in argv[2:i])
+    if argv[1] == "validate" or (argv[1] == "rewrite" and validating):
         return argv[:i] + [f"--script-arg={a}" for a in argv[i + 1:]]
     return argv
 
 
 def main() -> None:
+    from torchopt.rewrite import speedups
+
+    speedups.install()  # this process's LibCST only: importing torchopt changes nothing
     sys.argv = split_script_args(sys.argv)
+    # Ctrl-C and SIGTERM stop a command cleanly (exit 130/143; a write under way finishes). The
+    # language server keeps Python's own Ctrl-C handling, which its event loop expects.
+    serving = sys.argv[1:2] == ["lsp"]
     try:
-        app(prog_name="torchopt")
-    except KeyboardInterrupt:  # pragma: no cover
-        _err("interrupted")
-        sys.exit(130)
+        with contextlib.nullcontext() if serving else interrupt.handle_stop_signals(abandon=True):
+            app(prog_name="torchopt")
+    except interrupt.Interrupted as stop:
+        written = "" if stop.written is None else f": {report.plural(stop.written, 'file')} written"
+        _err(f"interrupted{written}")
+        sys.exit(stop.exit_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from cattrs import transform_error
 from lsprotocol import types as lsp
+from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcParseError
+from pygls.io_ import StdinAsyncReader, StdoutWriter
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
 
 from torchopt import __version__
+from torchopt.lsp.frames import FrameError, read_frames
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
+from torchopt.rewrite.budget import over_budget
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
 from torchopt.rewrite.incremental import IncrementalChecker
@@ -132,9 +140,85 @@ def rule_page(code: str) -> str:
     return render(all_rules()[code])
 
 
+def _why(exc: BaseException) -> str:
+    """A short reason for params that do not fit the method's type (cattrs explains by field)."""
+    cause = exc.__cause__ or exc
+    try:
+        reasons = transform_error(cause) if isinstance(cause, Exception) else []
+    except Exception:  # a shape transform_error does not know
+        reasons = []
+    reasons = [r.replace("$.", "") for r in reasons] or [str(cause) or type(cause).__name__]
+    return "; ".join(reasons[:3])
+
+
+class TorchoptProtocol(LanguageServerProtocol):
+    """pygls's protocol, strict about what the client sends: every request gets an answer (a parse
+    error, an invalid request or invalid params as the JSON-RPC error response), and nothing a
+    client sends stops the server from reading the next message."""
+
+    def __init__(self, server, converter) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(server, converter)
+        self.shutdown_requested = False
+
+    def send_error(self, msg_id: int | str | None, code: int, message: str) -> None:
+        # A plain dict: lsprotocol's converter drops `"id": null`, which JSON-RPC requires when
+        # the request's id could not be read.
+        self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+
+    def log(self, message: str) -> None:
+        self.notify(lsp.WINDOW_LOG_MESSAGE, lsp.LogMessageParams(type=lsp.MessageType.Warning, message=message))
+
+    def receive(self, body: bytes) -> None:
+        """Check and dispatch one framed message."""
+        try:
+            raw = json.loads(body)
+        except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, absurd nesting
+            self.send_error(None, JsonRpcParseError.CODE, f"Parse error: {exc}")
+            return
+        if not isinstance(raw, dict):
+            self.send_error(None, JsonRpcInvalidRequest.CODE, "Invalid request: a message must be a JSON object")
+            return
+        msg_id = raw.get("id")
+        good_id = isinstance(msg_id, (int, str)) and not isinstance(msg_id, bool)
+        method = raw.get("method")
+        if "method" not in raw:  # a response to one of our requests
+            if raw.get("jsonrpc") != "2.0" or not good_id:
+                self.log(f"ignored a malformed response from the client: {body[:200]!r}")
+                return
+        elif raw.get("jsonrpc") != "2.0" or not isinstance(method, str) or ("id" in raw and not good_id):
+            self.send_error(msg_id if good_id else None, JsonRpcInvalidRequest.CODE,
+                            "Invalid request: needs \"jsonrpc\": \"2.0\", a string \"method\" and an integer "
+                            "or string \"id\"")
+            return
+        is_request = "method" in raw and "id" in raw
+        if self.shutdown_requested and method != lsp.EXIT:
+            if is_request:
+                self.send_error(msg_id, JsonRpcInvalidRequest.CODE, f"Invalid request: {method} after shutdown")
+            return
+        try:
+            message = self.structure_message(raw)
+        except Exception as exc:
+            if is_request:
+                self.send_error(msg_id, JsonRpcInvalidParams.CODE, f"Invalid params for {method}: {_why(exc)}")
+            else:
+                self.log(f"ignored {method or 'a response'}: invalid params: {_why(exc)}")
+            return
+        if is_request and method == lsp.SHUTDOWN:
+            self.shutdown_requested = True
+        try:
+            self.handle_message(message)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # pygls answers requests itself; never let one message end the loop
+            log.exception("cannot handle %s", method)
+            if is_request:
+                self.send_error(msg_id, JsonRpcInternalError.CODE, f"Internal error: {type(exc).__name__}: {exc}")
+
+
 class TorchoptServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("torchopt", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental)
+        super().__init__("torchopt", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+                         protocol_cls=TorchoptProtocol)
         self.docs: dict[str, Doc] = {}
         self.options = ClientOptions()
         self.resolver = Resolver(self.options.overrides())
@@ -148,6 +232,34 @@ class TorchoptServer(LanguageServer):
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
         self._lsp_memo: dict[tuple, lsp.Diagnostic] = {}
+
+    # transport ----------------------------------------------------------------------------------
+
+    def start_io(self, stdin=None, stdout=None) -> int:  # type: ignore[no-untyped-def, override]
+        """Serve on stdio until `exit` (or the end of input) and return the exit code: 0 after
+        `shutdown`, 1 for `exit` without it (pygls's own loop swallows that code)."""
+        reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        try:
+            asyncio.run(self.serve(reader))
+        except SystemExit as exc:  # the `exit` notification
+            return exc.code if isinstance(exc.code, int) else 1
+        except BrokenPipeError:
+            log.error("the client closed the connection")
+            return 1
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            self.shutdown()
+        return 0
+
+    async def serve(self, reader: StdinAsyncReader) -> None:
+        protocol: TorchoptProtocol = self.protocol  # type: ignore[assignment]
+        async for frame in read_frames(reader):
+            if isinstance(frame, FrameError):
+                protocol.send_error(None, JsonRpcParseError.CODE, f"Parse error: {frame.reason}")
+            else:
+                protocol.receive(frame)
 
     # plumbing -----------------------------------------------------------------------------------
 
@@ -194,8 +306,14 @@ class TorchoptServer(LanguageServer):
             # What `torchopt check` skips (marked @generated, over `max-file-size`) shows nothing here.
             doc.broken, doc.checked_text, doc.diags = False, text, []
             return True
+        # Checked before LibCST sees the text: its parser crashes the process on deep nesting.
+        problem = await self.run(over_budget, text)
+        if problem is not None:
+            return self.unanalysable(doc, text, problem)
         try:
             diags = await self.run(self.checker.check, text, settings, doc.path)
+        except (RecursionError, MemoryError) as exc:  # deep nesting the pre-check did not see
+            return self.unanalysable(doc, text, f"too deeply nested to analyse ({type(exc).__name__})")
         except ParseError as exc:
             if doc.text == text and not doc.broken:
                 doc.broken = True
@@ -208,6 +326,15 @@ class TorchoptServer(LanguageServer):
             return False  # edited meanwhile; a newer analysis is scheduled
         doc.broken = False
         doc.checked_text, doc.diags = text, diags
+        return True
+
+    def unanalysable(self, doc: Doc, text: str, problem: str) -> bool:
+        """Show no diagnostics for a text the engine cannot take (and say why in the log once)."""
+        if doc.text != text:
+            return False  # edited meanwhile; a newer analysis is scheduled
+        if doc.checked_text != text:
+            self.log_line(f"{doc.path}: {problem}; no diagnostics for it", lsp.MessageType.Warning)
+        doc.broken, doc.checked_text, doc.diags = False, text, []
         return True
 
     async def analyse_and_publish(self, doc: Doc, delay: float = 0.0) -> None:
@@ -339,6 +466,17 @@ def compute_edit(path: str, text: str, data: dict, settings: Settings) -> tuple[
     return minimal_edits(text, new) or None, None
 
 
+def _check_range(lines: Lines, start: lsp.Position, end: lsp.Position | None = None) -> None:
+    """Positions on a line past the document's end, or a range that ends before it starts, are
+    invalid params (a character past its line's end is not: LSP says it means the line's end)."""
+    for pos in (start, end or start):
+        if pos.line >= len(lines):
+            raise JsonRpcInvalidParams(f"Invalid params: line {pos.line} is past the end of the document "
+                                       f"({len(lines)} lines)")
+    if end is not None and (end.line, end.character) < (start.line, start.character):
+        raise JsonRpcInvalidParams("Invalid params: the range ends before it starts")
+
+
 def _kind_wanted(kind: str, only: list[str] | None) -> bool:
     return only is None or any(kind == k or kind.startswith(k + ".") for k in only)
 
@@ -456,6 +594,7 @@ def create_server() -> TorchoptServer:
         doc = ls.docs.get(params.text_document.uri)
         if doc is None:
             return None
+        _check_range(doc.lines(doc.text), params.range.start, params.range.end)
         if params.context.trigger_kind == lsp.CodeActionTriggerKind.Automatic and doc.checked_text != doc.text:
             # Lightbulb requests come with every cursor move while typing: wait for the debounced
             # check (editors ask again when the diagnostics arrive) instead of checking now.
@@ -535,6 +674,7 @@ def create_server() -> TorchoptServer:
         doc = ls.docs.get(params.text_document.uri)
         if doc is None:
             return None
+        _check_range(doc.lines(doc.text), params.position)
         cur = await ls.current(doc)
         text, diags = cur if cur is not None else (doc.checked_text, doc.diags)
         if text is None:
@@ -553,8 +693,10 @@ def create_server() -> TorchoptServer:
 
 
 def main() -> None:
+    from torchopt.rewrite import speedups
     from torchopt.rewrite.runner import tune_gc
 
     logging.basicConfig(level=logging.WARNING, format="torchopt-lsp: %(levelname)s %(message)s")
     tune_gc()
-    create_server().start_io()
+    speedups.install()
+    raise SystemExit(create_server().start_io())

@@ -10,11 +10,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from torchopt.migrate import report
 from torchopt.migrate.executors import run_local, run_ray
-from torchopt.migrate.task import CHANGED, Options, Pin, RepoResult, RepoTask
+from torchopt.migrate.task import CHANGED, FAILED, Options, Pin, RepoResult, RepoTask
 
 STATE_FILE = "migrate-state.json"
 STATE_VERSION = 1
@@ -31,6 +31,7 @@ class Outcome:
     report_md: str = ""
     report_json: str = ""
     patches: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)  # repositories an interrupted earlier run had not finished
 
 
 _UMASK = os.umask(0o22)
@@ -87,22 +88,93 @@ def _state_key(pin: Pin, options: Options) -> dict:
     return {"selection": pin.to_json(), "options": options.to_json()}
 
 
-def load_state(out: str, pin: Pin, options: Options) -> dict[str, dict]:
-    """Results of repositories already done by an earlier run with the same selection and options."""
+def _foreign(path: str) -> MigrateError:
+    return MigrateError(f"{path}: exists and was not written by torchopt migrate; it is left alone "
+                        "(move it, or choose another --out)")
+
+
+def read_state(out: str) -> dict | None:
+    """The state file an earlier run left in ``out`` (None: there is none). A file of that name that
+    torchopt did not write is refused, never overwritten."""
     path = os.path.join(out, STATE_FILE)
-    if not os.path.exists(path):
-        return {}
+    if not os.path.lexists(path):
+        return None
     try:
         with open(path, encoding="utf-8") as fh:
             state = json.load(fh)
-        repos = state["repos"]
-        key = state["key"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise MigrateError(f"--resume: {path} is unreadable ({exc}); remove it to start again") from None
-    if key != _state_key(pin, options):
-        raise MigrateError(f"--resume: {path} was written by a run with another selection, torchopt version "
-                           "or options; use the same ones, another --out, or drop --resume to start again")
-    return {p: r for p, r in repos.items() if r.get("status") in ("changed", "unchanged")}
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, ValueError) or os.path.isfile(path):
+            raise _foreign(path) from None
+        raise MigrateError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not (isinstance(state, dict) and isinstance(state.get("repos"), dict) and "key" in state):
+        raise _foreign(path)
+    return state
+
+
+def _check_reports_are_ours(out: str) -> None:
+    """report.md and report.json are rewritten by every run: refuse when they are someone else's."""
+    md = os.path.join(out, "report.md")
+    if os.path.lexists(md):
+        try:
+            with open(md, "rb") as fh:
+                ours = fh.read(64).startswith(b"# torchopt migrate report")
+        except OSError:
+            ours = False
+        if not ours:
+            raise _foreign(md)
+    js = os.path.join(out, "report.json")
+    if os.path.lexists(js):
+        try:
+            with open(js, encoding="utf-8") as fh:
+                ours = json.load(fh).get("tool") == "torchopt migrate"
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise _foreign(js)
+
+
+def load_state(out: str, pin: Pin, options: Options, state: dict | None = None) -> dict[str, dict]:
+    """Results of repositories already done by an earlier run with the same selection and options."""
+    if state is None:
+        state = read_state(out)
+    if state is None:
+        return {}
+    if state.get("key") != _state_key(pin, options):
+        raise MigrateError(f"--resume: {os.path.join(out, STATE_FILE)} was written by a run with another selection, "
+                           "torchopt version or options; use the same ones, another --out, or drop --resume to "
+                           "start again")
+    return {p: r for p, r in state["repos"].items() if isinstance(r, dict) and r.get("status") in ("changed", "unchanged")}
+
+
+def _patches_written(state: dict | None) -> set[str]:
+    """Names of the patches torchopt wrote in this --out (the only ones it may replace or remove)."""
+    if not state:
+        return set()
+    names = {n for n in state.get("written", []) if isinstance(n, str)}
+    names |= {r["patch_file"] for r in state["repos"].values() if isinstance(r, dict) and r.get("patch_file")}
+    return names
+
+
+def _blocked(out: str, name: str, written: set[str]) -> str | None:
+    """Why the repository's patch could not be written: a file of that name that torchopt did not write."""
+    path = os.path.join(out, f"{name}.patch")
+    return str(_foreign(path)) if os.path.lexists(path) and f"{name}.patch" not in written else None
+
+
+def _prepare_out(out: str) -> None:
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise MigrateError(f"{out}: --out must be a folder, and this is not one")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise MigrateError(f"{out}: cannot create the --out folder: {exc.strerror or exc}") from None
+
+
+def _write(path: str, data: bytes) -> None:
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        raise MigrateError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def migrate(repos: Sequence[str], out: str, pin: Pin, options: Options, *, jobs: int | None = None,
@@ -114,27 +186,53 @@ def migrate(repos: Sequence[str], out: str, pin: Pin, options: Options, *, jobs:
         if os.path.isdir(p) and (real_out + os.sep).startswith(os.path.realpath(p) + os.sep):
             raise MigrateError(f"--out {out} is inside the repository {p}: choose a folder outside the "
                                "repositories (their working trees are not written to)")
-    os.makedirs(out, exist_ok=True)
+    _prepare_out(out)
+    previous = read_state(out)
+    _check_reports_are_ours(out)
     names = unique_names(paths)
-    earlier = load_state(out, pin, options) if resume else {}
+    earlier = load_state(out, pin, options, previous) if resume else {}
     done: dict[str, RepoResult] = {p: RepoResult.from_json(earlier[p]) for p in paths if p in earlier}
-    tasks = [RepoTask(path=p, name=names[p], pin=pin, options=options) for p in paths if p not in done]
-    state = {"version": STATE_VERSION, "key": _state_key(pin, options),
-             "repos": dict(earlier)}  # done ones, also of repositories not named this time
+    resumed = len(done)
+    written = _patches_written(previous)
+    tasks = [RepoTask(path=p, name=names[p], pin=pin, options=options, patch_blocked=_blocked(out, names[p], written))
+             for p in paths if p not in done]
+    unfinished = [p for p in (previous or {}).get("pending", []) if p not in earlier] if resume else []
+    state: dict[str, Any] = {
+        "version": STATE_VERSION, "key": _state_key(pin, options),
+        "repos": dict(earlier),  # done ones, also of repositories not named this time
+        "pending": [t.path for t in tasks],  # what a run killed before its end had not finished
+        "written": sorted(written),  # the patches in --out that are ours to replace or remove
+    }
+    state_path = os.path.join(out, STATE_FILE)
+
+    def save_state() -> None:
+        state["written"] = sorted(written)
+        _write(state_path, json.dumps(state, indent=1).encode())
+
+    save_state()
     patches: list[str] = []
 
     def on_result(res: RepoResult) -> None:
-        patch_path = os.path.join(out, f"{res.name}.patch")
+        patch_name = f"{res.name}.patch"
+        patch_path = os.path.join(out, patch_name)
         if res.status == CHANGED and res.patch:
-            write_atomic(patch_path, res.patch)
-            res.patch_file = os.path.basename(patch_path)
-            patches.append(patch_path)
-        elif os.path.exists(patch_path):  # from an earlier run: no longer true
+            if os.path.lexists(patch_path) and patch_name not in written:
+                res.status, res.reason = FAILED, str(_foreign(patch_path))
+                res.files_changed = []
+            else:
+                written.add(patch_name)
+                save_state()  # claimed before it exists: a run killed in between still knows it is ours
+                _write(patch_path, res.patch)
+                res.patch_file = patch_name
+                patches.append(patch_path)
+        elif patch_name in written and os.path.lexists(patch_path):  # ours, from an earlier run: no longer true
             os.unlink(patch_path)
+            written.discard(patch_name)
         res.patch = b""
         done[res.path] = res
         state["repos"][res.path] = res.to_json()
-        write_atomic(os.path.join(out, STATE_FILE), json.dumps(state, indent=1).encode())
+        state["pending"] = [p for p in state["pending"] if p != res.path]
+        save_state()
         if on_progress:
             on_progress(res)
 
@@ -146,10 +244,11 @@ def migrate(repos: Sequence[str], out: str, pin: Pin, options: Options, *, jobs:
             run_local(tasks, jobs, on_result)
     results = [done[p] for p in paths]
     meta = {"out": os.path.abspath(out), "executor": executor, "seconds": round(time.monotonic() - t0, 2),
-            "resumed": len(paths) - len(tasks), "python": sys.version.split()[0]}
+            "resumed": resumed, "interrupted_earlier": unfinished,
+            "python": sys.version.split()[0]}
     doc = report.to_json(results, pin, options, meta)
     md = report.to_markdown(results, pin, options, meta)
-    write_atomic(os.path.join(out, "report.json"), (json.dumps(doc, indent=2) + "\n").encode())
-    write_atomic(os.path.join(out, "report.md"), md.encode())
-    return Outcome(results=results, resumed=len(paths) - len(tasks), report_md=md,
-                   report_json=json.dumps(doc), patches=patches)
+    _write(os.path.join(out, "report.json"), (json.dumps(doc, indent=2) + "\n").encode())
+    _write(os.path.join(out, "report.md"), md.encode())
+    return Outcome(results=results, resumed=resumed, report_md=md,
+                   report_json=json.dumps(doc), patches=patches, unfinished=unfinished)

@@ -94,7 +94,14 @@ def run_command(repos: Sequence[str], repos_file: Optional[str], out: str, branc
         _err(f"error: {exc}")
         return EXIT_ERROR
     results = outcome.results
+    if outcome.unfinished:
+        shown = ", ".join(outcome.unfinished[:5]) + (f" and {len(outcome.unfinished) - 5} more"
+                                                    if len(outcome.unfinished) > 5 else "")
+        _err(f"--resume: the earlier run stopped before finishing {plural(len(outcome.unfinished), 'repository')}: "
+             f"{shown}")
     for r in results:
+        if r.stale_removed:
+            _err(f"{r.path}: removed what an interrupted run had left: {', '.join(r.stale_removed)}")
         if r.status in (FAILED, REFUSED):
             _err(f"{r.status}: {r.path}: {r.reason}")
         for path, why in r.file_failures:

@@ -60,6 +60,7 @@ class RepoTask:
     name: str  # unique in the run: the patch is <out>/<name>.patch
     pin: Pin
     options: Options
+    patch_blocked: str | None = None  # why <out>/<name>.patch cannot be written: then nothing is written
 
 
 @dataclass
@@ -83,6 +84,7 @@ class RepoResult:
     branch: str | None = None
     commit: str | None = None
     patch_file: str | None = None  # set by the driver once written
+    stale_removed: list[str] = field(default_factory=list)  # worktrees a killed earlier run had left
     seconds: float = 0.0
     patch: bytes = b""  # not stored in the JSON: the driver writes it to <out>/<name>.patch
 
@@ -157,6 +159,7 @@ def _migrate(task: RepoTask, res: RepoResult, file_jobs: int) -> None:
     top = git.toplevel(repo)
     if os.path.realpath(top) != os.path.realpath(repo):
         raise _Failed(f"not the top folder of its git repository (that is {top})")
+    res.stale_removed = git.remove_stale_scratch(repo)
     res.head = git.head(repo)
     dirty = git.dirty_paths(repo)
     res.dirty = bool(dirty)
@@ -172,22 +175,24 @@ def _migrate(task: RepoTask, res: RepoResult, file_jobs: int) -> None:
         raise _Failed("no commits yet (--commit and --validate work on a checkout of HEAD)")
     if opts.commit and git.branch_exists(repo, opts.branch):
         raise _Failed(f"branch {opts.branch!r} already exists; delete it or choose another with --branch")
-    with git.scratch_worktree(repo, res.head) as tree:
-        _work(task, res, tree, file_jobs)
+    with git.scratch_checkout(repo, res.head) as (tree, modes):
+        _work(task, res, tree, file_jobs, modes)
 
 
 def _rel(path: str, tree: str) -> str:
     return os.path.relpath(path, tree).replace(os.sep, "/")
 
 
-def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int) -> None:
+def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dict[str, str] | None = None) -> None:
+    """Rewrite the files of ``tree``: the working tree itself (patch mode, only read), or a scratch copy of
+    HEAD whose files and their modes are ``modes`` (then a commit is made from objects, with --commit)."""
     from torchopt.rewrite.discovery import discover
 
     settings = RepoSettings(tree, task.pin.overrides())
     root_settings = settings.for_path(tree)
     if root_settings.config_path:
         res.config = _rel(root_settings.config_path, tree)
-    listed = git.listed_files(tree)
+    listed = set(modes) if modes is not None else git.listed_files(tree)
     files = [f for f in discover([tree], settings.for_path) if _rel(f, tree) in listed]
     res.files_seen = len(files)
     loaded: list[tuple[str, str, bytes, source.SourceText]] = []
@@ -228,15 +233,14 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int) -> None:
         if new is not None and new != data:
             changes[rel] = new
             chunks.append(file_patch(rel, data, new))
+    if changes and task.patch_blocked:
+        raise _Failed(task.patch_blocked)
     res.files_changed = sorted(changes)
     res.patch = b"".join(chunks)
     res.status = CHANGED if changes else UNCHANGED
     if task.options.commit and changes:
-        from torchopt.rewrite.write import atomic_write
-
-        for rel, new in changes.items():
-            atomic_write(os.path.join(tree, rel), new)
-        sha = git.commit_all(tree, sorted(changes), commit_message(task, res))
+        assert res.head is not None and modes is not None
+        sha = git.commit_files(task.path, res.head, changes, modes, commit_message(task, res))
         git.create_branch(task.path, task.options.branch, sha)
         res.branch, res.commit = task.options.branch, sha
 

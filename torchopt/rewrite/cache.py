@@ -10,9 +10,14 @@ file's absolute path and the kind of result (check, fix, fix with unsafe fixes),
 one entry per file and kind and the cache cannot grow without bound; the entry stores the rest of the
 key (text hash, settings hash, the path as given) and is a miss when any of it differs.
 
+The cache folder may be any path a user typed, so it only ever touches what it made: it refuses a
+folder that already holds files but not torchopt's CACHEDIR.TAG, and a folder that is a symbolic link;
+each fingerprint folder carries its own marker file, and pruning removes only fingerprint-named folders
+with that marker, and inside them only shard folders and entry files, never following a link.
+
 Writes go through a temp file and an atomic rename, so a reader (another worker, another run) sees a
-whole entry or none; anything unreadable or malformed is a miss. The cache never raises: when its
-folder cannot be written, caching is silently off.
+whole entry or none; anything unreadable or malformed is a miss. When its folder cannot be written,
+caching is silently off; a folder it refuses raises :class:`CacheRefused` so the caller can say so.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ import enum
 import hashlib
 import json
 import os
-import shutil
+import re
+import stat
 import sys
 import tempfile
 from typing import Any, Mapping
@@ -35,7 +41,19 @@ FORMAT = 1  # bump when the entry layout changes
 CACHEDIR_TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
                 "# This file is a cache directory tag created by torchopt.\n"
                 "# For information about cache directory tags see https://bford.info/cachedir/\n")
+TAG_NAME = "CACHEDIR.TAG"
+GITIGNORE_TEXT = "# Created by torchopt automatically.\n*\n"
+FOLDER_MARKER = "TORCHOPT-CACHE-FOLDER"
+FOLDER_MARKER_TEXT = "torchopt result cache entries for one fingerprint; torchopt deletes this folder when stale\n"
+FINGERPRINT_SHAPE = re.compile(r"[0-9a-f]{20}")
+SHARD_SHAPE = re.compile(r"[0-9a-f]{2}")
 MAX_ENTRIES = 200_000  # a fingerprint folder with more entries than this is wiped
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class CacheRefused(Exception):
+    """The cache folder is not one torchopt made (or may adopt): the run goes on without a cache
+    rather than write into, or prune, a user's folder."""
 
 
 def _h(*parts: bytes | str) -> str:
@@ -162,17 +180,48 @@ class Cache:
 
     @classmethod
     def open(cls, root: str, rules: Mapping[str, type] | None = None) -> "Cache | None":
-        """The cache in ``root`` (created with its tag files), or None when it cannot be written."""
+        """The cache in ``root`` (created with its tag files), or None when it cannot be written.
+        Raises CacheRefused for a symbolic link or a non-empty folder without torchopt's tag."""
         c = cls(root=os.path.abspath(root), fp=fingerprint(rules))
         try:
-            fresh = not os.path.isdir(c.root)
-            os.makedirs(c.folder, exist_ok=True)
-            if fresh or not os.path.exists(os.path.join(c.root, "CACHEDIR.TAG")):
-                _write_small(os.path.join(c.root, "CACHEDIR.TAG"), CACHEDIR_TAG)
-                _write_small(os.path.join(c.root, ".gitignore"), "# Created by torchopt automatically.\n*\n")
+            c._claim_root()
+            if not c._ensure_folder():
+                raise CacheRefused(f"{c.folder} is not a folder torchopt made")
         except OSError:
             return None
         return c
+
+    def _claim_root(self) -> None:
+        """Create the root, or adopt it when empty, or accept it when it carries torchopt's tag."""
+        os.makedirs(os.path.dirname(self.root), exist_ok=True)
+        try:
+            os.mkdir(self.root)
+            created = True
+        except FileExistsError:
+            created = False
+        mode = os.lstat(self.root).st_mode
+        if stat.S_ISLNK(mode):
+            raise CacheRefused(f"{self.root} is a symbolic link")
+        if not stat.S_ISDIR(mode):
+            raise CacheRefused(f"{self.root} is not a folder")
+        if not _has_torchopt_tag(self.root):
+            if not created and os.listdir(self.root):
+                raise CacheRefused(f"{self.root} is not empty and has no CACHEDIR.TAG from torchopt")
+            _create_new(os.path.join(self.root, TAG_NAME), CACHEDIR_TAG)
+        _create_new(os.path.join(self.root, ".gitignore"), GITIGNORE_TEXT)
+
+    def _ensure_folder(self) -> bool:
+        """This fingerprint's folder exists as a real folder (made, with its marker, if missing)."""
+        if not _real_dir(self.root):
+            return False
+        try:
+            os.mkdir(self.folder)
+        except FileExistsError:
+            pass
+        if not _real_dir(self.folder):
+            return False
+        _create_new(os.path.join(self.folder, FOLDER_MARKER), FOLDER_MARKER_TEXT)
+        return True
 
     @property
     def folder(self) -> str:
@@ -187,8 +236,11 @@ class Cache:
         return _h(kind, path, _h(text), settings_hash(settings))
 
     def get(self, text: str, path: str, settings: Any, kind: str) -> Entry | None:
+        target = self._entry_path(path, kind)
         try:
-            with open(self._entry_path(path, kind), "rb") as fh:
+            if not (_real_dir(self.folder) and _real_dir(os.path.dirname(target))):
+                return None
+            with os.fdopen(os.open(target, os.O_RDONLY | _NOFOLLOW), "rb") as fh:
                 data = json.loads(fh.read())
             if data["key"] != self.key(text, path, settings, kind):
                 return None
@@ -207,31 +259,112 @@ class Cache:
                 "remaining": [_diag_out(d) for d in entry.remaining],
                 "new_text": entry.new_text}
         target = self._entry_path(path, kind)
+        shard = os.path.dirname(target)
         try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if not self._ensure_folder():
+                return
+            try:
+                os.mkdir(shard)
+            except FileExistsError:
+                pass
+            if not _real_dir(shard):
+                return
             _atomic(target, json.dumps(data, separators=(",", ":")).encode("utf-8", "surrogatepass"))
         except (OSError, ValueError):
             pass
 
     def prune(self) -> None:
         """Remove the folders of other fingerprints (older torchopt, edited source, other rule set), and
-        this fingerprint's folder when it has grown past MAX_ENTRIES."""
+        this fingerprint's folder when it has grown past MAX_ENTRIES. Only folders with a fingerprint's
+        name and torchopt's marker are touched, and in them only what the cache writes."""
         try:
+            if not (_real_dir(self.root) and _has_torchopt_tag(self.root)):
+                return
             for entry in os.scandir(self.root):
-                if entry.is_dir(follow_symlinks=False) and entry.name != self.fp:
-                    shutil.rmtree(entry.path, ignore_errors=True)
+                if (entry.name != self.fp and FINGERPRINT_SHAPE.fullmatch(entry.name)
+                        and entry.is_dir(follow_symlinks=False) and _is_marked(entry.path)):
+                    _remove_folder(entry.path)
+            if not _real_dir(self.folder):
+                return
             count = 0
             for sub in os.scandir(self.folder):
-                if sub.is_dir(follow_symlinks=False):
+                if SHARD_SHAPE.fullmatch(sub.name) and sub.is_dir(follow_symlinks=False):
                     count += sum(1 for _ in os.scandir(sub.path))
             if count > MAX_ENTRIES:
-                shutil.rmtree(self.folder, ignore_errors=True)
+                _remove_folder(self.folder)
         except OSError:
             pass
 
 
-def _write_small(path: str, text: str) -> None:
-    _atomic(path, text.encode())
+def _real_dir(path: str) -> bool:
+    """A folder itself, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _read_own_file(path: str, limit: int = 4096) -> str:
+    """The start of a regular file, never through a symbolic link; "" when there is none."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return ""
+        with os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW), "rb") as fh:
+            return fh.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _has_torchopt_tag(root: str) -> bool:
+    text = _read_own_file(os.path.join(root, TAG_NAME))
+    return text.startswith(CACHEDIR_TAG.splitlines()[0]) and CACHEDIR_TAG.splitlines()[1] in text
+
+
+def _is_marked(folder: str) -> bool:
+    return _read_own_file(os.path.join(folder, FOLDER_MARKER)) == FOLDER_MARKER_TEXT
+
+
+def _is_cache_file(entry: os.DirEntry) -> bool:
+    return entry.is_file(follow_symlinks=False) and (entry.name.endswith(".json") or entry.name.startswith(".tmp-"))
+
+
+def _remove_folder(folder: str) -> None:
+    """Delete a fingerprint folder's shards and entries; anything else keeps the folder, and its marker
+    so that a later run can finish the job once that is gone."""
+    for shard in os.scandir(folder):
+        if not (SHARD_SHAPE.fullmatch(shard.name) and shard.is_dir(follow_symlinks=False)):
+            continue
+        for item in os.scandir(shard.path):
+            if _is_cache_file(item):
+                _unlink_quietly(item.path)
+        _rmdir_quietly(shard.path)
+    if os.listdir(folder) == [FOLDER_MARKER]:
+        _unlink_quietly(os.path.join(folder, FOLDER_MARKER))
+        _rmdir_quietly(folder)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _rmdir_quietly(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _create_new(path: str, text: str) -> None:
+    """Write a small file only when nothing (not even a link) has that name: never overwrite."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(text.encode())
 
 
 def _atomic(path: str, data: bytes) -> None:

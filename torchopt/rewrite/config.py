@@ -122,7 +122,10 @@ def _size(value: Any, where: str) -> int:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb)?\s*", value, re.I)
         if m:
             mult = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9}[(m.group(2) or "b").lower()]
-            return int(float(m.group(1)) * mult)
+            try:
+                return int(float(m.group(1)) * mult)
+            except OverflowError:  # more digits than a float holds: no real limit was meant
+                pass
     raise ConfigError(f"{where}: `max-file-size` must be a byte count or a size like \"4MB\", got {value!r}")
 
 
@@ -219,13 +222,19 @@ def load_file(path: str) -> Settings | None:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "TOML files must be UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    table = data.get("tool", {}).get("torchopt")
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError(f"{path}: [tool] must be a table, got {tool!r}")
+    table = tool.get("torchopt")
     if table is None:
         return None
     if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [tool.torchopt] must be a table")
+        raise ConfigError(f"{path}: [tool.torchopt] must be a table, got {table!r}")
     return from_table(table, path, os.path.dirname(os.path.abspath(path)))
 
 

@@ -12,27 +12,16 @@ from typing import Callable, Iterable, Mapping
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from torchopt.rewrite import pyast, suppress
+from torchopt.rewrite import budget, pyast, suppress
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.fastvisit import install_fast_isinstance, install_fast_visit
-from torchopt.rewrite.metadata import (children_memo, install_fast_children, install_fast_module_code,
-                                       install_fast_visitor_lookup, module_source)
-from torchopt.rewrite.positions import install_fast_positions
+from torchopt.rewrite.metadata import children_memo, module_source
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Rule, RuleContext, Safety
 
 MAX_PASSES = 8
 
-# LibCST fast paths, each with the same result (tests/test_libcst_fast_paths.py compares them):
-# children read from the fields instead of rebuilding the node, visitor methods looked up once per
-# class, a read-only walk for visitors, plain isinstance for node classes, positions stored as tuples,
-# and Module.code of the module being analysed answered from its source text.
-install_fast_children()
-install_fast_visitor_lookup()
-install_fast_visit()
-install_fast_isinstance()
-install_fast_positions()
-install_fast_module_code()
+# Importing the engine leaves LibCST as it is: the entry points install the faster LibCST internals
+# explicitly (torchopt.rewrite.speedups.install), and the engine gives the same results either way.
 
 
 class ParseError(Exception):
@@ -124,6 +113,10 @@ def syntax_check(text: str) -> None:
 
 
 def parse(text: str) -> cst.Module:
+    # LibCST's native parser crashes the process on input it cannot survive: refuse that first
+    refusal = budget.over_budget(text)
+    if refusal is not None:
+        raise ParseError(refusal)
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import PurePath
 from typing import Iterable, Sequence
+from urllib.parse import quote
 
 from torchopt import __version__
 from torchopt.rewrite.engine import Diagnostic
@@ -33,15 +36,37 @@ def render(diags: Sequence[Diagnostic], fmt: str, fixed: Iterable[Diagnostic] = 
     if fmt == "github":
         out = []
         for d in diags:
-            msg = d.message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+            title, path = _gh_property(f"torchopt ({d.code})"), _gh_property(d.path)
             out.append(
-                f"::warning title=torchopt ({d.code}),file={d.path},line={d.line},col={d.column},"
-                f"endLine={d.end_line},endColumn={d.end_column}::{d.code} {msg}\n"
+                f"::warning title={title},file={path},line={d.line},col={d.column},"
+                f"endLine={d.end_line},endColumn={d.end_column}::{_gh_data(f'{d.code} {d.message}')}\n"
             )
         return "".join(out)
     if fmt == "sarif":
         return json.dumps(sarif(diags), indent=2) + "\n"
     raise ValueError(f"unknown output format {fmt!r}")
+
+
+def _gh_data(text: str) -> str:
+    """A workflow command's message: GitHub's runner decodes these three escapes (a raw newline
+    would end the command early)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_property(text: str) -> str:
+    """A workflow command property (``file=``, ``title=``): ``,`` separates properties and ``::``
+    starts the message, so both are escaped too."""
+    return _gh_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def sarif_uri(path: str) -> str:
+    """``artifactLocation.uri`` must be a URI reference: absolute paths become ``file:`` URIs,
+    relative ones a percent-encoded relative reference (so ``#``, ``%``, spaces, non-ASCII and a
+    leading ``C:`` cannot be read as a fragment, an escape or a scheme)."""
+    pure = PurePath(path)
+    if pure.is_absolute():
+        return pure.as_uri()
+    return quote(os.fsencode(pure.as_posix()), safe="/")
 
 
 def sarif(diags: Sequence[Diagnostic]) -> dict:
@@ -53,6 +78,8 @@ def sarif(diags: Sequence[Diagnostic]) -> dict:
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
         "runs": [{
+            # Columns are counted in characters (code points), not SARIF's default UTF-16 units.
+            "columnKind": "unicodeCodePoints",
             "tool": {"driver": {
                 "name": "torchopt",
                 "version": __version__,
@@ -69,7 +96,7 @@ def sarif(diags: Sequence[Diagnostic]) -> dict:
                 "level": "warning" if d.fix is not None else "note",
                 "message": {"text": d.message},
                 "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": d.path.replace("\\", "/")},
+                    "artifactLocation": {"uri": sarif_uri(d.path)},
                     "region": {"startLine": d.line, "startColumn": d.column,
                                "endLine": d.end_line, "endColumn": d.end_column},
                 }}],

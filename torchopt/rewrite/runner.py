@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import enum
 import gc
+import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from torchopt.rewrite import diff as diffmod
-from torchopt.rewrite import source
+from torchopt.rewrite import budget, interrupt, source, speedups
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
-from torchopt.rewrite.write import atomic_write
+from torchopt.rewrite.write import WriteRefused, atomic_write
 
 if TYPE_CHECKING:
     from torchopt.rewrite.cache import Cache, Entry
@@ -55,6 +58,9 @@ def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: b
         return FileResult(path=path, status="failed", reason="too deeply nested to analyse")
     res.applied, res.remaining = fixed.applied, fixed.remaining
     res.changed = fixed.text != text
+    unkept = source.unkept_bytes(text) if res.changed else None  # a fix would take those bytes with it
+    if unkept is not None:
+        return FileResult(path=path, status="failed", reason=unkept)
     res.new_text = fixed.text
     if res.changed and mode is Mode.DIFF:
         res.diff = diffmod.unified(text, fixed.text, path)
@@ -109,14 +115,20 @@ def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None 
         return FileResult(path=path, status="failed", reason=str(exc))
     if source.is_generated(src.text):
         return FileResult(path=path, status="skipped", reason="marked @generated")
-    res = process_cached(src.text, path, settings, mode, unsafe, cache)
+    # Diagnostics and diff headers carry a printable name; the result keeps the real one.
+    res = process_cached(src.text, source.shown(path), settings, mode, unsafe, cache)
+    res.path = path
     if res.status != "ok":
         return res
     if res.changed and mode is Mode.FIX:
         try:
-            atomic_write(path, src.encode(res.new_text or ""))
+            with interrupt.writing():
+                atomic_write(path, src.encode(res.new_text or ""), expect=src.state)
+        except (source.SourceError, WriteRefused) as exc:
+            return FileResult(path=path, status="failed", reason=str(exc))
         except (OSError, UnicodeEncodeError) as exc:
-            return FileResult(path=path, status="failed", reason=f"cannot write: {exc}")
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return FileResult(path=path, status="failed", reason=f"cannot write: {reason}")
     res.new_text = None  # not needed past this point; keeps results small across processes
     return res
 
@@ -134,44 +146,181 @@ GC_THRESHOLD = 100_000
 
 def _chunk(files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None,
            cache: "Cache | None" = None) -> list[FileResult]:
+    """Process ``files`` one after the other. After a stop signal: the results so far (a write under
+    way finishes first; the files not reached have no result)."""
     tune_gc()
-    out = []
-    for path, settings in files:
-        try:
-            out.append(process_file(path, settings, mode, unsafe, cache))
-        except Exception as exc:  # a bug of ours must not stop the run or touch the file
-            out.append(FileResult(path=path, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}"))
+    out: list[FileResult] = []
+    try:
+        with interrupt.abandoning():
+            for path, settings in files:
+                if interrupt.stop_requested() is not None:
+                    break
+                out.append(_one_file(path, settings, mode, unsafe, cache))
+    except interrupt.Interrupted:
+        pass
+    interrupt.exit_if_orphaned()
     return out
+
+
+def _one_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None") -> FileResult:
+    too_big = budget.file_over_budget(path)
+    if too_big is not None:
+        return FileResult(path=path, status="failed", reason=too_big)
+    try:
+        with budget.time_limit(budget.FILE_SECONDS, deferred=interrupt.is_writing):
+            return process_file(path, settings, mode, unsafe, cache)
+    except budget.TimeBudgetExceeded as exc:  # not cached: a faster machine may manage it
+        return FileResult(path=path, status="failed", reason=str(exc))
+    except Exception as exc:  # a bug of ours must not stop the run or touch the file
+        return FileResult(path=path, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+
+
+def worker_count(jobs: int | None, files: int) -> int:
+    """Workers for ``files`` files: ``--jobs`` (default: the CPUs), never more than the CPUs this
+    process may use nor than the files."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(jobs or cpus, cpus, files))
 
 
 def run(files: Sequence[str], settings_for: Callable[[str], Settings], mode: Mode, jobs: int | None = None,
         unsafe: bool | None = None, on_progress: Callable[[int], None] | None = None,
         cache: "Cache | None" = None) -> list[FileResult]:
     """Process ``files``; results come back in the order of ``files``. With ``cache``, files whose
-    text, path and settings were analysed before (by this torchopt) are answered from it."""
+    text, path and settings were analysed before (by this torchopt) are answered from it.
+    On SIGINT/SIGTERM: no new file is started, writes under way finish, and Interrupted is raised
+    with the number of files written."""
     items = [(f, settings_for(f)) for f in files]
-    jobs = jobs or os.cpu_count() or 1
+    jobs = worker_count(jobs, len(items))
     results: dict[str, FileResult] = {}
-    if jobs <= 1 or len(items) < 8:
-        for item in items:
-            results[item[0]] = _chunk([item], mode, unsafe, cache)[0]
-            if on_progress:
-                on_progress(1)
-    else:
-        size = max(1, min(16, len(items) // (jobs * 4) or 1))
-        chunks = [items[i:i + size] for i in range(0, len(items), size)]
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_chunk, c, mode, unsafe, cache): c for c in chunks}
-            for fut in as_completed(futures):
-                chunk = futures[fut]
-                try:
-                    done = fut.result()
-                except Exception as exc:  # a worker died: report its files, keep going
-                    done = [FileResult(path=p, status="failed", reason=f"worker failed: {exc}") for p, _ in chunk]
-                for r in done:
-                    results[r.path] = r
-                if on_progress:
-                    on_progress(len(chunk))
+    progress = on_progress or (lambda n: None)
+    try:
+        with interrupt.handle_stop_signals(abandon=False):
+            if jobs <= 1 or len(items) < 8:
+                for item in items:
+                    for res in _chunk([item], mode, unsafe, cache):
+                        results[res.path] = res
+                        progress(1)
+                    signum = interrupt.stop_requested()
+                    if signum is not None:
+                        raise interrupt.Interrupted(signum)
+            else:
+                _run_pool(items, mode, unsafe, cache, jobs, progress, results)
+    except interrupt.Interrupted as stop:
+        written = sum(1 for r in results.values() if r.status == "ok" and r.changed and mode is Mode.FIX)
+        raise interrupt.Interrupted(stop.signum, written=written) from None
+    finally:
+        interrupt.reset_after_run()
     if cache is not None:
         cache.prune()
     return [results[f] for f in files]
+
+
+# How far ahead of the workers files are handed out: enough to keep them busy, little to cancel.
+CHUNKS_AHEAD_PER_WORKER = 2
+# After a stop signal: how long workers get to finish the write under way before they are killed.
+STOP_GRACE_SECONDS = 3.0
+WORKER_DIED = ("the worker process analysing it died (a crash in LibCST's parser, or out of memory); "
+               "left unchanged")
+
+
+def _run_pool(items: list[tuple[str, Settings]], mode: Mode, unsafe: bool | None, cache: "Cache | None",
+              jobs: int, progress: Callable[[int], None], results: dict[str, FileResult]) -> None:
+    """Chunks of files in a process pool. A worker that dies takes only its own file with it: the
+    files of every chunk the broken pool lost are run again one at a time in a new pool, so that a
+    second death names the file that caused it."""
+    size = max(1, min(16, len(items) // (jobs * 4) or 1))
+    pending = deque(items[i:i + size] for i in range(0, len(items), size))
+    suspects: deque[tuple[str, Settings]] = deque()
+    while pending or suspects:
+        # spawn/forkserver workers do not inherit this process's LibCST speed-ups: install them there too
+        pool = ProcessPoolExecutor(max_workers=jobs, initializer=interrupt.init_worker,
+                                   initargs=(os.getpid(), budget.memory_budget(jobs), speedups.worker_initializer()))
+        inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]] = {}
+        try:
+            _feed_pool(pool, inflight, pending, suspects, (mode, unsafe, cache), jobs, progress, results)
+        except interrupt.Interrupted:
+            interrupt.ignore_stop_signals()
+            _stop_pool(pool, inflight, progress, results)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _feed_pool(pool: ProcessPoolExecutor, inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]],
+               pending: deque, suspects: deque, args: tuple,
+               jobs: int, progress: Callable[[int], None], results: dict[str, FileResult]) -> None:
+    """Keep ``pool`` busy until the work is done or the pool breaks (then return: the caller starts
+    a new one for what is left)."""
+    while True:
+        signum = interrupt.stop_requested()
+        if signum is not None:
+            raise interrupt.Interrupted(signum)
+        if suspects:
+            if not inflight:
+                single = [suspects.popleft()]
+                inflight[pool.submit(_chunk, single, *args)] = (single, True)
+        else:
+            while pending and len(inflight) < CHUNKS_AHEAD_PER_WORKER * jobs:
+                chunk = pending.popleft()
+                inflight[pool.submit(_chunk, chunk, *args)] = (chunk, False)
+        if not inflight:
+            return
+        # a short timeout: stop signals are only noted here, and seen at the top of the loop
+        done, _ = wait(inflight, timeout=0.2, return_when=FIRST_COMPLETED)
+        broken = False
+        for fut in done:
+            chunk, alone = inflight.pop(fut)
+            broken |= _collect(fut, chunk, alone, suspects, progress, results)
+        if broken:  # the others of this pool fail the same way, or finished before it broke
+            for fut in wait(list(inflight)).done:
+                chunk, alone = inflight.pop(fut)
+                _collect(fut, chunk, alone, suspects, progress, results)
+            return
+
+
+def _collect(fut: Future, chunk: list[tuple[str, Settings]], alone: bool, suspects: deque,
+             progress: Callable[[int], None], results: dict[str, FileResult]) -> bool:
+    """Record what ``fut`` produced; True when its pool broke."""
+    try:
+        done = fut.result()
+    except BrokenProcessPool:
+        if alone:
+            results[chunk[0][0]] = FileResult(path=chunk[0][0], status="failed", reason=WORKER_DIED)
+            progress(1)
+        else:
+            suspects.extend(chunk)
+        return True
+    except Exception as exc:  # e.g. a result that cannot be sent back: report, keep going
+        done = [FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+                for p, _ in chunk]
+    for res in done:
+        results[res.path] = res
+    for path, _ in chunk[len(done):]:  # a worker stopped by someone else's SIGTERM
+        results[path] = FileResult(path=path, status="failed", reason="its worker process was stopped; left unchanged")
+    progress(len(chunk))
+    return False
+
+
+def _stop_pool(pool: ProcessPoolExecutor, inflight: dict, progress: Callable[[int], None],
+               results: dict[str, FileResult]) -> None:
+    """After a stop signal: nothing new starts, workers stop after the write under way (the files
+    they finished are recorded), and any still running after a grace period are killed."""
+    for fut in inflight:
+        fut.cancel()
+    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    finished = wait(list(inflight), timeout=STOP_GRACE_SECONDS).done
+    for fut in finished:
+        if not fut.cancelled() and fut.exception() is None:
+            for res in fut.result():
+                results[res.path] = res
+    for proc in workers:
+        proc.join(timeout=0.5)
+        if proc.is_alive():  # stuck in native code, where signals wait: nothing is being written
+            proc.kill()
+            proc.join(timeout=1.0)

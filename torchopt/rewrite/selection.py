@@ -14,7 +14,9 @@ def expand(selector: str) -> set[str]:
     rules = all_rules()
     sel = selector.strip()
     if not sel:
-        return set()
+        # An empty entry is a typo (a stray comma, an unset variable), never a request for nothing.
+        raise SelectorError(f"empty rule selector {selector!r} (expected a code such as TOP101, a prefix such "
+                            "as TOP1, a family name, a rule name, or ALL)")
     if sel.upper() == "ALL":
         return set(rules)
     up = sel.upper()
@@ -39,9 +41,14 @@ def expand_all(selectors: Iterable[str]) -> set[str]:
     return out
 
 
-def split_arg(values: Iterable[str] | None) -> list[str]:
-    """CLI values may be repeated or comma-separated: `--select TOP1,TOP2 --select TOP5`."""
+def split_arg(values: Iterable[str] | None, flag: str = "a selector option") -> list[str]:
+    """CLI values may be repeated or comma-separated: `--select TOP1,TOP2 --select TOP5`. An empty
+    part (`--select ""`, `--select TOP1,`) is an error: dropping it would silently change the selection."""
     out: list[str] = []
     for v in values or ():
-        out.extend(p.strip() for p in v.split(",") if p.strip())
+        parts = [p.strip() for p in v.split(",")]
+        if not all(parts):
+            raise SelectorError(f"empty rule selector in {flag} {v!r} (expected codes separated by commas, "
+                                "such as TOP101,TOP2)")
+        out.extend(parts)
     return out

@@ -15,6 +15,7 @@ from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, fix_source
 
 if TYPE_CHECKING:
+    from torchopt.validate.bench import BenchOptions
     from torchopt.validate.runner import RunOptions, Version
 
 
@@ -34,12 +35,22 @@ class Plan:
         return {t for d in self.applied if d.fix for t in d.fix.tags}
 
 
-def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool) -> Plan:
-    """The rewrite of ``text`` with random-stream sites wrapped for record/replay (VAL-4)."""
+def fix_key(d: Diagnostic) -> tuple[str, str, int, int]:
+    """Names one applied fix across runs of the engine over the same text: file, rule, position.
+    (Positions of fixes found in a later pass are those of that pass's text.)"""
+    return (d.path, d.code, d.line, d.column)
+
+
+def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
+                 keys: frozenset | None = None) -> Plan:
+    """The rewrite of ``text`` with random-stream sites wrapped for record/replay (VAL-4);
+    with ``keys`` (see ``fix_key``), only those fixes. The original text (wrapped) does not depend
+    on ``keys``, so one run of it serves every selection."""
     from torchopt.rewrite.engine import check_source
     from torchopt.validate import replay
     from torchopt.validate.transplant import CODES as TRANSPLANTED
 
+    only = None if keys is None else (lambda d: fix_key(d) in keys)
     first = fix_source(text, settings, path, unsafe=unsafe)
     if first.text == text:
         return Plan(before=text, after=text)
@@ -47,10 +58,12 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool) -> Plan
                  if d.fix is not None and "rng" in d.fix.tags and (unsafe or d.fix.safety == "safe")
                  and d.code not in TRANSPLANTED]  # padding: the weight transplant aligns the streams
     if not rng_sites:
+        if keys is not None:
+            first = fix_source(text, settings, path, unsafe=unsafe, only=only)
         return Plan(before=text, after=first.text, applied=first.applied)
     wrapped, sites = replay.wrap_sites(text, rng_sites)
-    second = fix_source(wrapped, settings, path, unsafe=unsafe)
-    lost = replay.unwrap_check(second.text, sites)
+    second = fix_source(wrapped, settings, path, unsafe=unsafe, only=only)
+    lost = replay.unwrap_check(second.text, sites) if keys is None else []
     after = replay.add_originals(second.text, sites)
     plan = Plan(before=wrapped, after=after, applied=second.applied, sites=sites, replayed=not lost)
     plan.notes.append(
@@ -63,7 +76,8 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool) -> Plan
 
 
 def _fix_rows(applied: Sequence[Diagnostic]) -> list[dict]:
-    return [{"code": d.code, "line": d.line, "column": d.column, "message": d.message,
+    return [{"code": d.code, "path": d.path, "line": d.line, "column": d.column,
+             "title": d.fix.title if d.fix else "", "message": d.message,
              "safety": d.fix.safety if d.fix else "display-only", "tags": list(d.fix.tags) if d.fix else []}
             for d in applied]
 
@@ -73,42 +87,64 @@ class Outcome:
     exit_code: int
     text: str
     json: dict
+    before_runs: list[dict] | None = None  # the original's probes, reusable for another selection
 
 
 def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagnostic], notes: list[str],
                     opts: "RunOptions", *, labels: tuple[str, str], keep: bool = False,
-                    replayed: bool = False, transplant: bool | None = None) -> Outcome:
-    """Run both versions side by side (two processes at once), compare and report. With
+                    replayed: bool = False, transplant: bool | None = None,
+                    before_runs: list[dict] | None = None) -> Outcome:
+    """Run both versions side by side (two processes at once, each in a scratch copy of its
+    folder), compare and report. With
     ``transplant`` (default: when a padding fix was applied) the original runs first and the
-    rewrite starts from its weights (torchopt.validate.transplant)."""
+    rewrite starts from its weights (torchopt.validate.transplant). ``before_runs``: the
+    original's probes from an earlier call (same text, same options): only the rewrite runs."""
     from dataclasses import replace
 
+    from torchopt.validate import scratch
     from torchopt.validate import transplant as tp
     from torchopt.validate.compare import compare, ranks_agree
     from torchopt.validate.report import render_text, to_json
-    from torchopt.validate.runner import run_version
+    from torchopt.validate.runner import protected_roots, run_version
     from torchopt.validate.tolerance import tolerance_for
 
-    workdir = tempfile.mkdtemp(prefix="torchopt-validate-")
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-validate-"))
     results: dict[str, list[dict]] = {}
+    cancel = threading.Event()
+    roots = sorted({*protected_roots(before), *protected_roots(after)})
+    opts = replace(opts, protect=tuple(roots))
+    user_files = scratch.fingerprint(roots, {workdir})
 
     def go(v: "Version") -> None:
-        results[v.label] = run_version(v, opts, workdir)
+        results[v.label] = run_version(v, opts, workdir, cancel)
 
     if transplant is None:
         transplant = tp.wanted(applied)
-    if transplant:
-        opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
-        go(before)  # the record must exist before the rewrite starts
-        go(after)
-    else:
-        threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    if not keep:
-        shutil.rmtree(workdir, ignore_errors=True)
+    if before_runs is not None and not transplant:
+        results[before.label] = before_runs
+    try:
+        if before_runs is not None and not transplant:
+            go(after)
+        elif transplant:
+            opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
+            go(before)  # the record must exist before the rewrite starts
+            go(after)
+        else:
+            threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
+            for t in threads:
+                t.start()
+            try:
+                for t in threads:
+                    t.join()
+            except BaseException:  # Ctrl-C: stop both runs (and all they started) before leaving
+                cancel.set()
+                for t in threads:
+                    t.join()
+                raise
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    touched = scratch.changes(user_files, scratch.fingerprint(roots, {workdir}))
 
     tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
     fixes = _fix_rows(applied)
@@ -140,10 +176,22 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
         extra.append(f"replay site {err}")
         if cmp.verdict == "equivalent":
             cmp.verdict = "diverged"
+    for label, runs in results.items():
+        written = runs[0].get("written") or []
+        if written:
+            extra.append(f"{label} version wrote, in its scratch copy of its folder (discarded): "
+                         f"{scratch.listing(written)}")
+        linked = runs[0].get("linked") or []
+        if linked:
+            extra.append(f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
+                         f"instead of copied, e.g. {linked[0]}")
+    if touched:
+        extra.insert(0, "WARNING: files in your folder changed while the programs ran (a write torchopt "
+                        f"could not redirect, or another process): {scratch.listing(touched)}")
     cmp.notes = list(cmp.notes) + extra
     kw = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
     code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
-    return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw))
+    return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
 
 
 def resolve_device(device: str) -> str:
@@ -156,8 +204,10 @@ def resolve_device(device: str) -> str:
 
 def validate(before_path: str, after_path: str | None, settings: Settings, *, unsafe: bool, steps: int,
              device: str, argv: Sequence[str], entry: str | None, nproc: int, timeout: float,
-             keep: bool = False, transplant: bool = False) -> Outcome:
-    """`torchopt validate BEFORE [AFTER]`."""
+             keep: bool = False, transplant: bool = False, jobs: int = 1, bisect: bool = True,
+             bench: "BenchOptions | None" = None) -> Outcome:
+    """`torchopt validate BEFORE [AFTER]`. A divergence of a one-file rewrite with several fixes is
+    bisected to the smallest set of fixes that still diverges."""
     from torchopt.rewrite import source
     from torchopt.validate.runner import RunOptions, Version
 
@@ -166,7 +216,8 @@ def validate(before_path: str, after_path: str | None, settings: Settings, *, un
         plan = plan_rewrite(text, before_path, settings, unsafe)
         if plan.after == plan.before:
             msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
-            return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"]})
+            return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"],
+                                    "applied": []})
         after_version = Version("after", before_path, source=plan.after)
     else:
         after_text = source.read(after_path, 0).text
@@ -178,70 +229,174 @@ def validate(before_path: str, after_path: str | None, settings: Settings, *, un
                          else Version("after", after_path, source=after_text))
     opts = RunOptions(steps=steps, device=resolve_device(device), argv=tuple(argv), entry=entry,
                       timeout=timeout, nproc=nproc)
-    return run_and_compare(Version("before", before_path, source=plan.before), after_version, plan.applied,
-                           plan.notes, opts, labels=(before_path, after_path or f"{before_path} (rewritten)"),
-                           keep=keep, replayed=plan.replayed, transplant=True if transplant else None)
+    before_version = Version("before", before_path, source=plan.before)
+    labels = (before_path, after_path or f"{before_path} (rewritten)")
+    forced = True if transplant else None
+    out = run_and_compare(before_version, after_version, plan.applied, plan.notes, opts, labels=labels,
+                          keep=keep, replayed=plan.replayed, transplant=forced)
+    if bisect and after_path is None and out.exit_code == 1 and len(plan.applied) > 1:
+        def probe(keys: tuple) -> Outcome:
+            sub = plan_rewrite(text, before_path, settings, unsafe, keys=frozenset(keys))
+            return run_and_compare(before_version, Version("after", before_path, source=sub.after), sub.applied,
+                                   sub.notes, opts, labels=labels, replayed=sub.replayed, transplant=forced,
+                                   before_runs=out.before_runs)
+
+        _bisect(out, plan.applied, probe, jobs)
+    if bench is not None and out.exit_code != 2:
+        from torchopt.validate.bench import measure
+
+        # Timed as the user would run them: without the record/replay wrappers.
+        plain_after = (Version("after", before_path, source=fix_source(text, settings, before_path, unsafe=unsafe).text)
+                       if after_path is None else after_version)
+        measure(out, Version("before", before_path, source=text), plain_after, opts, bench)
+    return out
 
 
-def _rewrites(files: Sequence[str], settings_for, codes: set[str] | None, unsafe: bool):  # type: ignore[no-untyped-def]
-    """In-memory rewrites of ``files`` (restricted to ``codes`` when given): path -> (old, new, applied)."""
+def _first_row(outcome: Outcome) -> dict:
+    """The first divergence of a run with its numbers: name, step, detail, max abs/rel error."""
+    first = dict(outcome.json.get("first_divergence") or {})
+    row = next((r for r in outcome.json.get("rows", []) if r.get("name") == first.get("name")), {})
+    first.update(max_abs=row.get("max_abs"), max_rel=row.get("max_rel"), tolerance=row.get("tolerance"))
+    return first
+
+
+def _probe_text(first: dict) -> str:
+    at = f" at step {first['step']}" if first.get("step") is not None else ""
+    nums = ""
+    if first.get("max_abs") is not None:
+        nums = f" (max abs err {first['max_abs']:.3g}, max rel err {first['max_rel']:.3g}"
+        nums += f", tolerance {first['tolerance']})" if first.get("tolerance") else ")"
+    return f"{first.get('name', '?')}{at}: {first.get('detail', '')}{nums}"
+
+
+def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> None:  # type: ignore[no-untyped-def]
+    """Find the smallest diverging set of the applied fixes; add it to ``out``'s text and JSON."""
+    from torchopt.validate.bisect import Search, smallest_failing
+    from torchopt.validate.report import fix_line
+
+    by_key = {fix_key(d): d for d in applied}
+    search = Search(probe=probe, diverges=lambda o: o.exit_code == 1, jobs=jobs)
+    search.known(tuple(by_key), out)
+    found = smallest_failing(tuple(by_key), search)
+    culprits = _fix_rows([by_key[k] for k in found.units])
+    first = _first_row(found.outcome)
+    runs = len(search.trials) - 1
+    lines = [f"Bisect ({runs} more run(s)): the smallest set of fixes that diverges "
+             f"({len(culprits)} of {len(applied)}):"]
+    lines += [f"  {fix_line(f)}" for f in culprits]
+    lines.append(f"  first difference with only {'this fix' if len(culprits) == 1 else 'these fixes'}: "
+                 f"{_probe_text(first)}")
+    out.text += "\n".join(lines) + "\n"
+    out.json["bisect"] = {"culprits": culprits, "first_divergence": first, "runs": runs}
+
+
+def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] | None", unsafe: bool):  # type: ignore[no-untyped-def]
+    """In-memory rewrites of ``files``: path -> (old, new, applied). With ``units`` ((real path,
+    rule code) pairs; the path "*" stands for every file), each file gets only the fixes of its
+    selected codes."""
     from torchopt.rewrite import source
     from torchopt.rewrite.engine import FixError, ParseError
 
     out = {}
     for f in files:
         s = settings_for(f)
+        real = os.path.realpath(f)
+        codes = None if units is None else s.enabled_codes(f) & {c for p, c in units if p in (real, "*")}
+        if codes is not None and not codes:
+            continue
         try:
             text = source.read(f, s.max_file_size).text
-            res = fix_source(text, s, f, unsafe=unsafe,
-                             codes=None if codes is None else s.enabled_codes(f) & codes)
+            res = fix_source(text, s, f, unsafe=unsafe, codes=codes)
         except (source.SourceError, ParseError, FixError):
             continue
         if res.text != text:
-            out[os.path.realpath(f)] = (text, res.text, res.applied)
+            out[real] = (text, res.text, res.applied)
     return out
 
 
 def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsafe: bool, steps: int,  # type: ignore[no-untyped-def]
-                  device: str, timeout: float) -> tuple[set[str] | None, list[str]]:
-    """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns the
-    codes whose fixes may be written (None: all of them) and report lines. When the whole rewrite
-    diverges, codes are added one at a time (each run with those already kept) and only those that
-    pass are kept, so the set written is one that was validated as a whole."""
+                  device: str, timeout: float, argv: Sequence[str] = (), entry: str | None = None,
+                  nproc: int = 1, jobs: int = 1, per_file: bool = False) -> tuple[set | None, list[str]]:
+    """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns
+    what may be written (None: all of it) and report lines. When the whole rewrite diverges, the
+    same delta-debugging search as `validate` finds a smallest diverging set, leaves one of its
+    units out, and repeats until what is left validates: the set written was run as a whole.
+    The unit is a rule in one file with ``per_file`` (the finest selection the writer can make;
+    returns (real path, code) pairs), else a rule in every file (returns codes)."""
+    from torchopt.validate.bisect import Search, largest_passing
+    from torchopt.validate.report import fix_line
     from torchopt.validate.runner import RunOptions, Version
 
-    entry = os.path.realpath(entry_script)
-    opts = RunOptions(steps=steps, device=resolve_device(device), timeout=timeout)
+    real_entry = os.path.realpath(entry_script)
+    opts = RunOptions(steps=steps, device=resolve_device(device), timeout=timeout, argv=tuple(argv),
+                      entry=entry, nproc=nproc)
+    before_runs: list[dict] | None = None
+    applied_by_unit: dict[tuple[str, str], list[Diagnostic]] = {}
 
-    def attempt(codes: set[str] | None) -> tuple[Outcome | None, set[str]]:
-        rw = _rewrites(files, settings_for, codes, unsafe)
+    def attempt(units: "tuple[tuple[str, str], ...] | None") -> Outcome | None:
+        nonlocal before_runs
+        rw = _rewrites(files, settings_for, None if units is None else set(units), unsafe)
         if not rw:
-            return None, set()
+            return None
         applied = [d for _, _, ap in rw.values() for d in ap]
-        entry_new = rw.get(entry, (None, None, None))[1]
+        if units is None:  # the whole rewrite: learn the units
+            for p, (_, _, ap) in rw.items():
+                for d in ap:
+                    applied_by_unit.setdefault((p if per_file else "*", d.code), []).append(d)
+        entry_new = rw.get(real_entry, (None, None, None))[1]
         after = Version("after", entry_script, source=entry_new,
-                        sources={p: new for p, (_, new, _) in rw.items() if p != entry})
+                        sources={p: new for p, (_, new, _) in rw.items() if p != real_entry})
         out = run_and_compare(Version("before", entry_script), after, applied, [], opts,
-                              labels=(entry_script, f"{entry_script} (with rewritten files)"))
-        return out, {d.code for d in applied}
+                              labels=(entry_script, f"{entry_script} (with rewritten files)"),
+                              before_runs=before_runs)
+        before_runs = before_runs or out.before_runs
+        return out
 
-    whole, codes = attempt(None)
+    whole = attempt(None)
     if whole is None:
         return None, ["validation: nothing would change"]
+    codes = sorted({c for _, c in applied_by_unit})
     if whole.exit_code == 0:
-        return None, [f"validation: {entry_script} computes the same thing with every fix ({', '.join(sorted(codes))})"]
+        return None, [f"validation: {entry_script} computes the same thing with every fix ({', '.join(codes)})"]
     if whole.exit_code == 2:  # ENTRY fails in both versions: nothing can be validated
         return set(), [whole.text, f"validation: {entry_script} could not run; fix it first"]
-    lines = [whole.text, "validation failed for the whole rewrite; validating each rule in turn"]
-    keep: set[str] = set()
-    if len(codes) == 1:  # the whole rewrite was this one rule: no need to run it again
-        lines.append(f"  {next(iter(codes))}: diverges: not written")
-        return keep, lines
-    for code in sorted(codes):
-        # Each trial adds one rule to those already kept, so the set finally written was itself run.
-        out, _ = attempt(keep | {code})
-        ok = out is not None and out.exit_code == 0
-        lines.append(f"  {code}: {'passes' if ok else 'diverges: not written'}")
-        if ok:
-            keep.add(code)
-    return keep, lines
+    units = tuple(sorted(applied_by_unit))
+    search = Search(probe=attempt, diverges=lambda o: o is None or o.exit_code != 0, jobs=jobs)
+    search.known(units, whole)
+    kept, left, _ = largest_passing(units, search)
+    lines = [whole.text, "validation failed for the whole rewrite; searching for the fixes that break it"]
+
+    def name(u: tuple[str, str]) -> str:
+        return u[1] if u[0] == "*" else f"{u[1]} in {os.path.relpath(u[0])}"
+
+    def fixes(u: tuple[str, str]) -> str:
+        ds = applied_by_unit[u]
+        return f"{len(ds)} fix(es), e.g. {fix_line(_fix_rows(ds)[0])}"
+
+    for lo in left:
+        why = _probe_text(_first_row(lo.trial.outcome)) if lo.trial.outcome is not None else "could not run"
+        with_ = f" together with {', '.join(name(p) for p in lo.partners)}" if lo.partners else ""
+        lines.append(f"  {name(lo.unit)}: diverges{with_}: not written: {why}; {fixes(lo.unit)}")
+    for u in kept:
+        lines.append(f"  {name(u)}: passes ({fixes(u)})")
+    lines.append(f"validation: {len(kept)} of {len(units)} selection(s) kept, validated as a whole "
+                 f"({len(search.trials)} run(s))")
+    return (set(kept) if per_file else {c for _, c in kept}), lines
+
+
+class KeptResolver:
+    """A settings resolver that leaves out, per file, the rule codes `rewrite --validate` dropped."""
+
+    def __init__(self, base, dropped: dict[str, set[str]]) -> None:  # type: ignore[no-untyped-def]
+        self.base = base
+        self.dropped = dropped  # real path -> codes not to apply there
+
+    def for_path(self, path: str) -> Settings:
+        from dataclasses import replace
+
+        s = self.base.for_path(path)
+        codes = self.dropped.get(os.path.realpath(path))
+        return replace(s, ignore=s.ignore + tuple(sorted(codes))) if codes else s
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.base, name)

@@ -143,7 +143,7 @@ def _within(diff: torch.Tensor, ref: torch.Tensor, bound: Bound) -> tuple[bool, 
 
 
 def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
-                  step: int | None = None) -> Row:
+                  step: int | None = None, trained: bool = False) -> Row:
     rg_b, rg_a = (bool(getattr(t, "requires_grad", False)) for t in (before, after))
     b, a = _prep(before), _prep(after)
     detail = []
@@ -159,7 +159,7 @@ def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
     if tol.check_requires_grad and rg_a != rg_b:
         return Row(name, kind, None, None, "", "diverged", step, f"requires_grad {rg_b} -> {rg_a}")
     exact = not (_is_float(a) and _is_float(b))
-    bound = Bound(bitwise=True) if exact else tol.bound(kind, step)
+    bound = Bound(bitwise=True) if exact else tol.bound(kind, step, trained=trained)
     max_abs, max_rel, diff, ref, problem = _errors(a.to(torch.int64) if a.dtype == torch.bool else a,
                                                    b.to(torch.int64) if b.dtype == torch.bool else b)
     label = "exact" if exact else bound.describe()
@@ -197,18 +197,40 @@ def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: boo
     return rows
 
 
+def _uncomputed(name: str, entries: set[str]) -> bool:
+    """Whether probe ``name`` is a global (or an entry of one) that provenance.py found to hold a
+    clock, process or random value."""
+    if not name.startswith("global/"):
+        return False
+    rest = name[len("global/"):]
+    return any(rest == e or (rest.startswith(e) and rest[len(e)] in "[.") for e in entries)
+
+
+def _trained(run: Mapping) -> bool:
+    return bool(run.get("steps_done")) and bool(run.get("losses"))
+
+
 def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
     tb, ta = dict(before.get("tensors") or {}), dict(after.get("tensors") or {})
+    uncomputed = set(before.get("uncomputed") or ()) | set(after.get("uncomputed") or ())
+    trained = _trained(before) and _trained(after)
     rows = []
     for name in list(tb) + [n for n in ta if n not in tb]:
-        if name not in tb and kind_of(name) == "global":
-            # A variable the rewrite introduced (a scaler, an AMP switch): nothing to compare it with.
-            rows.append(Row(name, "global", None, None, "", "skipped", None, "introduced by the rewrite"))
+        if _uncomputed(name, uncomputed):
+            # Wall-clock readings, process ids, memory statistics: two runs of the same program differ.
+            rows.append(Row(name, "global", None, None, "", "skipped", None,
+                            "clock, process or random value: not compared"))
+        elif (name not in tb or name not in ta) and kind_of(name) == "global":
+            # A variable one version names and the other does not (a scaler or AMP switch the rewrite
+            # introduced, a temporary it inlined): nothing to compare it with. What it held reaches
+            # the losses, parameters and outputs, which are compared.
+            side = "the rewrite" if name not in tb else "the original"
+            rows.append(Row(name, "global", None, None, "", "skipped", None, f"only in {side}"))
         elif name not in tb or name not in ta:
             side = "after" if name in tb else "before"
             rows.append(Row(name, kind_of(name), None, None, "", "missing", None, f"absent {side}"))
         else:
-            rows.append(_compare_pair(name, kind_of(name), tb[name], ta[name], tol))
+            rows.append(_compare_pair(name, kind_of(name), tb[name], ta[name], tol, trained=trained))
     return rows
 
 
@@ -308,8 +330,17 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
     if padded:
         notes.append(f"{len(padded)} padded tensor(s) compared on their leading slice, e.g. {padded[0].name}: "
                      f"{padded[0].detail}")
+    one_sided = [r.name for r in rows if r.verdict == "skipped" and r.detail.startswith("only in ")]
+    if one_sided:
+        notes.append(f"{len(one_sided)} global(s) exist in one version only (not compared): "
+                     + ", ".join(one_sided[:8]) + (", ..." if len(one_sided) > 8 else ""))
+    clocks = [r.name for r in rows if r.detail == "clock, process or random value: not compared"]
+    if clocks:
+        notes.append(f"{len(clocks)} global(s) hold clock, process or random values and are not compared: "
+                     + ", ".join(clocks[:8]) + (", ..." if len(clocks) > 8 else ""))
     for r in rows:
-        if r.verdict in _OK and r.detail and not r.detail.startswith("padded "):
+        if (r.verdict in _OK and r.detail and not r.detail.startswith("padded ") and r.name not in one_sided
+                and r.name not in clocks):
             notes.append(f"{r.name}: {r.detail}")
     if not tol.compare_values:
         notes.append("values not compared: " + tol.reason)

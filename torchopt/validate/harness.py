@@ -42,6 +42,16 @@ class _OverrideLoader(importlib.machinery.SourceFileLoader):
             return self._text.encode("utf-8")
         return super().get_data(path)
 
+    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[no-untyped-def,override]
+        # Compile the text itself: the file's coding line (latin-1, ...) names the bytes on disk,
+        # not the UTF-8 bytes get_data hands back.
+        if os.path.realpath(path) == os.path.realpath(self.path):
+            return compile(self._text, path, "exec", dont_inherit=True, optimize=_optimize)
+        return super().source_to_code(data, path, _optimize=_optimize)
+
+    def get_source(self, fullname: str) -> str:
+        return self._text
+
     def path_stats(self, path: str):  # never trust a .pyc of the file on disk
         raise OSError("in-memory source")
 
@@ -80,6 +90,7 @@ class Recorder:
         self.notes: list[str] = []
         self.site_errors: list[str] = []
         self.site_calls: dict[str, int] = {}
+        self.uncomputed: list[str] = []  # globals holding clock/process/random values (provenance.py)
 
     def _record_loss(self, t: Any) -> None:
         try:
@@ -214,7 +225,7 @@ class Recorder:
                 tensors[f"rng/cuda{i}"] = s
         return {"losses": self.losses, "loss_steps": self.loss_steps, "steps_done": self.steps_done,
                 "tensors": tensors, "notes": self.notes, "site_errors": self.site_errors,
-                "site_calls": dict(self.site_calls)}
+                "site_calls": dict(self.site_calls), "uncomputed": list(self.uncomputed)}
 
 
 def _detach(a: Any, torch: Any) -> Any:
@@ -301,6 +312,54 @@ def _site_problem(torch: Any, new: Any, old: Any) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------- timing (--bench)
+
+
+class StepClock:
+    """Bench mode: a clock reading after each step of the first optimizer that steps, taken after
+    synchronising the device; stops the program after N steps. Records nothing else, so the
+    program runs at its own speed."""
+
+    def __init__(self, torch: Any, steps: int) -> None:
+        self.torch = torch
+        self.max_steps = steps
+        self.marks: list[float] = []
+        self.first: Any = None
+
+    def install(self) -> None:
+        import time
+
+        import torch.optim.optimizer as optim_mod
+
+        torch = self.torch
+
+        def after_step(opt, args, kwargs):  # type: ignore[no-untyped-def]
+            if self.first is None:
+                self.first = opt
+            if opt is not self.first:
+                return
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.marks.append(time.perf_counter())
+            if self.max_steps and len(self.marks) >= self.max_steps:
+                raise StopRun()
+
+        optim_mod.register_optimizer_step_post_hook(after_step)
+
+    def collect(self) -> dict:
+        torch = self.torch
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak = sum(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+            kind = "CUDA max_memory_allocated"
+        else:
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+            kind = "process peak RSS"
+        return {"marks": list(self.marks), "steps_done": len(self.marks), "peak_memory": int(peak),
+                "memory_kind": kind, "losses": [], "loss_steps": [], "tensors": {}, "notes": []}
+
+
 # --------------------------------------------------------------------------- set-up
 
 
@@ -331,6 +390,70 @@ def _determinism(torch: Any, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# audit event -> positions of the path arguments it changes; the NOFOLLOW ones act on a link itself
+_PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.mkdir": (0,),
+                "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
+                "os.link": (1,), "os.symlink": (1,), "shutil.rmtree": (0,)}
+_NOFOLLOW_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.symlink", "os.link"})
+
+
+class _WriteGuard:
+    """Refuses writes into the user's folders: the program runs in a scratch copy, and a write
+    to an absolute path (or through a link to a file too big to copy) would reach the original."""
+
+    def __init__(self, protect: list[str], allow: list[str]) -> None:
+        self.protect = [os.path.realpath(p) for p in protect]
+        self.allow = [os.path.realpath(p) for p in allow]
+
+    @staticmethod
+    def _inside(path: str, roots: list[str]) -> bool:
+        return any(path == r or path.startswith(r + os.sep) for r in roots)
+
+    def check(self, path: Any, follow: bool = True) -> None:
+        if isinstance(path, int) or path is None:
+            return
+        try:
+            path = os.fsdecode(os.fspath(path))
+        except TypeError:
+            return
+        if follow:
+            real = os.path.realpath(path)
+        else:  # removing or renaming a link in the copy leaves its target alone
+            real = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
+        if self._inside(real, self.protect) and not self._inside(real, self.allow):
+            raise PermissionError(
+                13, "torchopt validate: refusing to write into your folder (the program runs in a scratch "
+                    "copy of it; write relative to the working directory instead)", real)
+
+    def hook(self, event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = (tuple(args) + (None, None, None))[:3]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+            if writing:
+                self.check(path)
+        elif event in _PATH_EVENTS:
+            for i in _PATH_EVENTS[event]:
+                if i < len(args):
+                    self.check(args[i], follow=event not in _NOFOLLOW_EVENTS)
+
+
+def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+    guard = _WriteGuard(protect, allow)
+    sys.addaudithook(guard.hook)
+    # torch.save opens plain paths in C++, out of the audit hook's sight.
+    save = torch.save
+
+    def guarded_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(f, (str, bytes, os.PathLike)):
+            guard.check(f)
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = guarded_save
+    torch.serialization.save = guarded_save
+
+
 def _script_module(path: str, argv: list[str]) -> types.ModuleType:
     """A fresh `__main__` whose namespace we keep even when the run is stopped midway."""
     mod = types.ModuleType("__main__")
@@ -348,14 +471,20 @@ def main(spec_path: str) -> int:
     out_path = spec["out"].format(rank=rank)
     import torch
 
+    bench = bool(spec.get("bench"))
     _seed(torch, int(spec.get("seed", 0)))
-    _determinism(torch, int(spec.get("threads", 1)))
+    if not bench:  # timing measures the program as it runs on its own
+        _determinism(torch, int(spec.get("threads", 1)))
     if spec.get("sources"):
         sys.meta_path.insert(0, _OverrideFinder(spec["sources"]))
     for p in reversed(spec.get("sys_path", [])):
         sys.path.insert(0, p)
     rec = Recorder(torch, int(spec.get("steps", 0)))
-    rec.install()
+    clock = StepClock(torch, int(spec.get("steps", 0)))
+    if bench:
+        clock.install()
+    else:
+        rec.install()
     _install_sites(torch, rec)
     transplant = None
     if spec.get("transplant"):  # padded parameters start from the original's weights (transplant.py)
@@ -364,6 +493,8 @@ def main(spec_path: str) -> int:
         transplant = Transplant(torch, spec["transplant"]["mode"], f"{spec['transplant']['path']}.rank{rank}",
                                 rec.notes)
         transplant.install()
+    if spec.get("protect"):
+        _guard_writes(torch, spec["protect"], spec.get("allow", []))
     status, tb = "ok", None
     namespace: dict[str, Any] | None = None
     returned: Any = None
@@ -372,11 +503,15 @@ def main(spec_path: str) -> int:
         if spec["mode"] == "script":
             path = spec["path"]
             source = spec.get("source")
-            if source is None:
-                with open(path, encoding="utf-8") as fh:
-                    source = fh.read()
+            if source is None:  # as the rewrite engine reads it: coding line, BOM
+                from torchopt.rewrite.source import read
+
+                source = read(path, 0).text
             mod = _script_module(path, spec.get("argv", []))
             namespace = mod.__dict__
+            from torchopt.validate.provenance import uncomputed_globals
+
+            rec.uncomputed = sorted(uncomputed_globals(source))
             exec(compile(source, path, "exec", dont_inherit=True), namespace)
         else:
             module_name, _, func_name = spec["entry"].partition(":")
@@ -393,7 +528,7 @@ def main(spec_path: str) -> int:
     if transplant is not None:
         transplant.finish()
     try:
-        probes = rec.collect(namespace, returned, has_return=has_return)
+        probes = clock.collect() if bench else rec.collect(namespace, returned, has_return=has_return)
     except Exception:
         probes = {"losses": rec.losses, "loss_steps": rec.loss_steps, "steps_done": rec.steps_done,
                   "tensors": {}, "notes": [f"collecting probes failed: {traceback.format_exc()}"]}

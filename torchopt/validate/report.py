@@ -18,7 +18,7 @@ from rich.text import Text
 
 from .compare import Comparison, Row
 
-__all__ = ["headline", "render_text", "to_json"]
+__all__ = ["headline", "render_text", "to_json", "fix_line"]
 
 LOSS_ROWS = 20  # losses shown one by one (VAL-6 AMP row checks the first 20 steps)
 GROUP_ROWS = 12  # tensors shown one by one per kind before summarising
@@ -40,6 +40,14 @@ def headline(cmp: Comparison) -> str:
     if d is None:
         return "DIVERGED"
     return f"DIVERGED at step {d.step}, {d.name}" if d.step is not None else f"DIVERGED: {d.name}"
+
+
+def fix_line(f: Mapping) -> str:
+    """`TOP101 train.py:12:5 Pass device= to the factory [safe]` or `[unsafe: numerics]`."""
+    where = f"{f.get('path') or '?'}:{f.get('line', '?')}:{f.get('column', '?')}"
+    tags = ", ".join(f.get("tags") or ())
+    safety = f.get("safety", "safe") + (f": {tags}" if tags else "")
+    return f"{f.get('code', '?')} {where} {f.get('title') or f.get('message', '')} [{safety}]"
 
 
 def _num(x: float | None) -> str:
@@ -120,8 +128,10 @@ def render_text(cmp: Comparison, *, before_label: str, after_label: str, device:
                       color_system=None, highlight=False, emoji=False)
     style = {"equivalent": "bold green", "diverged": "bold red"}.get(cmp.verdict, "bold yellow")
     console.print(Text(headline(cmp), style=style))
-    console.print(Text(f"before: {before_label}   after: {after_label}   device: {device}   "
-                       f"fixes applied: {len(applied)}"))
+    console.print(Text(f"before: {before_label}   after: {after_label}   device: {device}"))
+    console.print(Text(f"Fixes applied ({len(applied)}):"))
+    for f in applied:
+        console.print(Text(f"  {fix_line(f)}"))
     if cmp.tolerance is not None and cmp.tolerance.reason:
         console.print(Text(f"tolerance: {cmp.tolerance.reason}"))
     if cmp.rows:

@@ -1,5 +1,6 @@
 """Launches one version of a program under the harness, in its own process (or `nproc` processes
-under torchrun), bounded by a timeout, and returns the probes it saved."""
+under torchrun), in a scratch copy of its folder, bounded by a timeout, and returns the probes it
+saved. The reaper (reaper.py) between us and the harness kills whatever the run started."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
+
+from torchopt.validate import reaper, scratch
 
 
 @dataclass
@@ -32,6 +37,8 @@ class RunOptions:
     seed: int = 0
     threads: int = 1
     transplant: str | None = None  # record file: the "before" run records, the others apply (transplant.py)
+    protect: tuple[str, ...] = ()  # more of the user's folders no run may write into
+    bench: bool = False  # time the optimizer steps instead of recording probes (bench.py)
 
 
 def _env(device: str) -> dict[str, str]:
@@ -56,14 +63,57 @@ def _tail(path: str, limit: int = 4000) -> str:
         return ""
 
 
-def run_version(version: Version, opts: RunOptions, workdir: str | None = None) -> list[dict]:
-    """Run ``version`` and return its probes, one dict per rank (status ok | error | timeout)."""
+def protected_roots(version: Version) -> list[str]:
+    """The user's folders a run must not write into: the script's folder and those of the files
+    served from memory."""
+    roots = {os.path.dirname(os.path.realpath(version.path))}
+    roots.update(os.path.dirname(os.path.realpath(p)) for p in version.sources)
+    return sorted(roots)
+
+
+def _wait(proc: subprocess.Popen, limit: float, cancel: threading.Event | None) -> bool:
+    """Wait for ``proc`` up to ``limit`` seconds; False if it is still running (or cancelled)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end and not (cancel is not None and cancel.is_set()):
+        try:
+            proc.wait(timeout=0.2)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ask the reaper to kill its tree; if it does not exit in time, kill its group ourselves."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+
+
+def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
+                cancel: threading.Event | None = None) -> list[dict]:
+    """Run ``version`` in a scratch copy of its folder and return its probes, one dict per rank
+    (status ok | error | timeout). Every process the run started is gone when this returns."""
     import torch
 
-    tmp = workdir or tempfile.mkdtemp(prefix="torchopt-validate-")
+    tmp = os.path.realpath(workdir or tempfile.mkdtemp(prefix="torchopt-validate-"))
     tag = version.label.replace(" ", "_")
-    script = os.path.abspath(version.path)
-    sources = dict(version.sources)
+    real_script = os.path.realpath(version.path)
+    try:
+        box = scratch.make(os.path.dirname(real_script), os.path.join(tmp, tag, os.path.basename(
+            os.path.dirname(real_script)) or "root"), {tmp})
+    except OSError as exc:
+        return [{"losses": [], "loss_steps": [], "steps_done": 0, "tensors": {}, "notes": [], "status": "error",
+                 "traceback": f"could not copy {os.path.dirname(real_script)} to a scratch folder: {exc}",
+                 "device": opts.device, "rank": rank} for rank in range(max(1, opts.nproc))]
+    script = box.mapped(real_script)
+    sources = {box.mapped(p): text for p, text in version.sources.items()}
     if opts.entry and version.source is not None:
         sources[script] = version.source
     spec = {
@@ -80,6 +130,9 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None) 
         "out": os.path.join(tmp, f"{tag}.rank{{rank}}.pt"),
         "transplant": ({"mode": "record" if version.label == "before" else "apply", "path": opts.transplant}
                        if opts.transplant else None),
+        "protect": sorted({*protected_roots(version), *opts.protect}),
+        "allow": [tmp],
+        "bench": opts.bench,
     }
     spec_path = os.path.join(tmp, f"{tag}.json")
     with open(spec_path, "w", encoding="utf-8") as fh:
@@ -89,31 +142,39 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None) 
                "-m", "torchopt.validate.harness", spec_path]
     else:
         cmd = [sys.executable, "-m", "torchopt.validate.harness", spec_path]
+    cmd = [sys.executable, "-m", "torchopt.validate.reaper", repr(float(opts.timeout)), "--", *cmd]
     log = os.path.join(tmp, f"{tag}.log")
     status = "ok"
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), env=_env(opts.device), stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            proc.wait(timeout=opts.timeout)
-        except subprocess.TimeoutExpired:
-            status = "timeout"
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            proc.wait()
+            # The reaper enforces the timeout itself; the margin covers its clean-up.
+            if not _wait(proc, opts.timeout + 30, cancel):
+                _stop(proc)
+                status = "timeout"
+        except BaseException:  # Ctrl-C: nothing of the run may outlive us
+            _stop(proc)
+            raise
+    if proc.returncode == reaper.TIMED_OUT:
+        status = "timeout"
     results = []
+    written = box.written()
     for rank in range(max(1, opts.nproc)):
         path = spec["out"].format(rank=rank)
         if status == "ok" and os.path.exists(path):
             probes = torch.load(path, weights_only=False)
+            if probes.get("traceback"):
+                probes["traceback"] = box.unmapped(probes["traceback"])
+            probes["notes"] = [box.unmapped(n) for n in probes.get("notes", [])]
         else:
             probes = {"losses": [], "loss_steps": [], "steps_done": 0, "tensors": {}, "notes": [],
                       "status": "timeout" if status == "timeout" else "error",
                       "traceback": (f"timed out after {opts.timeout:g} s" if status == "timeout"
-                                    else f"the harness exited with {proc.returncode}:\n{_tail(log)}"),
+                                    else f"the harness exited with {proc.returncode}:\n{box.unmapped(_tail(log))}"),
                       "device": opts.device, "rank": rank}
-        probes["log"] = _tail(log)
+        probes["log"] = box.unmapped(_tail(log))
+        probes["written"] = written
+        probes["linked"] = list(box.linked)
         results.append(probes)
     return results

@@ -1,0 +1,247 @@
+"""`torchopt validate` on real public training scripts, on the CPU, with synthetic data.
+
+    python benchmarks/validate_real.py [--src /tmp/realworld] [--work /tmp/validate-real] [--only NAME]
+
+The scripts themselves are never part of this repository. ``--src`` holds checkouts laid out as
+``<owner>+<repo>/...`` (e.g. made with ``git --git-dir=DIR show HEAD:path``); each case copies the
+files it needs to ``--work/<case>/``, patches that copy (below: what and why, per case), adds
+synthetic data, and runs ``torchopt validate SCRIPT --device cpu --json`` twice: safe fixes, then
+``--unsafe-fixes``. A verdict is *right* when it is the expected one: EQUIVALENT for a correct
+rewrite, DIVERGED naming the fix for one that really breaks the program (``expect`` per case).
+Prints a Markdown table (the one in docs/validation.md) and writes ``validate_real.json``.
+
+Patches are the smallest that make a script run on a CPU in seconds: shrink the model and the
+data, point the device at the CPU, and replace downloads with synthetic tensors. None of them
+touches the training step, which is what the rewrite changes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A stand-in for torchvision (not installed with torchopt): the datasets the examples load,
+# made of deterministic synthetic tensors, and the transforms they use on them.
+TORCHVISION = {
+    "torchvision/__init__.py": "from . import datasets, transforms, utils, models\n",
+    "torchvision/transforms.py": '''\
+import torch
+
+
+class Compose:
+    def __init__(self, ts):
+        self.ts = ts
+
+    def __call__(self, x):
+        for t in self.ts:
+            x = t(x)
+        return x
+
+
+class ToTensor:
+    def __call__(self, x):
+        return x
+
+
+class Normalize:
+    def __init__(self, mean, std):
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __call__(self, x):
+        return (x - self.mean) / self.std
+
+
+def _identity(*args, **kwargs):
+    return lambda x: x
+
+
+Resize = CenterCrop = RandomResizedCrop = RandomHorizontalFlip = _identity
+''',
+    "torchvision/datasets.py": '''\
+import torch
+
+
+class FakeData(torch.utils.data.Dataset):
+    """Deterministic images: item i is drawn from a generator seeded with i."""
+
+    def __init__(self, size=256, image_size=(3, 32, 32), num_classes=10, transform=None, **kwargs):
+        self.size, self.image_size, self.num_classes, self.transform = size, image_size, num_classes, transform
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        x = torch.rand(self.image_size, generator=g)
+        y = int(torch.randint(0, self.num_classes, (1,), generator=g))
+        return (self.transform(x) if self.transform else x), y
+
+
+def MNIST(root, train=True, download=False, transform=None, **kwargs):
+    return FakeData(256 if train else 64, (1, 28, 28), 10, transform)
+
+
+def ImageFolder(root, transform=None, **kwargs):
+    return FakeData(64, (3, 64, 64), 10, transform)
+''',
+    "torchvision/utils.py": "def save_image(*args, **kwargs):\n    pass\n",
+    "torchvision/models.py": '''\
+import torch.nn as nn
+
+
+def resnet18(pretrained=False, weights=None, num_classes=10, **kwargs):
+    """A tiny CNN under the ImageNet example's default architecture name."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+''',
+}
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str
+    repo: str  # <owner>+<repo> under --src
+    files: tuple[str, ...]  # copied from the repo (the first one is the script)
+    patches: tuple[tuple[str, str, str], ...] = ()  # (file, old, new): every `old` must occur
+    args: tuple[str, ...] = ()
+    steps: int = 3
+    extra: dict[str, str] = field(default_factory=dict)  # more files to write
+    data: str = ""  # a synthetic-data recipe (see make_data)
+    expect: dict[str, str] = field(default_factory=lambda: {"safe": "equivalent", "unsafe": "equivalent"})
+
+    @property
+    def script(self) -> str:
+        return os.path.basename(self.files[0])
+
+
+CASES = [
+    Case("nanoGPT train.py", "GPT LM, wall-clock logging, AdamW, GradScaler", "karpathy+nanoGPT",
+         ("train.py", "model.py"),
+         patches=(("train.py", "exec(open('configurator.py').read())", "pass  # (configurator.py not copied)"),
+                  ("train.py", "gradient_accumulation_steps = 5 * 8", "gradient_accumulation_steps = 2"),
+                  ("train.py", "batch_size = 12 #", "batch_size = 2 #"),
+                  ("train.py", "block_size = 1024", "block_size = 16"),
+                  ("train.py", "n_layer = 12", "n_layer = 1"), ("train.py", "n_head = 12", "n_head = 2"),
+                  ("train.py", "n_embd = 768", "n_embd = 16"),
+                  ("train.py", "eval_interval = 2000", "eval_interval = 100000"),
+                  ("train.py", "eval_iters = 200", "eval_iters = 1"),
+                  ("train.py", "device = 'cuda' #", "device = 'cpu' #"),
+                  ("train.py", "compile = True #", "compile = False #")),
+         data="nanogpt", steps=4),
+    Case("examples mnist/main.py", "CNN, Adadelta, StepLR, argparse", "pytorch+examples", ("mnist/main.py",),
+         args=("--batch-size", "16", "--epochs", "1"), extra=TORCHVISION),
+    Case("examples vae/main.py", "VAE, Adam, save_image", "pytorch+examples", ("vae/main.py",),
+         args=("--batch-size", "16", "--epochs", "1"), extra=TORCHVISION),
+    Case("examples word_language_model/main.py", "LSTM LM, tuple hidden state, repackage_hidden",
+         "pytorch+examples", ("word_language_model/main.py", "word_language_model/model.py",
+                              "word_language_model/data.py"),
+         args=("--emsize", "16", "--nhid", "16", "--bptt", "8", "--batch_size", "4", "--epochs", "1",
+               "--use-optimizer", "--lr", "0.01", "--data", "./corpus"), data="corpus"),
+    Case("examples ddp-tutorial-series/single_gpu.py", "trainer class, SGD, checkpoints", "pytorch+examples",
+         ("distributed/ddp-tutorial-series/single_gpu.py", "distributed/ddp-tutorial-series/datautils.py"),
+         patches=(("single_gpu.py", "MyTrainDataset(2048)", "MyTrainDataset(64)"),
+                  ("single_gpu.py", "device = 0", "device = 'cpu'")),
+         args=("1", "1", "--batch_size", "8")),
+]
+
+
+def make_data(case: Case, folder: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if case.data == "nanogpt":
+        d = folder / "data" / "openwebtext"
+        d.mkdir(parents=True)
+        for split in ("train", "val"):
+            rng.integers(0, 50257, 4096, dtype=np.uint16).tofile(d / f"{split}.bin")
+    elif case.data == "corpus":
+        d = folder / "corpus"
+        d.mkdir()
+        words = [f"w{i}" for i in range(50)]
+        for split, n in (("train", 400), ("valid", 80), ("test", 80)):
+            lines = [" ".join(words[int(k)] for k in rng.integers(0, 50, 12)) for _ in range(n // 12 + 1)]
+            (d / f"{split}.txt").write_text("\n".join(lines) + "\n")
+
+
+def prepare(case: Case, src: Path, work: Path) -> Path:
+    folder = work / case.name.split()[1].replace("/", "_").replace(".py", "")
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for f in case.files:
+        shutil.copy(src / case.repo / f, folder / os.path.basename(f))
+    for name, old, new in case.patches:
+        p = folder / name
+        text = p.read_text()
+        if old not in text:
+            raise SystemExit(f"{case.name}: patch target not found in {name}: {old!r}")
+        p.write_text(text.replace(old, new))
+    for rel, text in case.extra.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    make_data(case, folder)
+    return folder / case.script
+
+
+def validate(script: Path, case: Case, unsafe: bool, timeout: int) -> dict:
+    cmd = [sys.executable, "-m", "torchopt", "validate", str(script), "--device", "cpu", "--json",
+           "--steps", str(case.steps), "--timeout", str(timeout), "--jobs", "2"]
+    cmd += ["--unsafe-fixes"] if unsafe else []
+    cmd += ["--", *case.args] if case.args else []
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=script.parent)
+    took = time.monotonic() - start
+    try:
+        out = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        out = {"verdict": "error", "headline": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+    culprits = [f"{c['code']}:{c['line']}" for c in (out.get("bisect") or {}).get("culprits", [])]
+    return {"verdict": out.get("verdict"), "headline": out.get("headline"), "seconds": round(took, 1),
+            "fixes": [f"{f['code']}:{f['line']}" for f in out.get("applied", [])], "culprits": culprits,
+            "exit": proc.returncode}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--src", default="/tmp/realworld")
+    ap.add_argument("--work", default="/tmp/validate-real")
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--json-out", default="validate_real.json")
+    a = ap.parse_args()
+    results = []
+    for case in CASES:
+        if a.only and a.only not in case.name:
+            continue
+        script = prepare(case, Path(a.src), Path(a.work))
+        for mode in ("safe", "unsafe"):
+            r = validate(script, case, mode == "unsafe", a.timeout)
+            r.update(case=case.name, kind=case.kind, mode=mode, expected=case.expect[mode])
+            r["right"] = r["verdict"] == r["expected"]
+            results.append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+    print("| script | kind | fixes | verdict | time (s) | right |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        fixes = ", ".join(r["fixes"]) or "none"
+        verdict = r["headline"] if isinstance(r["headline"], str) else r["verdict"]
+        if r["culprits"]:
+            verdict += f" (bisected to {', '.join(r['culprits'])})"
+        print(f"| {r['case']} ({r['mode']}) | {r['kind']} | {fixes} | {verdict} | {r['seconds']} | "
+              f"{'yes' if r['right'] else 'NO'} |")
+    Path(a.json_out).write_text(json.dumps(results, indent=2))
+    return 0 if all(r["right"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
