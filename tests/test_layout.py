@@ -56,10 +56,24 @@ def _package_of(mod: str) -> str:
     return mod if _is_package(mod) else mod.rpartition(".")[0]
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:``: imports for annotations, never run."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")):
+            for stmt in node.body:
+                out.update(id(n) for n in ast.walk(stmt))
+    return out
+
+
 def _imports(mod: str) -> list[tuple[str, str | None, int]]:
-    """(imported module, imported name or None, line) for every import in ``mod``, at any depth."""
+    """(imported module, imported name or None, line) for every import in ``mod`` that runs, at any
+    depth (imports under ``if TYPE_CHECKING:`` never run and are left out)."""
     out = []
+    skipped = _type_checking_only(TREES[mod])
     for node in ast.walk(TREES[mod]):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             out += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

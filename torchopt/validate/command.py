@@ -176,22 +176,32 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
         extra.append(f"replay site {err}")
         if cmp.verdict == "equivalent":
             cmp.verdict = "diverged"
-    for label, runs in results.items():
-        written = runs[0].get("written") or []
-        if written:
-            extra.append(f"{label} version wrote, in its scratch copy of its folder (discarded): "
-                         f"{scratch.listing(written)}")
-        linked = runs[0].get("linked") or []
-        if linked:
-            extra.append(f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
-                         f"instead of copied, e.g. {linked[0]}")
-    if touched:
-        extra.insert(0, "WARNING: files in your folder changed while the programs ran (a write torchopt "
-                        f"could not redirect, or another process): {scratch.listing(touched)}")
+    warnings, wrote = _disk_notes(results, touched)
+    extra = warnings + extra + wrote
     cmp.notes = list(cmp.notes) + extra
     kw = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
     code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
     return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
+
+
+def _disk_notes(results: dict[str, list[dict]], touched: list[str]) -> tuple[list[str], list[str]]:
+    """A warning for any change in the user's folders, and what each version wrote in its scratch copy."""
+    from torchopt.validate import scratch
+
+    warnings, notes = [], []
+    if touched:
+        warnings.append("WARNING: files in your folder changed while the programs ran (a write torchopt "
+                     f"could not redirect, or another process): {scratch.listing(touched)}")
+    for label, runs in results.items():
+        written = runs[0].get("written") or []
+        if written:
+            notes.append(f"{label} version wrote, in its scratch copy of its folder (discarded): "
+                         f"{scratch.listing(written)}")
+        linked = runs[0].get("linked") or []
+        if linked:
+            notes.append(f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
+                         f"instead of copied, e.g. {linked[0]}")
+    return warnings, notes
 
 
 def resolve_device(device: str) -> str:

@@ -7,7 +7,8 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, dotted, torch_name, walk
+from torchopt.analysis.names import callee, dotted, torch_name
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.ddp import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid

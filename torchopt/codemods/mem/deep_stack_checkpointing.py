@@ -6,7 +6,9 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, dotted, positional, walk
+from torchopt.analysis.arguments import positional
+from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.mem import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Valid

@@ -6,7 +6,8 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import dotted, torch_name, walk
+from torchopt.analysis.names import dotted, torch_name
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.mem import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid

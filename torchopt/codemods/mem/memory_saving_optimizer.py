@@ -6,15 +6,11 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import (
-    callee,
-    has_star,
-    int_value,
-    reaching_values,
-    string_value,
-)
+from torchopt.analysis.arguments import has_star
+from torchopt.analysis.names import callee, reaching_values
+from torchopt.analysis.values import int_value, string_value
 from torchopt.codemods.mem import FAMILY
-from torchopt.codemods.optim._params import (
+from torchopt.analysis.optimizers import (
     ADAM_OPTIMIZERS,
     assigned_value,
     parameter_owners,

@@ -6,9 +6,10 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
-from torchopt.codemods._torch import callee, has_star, keyword, set_kwarg
+from torchopt.analysis.arguments import has_star, keyword, set_kwarg
+from torchopt.analysis.names import callee
 from torchopt.codemods.optim import FAMILY
-from torchopt.codemods.optim._params import (
+from torchopt.analysis.optimizers import (
     FUSED_OPTIMIZERS,
     OTHER_BACKENDS,
     group_sets,

@@ -6,16 +6,10 @@ import re
 
 import libcst as cst
 
-from torchopt.codemods._torch import (
-    callee,
-    dotted,
-    keyword,
-    matches_device_name,
-    positional,
-    reaching_values,
-    string_value,
-    walk,
-)
+from torchopt.analysis.arguments import keyword, positional
+from torchopt.analysis.names import callee, dotted, reaching_values
+from torchopt.analysis.syntax import walk
+from torchopt.analysis.values import matches_device_name, string_value
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
