@@ -6,14 +6,12 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
-import libcst as cst
 import pytest
 
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import ParseError, check_source
 from torchopt.rewrite.incremental import IncrementalChecker, groups, split
 from torchopt.rewrite.registry import all_rules
-from torchopt.rewrite.rule import RuleContext
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RULES = all_rules()
@@ -133,42 +131,6 @@ def test_texts_it_cannot_cut_are_checked_whole(text):
             IncrementalChecker().check(text, Settings(), "m.py")
         return
     assert IncrementalChecker().check(text, Settings(), "m.py") == expected
-
-
-def test_visitor_methods_are_listed_like_libcst_lists_them():
-    # The engine caches the visit_/leave_ method names per class (metadata.install_fast_visitor_lookup);
-    # for every rule and every batchable metadata provider they must be what LibCST itself finds.
-    import inspect
-
-    from libcst.metadata import BatchableMetadataProvider
-
-    from torchopt.rewrite.metadata import _class_visitors
-
-    def libcst_way(v) -> set[str]:
-        return {name for name, m in inspect.getmembers(v, lambda m: inspect.ismethod(m) and m.__name__.startswith(
-            ("visit_", "leave_")) and not getattr(m, "_is_no_op", False))}
-
-    module = cst.parse_module("x = 1\n")
-    settings = Settings()
-    visitors = [rule(RuleContext(module=module, options=settings.options_for(code), device_names=()))
-                for code, rule in RULES.items()]
-    providers = []
-    for cls in _all_subclasses(BatchableMetadataProvider):
-        try:
-            providers.append(cls())
-        except TypeError:  # needs arguments (e.g. a cache): not one the engine uses
-            pass
-    assert len(visitors) == len(RULES) and providers
-    for v in visitors + providers:
-        assert set(_class_visitors(v)) == libcst_way(v), type(v).__name__
-    assert cst.BatchableCSTVisitor.get_visitors is _class_visitors
-
-
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub] + _all_subclasses(sub)
-    return out
 
 
 def _one_edit(text: str, rng) -> str:

@@ -14,14 +14,13 @@ a recording visitor, and is used only when the recording is explained by it exac
 keeps LibCST's own path. Attribute callbacks are skipped only for node classes for which the visitor
 has no ``visit_<Class>_<field>``/``leave_<Class>_<field>`` method, where they do nothing.
 
-``TORCHOPT_SLOW_VISIT=1`` keeps LibCST's own traversal. ``tests/test_fast_visit.py`` compares the full
-event sequence of both over real modules.
+Nothing here changes LibCST by itself: ``torchopt.rewrite.speedups`` installs :func:`fast_visit` as
+``CSTNode.visit``. ``tests/test_libcst_fast_paths.py``
+compares the full event sequence of both walks over real modules.
 """
 from __future__ import annotations
 
-import abc
 import inspect
-import os
 import re
 from operator import attrgetter
 from typing import Any, MutableMapping
@@ -321,49 +320,3 @@ def fast_visit(self: cst.CSTNode, visitor: Any) -> Any:
     else:
         _walk(self, visitor, _hooks(visitor), _tables(visitor))
     return self
-
-
-def install_fast_visit() -> None:
-    """Make ``CSTNode.visit`` use :func:`fast_visit` (same callbacks, process-wide)."""
-    if os.environ.get("TORCHOPT_SLOW_VISIT") == "1":
-        return
-    if cst.CSTNode.visit is not fast_visit:
-        cst.CSTNode.visit = fast_visit  # type: ignore[method-assign]
-
-
-# ------------------------------------------------------------------ isinstance on node classes
-# LibCST's node classes are ABCs, so every ``isinstance(x, cst.Call)`` that is not an exact match
-# goes through ``ABCMeta.__instancecheck__`` (a Python frame, then the ABC caches). Rules and scope
-# analysis make tens of thousands of such tests per file. LibCST registers no virtual subclasses and
-# defines no ``__subclasshook__``, so the answer is plain inheritance, which ``type``'s own checks give
-# directly. The node classes get a metaclass that only swaps those two checks in.
-
-
-class _NodeMeta(abc.ABCMeta):
-    __instancecheck__ = type.__instancecheck__  # type: ignore[assignment]
-    __subclasscheck__ = type.__subclasscheck__  # type: ignore[assignment]
-
-
-def _node_classes() -> list[type]:
-    out, stack, seen = [], [cst.CSTNode], set()
-    while stack:
-        cls = stack.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        out.append(cls)
-        stack.extend(cls.__subclasses__())
-    return out
-
-
-def install_fast_isinstance() -> None:
-    """Give LibCST's node classes :class:`_NodeMeta` (same answers; ``TORCHOPT_SLOW_ISINSTANCE=1``
-    keeps ABCMeta). Only classes whose ABC registry is empty are changed."""
-    if os.environ.get("TORCHOPT_SLOW_ISINSTANCE") == "1":
-        return
-    dump = getattr(abc, "_get_dump", None)  # CPython's view of an ABC's registry
-    if dump is None:
-        return
-    for cls in _node_classes():
-        if type(cls) is abc.ABCMeta and not dump(cls)[0] and "__subclasshook__" not in cls.__dict__:
-            cls.__class__ = _NodeMeta

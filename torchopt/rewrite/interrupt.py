@@ -39,7 +39,8 @@ class _Process:
 
     def __init__(self) -> None:
         self.worker = False  # a pool worker, rather than the process the user started
-        self.parent_pid = 0  # a worker's parent, to notice its death
+        self.parent_pid = 0  # the torchopt process a worker works for, to notice its death
+        self.direct_parent = 0  # a worker's parent when it started (torchopt, or the fork server)
         self.abandon = False  # a stop signal abandons the work under way (else it is only noted)
         self.writing = False  # a file write is under way: let it finish
         self.stop: int | None = None  # the stop signal received, if any
@@ -125,6 +126,9 @@ def init_worker(parent_pid: int, memory: int, then: Callable[[], None] | None = 
     """Initializer of a pool worker: die with the parent, leave Ctrl-C to it, stop on SIGTERM,
     and bound the memory one file may take."""
     _this.worker, _this.parent_pid, _this.stop = True, parent_pid, None
+    # Under fork the worker's parent is torchopt itself; under forkserver it is the fork server,
+    # which exits when torchopt does. Either way the worker is re-parented when its parent dies.
+    _this.direct_parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_stop)
     _die_with_parent()
@@ -159,4 +163,14 @@ def _die_with_parent() -> None:
 
 
 def _parent_gone() -> bool:
-    return _this.worker and os.getppid() != _this.parent_pid
+    if not _this.worker:
+        return False
+    if os.getppid() != _this.direct_parent:
+        return True
+    try:
+        os.kill(_this.parent_pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it exists (another user's process would say EPERM; torchopt's own never does)
+    return False

@@ -10,8 +10,7 @@ import ast
 import dataclasses
 import os
 from contextlib import contextmanager
-from typing import Callable, Iterator, MutableMapping, TypeVar
-from weakref import WeakKeyDictionary
+from typing import Callable, Iterator, TypeVar
 
 import libcst as cst
 from libcst.metadata import BaseMetadataProvider, QualifiedName, ScopeProvider
@@ -46,6 +45,7 @@ def unordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
 # are its node-valued fields, in the order its ``_visit_and_replace_children`` visits them; that order
 # is fixed per class and per set of non-empty fields, so it is learned once from the slow property and
 # then read straight from the fields. Anything it cannot learn exactly falls back to the slow path.
+# Rules walk through ``children_of`` (LibCST's ``children`` itself is left as it is).
 _SLOW_CHILDREN = cst.CSTNode.children.fget  # type: ignore[attr-defined]
 _ORDER: dict[tuple[type, tuple[str, ...]], tuple[str, ...] | None] = {}
 
@@ -166,41 +166,6 @@ def _learn(node: cst.CSTNode, present: list[str], slow: list[cst.CSTNode]) -> tu
     return tuple(order) if set(order) == set(present) else None
 
 
-def install_fast_children() -> None:
-    """Make ``CSTNode.children`` use :func:`ordered_children` (same result, process-wide).
-    ``TORCHOPT_SLOW_CHILDREN=1`` keeps LibCST's own (to rule this out when hunting a bug)."""
-    if os.environ.get("TORCHOPT_SLOW_CHILDREN") == "1":
-        return
-    if cst.CSTNode.children.fget is not ordered_children:  # type: ignore[attr-defined]
-        cst.CSTNode.children = property(ordered_children, doc=cst.CSTNode.children.__doc__)  # type: ignore[method-assign]
-
-
-_VISITOR_NAMES: MutableMapping[type, tuple[str, ...]] = WeakKeyDictionary()  # local classes come and go
-
-
-def _class_visitors(self: cst.BatchableCSTVisitor) -> dict:
-    """``BatchableCSTVisitor.get_visitors`` with the method names found once per class: LibCST's own
-    runs ``inspect.getmembers`` on every instance (every rule and batchable metadata provider, for
-    every file), a fifth of a small file's analysis time."""
-    cls = type(self)
-    names = _VISITOR_NAMES.get(cls)
-    if names is None:
-        found = []
-        for n in dir(cls):
-            if n.startswith(("visit_", "leave_")):
-                m = getattr(cls, n)
-                if callable(m) and not getattr(m, "_is_no_op", False):
-                    found.append(n)
-        names = _VISITOR_NAMES[cls] = tuple(found)
-    return {n: getattr(self, n) for n in names}
-
-
-def install_fast_visitor_lookup() -> None:
-    """Make ``BatchableCSTVisitor.get_visitors`` use :func:`_class_visitors` (same result)."""
-    if cst.BatchableCSTVisitor.get_visitors is not _class_visitors:
-        cst.BatchableCSTVisitor.get_visitors = _class_visitors  # type: ignore[method-assign]
-
-
 class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
     """node -> its parent, like ParentNodeProvider (the module has none)."""
 
@@ -235,25 +200,6 @@ def module_source(module: cst.Module, text: str) -> Iterator[None]:
         yield
     finally:
         _SOURCE[:] = old
-
-
-_MODULE_CODE = cst.Module.code.fget  # type: ignore[attr-defined]
-
-
-def _module_code(self: cst.Module) -> str:
-    """``Module.code`` without regenerating it for the module the engine is analysing: LibCST's
-    round trip is exact, so that is the text it was parsed from. Rules ask for the module's text
-    to look for a marker; regenerating a 4,000-line file for that cost more than analysing it."""
-    if _SOURCE[0] is self and _SOURCE[1] is not None:
-        return _SOURCE[1]
-    return _MODULE_CODE(self)
-
-
-def install_fast_module_code() -> None:
-    if os.environ.get("TORCHOPT_SLOW_CODE") == "1":
-        return
-    if cst.Module.code.fget is not _module_code:  # type: ignore[attr-defined]
-        cst.Module.code = property(_module_code, doc=cst.Module.code.__doc__)  # type: ignore[method-assign]
 
 
 def _ast_dotted(node: ast.AST) -> str | None:

@@ -5,13 +5,12 @@ builds two ``CodePosition`` objects and a ``CodeRange`` (frozen dataclasses) for
 through a generator-based context manager for every syntactic position and a regex for every token,
 and then copies the whole table: on the files rules analyse that was a quarter of the time. Here the
 same walk stores plain tuples, and a ``CodeRange`` is built only for the nodes somebody asks about
-(the findings, a few rule checks). Same values: ``tests/test_positions.py`` compares every node.
-
-``TORCHOPT_SLOW_POSITIONS=1`` keeps LibCST's own.
+(the findings, a few rule checks). Same values: ``tests/test_libcst_fast_paths.py`` compares every
+node. ``torchopt.rewrite.speedups`` installs :func:`fast_gen` as ``PositionProvider._gen``; importing
+this module changes nothing.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import Any, Iterator
@@ -130,18 +129,10 @@ class Ranges(Mapping):
         return len(self._table)
 
 
-def _fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, CodeRange]:
+def fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, CodeRange]:
     if type(self) is not PositionProvider:  # a subclass may compute something else
         return _ORIGINAL_GEN(self, wrapper)
     table: dict[int, tuple] = {}
     module = wrapper.module
     module._codegen(_State(module, table))  # noqa: SLF001
     return Ranges(table, module)
-
-
-def install_fast_positions() -> None:
-    """Make ``PositionProvider`` use :func:`_fast_gen` (same positions, process-wide)."""
-    if os.environ.get("TORCHOPT_SLOW_POSITIONS") == "1":
-        return
-    if PositionProvider._gen is not _fast_gen:  # noqa: SLF001
-        PositionProvider._gen = _fast_gen  # type: ignore[method-assign]  # noqa: SLF001
