@@ -1,3 +1,3 @@
-"""Device placement (TOP1xx, rules.md §2 DEV): create tensors and modules where they are used."""
+"""Device placement (TOP1xx): create tensors and modules where they are used."""
 
 FAMILY = "device"

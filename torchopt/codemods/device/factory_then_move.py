@@ -82,7 +82,7 @@ class FactoryThenMove(_FactoryRule):
     * **semantics**: with `requires_grad=True` the original result is a non-leaf copy whose `.grad`
       is never filled; the rewritten tensor is a leaf (usually a bug fix).
 
-    `.to(device, dtype)` also folds the dtype when DEV-002 proves the cast value-preserving.
+    `.to(device, dtype)` also folds the dtype when the cast provably keeps every value (TOP102's test).
     Names such as `device`, `dev`, `*_device` and `<expr>.device` are assumed to hold a
     `torch.device` (the `device-names` setting); such findings say so. Not rewritten: `.to(x)` where
     `x` may be a dtype or a tensor, `.cuda(x)` with `x` of unknown type (reported only),

@@ -1,4 +1,4 @@
-"""TOP103: build ``torch.nn`` modules on their device and in their dtype (rules.md DEV-003)."""
+"""TOP103: build ``torch.nn`` modules on their device and in their dtype ."""
 from __future__ import annotations
 
 import libcst as cst
@@ -144,14 +144,14 @@ class ModuleThenMove(Rule):
             "import torch\nimport torch.nn as nn\n\nlayer = nn.Linear(4, 3).to('cpu')\nx = torch.randn(2)\n",
             after="import torch\nimport torch.nn as nn\n\nlayer = nn.Linear(4, 3, device='cpu')\nx = torch.randn(2)\n",
             runnable=True,
-            note="on the CPU the same generator draws the same weights (E-04)",
+            note="on the CPU the same generator draws the same weights",
         ),
         Invalid(
             "import torch\nimport torch.nn as nn\n\nlayer = nn.Linear(4, 3).double()\n",
             after="import torch\nimport torch.nn as nn\n\nlayer = nn.Linear(4, 3, dtype=torch.float64)\n",
             unsafe="rng",
             runnable=True,
-            note="different weights (E-04)",
+            note="different weights",
         ),
         Invalid(
             "import torch.nn as nn\n\nconv = nn.Conv2d(3, 8, 3, device='cpu').cuda(1)\n",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast as _ast
+from textwrap import dedent
 
 from libcst.metadata import ScopeProvider
 import libcst as cst
@@ -15,9 +16,16 @@ from torchopt.analysis.names import torch_ref
 from torchopt.analysis.precheck.scopes import ast_loop_calls
 from torchopt.analysis.precheck.torch_imports import torch_calls_to
 from torchopt.analysis.syntax import source
+from torchopt.analysis.syntax import walk
 from torchopt.analysis.transfers import DATALOADERS
+from torchopt.analysis.transfers import assigned_before
+from torchopt.analysis.transfers import base_name
 from torchopt.analysis.transfers import loop_copies
+from torchopt.analysis.transfers import move_device
+from torchopt.analysis.transfers import mutated_names
 from torchopt.codemods.device import FAMILY
+from torchopt.codemods.device.loader_sources import int_device_attribute
+from torchopt.codemods.device.loader_sources import loader_calls
 from torchopt.codemods.device.loop_prechecks import _LoaderUse
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -169,16 +177,112 @@ class UnpinnedHostCopy(Rule):
             "def train(loader):\n    for x, y in loader:\n        x = x.cuda()\n",
             note="the loop's loader is a parameter, not the DataLoader built elsewhere",
         ),
+        Invalid(dedent('''\
+            import torch
+            import torch.utils.data as tud
+
+            def train(model, device, train_loader):
+                for batch_idx, (data, target) in enumerate(train_loader):
+                    data, target = data.to(device), target.to(device)
+
+            def main(ds, model):
+                device = torch.device("cuda")
+                kwargs = {"batch_size": 8, "pin_memory": True}
+                loader = tud.DataLoader(ds, **kwargs)
+                for epoch in range(2):
+                    train(model, device, loader)
+            '''), after=dedent('''\
+            import torch
+            import torch.utils.data as tud
+
+            def train(model, device, train_loader):
+                for batch_idx, (data, target) in enumerate(train_loader):
+                    data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+
+            def main(ds, model):
+                device = torch.device("cuda")
+                kwargs = {"batch_size": 8, "pin_memory": True}
+                loader = tud.DataLoader(ds, **kwargs)
+                for epoch in range(2):
+                    train(model, device, loader)
+            '''), note="the copy is in a function that every call in the file gives a DataLoader"),
+        Invalid(dedent('''\
+            from torch.utils.data import DataLoader
+
+
+            class Trainer:
+                def __init__(self, model, train_data: DataLoader, gpu_id: int):
+                    self.gpu_id = gpu_id
+                    self.train_data = train_data
+
+                def run_epoch(self):
+                    for source, targets in self.train_data:
+                        source = source.to(self.gpu_id)
+
+
+            def prepare(ds):
+                return DataLoader(ds, batch_size=32, pin_memory=True)
+
+
+            Trainer(None, prepare(ds), 0).run_epoch()
+            '''), after=dedent('''\
+            from torch.utils.data import DataLoader
+
+
+            class Trainer:
+                def __init__(self, model, train_data: DataLoader, gpu_id: int):
+                    self.gpu_id = gpu_id
+                    self.train_data = train_data
+
+                def run_epoch(self):
+                    for source, targets in self.train_data:
+                        source = source.to(self.gpu_id, non_blocking=True)
+
+
+            def prepare(ds):
+                return DataLoader(ds, batch_size=32, pin_memory=True)
+
+
+            Trainer(None, prepare(ds), 0).run_epoch()
+            '''), note="a trainer method: the loader comes through `__init__`, the device is an `int` GPU index"),
+        Valid(dedent('''\
+            from torch.utils.data import DataLoader
+
+            def train(loader, device):
+                for x in loader:
+                    x = x.to(device)
+
+            train(DataLoader(ds), "cuda")
+            train(prefetcher, "cuda")
+            '''), note="one call passes something else: a prefetcher may reuse its pinned buffers"),
+        Valid(dedent('''\
+            from torch.utils.data import DataLoader
+
+
+            class Trainer:
+                def __init__(self, data, gpu_id):
+                    self.gpu_id = gpu_id
+                    self.data = data
+
+                def run(self):
+                    for x in self.data:
+                        x = x.to(self.gpu_id)
+
+
+            Trainer(DataLoader(ds), 0).run()
+            '''), note="`gpu_id` is not known to be a GPU index (no `int` annotation)"),
     )
 
     def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
         super().__init__(ctx)
         self._loaders: dict[int, cst.Call] = {}  # id(binding Name) -> DataLoader call
         self._fors: list[cst.For] = []
+        self._seen_loader = False  # any DataLoader call, bound to a name or not (`return DataLoader(...)`)
 
     def visit_Call(self, node: cst.Call) -> None:
         if callee(self, node) not in DATALOADERS:
             return
+        self._seen_loader = True
         parent = self.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = parent.targets[0].target
@@ -194,7 +298,7 @@ class UnpinnedHostCopy(Rule):
             self._fors.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not self._loaders:
+        if not self._seen_loader:
             return
         uses: dict[int, _LoaderUse] = {}
         moves: dict[int, cst.Call] = {}
@@ -240,10 +344,10 @@ class UnpinnedHostCopy(Rule):
                     replacement=set_kwarg(call, "pin_memory", value), imports=imports)
 
     def _unwrap(self, it: cst.BaseExpression, target: cst.BaseExpression
-                ) -> tuple[cst.Name, cst.BaseExpression] | None:
-        """The loader name and the part of the target that receives its batches."""
+                ) -> tuple[cst.Name | cst.Attribute, cst.BaseExpression] | None:
+        """The loader (a name or ``self.X``) and the part of the target that receives its batches."""
         for _ in range(4):
-            if isinstance(it, cst.Name):
+            if isinstance(it, cst.Name) or (isinstance(it, cst.Attribute) and isinstance(it.value, cst.Name)):
                 return it, target
             if not isinstance(it, cst.Call) or has_star(it):
                 return None
@@ -263,8 +367,11 @@ class UnpinnedHostCopy(Rule):
             it = args[0].value
         return None
 
-    def _loader_calls(self, name: cst.Name) -> list[cst.Call]:
-        """The DataLoader calls ``name`` is bound to, if every binding it can see is one."""
+    def _loader_calls(self, name: cst.Name | cst.Attribute) -> list[cst.Call]:
+        """The DataLoader calls ``name`` is bound to, if every binding it can see is one (or, for a
+        parameter or a ``self.`` attribute, if every call or assignment in the file passes one)."""
+        if isinstance(name, cst.Attribute):
+            return loader_calls(self, name)
         try:
             scope = self.get_metadata(ScopeProvider, name)
         except KeyError:
@@ -275,9 +382,36 @@ class UnpinnedHostCopy(Rule):
         for a in scope[name.value]:
             call = self._loaders.get(id(getattr(a, "node", None)))
             if call is None:
-                return []
+                return loader_calls(self, name)
             out.append(call)
         return out
 
     def _moves(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
-        return loop_copies(self, loop, target)
+        kinds, fixable = loop_copies(self, loop, target)
+        extra_kinds, extra = self._copies_to_gpu_index(loop, target)
+        return kinds | extra_kinds, fixable + extra
+
+    def _copies_to_gpu_index(self, loop: cst.For, target: cst.BaseExpression) -> tuple[set[str], list[cst.Call]]:
+        """Trainer classes copy to ``self.gpu_id``, an ``int`` GPU index the shared device analysis
+        does not know: ``x.to(self.gpu_id)`` of a loop-target tensor."""
+        names = {n.value for n in walk(target) if isinstance(n, cst.Name)}
+        mutated = mutated_names(loop.body)
+        kinds: set[str] = set()
+        fixable: list[cst.Call] = []
+        for n in walk(loop.body):
+            if not (isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "to"):
+                continue
+            pos = positional(n)
+            if has_star(n) or len(pos) != 1 or any(a.keyword.value != "non_blocking" for a in n.args if a.keyword):
+                continue
+            base = base_name(n.func.value)
+            if base is None or base.value not in names or base.value in mutated:
+                continue
+            if move_device(self, n) is not None or not isinstance(pos[0].value, cst.Attribute):
+                continue
+            if assigned_before(self, base, loop.body, n) or not int_device_attribute(self, pos[0].value):
+                continue
+            kinds.add("device")
+            if keyword(n, "non_blocking") is None:
+                fixable.append(n)
+        return kinds, fixable

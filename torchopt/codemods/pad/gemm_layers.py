@@ -1,4 +1,4 @@
-"""TOP302: GEMM dimensions that are not multiples of 8 (rules.md PAD-002)."""
+"""TOP302: GEMM dimensions that are not multiples of 8: the layers, activations and size checks it uses."""
 from __future__ import annotations
 
 import libcst as cst
@@ -16,6 +16,11 @@ LAYERS: dict[str, tuple[tuple[str, int], ...]] = {
     "LSTMCell": (("input_size", 0), ("hidden_size", 1)),
     "GRUCell": (("input_size", 0), ("hidden_size", 1)),
     "RNNCell": (("input_size", 0), ("hidden_size", 1)),
+}
+# Convolutions whose channels are padded as a fix only, inside an nn.Sequential chain (the outer
+# channels stay): (parameter name, positional index) of in and out channels.
+CONVS: dict[str, tuple[tuple[str, int], ...]] = {
+    name: (("in_channels", 0), ("out_channels", 1)) for name in ("Conv1d", "Conv2d", "Conv3d")
 }
 # Elementwise modules with f(0) == 0: a padded hidden unit (zero weights in and out) stays exactly
 # zero in the forward pass and gets exactly zero gradients, so training keeps it at zero.
@@ -118,7 +123,7 @@ def _bad_size_possible(text: str) -> bool:
     for c in index.get(_ast.Call, ()):
         f = c.func
         last = f.attr if isinstance(f, _ast.Attribute) else f.id if isinstance(f, _ast.Name) else None
-        if last not in LAYERS or any(isinstance(a, _ast.Starred) for a in c.args) or any(
+        if (last not in LAYERS and last not in CONVS) or any(isinstance(a, _ast.Starred) for a in c.args) or any(
                 k.arg is None for k in c.keywords):
             continue
         vals = [_ast_int_const(text, a) for a in [*c.args, *(k.value for k in c.keywords)]]

@@ -1,6 +1,8 @@
 """TOP302 `unpadded-gemm-size`: Reports `nn.Linear`, `nn.MultiheadAttention`, `nn.Transformer*Layer` and recurrent layers whose."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
@@ -17,7 +19,7 @@ from torchopt.codemods.pad.sizes import nn_class
 from torchopt.codemods.pad.sizes import pad_formula
 from torchopt.codemods.pad.sizes import padded
 from torchopt.codemods.pad.gemm_layers import (
-    DROPOUT, DROPOUT_FN, LAYERS, MIN_SIZE, NO_ARGS_ONLY, ZERO_PRESERVING, ZERO_PRESERVING_FN,
+    CONVS, DROPOUT, DROPOUT_FN, LAYERS, MIN_SIZE, NO_ARGS_ONLY, ZERO_PRESERVING, ZERO_PRESERVING_FN,
     ZERO_PRESERVING_METHODS, _FFN, _bad_size_possible, _self_attr
 )
 from torchopt.rewrite.metadata import ParentProvider
@@ -44,6 +46,23 @@ out = mlp(torch.randn(4, 16))
 
 
 _LAYER_NAMES = frozenset(LAYERS)
+_CONV_NAMES = frozenset(CONVS)
+# Layers chained in a Sequential whose hidden width can be padded: the next one must be the same kind.
+_CHAINABLE = {"Linear": ("in_features", "out_features"),
+              **{c: ("in_channels", "out_channels") for c in CONVS}}
+_CNN = '''import torch
+from torch import nn as tnn
+
+torch.manual_seed(0)
+features = tnn.Sequential(
+    tnn.Conv2d(3, 20, 3, padding=1),
+    tnn.ReLU(),
+    tnn.Conv2d(20, 30, 3),
+    tnn.Tanh(),
+    tnn.Conv2d(30, 16, 1),
+)
+out = features(torch.randn(2, 3, 8, 8))
+'''
 
 
 class PadGemmDims(Rule):
@@ -52,7 +71,8 @@ class PadGemmDims(Rule):
     sizes are known constants that are not multiples of 8, with the nearest padded size. Sizes the
     rule cannot evaluate (function parameters, config fields) are not reported, nor sizes below 8
     (a score head `nn.Linear(h, 1)`, a 2-way classifier: memory-bound, nothing to gain). Convolution
-    channels are not reported: cuDNN 7.3 and later has no such constraint.
+    channels are reported only where they can be fixed (below): cuDNN 7.3 and later runs other
+    channel counts without a large penalty, so advice alone would be noise.
 
     ## Why is this slow
     fp16/bf16 (and TF32) Tensor Cores multiply tiles whose sides are multiples of 8; a GEMM with
@@ -72,7 +92,9 @@ class PadGemmDims(Rule):
     two `nn.Linear` layers of one `nn.Sequential`, joined only by elementwise activations with
     `f(0) == 0` (ReLU, GELU, SiLU, Tanh, ...) or dropout, is padded on both sides. The Sequential's
     input and output sizes are never changed, nor a size a normalisation layer reduces over, nor a
-    Sequential the file indexes or slices (its hidden features would become visible). The same holds
+    Sequential the file indexes or slices (its hidden features would become visible). Chains of
+    plain `nn.Conv1d`/`nn.Conv2d`/`nn.Conv3d` layers in one `nn.Sequential` are padded the same way
+    (hidden channels; not through a grouped convolution, a norm, pooling or sigmoid). The same holds
     for two `nn.Linear` attributes of one module whose only use is `self.fc2(act(self.fc1(x)))`
     (activations held in attributes, their functional forms such as `F.relu`, `.relu()`, or
     dropout in between).
@@ -99,7 +121,7 @@ class PadGemmDims(Rule):
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE)
     prefilter = ("Linear", "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-                 "LSTM", "GRU", "RNN")
+                 "LSTM", "GRU", "RNN", "Conv1d", "Conv2d", "Conv3d")
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -107,11 +129,11 @@ class PadGemmDims(Rule):
         from torchopt.analysis.precheck.torch_imports import torch_callees
 
         # The layer must resolve to torch.nn and have a size maybe_int can evaluate (visit_Call).
-        if not (super().could_match(text) and "torch" in text and int_sized_layer_call(text, LAYERS)):
+        if not (super().could_match(text) and "torch" in text and int_sized_layer_call(text, {**LAYERS, **CONVS})):
             return False
         callees = torch_callees(text)
         if callees is not None and not any(
-                q.split(".")[-1] in LAYERS and (q.count(".") == 2 or q.split(".")[2] == "modules")
+                (q.split(".")[-1] in LAYERS or q.split(".")[-1] in CONVS) and (q.count(".") == 2 or q.split(".")[2] == "modules")
                 and q.startswith("torch.nn.") for q in callees):
             return False
         return _bad_size_possible(text)
@@ -142,6 +164,15 @@ class PadGemmDims(Rule):
               runnable=True),
         Valid("import torch.nn as nn\n\ndef build(n):\n    return nn.Linear(n, 3 * n)\n", note="sizes not known"),
         Valid("import torch.nn as nn\n\nconv = nn.Conv2d(3, 17, 3)\n", note="convolutions are not reported"),
+        Invalid(_CNN, after=_CNN.replace("20", "24").replace("30", "32"), unsafe=("semantics", "rng", "tolerance"),
+                runnable=True, note="a convolution chain, aliased import: channels 20 and 30 padded, 3 and 16 kept"),
+        Valid(dedent('''\
+            import torch.nn as nn
+
+            net = nn.Sequential(nn.Conv2d(3, 20, 3), nn.BatchNorm2d(20), nn.ReLU(), nn.Conv2d(20, 16, 3))
+            dw = nn.Sequential(nn.Conv2d(20, 20, 3, groups=20), nn.ReLU(), nn.Conv2d(20, 16, 1))
+            gate = nn.Sequential(nn.Conv2d(3, 20, 3), nn.Sigmoid(), nn.Conv2d(20, 16, 3))
+            '''), note="a norm, a grouped convolution, sigmoid(0) = 0.5: convolution channels left alone"),
     )
 
     def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
@@ -153,6 +184,9 @@ class PadGemmDims(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = last_name(node.func)
+        if name in CONVS:
+            self._visit_conv(node)
+            return
         if name not in LAYERS or has_star(node):
             return
         if not any(a is not None and maybe_int(self, a.value) for a in (arg(node, i, n) for n, i in LAYERS[name])):
@@ -198,6 +232,46 @@ class PadGemmDims(Rule):
         self.report(node, fmt=fmt, replacement=replacement, target=seq, safety=Safety.UNSAFE,
                     tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE), note=note)
 
+    def _visit_conv(self, node: cst.Call) -> None:
+        """Convolution channels are reported only where they can be padded inside a Sequential chain:
+        cuDNN runs other channel counts without a large penalty, so the advice alone is noise."""
+        if has_star(node) or nn_class(self, node, _CONV_NAMES) not in CONVS:
+            return
+        fix = self._sequential_fix(node)
+        if fix is None:
+            return
+        seq, replacement, hidden, pad_to, dropout = fix
+        m = self._multiple
+        bad = [(n, v) for n, v in ((n, int_const(self, a.value)) for n, a in
+                                   ((n, arg(node, i, n)) for n, i in CONVS[nn_class(self, node) or "Conv2d"]) if a)
+               if v is not None and v >= MIN_SIZE and v % m]
+        if not bad:
+            return
+        fmt = {"layer": code(self, node) if len(code(self, node)) <= 60 else code(self, node.func) + "(...)",
+               "dims": ", ".join(f"{n}={v}" for n, v in bad) + (" is" if len(bad) == 1 else " are"),
+               "multiple": str(m), "suggest": ", ".join(f"{n}={padded(v, m)}" for n, v in bad),
+               "hidden": hidden, "padded": pad_to}
+        note = ("parameter shapes change; the padded layers draw more random numbers at initialisation; "
+                "the next layer sums over extra zero channels (float rounding may differ)")
+        if dropout:
+            note += "; dropout draws its mask over the padded width"
+        self.report(node, fmt=fmt, replacement=replacement, target=seq, safety=Safety.UNSAFE,
+                    tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE), note=note)
+
+    def _chain_link(self, item: cst.BaseExpression) -> str | None:
+        """The kind of a layer whose output width can be padded: a Linear, or a plain convolution
+        (no ``groups``, which ties channels together, and no ``*args``)."""
+        if not isinstance(item, cst.Call) or has_star(item):
+            return None
+        kind = nn_class(self, item)
+        if kind not in _CHAINABLE:
+            return None
+        if kind in CONVS:
+            groups = arg(item, 6, "groups")
+            if groups is not None and int_const(self, groups.value) != 1:
+                return None
+        return kind
+
     def _vocabulary(self) -> set[str]:
         if self._vocab_keys is None:
             keys: set[str] = set()
@@ -226,9 +300,11 @@ class PadGemmDims(Rule):
         first = None
         dropout = False
         for i, item in enumerate(items):
-            if not (isinstance(item, cst.Call) and nn_class(self, item) == "Linear") or has_star(item):
+            kind = self._chain_link(item)
+            if kind is None:
                 continue
-            out = arg(item, 1, "out_features")
+            in_name, out_name = _CHAINABLE[kind]
+            out = arg(item, 1, out_name)
             h = int_const(self, out.value) if out else None
             if out is None or h is None or h <= 0 or h % m == 0:
                 continue
@@ -250,9 +326,9 @@ class PadGemmDims(Rule):
             if j >= len(items):
                 continue
             nxt = items[j]
-            if not (isinstance(nxt, cst.Call) and nn_class(self, nxt) == "Linear") or has_star(nxt):
+            if self._chain_link(nxt) != kind:
                 continue
-            inp = arg(nxt, 0, "in_features")
+            inp = arg(nxt, 0, in_name)
             if inp is None or int_const(self, inp.value) != h:
                 continue
             if isinstance(out.value, cst.Integer):
