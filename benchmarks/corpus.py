@@ -1,7 +1,7 @@
-"""Throughput and safety on real code: copies a corpus (default: timm + torchvision sources from
-`bash ../shared/tools/corpus.sh`) to a temp folder, runs `torchopt rewrite --unsafe-fixes` on it,
-and reports wall time, files, fixes per code; then checks that every output compiles and that a
-second run changes nothing.
+"""Throughput and safety on real code: copies a corpus (default: the timm and torchvision sources
+unpacked as CONTRIBUTING.md, "Measuring throughput", shows) to a temp folder, runs
+`torchopt rewrite --unsafe-fixes` on it, and reports wall time, files, fixes per code; then checks
+that every output compiles and that a second run changes nothing.
 
     python benchmarks/corpus.py [SRC ...] [--jobs N]
 """

@@ -1,4 +1,4 @@
-"""TOP901 (channels_last, rules.md CL-001): opt-in selection, the fixture's opt-in golden, and
+"""TOP901 (channels_last): opt-in selection, the fixture's opt-in golden, and
 `torchopt validate` of the fixture's rewrite within the tolerance class."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_blockers_make_it_display_only():
 
 def test_fixture_validates_within_tolerance(tmp_path, monkeypatch):
     """`torchopt validate before.py after.py` (the TOP901 rewrite alone): equivalent under the
-    tolerance class, not bitwise (NHWC convolutions round differently, E-10)."""
+    tolerance class, not bitwise (NHWC convolutions round differently)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (tmp_path / "b").mkdir()
     (tmp_path / "a").mkdir()

@@ -1,6 +1,6 @@
-"""TOP911 (model.compile, CMP-001), TOP921 (reduce-overhead, CG-001), TOP922 (hand-made CUDA graphs,
-CG-002), TOP931 (activation checkpointing, CKPT-001): opt-in selection, target-torch, the facts the
-rules rely on, and `torchopt validate` of the compile fixture.
+"""TOP911 (model.compile), TOP921 (reduce-overhead), TOP922 (hand-made CUDA graphs), TOP931
+(activation checkpointing): opt-in selection, target-torch, the facts the rules rely on, and
+`torchopt validate` of the compile fixture.
 
 Inductor on this CPU-only, shared machine takes over a minute to compile even a tiny model (measured:
 96 s for the first call of a Conv2d+Linear model), so the validation test runs the compiled program
@@ -96,7 +96,7 @@ def test_module_compile_facts():
     n, keys = _count_graphs(lambda: torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()))
     assert n == 0 and keys == ["0.weight", "0.bias"]
     optimized = torch.compile(torch.nn.Linear(4, 2), backend="eager")
-    assert list(optimized.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]  # the other spelling (E-22)
+    assert list(optimized.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]  # the other spelling
     src = ("import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(4, 2), nn.ReLU())\n"
            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(x).sum()\n")
     (d,) = check_source(src, Settings(select=("TOP911",))).diagnostics

@@ -30,39 +30,37 @@ def test_readme_main_command_names_a_bundled_fixture():
     assert m and os.path.isfile(os.path.join(ROOT, m.group(1)))
 
 
-# The rule catalogue's index (rules.md, "FAM-00N becomes TOP + family digits + N").
-CATALOGUE = {
-    "DEV": (1, 5, "TOP10"), "AMP": (1, 7, "TOP20"), "PAD": (1, 3, "TOP30"), "DDP": (1, 9, "TOP40"),
-    "FLAG": (1, 3, "TOP50"), "SYNC": (1, 9, "TOP60"), "DATA": (1, 4, "TOP70"), "MEM": (1, 1, "TOP71"),
-    "INF": (1, 3, "TOP80"), "DBG": (1, 5, "TOP81"), "DEP": (1, 10, "TOP82"), "ZG": (1, 2, "TOP83"),
-    "CBN": (1, 1, "TOP84"), "CL": (1, 1, "TOP90"), "CMP": (1, 1, "TOP91"), "CG": (1, 2, "TOP92"),
-    "CKPT": (1, 1, "TOP93"),
-}
-
-
-def _catalogue_codes() -> dict[str, str]:
-    out = {}
-    for fam, (lo, hi, prefix) in CATALOGUE.items():
-        for n in range(lo, hi + 1):
-            out[f"{fam}-{n:03d}"] = prefix + str(n % 10)
-    return out
-
-
-def test_every_catalogue_entry_has_a_rule_or_a_documented_reason():
-    from torchopt.codemods import CATALOGUE_NOTES
+def test_every_topic_without_a_code_names_rules_that_exist_and_is_in_the_index():
+    """A reader who looks up a topic in the rule index is sent to a rule that really handles it."""
+    from torchopt.codemods import SHARED_TOPICS
     from torchopt.rewrite.registry import all_rules
 
     rules = all_rules()
     with open(os.path.join(ROOT, "docs", "rules", "README.md"), encoding="utf-8") as fh:
         index = fh.read()
-    missing = []
-    for entry, code in _catalogue_codes().items():
-        if code in rules:
-            continue
-        note = CATALOGUE_NOTES.get(entry)
-        if note is None or note[0] != code or f"| {entry} | {code} |" not in index:
-            missing.append(f"{entry} ({code})")
-    assert not missing, f"catalogue entries with neither a rule nor a line in docs/rules/README.md: {missing}"
+    assert SHARED_TOPICS
+    for topic, (codes, how) in SHARED_TOPICS.items():
+        assert codes and all(code in rules for code in codes), f"{topic}: {codes} is not a rule"
+        assert f"| {topic} |" in index and how in index, f"{topic} is missing from docs/rules/README.md"
+
+
+def test_docs_name_no_document_outside_the_repository():
+    """Pages a user reads stand alone: no pointer to a specification that is not shipped, nor to
+    its entry names (a family abbreviation, a dash and a number) or its numbered sections."""
+    families = "E|G|P|VAL|DEV|AMP|PAD|DDP|FLAG|SYNC|DATA|MEM|INF|DBG|DEP|ZG|CBN|CL|CMP|CG|CKPT|ENV"
+    outside = re.compile(rf"rules\.md|\.\./shared|\bcatalog|§|\b(?:{families})-[0-9]+[a-z]?\b")
+    folders = [os.path.join(ROOT, "docs"), os.path.join(ROOT, "fixtures")]
+    files = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CONTRIBUTING.md")]
+    for folder in folders:
+        for dirpath, _, names in os.walk(folder):
+            files += [os.path.join(dirpath, n) for n in names if n.endswith(".md")]
+    hits = []
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if outside.search(line):
+                    hits.append(f"{os.path.relpath(path, ROOT)}:{number}")
+    assert not hits, f"references to documents outside the repository: {hits}"
 
 
 def test_rules_command_lists_every_code_with_its_safety():

@@ -1,4 +1,4 @@
-"""TOP711 (rules.md §12): the inserted warm-up runs the largest batch first and leaves training
+"""TOP711: the inserted warm-up runs the largest batch first and leaves training
 bitwise unchanged, where a naive warm-up does not; and the cases it must refuse."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_safe_warmup_keeps_training_bitwise(after):
 
 
 def test_naive_warmup_would_change_training(after):
-    """The comparison is sensitive: without fork/restore (rules.md E-16) training changes."""
+    """The comparison is sensitive: without fork/restore training changes."""
     start = after.index("    py_state = random.getstate()")
     end = after.index("def _torchopt_warmup_loss")
     naive = after[:start] + ("    for m in modules:\n        m.train()\n"

@@ -221,7 +221,7 @@ def test_clock_and_process_globals_are_not_compared():
 
 
 def test_amp_training_state_is_reported_not_bounded():
-    """VAL-6 bounds AMP training by its losses; parameters and optimizer state are shown, not failed."""
+    """AMP training is bounded by its losses; parameters and optimizer state are shown, not failed."""
     b = probe()
     p = b["tensors"]["optim/state.0.exp_avg"]
     tol = tolerance_for(["numerics"], "bfloat16")

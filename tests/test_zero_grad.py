@@ -95,7 +95,7 @@ def test_loop_with_a_comment_keeps_it():
 
 
 def test_semantics_tag_is_needed_when_a_parameter_skips_a_step():
-    """E-08: a parameter that gets no gradient in a step is skipped by the optimizer when its grad
+    """A parameter that gets no gradient in a step is skipped by the optimizer when its grad
     is None, but still moved by momentum with a zero grad: the rewrite changes the values."""
     before = ("import torch\n\ntorch.manual_seed(0)\na = torch.nn.Linear(2, 2)\nb = torch.nn.Linear(2, 2)\n"
               "opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1, momentum=0.9)\n"

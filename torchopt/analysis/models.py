@@ -23,7 +23,8 @@ SETUP_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bflo
                            "eval", "apply", "requires_grad_", "share_memory", "zero_grad"})
 # Methods whose result holds no reference to the model's code path (optimizer construction).
 _PARAM_METHODS = frozenset({"parameters", "named_parameters"})
-# Random ops: a compiled graph draws them with its own generator unless fallback_random (E-28).
+# Random ops: a compiled graph draws them with its own generator unless
+# `torch._inductor.config.fallback_random` is set.
 RANDOM_TOKENS = ("Dropout", "dropout", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "RReLU", "rrelu")
 
 

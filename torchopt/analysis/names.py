@@ -78,7 +78,8 @@ def torch_name(rule: Rule, node: cst.CSTNode) -> str | None:
 
 
 def callee(rule: Rule, call: cst.Call) -> str | None:
-    """The torch name a call resolves to; ``f(a)(b)`` and method calls on results have none (G-2)."""
+    """The torch name a call resolves to; ``f(a)(b)`` and method calls on results have none: LibCST would
+    name ``torch.rand(3).cuda()`` ``torch.rand.cuda``, which is no torch function."""
     if isinstance(call.func, cst.Call):
         return None
     if isinstance(call.func, cst.Attribute) and not _is_dotted(call.func):

@@ -1,4 +1,4 @@
-"""Which code runs once per training or evaluation step (rules.md §7 "Detection scope").
+"""Which code runs once per training or evaluation step (where a host read costs every step).
 
 A *step loop* is a ``for``/``while`` loop whose body runs a backward pass (training) or a forward
 call of a module (evaluation) on every iteration: directly, or through a function or module of the

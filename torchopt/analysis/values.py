@@ -26,7 +26,7 @@ FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64"}
 
 INT_DTYPES = {"int8", "int16", "int32", "int64", "uint8"}
 
-# Tensor cast methods and the dtype spelled in the fix (rules.md DEV-002 table).
+# Tensor cast methods and the dtype spelled in the fix (`.half()` becomes `dtype=torch.half`).
 CAST_METHODS = {
     "half": ("float16", "half"), "float": ("float32", "float32"), "double": ("float64", "float64"),
     "bfloat16": ("bfloat16", "bfloat16"), "long": ("int64", "long"), "int": ("int32", "int32"),
@@ -57,7 +57,7 @@ _DEVICE_STR = re.compile(r"^(cuda|cpu|mps|xpu|meta|hpu|npu|xla|privateuseone)(:\
 class DeviceKind(enum.Enum):
     LITERAL = "literal"  # 'cuda', 'cuda:1', torch.device(...), an int
     KNOWN = "known"  # a name every definition of which is a device
-    CONVENTION = "convention"  # a name the device-names convention says is a device (G-7)
+    CONVENTION = "convention"  # a name the device-names convention says is a device (the message says "assuming")
     DTYPE = "dtype"
     UNKNOWN = "unknown"
 

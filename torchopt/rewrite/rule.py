@@ -28,7 +28,7 @@ class Safety(str, enum.Enum):
 
 
 class Tag(str, enum.Enum):
-    """What an unsafe fix changes (rules.md classes T, N, R, S)."""
+    """What an unsafe fix changes (docs/design.md, "Fix safety")."""
 
     TOLERANCE = "tolerance"  # same maths, other rounding or kernels
     NUMERICS = "numerics"  # precision deliberately reduced

@@ -89,23 +89,25 @@ def render_index() -> str:
              "| code | name | fix | summary |", "|---|---|---|---|"]
     for code, rule in all_rules().items():
         lines.append(f"| [{code}]({code}.md) | `{rule.name}` | {rule.safety.value} | {rule.summary()} |")
-    notes = catalogue_notes()
-    if notes:
-        lines += ["", "## Catalogue entries without a code of their own", "",
-                  "Every entry of the rule catalogue has a code above, except these:", "",
-                  "| catalogue entry | code it would have | where it is handled |", "|---|---|---|"]
-        lines += [f"| {entry} | {code} | {why} |" for entry, (code, why) in notes.items()]
+    topics = shared_topics()
+    if topics:
+        lines += ["", "## Topics handled by another rule", "",
+                  "These tuning-guide topics have no code of their own: the rules named here cover them.", "",
+                  "| topic | handled by | how |", "|---|---|---|"]
+        lines += [f"| {topic} | {', '.join(f'[{c}]({c}.md)' for c in codes)} | {how} |"
+                  for topic, (codes, how) in topics.items()]
     return "\n".join(lines) + "\n"
 
 
-def catalogue_notes() -> dict[str, tuple[str, str]]:
-    """Catalogue entries (rules.md IDs) that have no rule of their own, declared by the rule package
-    as ``CATALOGUE_NOTES = {"DEP-002": ("TOP822", "why"), ...}``. The package is named, not imported
-    by name: the engine knows no rule."""
+def shared_topics() -> dict[str, tuple[tuple[str, ...], str]]:
+    """Topics with no rule of their own, declared by the rule package as
+    ``SHARED_TOPICS = {"topic": (("TOP401",), "how"), ...}``, so a reader who looks for the topic in
+    the index finds the rule that covers it. The package is named, not imported by name: the engine
+    knows no rule."""
     import importlib
 
     pkg = importlib.import_module(RULE_PACKAGE)
-    return dict(getattr(pkg, "CATALOGUE_NOTES", {}))
+    return dict(getattr(pkg, "SHARED_TOPICS", {}))
 
 
 def pages() -> dict[str, str]:

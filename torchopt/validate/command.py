@@ -43,7 +43,7 @@ def fix_key(d: Diagnostic) -> tuple[str, str, int, int]:
 
 def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
                  keys: frozenset | None = None) -> Plan:
-    """The rewrite of ``text`` with random-stream sites wrapped for record/replay (VAL-4);
+    """The rewrite of ``text`` with random-stream sites wrapped for record/replay;
     with ``keys`` (see ``fix_key``), only those fixes. The original text (wrapped) does not depend
     on ``keys``, so one run of it serves every selection."""
     from torchopt.rewrite.engine import check_source

@@ -1,4 +1,5 @@
-"""Decide whether two runs' probes (before and after a rewrite) compute the same thing (VAL-5/VAL-6).
+"""Decide whether two runs' probes (before and after a rewrite) compute the same thing
+(the bounds are in docs/validation.md, "Tolerances").
 
 Pure functions over the probe dicts the harness saves: no I/O, no subprocesses, so the verdict
 logic can be tested with hand-made tensors.  Both sides are compared on the CPU and upcast to
@@ -66,7 +67,7 @@ def kind_of(name: str) -> str:
 
 def _prep(t: Any) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t)  # a stray Python number: wrap it (VAL-5: assert_close would raise)
+        t = torch.as_tensor(t)  # a stray Python number: wrap it (assert_close would raise on it)
     t = t.detach()
     if t.is_quantized:
         t = t.dequantize()
@@ -349,7 +350,7 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
     return Comparison(verdict, rows, div, _explain(div, why, fixes), notes, tol, tracebacks)
 
 
-# CBN-001 (TOP841, rules.md §14; VAL-6 "train-mode outputs; eval only with folded stats"): dropping a
+# TOP841 (compared on train-mode outputs; eval-mode outputs only agree with folded statistics): dropping a
 # conv bias that a norm cancels removes `<conv>.bias` (and its optimizer state), shifts BatchNorm
 # running means by it, and draws fewer random numbers at construction (the CPU generator ends
 # elsewhere), so running means, eval-mode outputs and the final RNG state differ by design.  Those
@@ -374,7 +375,7 @@ def _documented_changes(rows: list[Row], fixes: Sequence[Mapping]) -> None:
 
 
 def ranks_agree(probes_by_rank: Sequence[Mapping]) -> list[str]:
-    """Names of ``param/`` tensors on which any rank differs bitwise from rank 0 (VAL-2, DDP runs)."""
+    """Names of ``param/`` tensors on which any rank differs bitwise from rank 0 (DDP runs)."""
     if not probes_by_rank:
         return []
     tensors = [dict(p.get("tensors") or {}) for p in probes_by_rank]

@@ -272,7 +272,7 @@ def _flatten(value: Any, prefix: str, torch: Any, depth: int = 0):
             yield f"{prefix}.{k}", _cpu(v, torch)
 
 
-# --------------------------------------------------------------------------- replay sites (VAL-4)
+# --------------------------------------------------------------------------- replay sites (random-stream fixes)
 
 
 def _install_sites(torch: Any, rec: Recorder) -> None:
@@ -380,7 +380,7 @@ def _determinism(torch: Any, threads: int) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    try:  # VAL-3 / E-28: compiled random ops draw as eager ones do (use_deterministic_algorithms imported it)
+    try:  # compiled random ops draw as eager ones do (use_deterministic_algorithms imported it)
         import torch._inductor.config as inductor_config
 
         inductor_config.fallback_random = True

@@ -1,4 +1,4 @@
-"""Record/replay for fixes that change the random stream (rules.md VAL-4).
+"""Record/replay for fixes that change the random stream (docs/validation.md, "Record/replay").
 
 Such a fix draws its numbers elsewhere (on the device's generator, or in another dtype), so the
 two runs cannot agree bitwise. To still compare everything else, each such site is wrapped:

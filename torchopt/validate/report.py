@@ -1,4 +1,4 @@
-"""Show a ``Comparison`` to a person (rich text) or a program (JSON) — VAL-7.
+"""Show a ``Comparison`` to a person (rich text) or a program (JSON).
 
 Rendering goes through a rich Console writing to a string with ``force_terminal=False``, so the
 same text comes out in a terminal, a pipe or a CI log; long probe lists are summarised so a
@@ -20,7 +20,7 @@ from .compare import Comparison, Row
 
 __all__ = ["headline", "render_text", "to_json", "fix_line"]
 
-LOSS_ROWS = 20  # losses shown one by one (VAL-6 AMP row checks the first 20 steps)
+LOSS_ROWS = 20  # losses shown one by one (AMP losses have a tighter bound over the first 20 steps)
 GROUP_ROWS = 12  # tensors shown one by one per kind before summarising
 _OK = ("ok", "skipped")
 

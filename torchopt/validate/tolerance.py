@@ -1,4 +1,4 @@
-"""How close "the same" has to be, by what the applied fixes are allowed to change (rules.md VAL-6).
+"""How close "the same" has to be, by what the applied fixes are allowed to change (the table in docs/validation.md, "Tolerances").
 
 A safe fix must keep every bit; a fix tagged ``tolerance``/``numerics``/``rng``/``semantics`` buys a
 looser criterion.  This module only maps tags to numbers, so the table lives in one place; the
@@ -15,14 +15,14 @@ __all__ = ["Bound", "Tolerance", "tolerance_for", "TRAINING_KINDS"]
 # Probes whose error accumulates over optimizer steps (rather than one forward pass).
 TRAINING_KINDS = frozenset({"loss", "param", "optim"})
 
-# rules.md VAL-5: fp32 defaults of torch.testing.assert_close.
+# The fp32 defaults of torch.testing.assert_close.
 _FP32_RTOL, _FP32_ATOL = 1.3e-6, 1e-5
-# rules.md VAL-6, compile row: "params rel 1e-5" after N steps.  Used for every training probe
+# Parameters after N steps of a reassociating fix (e.g. a compiled model): rtol 1e-5.  Used for every training probe
 # under `tolerance`, since reassociation error compounds step by step.
 _STEP_RTOL = 1e-5
-# rules.md VAL-6, AMP rows: (rtol, atol as a fraction of max|ref|, rel-L2 bound).
+# AMP outputs: (rtol, atol as a fraction of max|ref|, rel-L2 bound).
 _AMP = {"float16": (1e-2, 1e-3, 1e-2), "bfloat16": (5e-2, 1e-2, 5e-2)}
-# Per-loss bounds of AMP training (first 20 steps, later steps). float16 is the VAL-6 row (1 %, 2 %).
+# Per-loss bounds of AMP training (first 20 steps, later steps). float16: 1 %, then 2 %.
 # bfloat16 keeps 3 fewer mantissa bits (8x the rounding error), so a training trajectory drifts
 # faster: its bounds are widened by the same factor 5 as its output row (5 %, 10 %). A plain CNN
 # under CPU bfloat16 autocast, SGD with momentum, drifts by 2-3 % in its losses by step 20.
@@ -94,7 +94,7 @@ class Tolerance:
             return Bound(False, self.late_loss_rtol if late else self.loss_rtol, 0.0, False, None)
         if self.loss_rtol is not None and (kind in ("param", "optim", "global") or (kind == "output" and trained)):
             # AMP training state: after steps in lower precision, momentum and Adam moments drift by
-            # more than any output bound while the losses agree. VAL-6 bounds AMP training by its
+            # more than any output bound while the losses agree. AMP training is bounded by its
             # losses, so parameters, optimizer state and the globals that hold or alias them (lists
             # of parameters, checkpoints) are reported (errors shown), not failed. The probe batch's
             # outputs after training come from those parameters, so they follow the same rule; an
@@ -159,10 +159,10 @@ def _rank(t: Tolerance) -> int:
 
 
 def tolerance_for(tags: Iterable[str], dtype: str | None = None, *, replayed: bool = False) -> Tolerance:
-    """The tolerance a set of applied fix tags buys (VAL-6); no tags means bitwise.
+    """The tolerance a set of applied fix tags buys; no tags means bitwise.
 
     ``dtype`` picks the AMP row for ``numerics`` ("float16"/"bfloat16"; default bfloat16, the CPU
-    autocast dtype).  ``replayed`` says the harness replayed recorded random values (VAL-4), so
+    autocast dtype).  ``replayed`` says the harness replayed recorded random values, so
     ``rng`` is held to bitwise instead of skipping value comparison.
     """
     key = _DTYPE_ALIASES.get(str(dtype) if dtype is not None else "bfloat16")

@@ -1,3 +1,3 @@
-"""channels_last memory format for CNNs (TOP901, rules.md §15 CL-001). Opt-in: select it by code."""
+"""channels_last memory format for CNNs (TOP901). Opt-in: select it by code."""
 
 FAMILY = "channels_last"

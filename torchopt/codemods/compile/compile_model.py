@@ -1,4 +1,4 @@
-"""TOP911 (rules.md CMP-001): compile the model with ``model.compile()`` once it is built, moved
+"""TOP911: compile the model with ``model.compile()`` once it is built, moved
 and wrapped."""
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from torchopt.analysis.models import Model, find_models, has_random_ops, strip_c
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
 CHECKPOINT_NOTE = (
-    "`model.compile()` compiles in place: the object keeps its type and its state_dict keys (E-28), so "
+    "`model.compile()` compiles in place: the object keeps its type and its state_dict keys, so "
     "checkpoints stay loadable both ways. (`model = torch.compile(model)` would instead return an "
     "OptimizedModule whose state_dict keys gain `_orig_mod.`.)"
 )
 RNG_NOTE = (
     "Random ops (dropout, rand) inside the compiled graph draw from inductor's own generator: masks "
-    "differ from eager ones under the same seed (E-28) unless `torch._inductor.config.fallback_random = "
+    "differ from eager ones under the same seed unless `torch._inductor.config.fallback_random = "
     "True`; `torchopt validate` sets it."
 )
-# Debugging set-ups under which compiling makes no sense (rules.md CMP-001 skip conditions).
+# Debugging set-ups under which compiling makes no sense: the rule leaves those scripts alone.
 _DEBUG = ("CUDA_LAUNCH_BLOCKING", "detect_anomaly", "set_detect_anomaly")
 
 _NET = '''import torch
@@ -106,7 +106,7 @@ class CompileModel(Rule):
     ## Why is this slow
     Eager PyTorch launches one kernel per operation and writes every intermediate to memory.
     `torch.compile` (TorchInductor) fuses pointwise chains into single kernels and removes Python
-    overhead (tuning guide, "Fuse operations"; rules.md §16).
+    overhead (PyTorch tuning guide, "Fuse operations").
 
     ## Example
     ```python
@@ -125,15 +125,15 @@ class CompileModel(Rule):
     Unsafe (tag tolerance; also rng when the file uses random ops such as dropout).
 
     * **Rounding**: inductor's fused kernels reassociate float arithmetic: fp32 results differed by
-      up to 6e-8 on a small model (E-14); over training steps the error compounds (validated with
+      up to 6e-8 on a small model (torch 2.13, CPU); over training steps the error compounds (validated with
       rtol 1e-5 on parameters). The `eager`/`aot_eager` backends are bitwise equal.
     * **RNG**: dropout masks drawn inside a compiled graph differ from eager ones under the same seed
-      unless `torch._inductor.config.fallback_random = True` (E-28). `torchopt validate` sets it.
+      unless `torch._inductor.config.fallback_random = True`. `torchopt validate` sets it.
     * **Checkpoints**: `model.compile()` keeps the module's type and its state_dict keys
-      (`['0.weight', ...]`, E-28), so saving and loading are unchanged. (The other spelling,
+      (`['0.weight', ...]`), so saving and loading are unchanged. (The other spelling,
       `model = torch.compile(model)`, returns an `OptimizedModule` whose keys gain `_orig_mod.`;
       loading them into a plain model then needs
-      `consume_prefix_in_state_dict_if_present(sd, "_orig_mod.")`, E-22.)
+      `consume_prefix_in_state_dict_if_present(sd, "_orig_mod.")`.)
     * **Cost**: the first call compiles (seconds on the CPU, minutes on a loaded machine); a new
       input shape recompiles (consider `dynamic=True` for variable shapes); `.item()`, `print` and
       data-dependent control flow in `forward` cause graph breaks (see the SYNC rules).

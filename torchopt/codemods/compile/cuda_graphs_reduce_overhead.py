@@ -36,7 +36,7 @@ _KEPT_NOTE = (
 
 
 _RNG_NOTE = ("Random ops inside the graph draw from inductor's generator: dropout masks differ from eager "
-             "ones under the same seed unless `torch._inductor.config.fallback_random = True` (E-28).")
+             "ones under the same seed unless `torch._inductor.config.fallback_random = True`.")
 
 _HEAD = '''import torch
 from torch import nn
@@ -89,13 +89,13 @@ class CudaGraphsReduceOverhead(Rule):
     model.compile(mode="reduce-overhead")
     ```
     (Always as a keyword: `torch.compile(m, "reduce-overhead")`, the guide's literal snippet, raises
-    `TypeError` in 2.13, E-14.)
+    `TypeError` in 2.13.)
 
     ## Fix safety
     Unsafe (tag tolerance; also rng when the file uses random ops).
 
-    * Same kernels as the plain compile: rounding as in TOP911 (E-14); random ops draw from
-      inductor's generator unless `torch._inductor.config.fallback_random = True` (E-28).
+    * Same kernels as the plain compile: rounding as in TOP911; random ops draw from
+      inductor's generator unless `torch._inductor.config.fallback_random = True`.
     * **Output aliasing**: outputs of a replay are overwritten by the next one; tensors kept across
       iterations must be `.clone()`d. `torch.compiler.cudagraph_mark_step_begin()` marks iteration
       starts when the heuristic is wrong.

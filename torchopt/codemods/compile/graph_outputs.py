@@ -1,5 +1,5 @@
-"""TOP921 (rules.md CG-001): CUDA graphs through ``mode="reduce-overhead"`` on an existing compile;
-TOP922 (CG-002): constraints of hand-made CUDA graphs (display-only)."""
+"""TOP921: CUDA graphs through ``mode="reduce-overhead"`` on an existing compile;
+TOP922: constraints of hand-made CUDA graphs (display-only)."""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,4 @@
-"""DataLoader construction (rules.md DATA-001..003): TOP701 `num_workers`, TOP702 `pin_memory`,
+"""DataLoader construction: TOP701 `num_workers`, TOP702 `pin_memory`,
 TOP703 `persistent_workers`."""
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class TransientWorkers(LoaderRule):
     ```
 
     ## Fix safety
-    Unsafe (**rng**), although rules.md lists DATA-003 as exact: measured with torch 2.13, a new
+    Unsafe (**rng**), although the values look untouched at first sight: measured with torch 2.13, a new
     iterator draws the workers' base seed from the global torch generator, and persistent workers
     draw it once instead of once per epoch. From the second epoch on, the shuffled order, the
     workers' random augmentation, and every later draw from the global generator (dropout,

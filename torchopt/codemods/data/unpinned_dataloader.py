@@ -56,7 +56,7 @@ class UnpinnedLoader(LoaderRule):
     Safe: pinned memory holds the same bytes, and the copies stay as they are (synchronous unless
     they already say otherwise). `pin_memory=True` is written when every copy goes to CUDA
     literally; when the device comes from a variable the fix writes
-    `pin_memory=torch.cuda.is_available()` (rules.md G-10), because on a machine without a GPU
+    `pin_memory=torch.cuda.is_available()`, because on a machine without a GPU
     `pin_memory=True` only warns. Calls with `**kwargs` or an explicit `pin_memory` are left alone.
     """
 

@@ -1,3 +1,3 @@
-"""Memory (TOP71x, rules.md §12 MEM): preallocate the caching allocator for variable-length inputs."""
+"""Memory (TOP71x): preallocate the caching allocator for variable-length inputs."""
 
 FAMILY = "mem"

@@ -1,4 +1,4 @@
-"""Preallocation for variable-length batches (rules.md §12 MEM, TOP711)."""
+"""Preallocation for variable-length batches (TOP711)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -129,10 +129,10 @@ class PreallocateVarLen(Rule):
     for epoch in range(epochs):
         ...
     ```
-    (`_torchopt_preallocate` is inserted once, above: see rules.md §12.)
+    (`_torchopt_preallocate` is inserted once, above: `torchopt rewrite --diff` shows it.)
 
     ## Fix safety
-    Safe: training is bitwise identical (rules.md E-16; tests/test_mem_prealloc.py compares every
+    Safe: training is bitwise identical (tests/test_mem_prealloc.py compares every
     parameter, buffer and optimizer state, and the RNG state, after training). The warm-up never
     calls `optimizer.step`, `scheduler.step` or `scaler.step`/`update`; it runs under
     `torch.random.fork_rng` (CPU and the current CUDA device; Python's `random` and numpy states are
@@ -146,7 +146,7 @@ class PreallocateVarLen(Rule):
     `.append`, `.item()`, in-place methods); a function or module of this file that the step calls
     assigns a Python attribute (`self.cache = ...`, a step counter): attributes are not restored;
     the model is wrapped in `DistributedDataParallel`/`DataParallel` (the warm-up backward would
-    all-reduce; every rank would have to run it, or run it under `model.no_sync()`, rules.md §12);
+    all-reduce; every rank would have to run it, or run it under `model.no_sync()`);
     the loop is under a condition (e.g. a rank guard). The warm-up reads every sample of the dataset
     once to find the longest ones (slow for a dataset that tokenises on the fly), and needs the
     memory of the largest possible batch, which `drop_last=True` or a sampler may never build.

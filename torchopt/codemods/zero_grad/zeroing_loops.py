@@ -1,6 +1,6 @@
 """TOP831 (``zero_grad(set_to_none=False)``) and TOP832 (hand-written loops that zero every
-gradient): rules.md ZG-001 and ZG-002. Both become a plain ``zero_grad()``, which sets gradients
-to None (the default since PyTorch 2.0, E-08)."""
+gradient). Both become a plain ``zero_grad()``, which sets gradients
+to None (the default since PyTorch 2.0)."""
 from __future__ import annotations
 
 import libcst as cst
@@ -9,7 +9,7 @@ import libcst as cst
 _SAFETY_DOC = """\
     Unsafe (tag semantics). Gradients become None instead of zero tensors. Results are bitwise
     identical when every trainable parameter receives a gradient on every step and nothing reads
-    `.grad` between the zeroing and the next backward (E-08). Otherwise they change:
+    `.grad` between the zeroing and the next backward. Otherwise they change:
     optimizers *skip* a parameter whose `.grad` is None, whereas a zero gradient still moves it
     through momentum, weight decay and Adam's moment decay (verified for `SGD(momentum=0.9)`,
     `SGD(weight_decay=0.1)` and `AdamW`; plain SGD is unaffected). That happens with conditional
