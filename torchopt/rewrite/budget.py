@@ -92,7 +92,7 @@ def over_budget(text: str) -> str | None:
         # CPython stopped at the first error: the rest of the file was never checked for depth
         return _bracket_problem(text)
     if isinstance(tree, ast.Module) and len(text) > 2 * MAX_EXPRESSION_DEPTH:
-        depth = expression_depth(tree)
+        depth = deepest_long_expression(tree, text)
         if depth > MAX_EXPRESSION_DEPTH:
             return f"too deeply nested to analyse (expressions {depth} deep; the limit is {MAX_EXPRESSION_DEPTH})"
     return None
@@ -115,6 +115,32 @@ def _memory_problem(source_size: int) -> str | None:
         return (f"too large to analyse within the memory budget (needs about {_mb(need)}, "
                 f"{_mb(allowed)} allowed; set {MEMORY_ENV} or lower --jobs)")
     return None
+
+
+def deepest_long_expression(tree: ast.Module, text: str) -> int:
+    """The deepest nesting among the expressions that are long enough to be too deep. Every level of
+    an expression takes at least one character, so an expression whose lines hold no more than
+    MAX_EXPRESSION_DEPTH characters cannot be too deep and is not walked: only statements are
+    visited, and only the rare long expression is measured (walking every expression of every file
+    cost about a tenth of a check)."""
+    ends = [0]
+    for line in text.splitlines(keepends=True):
+        ends.append(ends[-1] + len(line))
+    deepest = 0
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        stmt = stack.pop()
+        for child in ast.iter_child_nodes(stmt):
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                stack.append(child)
+            elif isinstance(child, ast.AST):
+                first = getattr(child, "lineno", None)
+                last = getattr(child, "end_lineno", None)
+                if first is None or last is None:  # arguments, keywords, aliases: measure their parts
+                    stack.append(child)
+                elif ends[min(last, len(ends) - 1)] - ends[first - 1] > MAX_EXPRESSION_DEPTH:
+                    deepest = max(deepest, expression_depth(child))
+    return deepest
 
 
 def expression_depth(tree: ast.AST) -> int:
