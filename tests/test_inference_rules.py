@@ -34,7 +34,8 @@ def test_no_grad_changes_only_requires_grad():
 
 
 def test_inference_mode_not_offered_where_it_would_raise():
-    """E-11: an inference tensor saved for backward, or updated in place outside inference mode."""
+    """Not offered where inference mode would raise: an inference tensor saved for backward, or
+    updated in place outside inference mode."""
     base = "import torch\n\nnet = torch.nn.Linear(2, 2)\nx = torch.ones(1, 2)\n"
     cases = [
         base + "with torch.no_grad():\n    h = net(x)\nh.mul_(2)\n",

@@ -1,4 +1,4 @@
-"""Distributed data parallel (TOP4xx, rules.md §5 DDP): DataParallel and single-process scripts to
+"""Distributed data parallel (TOP4xx): DataParallel and single-process scripts to
 DistributedDataParallel launched by torchrun, and the per-rank details DDP programs need."""
 
 FAMILY = "ddp"

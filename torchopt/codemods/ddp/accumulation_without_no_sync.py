@@ -68,7 +68,7 @@ class NoSyncAccumulation(Rule):
 
     ## Fix safety
     Unsafe (tolerance): the gradients are summed locally, then averaged once, instead of averaged
-    every micro-batch; the result equals the original up to rounding (`allclose(atol=1e-6)`, E-12)
+    every micro-batch; the result equals the original up to rounding (`allclose(atol=1e-6)`)
     and is bitwise the same with one process. Not offered when the condition reads names the
     forward or backward assign, or calls anything but `len`.
     """
@@ -162,7 +162,7 @@ class NoSyncAccumulation(Rule):
         self.report(body[b], fmt={"model": model}, replacement=a.module.visit(Rewrite(e)), target=a.module,
                     tags=[Tag.TOLERANCE], imports=imports,
                     note="gradients are all-reduced once per optimizer step instead of every micro-batch "
-                         "(equal up to rounding, E-12)")
+                         "(equal up to rounding)")
 
     @staticmethod
     def _steps(a: Analysis, s: cst.If) -> bool:

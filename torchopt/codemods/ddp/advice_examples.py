@@ -1,4 +1,4 @@
-"""Display-only advice for DistributedDataParallel programs (rules.md DDP-007 … DDP-009)."""
+"""Display-only advice for DistributedDataParallel programs."""
 from __future__ import annotations
 
 from libcst.metadata import PositionProvider, ScopeProvider

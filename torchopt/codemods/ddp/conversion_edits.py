@@ -127,11 +127,11 @@ class Context:
 
 
 def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
-    """Rank-0 guards for output side effects (DDP-005). Returns how many statements were guarded."""
+    """Rank-0 guards for output side effects. Returns how many statements were guarded."""
     n = 0
     for se in side_effects(a):
         s = se.stmt
-        if a.under_rank_guard(s) or not ctx.may_edit(s):
+        if a.under_rank_guard(s) or a.only_called_on_rank(s) or not ctx.may_edit(s):
             continue
         why = collective_free(a, s, ctx.dist)
         if why is not None:
@@ -139,6 +139,8 @@ def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
             continue
         e.guards[id(s)] = ctx.rank0(s)
         n += 1
+        if se.path is not None:
+            n += _follow_written_file(a, e, ctx, s, se.path)
     for c in calls(a.module, True):
         if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue
@@ -157,17 +159,50 @@ def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
     return n
 
 
+_FILE_READS = {"torch.load", "builtins.open", "open", "torch.jit.load", "numpy.load", "json.load", "pickle.load"}
+
+
+def _follow_written_file(a: Analysis, e: Edits, ctx: Context, write: cst.BaseStatement,
+                         path: cst.BaseExpression) -> int:
+    """Statements after a guarded file write, in the same block, that name the written path: a
+    copy, move or upload of the file runs on rank 0 with the write (same guard); a read of it by
+    every process waits for the write (``barrier()`` before it). Returns how many were guarded."""
+    names = {x.value for x in walk(path) if isinstance(x, cst.Name)}
+    text = a.module.code_for_node(path)
+    block = a.parent(write)
+    body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+    n = 0
+    for later in body[body.index(write) + 1:] if write in body else []:
+        mentioned = text in a.module.code_for_node(later) or any(
+            isinstance(x, cst.Name) and x.value in names for x in walk(later, True))
+        if not mentioned or id(later) in e.guards:
+            continue
+        reads = any((a.call_name(c) or dotted(c.func) or "") in _FILE_READS for c in calls(later, True)
+                    if isinstance(c.func, (cst.Name, cst.Attribute)))
+        binds = isinstance(later, cst.SimpleStatementLine) and any(
+            isinstance(b, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for b in later.body)
+        if reads or binds or collective_free(a, later, ctx.dist) is not None:
+            e.add_before(later, [stmt(f"{ctx.dist}.barrier()  # the file is written by rank 0 only\n")])
+            return n
+        e.guards[id(later)] = e.guards[id(write)]
+        n += 1
+    return n
+
+
 def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | None,
-                     saves: bool = True, loads: bool = True) -> tuple[int, int]:
+                     saves: bool = True, loads: bool = True,
+                     wraps: dict[str, list[cst.CSTNode]] | None = None) -> tuple[int, int]:
     """``M.state_dict()`` -> ``M.module.state_dict()``; ``M.load_state_dict(x)`` ->
-    ``consume_prefix_in_state_dict_if_present(x, "module."); M.module.load_state_dict(x)`` (DDP-006)."""
+    ``consume_prefix_in_state_dict_if_present(x, "module."); M.module.load_state_dict(x)``, only where
+    ``M`` surely holds the wrapper (``wraps``: the statements that wrap each model, default its DDP
+    bindings)."""
     n_save = n_load = 0
     taken = set(a.names)
     for c in calls(a.module, True):
         if not isinstance(c.func, cst.Attribute):
             continue
         recv = dotted(c.func.value)
-        if recv not in models:
+        if recv not in models or not a.wrapped_at(recv, c, None if wraps is None else wraps.get(recv, [])):
             continue
         meth = c.func.attr.value
         if meth == "state_dict" and saves:
@@ -201,7 +236,7 @@ def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | Non
 
 
 def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list[str]) -> int:
-    """``sampler.set_epoch(epoch)`` first in the epoch loop around each training loop (DDP-003).
+    """``sampler.set_epoch(epoch)`` first in the epoch loop around each training loop.
     ``samplers``: loader name -> code of its sampler (``None``-able when it ends in ``?``)."""
     done: set[tuple[int, str]] = set()
     n = 0
@@ -297,6 +332,30 @@ def _first_exec(body, skip_defs: bool):  # type: ignore[no-untyped-def]
     return None
 
 
+def _gpu_count_gate(a: Analysis, s: cst.BaseStatement) -> cst.If | None:
+    """The ``if torch.cuda.device_count() > 1:`` (no ``else``) whose body holds the wrap ``s``.
+    DDP runs one process per device, so its wrap must not depend on the GPUs one process sees."""
+    block = a.parent(s)
+    gate = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(gate, cst.If) and gate.orelse is None and "device_count" in a.module.code_for_node(gate.test):
+        return gate
+    return None
+
+
+def _hoist_out_of_gate(e: Edits, gate: cst.If, s: cst.BaseStatement, new: list[cst.BaseStatement]) -> None:
+    """Replace ``gate`` by its other statements (still gated) followed by the unconditional wrap."""
+    index = list(gate.body.body).index(s)  # type: ignore[union-attr]
+
+    def rep(upd: cst.If) -> list[cst.BaseStatement]:
+        rest = [x for i, x in enumerate(upd.body.body) if i != index]  # type: ignore[union-attr]
+        head = [upd.with_changes(body=upd.body.with_changes(body=rest))] if rest else []
+        out = head + list(new)
+        if not head:
+            out[0] = out[0].with_changes(leading_lines=upd.leading_lines)
+        return out
+    e.replace[id(gate)] = rep  # type: ignore[assignment]
+
+
 def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],  # type: ignore[no-untyped-def]
             node: cst.CSTNode, mode: str):
     """Build the converted module. ``wraps``: (statement, model name, wrapped expression) — for
@@ -368,18 +427,26 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
             ll for ll in upd.leading_lines if ll.comment is not None])]
         e.add_before(first, [call.with_changes(leading_lines=[comment])])
     # the model wraps
+    anchors: dict[str, list[cst.CSTNode]] = {}
     for s, name, expr in wraps:
         wrap_src = (f"{name} = {n.ddp}({name}, device_ids=[{lr}] if next({name}.parameters()).is_cuda else None)\n")
         if expr is None:  # single-process script: wrap before the optimizer is built
             e.add_before(s, [stmt(wrap_src)])
+            anchors.setdefault(name, []).append(s)
         else:
             pre = [] if isinstance(expr, cst.Name) and expr.value == name else [
                 stmt(f"{name} = {a.module.code_for_node(expr)}\n")]
             new = pre + [stmt(wrap_src)]
+            gate = _gpu_count_gate(a, s)
+            if gate is not None:
+                _hoist_out_of_gate(e, gate, s, new)
+                anchors.setdefault(name, []).append(gate)
+                continue
 
             def rep(upd, new=new):  # type: ignore[no-untyped-def]
                 return [new[0].with_changes(leading_lines=upd.leading_lines)] + new[1:]
             e.replace[id(s)] = rep
+            anchors.setdefault(name, []).append(s)
     # the training loaders
     samplers: dict[str, str] = {}
     seen: set[str] = set()
@@ -467,7 +534,7 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         consume, imp = need(a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
                             node, "consume_prefix_in_state_dict_if_present")
         n.imports += imp
-    checkpoint_edits(a, e, models, consume)
+    checkpoint_edits(a, e, models, consume, wraps=anchors)
     names = {a.call_name(c) for c in calls(a.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))}
     if "torch.save" in names and "torch.load" in names:
         notes.append(f"if other ranks read a checkpoint that rank 0 writes in the same run, call "

@@ -8,7 +8,11 @@ import libcst as cst
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DP
+from torchopt.codemods.ddp.program_analysis import FUNCTIONAL_DP
 from torchopt.codemods.ddp.program_analysis import Refusal
+from torchopt.codemods.ddp.program_analysis import calls
+from torchopt.codemods.ddp.program_analysis import dotted
+from torchopt.codemods.ddp.data_parallel_inference import data_parallel_for_inference
 from torchopt.codemods.ddp.conversion_edits import convert
 from torchopt.codemods.ddp.example_programs import DP_AFTER
 from torchopt.codemods.ddp.example_programs import DP_INIT
@@ -81,16 +85,20 @@ class DataParallelToDDP(Rule):
     message = ("`nn.DataParallel` runs one thread per GPU in one process: use DistributedDataParallel and "
                "launch with `torchrun --standalone --nproc_per_node=N` (multi-node: `torchrun --nnodes=M "
                "--nproc_per_node=N --rdzv_backend=c10d --rdzv_endpoint=HOST:29400`)")
+    functional_message = ("`nn.parallel.data_parallel(module, inputs)` replicates the module on every GPU at every "
+                          "call, in one process: wrap the model once in DistributedDataParallel and launch with "
+                          "`torchrun` (no automatic fix for the functional form)")
     fix_title = "Convert to DistributedDataParallel launched by torchrun (batch_size becomes per process)"
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
-    prefilter = ("DataParallel",)
+    prefilter = ("DataParallel", "data_parallel")
 
     @classmethod
     def could_match(cls, text: str) -> bool:
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
-        return super().could_match(text) and may_call_torch(text, DP)  # visit_Module: a.dp or a.dp_other
+        # visit_Module: a.dp or a.dp_other, or a functional data_parallel call
+        return super().could_match(text) and may_call_torch(text, DP | FUNCTIONAL_DP)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
         Invalid(DP_SRC, after=DP_AFTER, unsafe="semantics", runnable=True),
@@ -103,26 +111,46 @@ class DataParallelToDDP(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         a = Analysis.of(self)
+        for c in calls(a.module, True):
+            if isinstance(c.func, (cst.Name, cst.Attribute)) and a.call_name(c) in FUNCTIONAL_DP:
+                self.report(c, message=self.functional_message)
         if not (a.dp or a.dp_other):
             return
+        if all(data_parallel_for_inference(self, c) for c in [x[2] for x in a.dp] + a.dp_other):
+            return  # inference only: TOP411 gives the advice that fits
         first = a.dp[0][2] if a.dp else a.dp_other[0]
         try:
             if a.dp_other:
                 raise Refusal(a.dp_other[0], "only `name = nn.DataParallel(module, device_ids=..., "
                                              "output_device=...)` statements are converted")
-            wraps = []
-            for s, name, c in a.dp:
-                pos = [x for x in c.args if x.keyword is None]
-                kws = {x.keyword.value for x in c.args if x.keyword is not None}
-                if any(x.star for x in c.args) or len(pos) > 3 or kws - {"module", "device_ids", "output_device"}:
-                    raise Refusal(c, "`dim=` or *args/**kwargs on DataParallel")
-                mods = [x.value for x in c.args if x.keyword is not None and x.keyword.value == "module"]
-                if not pos and not mods:
-                    raise Refusal(c, "DataParallel without a module")
-                mod = pos[0].value if pos else mods[0]
-                wraps.append((s, name, mod))
+            wraps = [self._wrap(a, s, name, c) for s, name, c in a.dp]
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
             _report_refusal(self, r, "`nn.DataParallel`")
             return
         self.report(first, replacement=new, target=a.module, tags=[Tag.SEMANTICS], imports=imports, note=note)
+
+    def _wrap(self, a: Analysis, s: cst.SimpleStatementLine, name: str,
+              c: cst.Call) -> tuple[cst.SimpleStatementLine, str, cst.BaseExpression]:
+        """The model expression DDP wraps: the DataParallel's module, with any ``.cuda()`` /
+        ``.to(...)`` that followed the DataParallel applied to it instead (DDP needs the model on
+        its device before the wrap)."""
+        pos = [x for x in c.args if x.keyword is None]
+        kws = {x.keyword.value for x in c.args if x.keyword is not None}
+        if any(x.star for x in c.args) or len(pos) > 3 or kws - {"module", "device_ids", "output_device"}:
+            raise Refusal(c, "`dim=` or *args/**kwargs on DataParallel")
+        mods = [x.value for x in c.args if x.keyword is not None and x.keyword.value == "module"]
+        if not pos and not mods:
+            raise Refusal(c, "DataParallel without a module")
+        mod = pos[0].value if pos else mods[0]
+        value = s.body[0].value  # type: ignore[union-attr]
+        expr = mod if value is c else value.deep_replace(c, mod)
+        owner = a.scope_owner(s)
+        for later in calls(a.module, True):
+            if (isinstance(later.func, cst.Attribute) and later.func.attr.value in ("cuda", "to")
+                    and dotted(later.func.value) == name and a.scope_owner(later) is owner
+                    and a.pos(later) > a.pos(s)):
+                raise Refusal(later, f"`{name}.{later.func.attr.value}(...)` moves the model after it is wrapped; "
+                                     "DistributedDataParallel needs it on its device first: move it before "
+                                     "`nn.DataParallel`")
+        return s, name, expr  # type: ignore[return-value]

@@ -31,10 +31,14 @@ class CheckpointPortability(Rule):
     `module.` prefix if the checkpoint has one (`consume_prefix_in_state_dict_if_present`) and
     loads into `model.module`, so both old (wrapper) and new checkpoints load.
 
+    Only reads and loads that surely run on the wrapper are changed: after the wrapping statement
+    in the same function, on every path (not a `state_dict()` taken before the model is wrapped,
+    and not after a wrap that only happens under a condition).
+
     ## Why is this slow
     Not a speed problem: DDP (like DataParallel) prefixes every key with `module.`, so checkpoints
-    saved from the wrapper do not load into an unwrapped model for evaluation or inference
-    (E-12, E-22), and ones saved from the inner module do not load into the wrapper.
+    saved from the wrapper do not load into an unwrapped model for evaluation or inference,
+    and ones saved from the inner module do not load into the wrapper.
 
     ## Example
     ```python
@@ -83,14 +87,15 @@ class CheckpointPortability(Rule):
             return
         for c in calls(a.module, True):
             if isinstance(c.func, cst.Attribute) and c.func.attr.value == "state_dict" \
-                    and dotted(c.func.value) in models and not c.args:
+                    and dotted(c.func.value) in models and not c.args and a.wrapped_at(dotted(c.func.value), c):
                 m = dotted(c.func.value)
                 new = c.with_changes(func=c.func.with_changes(value=cst.Attribute(value=c.func.value,
                                                                                   attr=cst.Name("module"))))
                 self.report(c, fmt={"what": f"{m}.state_dict()", "model": m}, replacement=new,
                             tags=[Tag.SEMANTICS], note="saved checkpoints lose the `module.` key prefix")
         loads = [c for c in calls(a.module, True) if isinstance(c.func, cst.Attribute)
-                 and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models]
+                 and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models
+                 and a.wrapped_at(dotted(c.func.value), c)]
         if not loads:
             return
         found = a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")

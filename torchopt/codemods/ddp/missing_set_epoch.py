@@ -31,7 +31,7 @@ class MissingSetEpoch(Rule):
     ## Why is this slow
     Not a speed problem but a training bug that DDP conversions often introduce: the sampler
     seeds its shuffle with `seed + epoch`, so without `set_epoch` every epoch visits the data in
-    the same order (verified: same order twice without it, a new one after `set_epoch(1)`, E-12).
+    the same order (verified: same order twice without it, a new one after `set_epoch(1)`).
 
     ## Example
     ```python

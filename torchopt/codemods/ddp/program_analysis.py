@@ -18,6 +18,7 @@ from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Rule
 
 DP = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
+FUNCTIONAL_DP = {"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"}
 DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
        "torch.nn.DistributedDataParallel"}
 LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
@@ -27,7 +28,7 @@ WRITERS = {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.wri
            "tensorboardX.SummaryWriter"}
 TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"}
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
-RANK_WORDS = re.compile(r"rank|is_main_process|is_master|main_process|local_master")
+RANK_WORDS = re.compile(r"rank|is_main_process|is_master|main_process|master_process|local_master")
 # Methods of nn.Module that reach the wrapped module through DDP too (TOP402 attribute check).
 MODULE_METHODS = {"train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to",
                   "cuda", "cpu", "zero_grad", "modules", "named_modules", "children", "named_children",
@@ -222,6 +223,7 @@ class Analysis:
         self.dp: list[tuple[cst.SimpleStatementLine, str, cst.Call]] = []  # X = nn.DataParallel(...)
         self.dp_other: list[cst.Call] = []  # DataParallel calls in any other form
         self.ddp: dict[str, list[bool]] = {}  # name -> per binding: surely DDP (True) / maybe (False)
+        self.ddp_stmts: dict[str, list[cst.SimpleStatementLine]] = {}  # name -> statements binding a DDP
         self.ddp_calls: list[cst.Call] = []
         self.loaders: dict[str, list[tuple[cst.SimpleStatementLine, cst.Call]]] = {}
         self.samplers: dict[str, cst.Call] = {}
@@ -316,7 +318,7 @@ class Analysis:
                 elif name in DP:
                     stmt_ = self.statement(n)
                     small = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
-                    if (isinstance(small, cst.Assign) and small.value is n and len(small.targets) == 1
+                    if (isinstance(small, cst.Assign) and self._moved(n) is small.value and len(small.targets) == 1
                             and isinstance(small.targets[0].target, cst.Name)):
                         self.dp.append((stmt_, small.targets[0].target.value, n))  # type: ignore[arg-type]
                     else:
@@ -334,6 +336,17 @@ class Analysis:
                     for d in _target_names(small.target):
                         self.bindings[d] = self.bindings.get(d, 0) + 1
 
+    def _moved(self, call: cst.Call) -> cst.BaseExpression:
+        """``call`` followed by any ``.cuda(...)`` / ``.to(...)`` moves: the outermost of them."""
+        node: cst.BaseExpression = call
+        parent = self.parent(node)
+        while isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in ("cuda", "to"):
+            grand = self.parent(parent)
+            if not (isinstance(grand, cst.Call) and grand.func is parent):
+                break
+            node, parent = grand, self.parent(grand)
+        return node
+
     def _assign(self, s: cst.SimpleStatementLine, target: str, value: cst.BaseExpression) -> None:
         base = value
         while (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute)
@@ -349,6 +362,7 @@ class Analysis:
         q = self.call_name(base)
         if q in DDP:
             self.ddp.setdefault(target, []).append(base is value)
+            self.ddp_stmts.setdefault(target, []).append(s)
         elif q in LOADERS:
             self.loaders.setdefault(target, []).append((s, base))
         elif q in DSAMPLERS:
@@ -368,6 +382,22 @@ class Analysis:
     def ddp_sure(self, name: str) -> bool:
         b = self.ddp.get(name)
         return bool(b) and all(b) and self.bindings.get(name, 0) <= len(b) + 2
+
+    def wrapped_at(self, name: str, node: cst.CSTNode, wraps: Iterable[cst.CSTNode] | None = None) -> bool:
+        """Whether ``name`` surely holds the wrapper where ``node`` runs: a wrapping statement (``wraps``,
+        else the DDP bindings of ``name``) comes earlier in ``node``'s own function and every path to
+        ``node`` passes it (its block encloses ``node``), or it sits unconditionally at module level
+        and ``node`` is in a function. A ``state_dict()`` read before the wrap is the plain model's."""
+        stmts = list(wraps) if wraps is not None else self.ddp_stmts.get(name, [])
+        owner = self.scope_owner(node)
+        for s in stmts:
+            block = self.parent(s)
+            if self.scope_owner(s) is owner:
+                if self.pos(s) < self.pos(node) and any(anc is block for anc in self.ancestors(node)):
+                    return True
+            elif isinstance(block, cst.Module) and not isinstance(owner, cst.Module):
+                return True
+        return False
 
     def distributed(self) -> bool:
         return bool(self.inits or self.ddp_calls)
@@ -427,6 +457,16 @@ class Analysis:
                 return True
         return False
 
+    def only_called_on_rank(self, node: cst.CSTNode) -> bool:
+        """``node`` is in a module-level function of the file that is called, and every call of it
+        sits under a rank condition: the caller already chose which processes run it (perhaps local
+        rank 0 of every node), so a global rank-0 guard inside would change who writes."""
+        fn = next((x for x in self.ancestors(node) if isinstance(x, cst.FunctionDef)), None)
+        if fn is None or not isinstance(self.parent(fn), cst.Module):
+            return False
+        sites = [c for c in calls(self.module, True) if isinstance(c.func, cst.Name) and c.func.value == fn.name.value]
+        return bool(sites) and all(self.under_rank_guard(c) for c in sites)
+
     def dist_alias(self) -> tuple[str, tuple[ImportSpec, ...]] | None:
         """How to name torch.distributed: an existing `import torch.distributed as X`, else `dist`."""
         for n in walk(self.module, True):
@@ -470,13 +510,14 @@ def _target_names(t: cst.BaseExpression) -> list[str]:
     return [d] if d else []
 
 
-# --------------------------------------------------------------------------- side effects (DDP-005)
+# --------------------------------------------------------------------------- side effects
 
 
 @dataclass
 class SideEffect:
     stmt: cst.BaseStatement
     what: str
+    path: cst.BaseExpression | None = None  # the file written, when known
 
 
 def collective_free(a: Analysis, node: cst.CSTNode, dist_name: str | None) -> str | None:
@@ -510,7 +551,7 @@ def side_effects(a: Analysis) -> list[SideEffect]:
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
                 what = _effect_call(a, small.value)
                 if what:
-                    out.append(SideEffect(n, what))
+                    out.append(SideEffect(n, what, _saved_path(small.value) if what == "torch.save" else None))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
             c = n.items[0].item
             if isinstance(c.func, cst.Name) and c.func.value == "open" and a.q(c.func) in (None, "builtins.open"):
@@ -518,8 +559,15 @@ def side_effects(a: Analysis) -> list[SideEffect]:
                 pos = positional(c)
                 m = string_value(mode.value if mode else (pos[1].value if len(pos) > 1 else None)) or ""
                 if any(ch in m for ch in "wax"):
-                    out.append(SideEffect(n, "a file write"))
+                    out.append(SideEffect(n, "a file write", pos[0].value if pos else None))
     return out
+
+
+def _saved_path(c: cst.Call) -> cst.BaseExpression | None:
+    """The file argument of ``torch.save(obj, f)``."""
+    f = keyword(c, "f")
+    pos = positional(c)
+    return f.value if f is not None else (pos[1].value if len(pos) > 1 else None)
 
 
 def _effect_call(a: Analysis, c: cst.Call) -> str | None:

@@ -1,4 +1,4 @@
-"""What a DistributedDataParallel program needs per rank (rules.md DDP-003 … DDP-006): `set_epoch`,
+"""What a DistributedDataParallel program needs per rank: `set_epoch`,
 `no_sync()` while accumulating gradients, rank-0 guards for output, portable checkpoints."""
 from __future__ import annotations
 

@@ -1,3 +1,3 @@
-"""Backend switches (TOP5xx, rules.md §6 FLAG): cuDNN auto-tuner, TF32 matmuls, determinism costs."""
+"""Backend switches (TOP5xx): cuDNN auto-tuner, TF32 matmuls, determinism costs."""
 
 FAMILY = "flags"

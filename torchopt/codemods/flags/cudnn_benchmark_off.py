@@ -42,7 +42,7 @@ class CudnnBenchmark(Rule):
     first call for each input shape benchmarks the available algorithms and caches the fastest
     one, which usually speeds up fixed-shape convolutional training (PyTorch tuning guide,
     "Enable cuDNN auto-tuner"). With highly variable shapes every new shape pays for a benchmark,
-    which can make the program slower: then the rule only reports (pair it with MEM-001).
+    which can make the program slower: then the rule only reports (TOP504 advises turning it off where it is already on).
 
 {entry}
 
@@ -71,8 +71,8 @@ class CudnnBenchmark(Rule):
     Unsafe (tag tolerance). The auto-tuner may select another algorithm in different runs, so
     convolution outputs change by rounding and training trajectories drift slowly. `torchopt
     validate` holds a tolerance-tagged rewrite to the fp32 `assert_close` defaults for outputs and
-    rel 1e-5 for training probes (rules.md VAL-6 allows rtol 1e-4 / atol 1e-5 for this switch on
-    a GPU; not yet measured there). On a CPU-only build the switch is a no-op and the rewrite is
+    rel 1e-5 for training probes (on a GPU the expected drift is about rtol 1e-4 / atol 1e-5;
+    not yet measured there). On a CPU-only build the switch is a no-op and the rewrite is
     bitwise the same. The line is inserted exactly once; a second run finds the switch set and
     changes nothing.
     """.replace("{entry}", _ENTRY_DOC)
@@ -83,11 +83,13 @@ class CudnnBenchmark(Rule):
     message = "This program builds convolutions ({what}) with the cuDNN auto-tuner off"
     varying_message = ("This program builds convolutions but its input shapes vary per batch ({why}): "
                        "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
-                       "pad inputs to a few fixed shapes (MEM-001) before enabling it")
+                       "pad inputs to a few fixed shapes before enabling it")
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
-    prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
+    # The switch only matters on CUDA, and the rule requires the program to use it: named, reached
+    # through `torch.accelerator`, or a device index moved to (`.to(gpu_id)`).
+    prefilter = ("cuda", "accelerator", ".to(")
 
     @classmethod
     def could_match(cls, text: str) -> bool:

@@ -84,7 +84,9 @@ class MatmulPrecision(Rule):
     fix_title = "Insert `torch.set_float32_matmul_precision(\"high\")` ({where})"
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
-    prefilter = ("cuda",)  # the switch only matters on CUDA, and the rule requires the program to use it
+    # The switch only matters on CUDA, and the rule requires the program to use it: named, reached
+    # through `torch.accelerator`, or a device index moved to (`.to(gpu_id)`).
+    prefilter = ("cuda", "accelerator", ".to(")
 
     @classmethod
     def could_match(cls, text: str) -> bool:

@@ -20,6 +20,7 @@ there, so the switches stay together in one block.
 from __future__ import annotations
 
 import ast as _ast
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -31,7 +32,7 @@ from torchopt.analysis.values import string_value
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
-# Convolution layers and functions (rules.md FLAG-001: `nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).
+# Convolution layers and functions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).
 _CONV_CLASSES = {f"{p}{d}d" for p in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose") for d in (1, 2, 3)}
 _CONV_FUNCS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in (1, 2, 3)}
 # torchvision.models builders that do not return a model.
@@ -44,7 +45,7 @@ _MATMUL_CLASSES = {"Linear", "Bilinear", "MultiheadAttention", "Transformer", "T
 _MATMUL_FUNCS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm", "torch.baddbmm", "torch.addbmm",
                  "torch.einsum", "torch.nn.functional.linear", "torch.nn.functional.bilinear",
                  "torch.nn.functional.scaled_dot_product_attention", "torch.tensordot", "torch.inner"}
-# Precision-sensitive fp32 linear algebra (FLAG-002: D instead, the switch is global).
+# Precision-sensitive fp32 linear algebra (advice instead of a fix: the switch is global).
 _SENSITIVE_PREFIX = ("torch.linalg.",)
 _SENSITIVE = {"torch.cdist", "torch.inverse", "torch.cholesky", "torch.cholesky_solve", "torch.cholesky_inverse",
               "torch.lu", "torch.lu_solve", "torch.svd", "torch.pinverse", "torch.det", "torch.logdet",
@@ -64,11 +65,24 @@ CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 _VARLEN = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence",
            "torch.nn.utils.rnn.pack_sequence", "torch.nn.utils.rnn.pad_packed_sequence"}
 _TV_CROPS = {"CenterCrop", "RandomCrop", "RandomResizedCrop", "FiveCrop", "TenCrop"}
+# torchvision transforms whose output size is drawn per sample (multi-scale augmentation).
+_TV_RANDOM_SIZE = {"RandomResize", "RandomShortestSize", "ScaleJitter", "RandomZoomOut"}
+# Calls whose size argument, when drawn at random, makes the next convolution see a new shape.
+_RESIZERS = {"torch.nn.functional.interpolate", "torch.nn.functional.upsample", "torch.nn.Upsample",
+             "torchvision.transforms.Resize", "torchvision.transforms.v2.Resize",
+             "torchvision.transforms.functional.resize", "torchvision.transforms.v2.functional.resize"}
+# Processes started on a function: the switch must run in that function, which is all they execute
+# of the entry script (a spawned child imports the file without running its `__main__` block).
+_SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes",
+           "torch.multiprocessing.spawn.start_processes", "torch.multiprocessing.Process", "multiprocessing.Process",
+           "multiprocessing.context.Process"}
+# A device given as an index names a CUDA (or other accelerator) device: `.to(gpu_id)`, `.to(local_rank)`.
+_INDEX_NAME = re.compile(r"(^|_)(gpu|gpus|gpu_id|local_rank|device_id|device_ids|rank)$", re.IGNORECASE)
 
 
 @dataclass
 class Switch:
-    """A determinism switch the file sets (FLAG-003)."""
+    """A determinism switch the file sets."""
 
     node: cst.CSTNode
     what: str  # the switch, in words (for messages)
@@ -80,8 +94,9 @@ class Program:
     matmuls: list[cst.CSTNode] = field(default_factory=list)
     cuda: bool = False
     benchmark_set: list[cst.CSTNode] = field(default_factory=list)  # any assignment to cudnn.benchmark
+    benchmark_on: list[cst.CSTNode] = field(default_factory=list)  # `cudnn.benchmark = True` (a literal)
     tf32_set: list[cst.CSTNode] = field(default_factory=list)  # TF32 flags / set_float32_matmul_precision
-    determinism: list[Switch] = field(default_factory=list)  # switches that cost speed (FLAG-003)
+    determinism: list[Switch] = field(default_factory=list)  # switches that cost speed
     intent: bool = False  # any determinism switch, whatever its value (unless literally False)
     variable_shapes: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     sensitive: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
@@ -123,7 +138,7 @@ def _is_false(expr: cst.BaseExpression | None) -> bool:
 
 
 def _is_true(expr: cst.BaseExpression | None) -> bool:
-    """A literal ``True`` (a variable may hold either: not reported, FLAG-003 is about set switches)."""
+    """A literal ``True`` (a variable may hold either: not reported: only switches surely on count)."""
     return isinstance(expr, cst.Name) and expr.value == "True"
 
 
@@ -132,11 +147,14 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
     resize_int: list[cst.Call] = []
     crops = False
     has_tv = "torchvision" in _imported_roots(module)
+    drawn = _drawn_names(module)
     for node in walk(module, cross_scopes=True):
         if isinstance(node, cst.Call):
             q = callee(rule, node)
             if q is None:
                 if isinstance(node.func, cst.Attribute) and node.func.attr.value == "cuda":
+                    prog.cuda = True
+                elif _device_index_move(node):
                     prog.cuda = True
                 if has_tv and not isinstance(node.func, cst.Call):
                     tv = [n for n in qualified_names(rule, node.func) if n.startswith("torchvision.")]
@@ -155,6 +173,10 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
                         resize_int.append(node)
                 elif q.startswith("torchvision.transforms.") and last in _TV_CROPS:
                     crops = True
+                if q.startswith("torchvision.transforms.") and last in _TV_RANDOM_SIZE:
+                    prog.variable_shapes.append((node, f"`{last}` draws a new image size for every sample"))
+                elif q in _RESIZERS and _drawn_at_random(node, drawn):
+                    prog.variable_shapes.append((node, f"`{last}` gets a size drawn at random (multi-scale)"))
                 continue
             last = q.rsplit(".", 1)[-1]
             if q.startswith("torch.nn.") and last in _CONV_CLASSES:
@@ -163,8 +185,10 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
                 prog.convs.append(node)
             if q.startswith("torch.nn.") and last in _MATMUL_CLASSES or q in _MATMUL_FUNCS:
                 prog.matmuls.append(node)
-            if q.startswith("torch.cuda."):
+            if q.startswith(("torch.cuda.", "torch.accelerator.")):
                 prog.cuda = True
+            if q in _RESIZERS and _drawn_at_random(node, drawn):
+                prog.variable_shapes.append((node, f"`{last}` gets a size drawn at random (multi-scale)"))
             if q.startswith(_SENSITIVE_PREFIX) or q in _SENSITIVE:
                 prog.sensitive.append((node, q))
             if q == SET_PRECISION:
@@ -191,6 +215,8 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
                 q = torch_name(rule, t) if isinstance(t, cst.Attribute) else None
                 if q == BENCHMARK:
                     prog.benchmark_set.append(node)
+                    if _is_true(value):
+                        prog.benchmark_on.append(node)
                 elif q in TF32_FLAGS:
                     prog.tf32_set.append(node)
                 elif q == DETERMINISTIC and not _is_false(value):
@@ -214,6 +240,47 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
         prog.variable_shapes.append((resize_int[0], "`Resize(<int>)` without a crop keeps each image's aspect ratio"))
     _find_entry(rule, module, prog)
     return prog
+
+
+def _device_index_move(call: cst.Call) -> bool:
+    """``x.to(0)``, ``x.to(gpu_id)``, ``x.to(self.local_rank)``: a device chosen by index at run time."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "to" and call.args):
+        return False
+    first = call.args[0]
+    if first.keyword is not None or first.star:
+        return False
+    if isinstance(first.value, cst.Integer):
+        return True
+    name = cst.helpers.get_full_name_for_node(first.value)
+    return name is not None and bool(_INDEX_NAME.search(name.rsplit(".", 1)[-1]))
+
+
+def _random_draw(expr: cst.CSTNode, drawn: set[str]) -> bool:
+    """``expr`` holds a random draw (``random.choice(sizes)``, ``np.random.randint``,
+    ``torch.randint``, ``random.uniform``) or a name assigned one (``drawn``)."""
+    for n in walk(expr):
+        if isinstance(n, cst.Call):
+            name = cst.helpers.get_full_name_for_node(n.func) or ""
+            if "random" in name.split(".")[:-1] or name.rsplit(".", 1)[-1] in ("randint", "rand", "randrange"):
+                return True
+        elif isinstance(n, cst.Name) and n.value in drawn:
+            return True
+    return False
+
+
+def _drawn_names(module: cst.Module) -> set[str]:
+    """Names assigned a random draw anywhere in the file (``size = random.choice([...])``)."""
+    out: set[str] = set()
+    for n in walk(module, cross_scopes=True):
+        if isinstance(n, cst.Assign) and _random_draw(n.value, set()):
+            out |= {t.target.value for t in n.targets if isinstance(t.target, cst.Name)}
+    return out
+
+
+def _drawn_at_random(call: cst.Call, drawn: set[str]) -> bool:
+    """A size or scale argument of ``call`` computed by a random draw."""
+    return any(_random_draw(arg.value, drawn) for arg in call.args
+               if arg.keyword is None or arg.keyword.value in ("size", "scale_factor"))
 
 
 # --------------------------------------------------------------------------- entry and anchor
@@ -286,9 +353,28 @@ def _block_anchor(rule: Rule, body: list[cst.BaseStatement] | tuple, prog: Progr
         prog.anchor, prog.anchor_after = body[0], False
 
 
+def _spawned_worker(rule: Rule, module: cst.Module, funcs: dict[str, cst.FunctionDef]) -> cst.FunctionDef | None:
+    """The module-level function that ``mp.spawn(fn, ...)`` / ``Process(target=fn)`` starts."""
+    for n in walk(module, cross_scopes=True):
+        if not isinstance(n, cst.Call) or callee(rule, n) not in _SPAWNS:
+            continue
+        for a in n.args:
+            if (a.keyword is None or a.keyword.value in ("fn", "target")) and not a.star:
+                if isinstance(a.value, cst.Name) and a.value.value in funcs:
+                    return funcs[a.value.value]
+                if a.keyword is None:
+                    break
+    return None
+
+
 def _find_entry(rule: Rule, module: cst.Module, prog: Program) -> None:
     body = list(module.body)
     funcs = {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
+    worker = _spawned_worker(rule, module, funcs)
+    if worker is not None and isinstance(worker.body, cst.IndentedBlock):
+        prog.entry = f"the spawned worker `{worker.name.value}()`"
+        _block_anchor(rule, list(worker.body.body), prog)
+        return
     guard = next((s for s in body if _is_main_guard(s)), None)
     top_main_call = any(isinstance(s, cst.SimpleStatementLine) and _calls_name(s, "main") for s in body)
     main = funcs.get("main")
@@ -341,9 +427,11 @@ def _ast_main_guard(stmt: _ast.stmt) -> bool:
 
 
 def entry_possible(text: str) -> bool:
-    """_find_entry may find an entry (anchor) in ``text``: a module-level ``__main__`` guard, a
+    """_find_entry may find an entry (anchor) in ``text``: a spawned worker, a module-level ``__main__`` guard, a
     module-level ``main`` function called from module level, or a module-level ``for``/``while``
     that calls ``.backward``/``.step``. True when the text does not parse."""
+    if "spawn" in text or "Process" in text:  # _spawned_worker: a function started in new processes
+        return True
     tree = ast_tree(text)
     if tree is None:
         return True

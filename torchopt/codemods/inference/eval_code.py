@@ -1,7 +1,8 @@
-"""Recognising evaluation code (rules.md INF-001 detection): functions named like evaluation, loops
+"""Recognising evaluation code (for the no-grad advice): functions named like evaluation, loops
 over loaders named like validation data, model forwards, training steps, grad-mode contexts."""
 from __future__ import annotations
 
+import re
 
 import libcst as cst
 
@@ -18,6 +19,8 @@ GRAD_ON = {"torch.enable_grad", "torch.set_grad_enabled", "torch.autograd.grad_m
            "torch.autograd.grad_mode.set_grad_enabled", "torch.autograd.grad", "torch.autograd.backward",
            "torch.func.grad", "torch.autograd.functional.jacobian"}
 _TRAIN_METHODS = {"backward", "step", "zero_grad", "requires_grad_", "retain_grad"}
+# Routines that train by their name: `train_one_epoch(...)`, `trainer.fit(...)`, `train(model, ...)`.
+_TRAINING_ROUTINE = re.compile(r"^_*(train|fit)(_\w+)?$|_train$|^finetune")
 
 
 class EvalRule(Rule):
@@ -104,6 +107,43 @@ class EvalRule(Rule):
         while isinstance(parent, (cst.IndentedBlock, cst.SimpleStatementSuite)):
             parent = self.get_metadata(ParentProvider, parent, None)
         return isinstance(parent, cst.ClassDef)
+
+    def is_module_method(self, fn: cst.FunctionDef) -> bool:
+        """A method of a class that looks like a torch module (a ``forward`` method, or a base named
+        like ``nn.Module``): part of a forward. A trainer's ``evaluate(self)`` is not."""
+        parent = self.get_metadata(ParentProvider, fn, None)
+        while isinstance(parent, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+            parent = self.get_metadata(ParentProvider, parent, None)
+        if not isinstance(parent, cst.ClassDef):
+            return False
+        if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward" for s in parent.body.body):
+            return True
+        return any("Module" in (dotted(b.value) or "") or (dotted(b.value) or "").startswith(("nn.", "torch.nn."))
+                   for b in parent.bases)
+
+    def trains_anywhere(self) -> bool:
+        """Whether the file trains anything: a backward pass, an optimizer, gradients asked for, a
+        model put in training mode, or a call of a training routine (``train_one_epoch(...)``,
+        ``trainer.fit(...)``) whose body may live in another file."""
+        for n in walk(self.ctx.module, cross_scopes=True):
+            if isinstance(n, cst.Call):
+                q = callee(self, n)
+                if q and (q.startswith("torch.optim.") or q in ("torch.autograd.grad", "torch.autograd.backward",
+                                                               "torch.enable_grad", "torch.set_grad_enabled")):
+                    return True
+                func = n.func
+                if isinstance(func, cst.Attribute) and func.attr.value in ("backward", "requires_grad_",
+                                                                           "zero_grad", "retain_grad"):
+                    return True
+                if isinstance(func, cst.Attribute) and func.attr.value == "train" and not (
+                        n.args and isinstance(n.args[0].value, cst.Name) and n.args[0].value.value == "False"):
+                    return True
+                last = (dotted(func) or "").rsplit(".", 1)[-1]
+                if _TRAINING_ROUTINE.match(last):
+                    return True
+            elif isinstance(n, cst.Attribute) and n.attr.value in ("grad", "grad_fn"):
+                return True
+        return False
 
     def called_from_training(self, fn: cst.FunctionDef) -> bool:
         """Some call of ``fn`` sits in a function that looks like a forward or a training step."""
@@ -279,8 +319,8 @@ def _switches_to_eval(nodes) -> bool:
 
 def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> bool:
     """Cheap necessary condition for the evaluation units of TOP801/TOP803, sharper than
-    _torch.eval_sites_possible: a function named like evaluation that is not a method (``is_method``:
-    defined directly in a class body) whose body calls something named like a model, or a ``for``
+    _torch.eval_sites_possible: a function named like evaluation (a method too: only methods of
+    torch modules are left out, which this cheap test cannot tell) whose body calls something named like a model, or a ``for``
     loop over something named like held-out data whose body does, outside a function named like
     evaluation. ``asynchronous``: async defs and loops count (TOP803 visits them, TOP801 does not);
     ``mode_calls``: a function that itself calls ``.eval()``/``.train(False)`` does not count
@@ -300,7 +340,7 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
         node, fname, is_class = stack.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if isinstance(child, funcs) and not is_class and EVAL_FUNCTION.match(child.name) \
+                if isinstance(child, funcs) and EVAL_FUNCTION.match(child.name) \
                         and ast_model_call(child.body) and not (mode_calls and _switches_to_eval(child.body)):
                     return True
                 stack.append((child, child.name, False))

@@ -29,7 +29,7 @@ class EvalTrainModeMismatch(EvalRule):
 
     ## Why is this slow
     It is a correctness trap that looks like a tuning one: `torch.no_grad()` does not disable
-    dropout (E-11: 49 % of the entries were still zeroed) or freeze BatchNorm statistics, so evaluation
+    dropout (in a measured case 49 % of the entries were still zeroed) or freeze BatchNorm statistics, so evaluation
     without `.eval()` is noisy and updates running statistics with evaluation data; training left in
     `.eval()` mode runs without dropout and with frozen statistics.
 
@@ -53,8 +53,8 @@ class EvalTrainModeMismatch(EvalRule):
     ```
 
     ## Fix safety
-    Display-only: inserting `.eval()`/`.train()` changes what dropout and BatchNorm compute (rules.md
-    INF-003 allows it only as an opt-in semantic rewrite), and the right place depends on the code.
+    Display-only: inserting `.eval()`/`.train()` changes what dropout and BatchNorm compute (it could
+    only ever be an opt-in semantic rewrite), and the right place depends on the code.
     """
 
     code = "TOP803"

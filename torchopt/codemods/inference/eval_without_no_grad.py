@@ -1,6 +1,8 @@
 """TOP801 `eval-without-no-grad`: Flags evaluation code that runs a model with autograd on: a function named like evaluation."""
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from torchopt.analysis.conventions import EVAL_FUNCTION
@@ -18,6 +20,16 @@ from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
 
 
+# Loading trained weights: the mark of an inference script (with nothing in the file training).
+_LOADS_WEIGHTS = re.compile(r"load_state_dict\s*\(|\bload\s*\(|from_pretrained\s*\(")
+
+
+def _is_main_guard(stmt: cst.CSTNode) -> bool:
+    return (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)
+            and "__main__" in cst.Module([]).code_for_node(stmt.test)
+            and "__name__" in cst.Module([]).code_for_node(stmt.test))
+
+
 _NO_GRAD_EXAMPLE = "import torch\nfrom torch import nn\n\nmodel = nn.Linear(4, 3)\nval_loader = [(torch.randn(2, 4), torch.tensor([0, 2]))]\n"
 
 
@@ -28,7 +40,15 @@ class EvalWithoutNoGrad(EvalRule):
     named like held-out data (`val_loader`, `test_dl`, `eval_batches`, ...) that calls a model, and
     neither computes gradients (`backward`, `torch.autograd.grad`, an optimizer step) nor runs
     under `torch.no_grad()` / `torch.inference_mode()` already. It decorates the function with
-    `@torch.no_grad()` or wraps the loop in `with torch.no_grad():`.
+    `@torch.no_grad()` or wraps the loop in `with torch.no_grad():`. Methods count too
+    (`Trainer.evaluate(self)`), except methods of a torch module, which are part of its forward.
+    A loop whose model calls already sit in a `with torch.no_grad():` is left alone.
+
+    An *inference script* (it loads weights, with `load_state_dict`, `torch.load` or
+    `from_pretrained`, and nothing in the file trains) is evaluation code as a whole: its `main()`
+    is decorated, and its top-level statements (or those of its `if __name__ == "__main__":`
+    block) from the first model call to the last go under one `with torch.no_grad():` (unsafe,
+    semantics: the outputs, saved or returned, no longer require grad).
 
     ## Why is this slow
     With autograd on, every forward records a graph and keeps every activation it needs for a
@@ -48,7 +68,7 @@ class EvalWithoutNoGrad(EvalRule):
     ```
 
     ## Fix safety
-    The values are identical (rules.md INF-001, class E for values). Only `requires_grad` of the
+    The values are identical. Only `requires_grad` of the
     results changes, so the fix is safe when everything that leaves the function or loop is
     provably free of gradients (`.item()`, `argmax`, comparisons, counts, data from the loader) and
     unsafe (**semantics**: results no longer require grad) when a tensor computed from the model
@@ -69,8 +89,8 @@ class EvalWithoutNoGrad(EvalRule):
         from torchopt.analysis.precheck.patterns import eval_sites_possible
         from torchopt.codemods.inference.eval_code import eval_units_possible
 
-        return super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
-            text, asynchronous=False, mode_calls=False)
+        return (super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
+            text, asynchronous=False, mode_calls=False)) or _LOADS_WEIGHTS.search(text) is not None
 
     examples = (
         Invalid(
@@ -117,6 +137,29 @@ class EvalWithoutNoGrad(EvalRule):
             note="the prediction feeds a backward in the same file",
         ),
         Valid("def evaluate(results):\n    return sum(r.score for r in results)\n", note="no model call"),
+        Invalid(
+            "import torch\n\n\nclass Trainer:\n    def evaluate(self):\n        total = 0\n"
+            "        for x, y in self.val_data:\n            total += (self.model(x).argmax(1) == y).sum().item()\n"
+            "        return total\n",
+            after="import torch\n\n\nclass Trainer:\n    @torch.no_grad()\n    def evaluate(self):\n        total = 0\n"
+            "        for x, y in self.val_data:\n            total += (self.model(x).argmax(1) == y).sum().item()\n"
+            "        return total\n",
+            note="a trainer's method (not a torch module's)",
+        ),
+        Invalid(
+            "import torch\n\nmodel = torch.nn.Linear(4, 2)\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
+            "out = model(torch.load('inputs.pt'))\ntorch.save(out, 'out.pt')\n",
+            after="import torch\n\nmodel = torch.nn.Linear(4, 2)\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
+            "with torch.no_grad():\n    out = model(torch.load('inputs.pt'))\ntorch.save(out, 'out.pt')\n",
+            unsafe="semantics",
+            note="a plain inference script: load weights, call the model, save the output",
+        ),
+        Valid(
+            "import torch\n\n\ndef main(model, eval_dataloader):\n    model.eval()\n"
+            "    for batch in eval_dataloader:\n        with torch.no_grad():\n            outputs = model(batch)\n"
+            "        print(outputs.argmax(-1))\n",
+            note="the model call already runs under `no_grad` inside the loop",
+        ),
         Valid(
             "import torch\n\n\nclass Segmenter(torch.nn.Module):\n    def predict(self, h):\n        return self.mask_head(h)\n\n"
             "    def forward(self, x):\n        return self.predict(self.backbone(x))\n",
@@ -140,18 +183,57 @@ class EvalWithoutNoGrad(EvalRule):
                 self._loops.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not (self._fns or self._loops):
+        script = _LOADS_WEIGHTS.search(original_node.code) is not None and not self.trains_anywhere()
+        if script:  # an inference script's `main()` is its evaluation unit
+            self._fns.extend(fn for fn in original_node.body if isinstance(fn, cst.FunctionDef)
+                             and fn.name.value == "main" and fn not in self._fns)
+        if not (self._fns or self._loops or script):
             return
         gf = _GradFree(self)
         for fn in self._fns:
             self._function(fn, gf)
         for loop in self._loops:
             self._loop(loop, gf)
+        if script:
+            self._script_block(original_node)
+            guard = next((s for s in original_node.body if _is_main_guard(s)), None)
+            if guard is not None and isinstance(guard.body, cst.IndentedBlock):
+                self._script_block(guard.body)
+
+    def _script_block(self, block: cst.Module | cst.IndentedBlock) -> None:
+        """Top-level statements of an inference script (load weights, call the model, save the
+        output) that call a model with autograd on: the run from the first to the last of them
+        goes under one ``with torch.no_grad():`` (a ``with`` does not scope names, so everything
+        after still sees them)."""
+        body = list(block.body)
+        hits = [i for i, st in enumerate(body) if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
+                and not (isinstance(st, cst.For) and st in self._loops)
+                and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))]
+        if not hits:
+            return
+        span = body[hits[0]:hits[-1] + 1]
+        if any(isinstance(st, (cst.FunctionDef, cst.ClassDef)) or st in self._loops or self.trains(st) is not None
+               for st in span):
+            return
+        ref = torch_ref(self)
+        if ref is None:
+            return
+        first = span[0]
+        inner = [first.with_changes(leading_lines=())] + span[1:]
+        wrapped = cst.With(items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
+                           body=cst.IndentedBlock(body=inner), leading_lines=first.leading_lines)
+        new_body = body[:hits[0]] + [wrapped] + body[hits[-1] + 1:]
+        model = self.forward_calls(first)[0][1] if self.forward_calls(first) else "the model"
+        self.report(first, fmt={"what": "This inference script", "model": model},
+                    replacement=block.with_changes(body=new_body), target=block, imports=ref.imports,
+                    safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
+                    note="values are identical; tensors computed from the model no longer require grad "
+                         "(a saved output tensor no longer carries requires_grad)")
 
     def _function(self, fn: cst.FunctionDef, gf: _GradFree) -> None:
         if self.decorated_grad_off(fn) or self.in_grad_off(fn):
             return
-        if self.is_method(fn) or self.called_from_training(fn):
+        if self.is_module_method(fn) or self.called_from_training(fn):
             return
         fwd = self.forward_calls(fn.body)
         if not fwd or self.trains(fn.body) is not None:
@@ -182,9 +264,9 @@ class EvalWithoutNoGrad(EvalRule):
         fn = self.enclosing_function(loop)
         if fn is not None and EVAL_FUNCTION.match(fn.name.value):
             return  # the function is the unit
-        fwd = self.forward_calls(loop.body)
+        fwd = [f for f in self.forward_calls(loop.body) if not self.in_grad_off(f[0])]
         if not fwd or self.trains(loop.body) is not None:
-            return
+            return  # no forward, or every one already runs with autograd off
         parent = self.get_metadata(ParentProvider, loop, None)
         if not isinstance(parent, (cst.IndentedBlock, cst.Module)):
             return

@@ -1,5 +1,5 @@
-"""rules.md INF-001..003: TOP801 add `torch.no_grad()` to evaluation code, TOP802 `no_grad` →
-`inference_mode` in pure inference scripts, TOP803 missing `model.eval()` / `model.train()`."""
+"""Which values can require grad, for the inference rules (TOP801 no_grad for evaluation code,
+TOP802 inference_mode in pure inference scripts, TOP803 missing `model.eval()` / `model.train()`)."""
 from __future__ import annotations
 
 import libcst as cst

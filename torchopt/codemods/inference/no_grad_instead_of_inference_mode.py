@@ -23,8 +23,9 @@ _PURE = ("import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(
 
 class NoGradInPureInference(EvalRule):
     """## What it does
-    In a script that never trains (no `backward`, `torch.autograd.grad`, optimizer, or
-    `requires_grad_`), flags `torch.no_grad()` (a `with` block or a decorator) and offers
+    In a script that never trains (no `backward`, `torch.autograd.grad`, optimizer,
+    `requires_grad_`, `model.train()`, or call of a training routine such as `train_one_epoch(...)` or
+    `trainer.fit(...)` that may train elsewhere), flags `torch.no_grad()` (a `with` block or a decorator) and offers
     `torch.inference_mode()`.
 
     ## Why is this slow
@@ -45,8 +46,8 @@ class NoGradInPureInference(EvalRule):
     ```
 
     ## Fix safety
-    Unsafe (**semantics**), opt-in. Tensors created in inference mode are *inference tensors*
-    (E-11): using one later in a computation autograd records raises `RuntimeError: Inference
+    Unsafe (**semantics**), opt-in. Tensors created in inference mode are *inference tensors*:
+    using one later in a computation autograd records raises `RuntimeError: Inference
     tensors cannot be saved for backward`, and modifying one in place outside inference mode raises
     `RuntimeError: Inplace update to inference tensor outside InferenceMode is not allowed`. The fix is
     therefore offered only in scripts (a `with` block at module level, or a file with an
@@ -131,7 +132,7 @@ class NoGradInPureInference(EvalRule):
                                                         "torch.autograd.grad_mode.no_grad")
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not self._sites or self._trains_anywhere():
+        if not self._sites or self.trains_anywhere():
             return
         ref = torch_ref(self)
         if ref is None:
@@ -166,20 +167,6 @@ class NoGradInPureInference(EvalRule):
         if isinstance(call.func, cst.Attribute) and dotted(call.func) in ("torch.no_grad", f"{torch_alias}.no_grad"):
             return call.func.with_changes(attr=cst.Name("inference_mode"))
         return cst.parse_expression(f"{torch_alias}.inference_mode")
-
-    def _trains_anywhere(self) -> bool:
-        for n in walk(self.ctx.module, cross_scopes=True):
-            if isinstance(n, cst.Call):
-                q = callee(self, n)
-                if q and (q.startswith("torch.optim.") or q in ("torch.autograd.grad", "torch.autograd.backward",
-                                                               "torch.enable_grad", "torch.set_grad_enabled")):
-                    return True
-                if isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward", "requires_grad_",
-                                                                               "zero_grad", "retain_grad"):
-                    return True
-            elif isinstance(n, cst.Attribute) and n.attr.value in ("grad", "grad_fn"):
-                return True
-        return False
 
     def _escapes_ok(self, owner: cst.CSTNode) -> bool:
         """No tensor made under the new mode is modified in place, or given to a function that may
