@@ -71,7 +71,7 @@ def test_unguarded_bias_init_blocks_but_guarded_does_not():
     assert d.fix is None and "m.bias" in d.message
     guarded = base.format(init="        if m.bias is not None:\n            nn.init.zeros_(m.bias)\n")
     [d] = diags(guarded)
-    assert d.fix is not None and set(d.fix.tags) == {"semantics", "tolerance"}
+    assert d.fix is not None and set(d.fix.tags) == {"semantics", "tolerance", "rng"}
 
 
 def test_module_pair_used_elsewhere_is_left_alone():
@@ -120,7 +120,7 @@ def test_train_close_eval_differs_and_old_checkpoints_load_with_the_documented_f
     old(x)  # one training-mode forward: running_mean now includes the bias
     new = _pair(False)
     new[0].weight.data.copy_(old[0].weight.data)
-    # train mode: the norm cancels the bias, up to rounding (E-09)
+    # train mode: the norm cancels the bias, up to rounding
     new.train()
     torch.testing.assert_close(new(x), old(x), rtol=1e-5, atol=1e-5)
     # an old checkpoint does not load strictly
@@ -177,8 +177,8 @@ def test_fixture_second_run_changes_nothing():
 
 
 def test_fixture_validates_within_tolerance(tmp_path):
-    """Losses and parameters within the tolerance (T) criterion; the removed biases, running means,
-    eval-mode outputs and the final RNG state are reported, not failed (VAL-6 CBN row)."""
+    """Dropping a bias moves the random stream (tag rng), so with two files and no replay the
+    validator compares structure only: the same probes, shapes and loss count, values not claimed."""
     before = ROOT / "fixtures" / "cbn_resnet" / "before.py"
     after = tmp_path / "after.py"
     after.write_text(fix(before.read_text(encoding="utf-8")), encoding="utf-8")
@@ -186,10 +186,9 @@ def test_fixture_validates_within_tolerance(tmp_path):
                                    "--device", "cpu", "--steps", "3", "--json"], catch_exceptions=False)
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
-    assert set(out["tolerance"]["tags"]) == {"semantics", "tolerance"}
+    assert set(out["tolerance"]["tags"]) == {"semantics", "tolerance", "rng"}
+    assert out["tolerance"]["compare_values"] is False
     rows = out["rows"]
     assert sum(r["kind"] == "loss" for r in rows) == 3
-    skipped = {r["name"] for r in rows if r["verdict"] == "skipped"}
-    assert "param/model.stem.0.bias" in skipped and "param/model.mix.bias" not in skipped
-    compared = [r for r in rows if r["verdict"] == "ok" and r["kind"] in ("loss", "param")]
-    assert compared and max(r["max_abs"] for r in compared) < 1e-5
+    assert {r["name"] for r in rows} >= {"param/model.stem.0.bias", "param/model.mix.bias"}
+    assert not [r for r in rows if r["verdict"] not in ("ok", "skipped")]

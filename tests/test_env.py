@@ -1,4 +1,4 @@
-"""TOP951 (rules.md §17 ENV): launcher advice, reported once per script that can run on the CPU."""
+"""TOP951: launcher advice, reported once per script that can run on the CPU."""
 from __future__ import annotations
 
 from torchopt.rewrite.config import Settings

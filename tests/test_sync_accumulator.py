@@ -64,7 +64,7 @@ def test_weighted_sum_matches_with_double_summand():
 
 
 def test_float32_accumulator_would_not_reproduce_the_log():
-    """Why the fix uses float64 (rules.md E-17): a float32 running sum rounds differently."""
+    """Why the fix uses float64: a float32 running sum rounds differently."""
     losses = list(_losses(100_000, torch.float32).unbind())
     py = 0.0
     dev32 = torch.zeros((), dtype=torch.float32)

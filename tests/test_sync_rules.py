@@ -99,13 +99,15 @@ def test_int_counter_read_only_as_a_ratio_is_rewritten():
     assert compare_programs(src + RUN, out + RUN) == []
 
 
-def test_module_level_accumulator_is_only_reported():
+def test_module_level_accumulator_in_a_script_is_fixed():
     src = ("import torch\n\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
            "total = 0.0\nfor x in [torch.ones(1, 2)] * 3:\n    loss = torch.sum(model(x))\n    loss.backward()\n"
            "    opt.step()\n    total += loss.item()\nprint(total)\n")
     d = top601(src)
-    assert len(d) == 1 and d[0].fix is None and "module-level global" in d[0].message
+    assert len(d) == 1 and d[0].fix is not None and d[0].fix.safety == "safe"
     assert "in the training loop at line 6" in d[0].message
+    out = fix_source(src, S).text
+    assert "total = torch.zeros((), dtype=torch.float64)\n" in out and "print(total.item())" in out
 
 
 def test_no_device_in_file_means_cpu_accumulator():

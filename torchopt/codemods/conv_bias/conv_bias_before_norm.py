@@ -56,18 +56,19 @@ class ConvBiasBeforeNorm(Rule):
     ```
 
     ## Fix safety
-    Unsafe (tags semantics and tolerance).
+    Unsafe (tags semantics, tolerance and rng).
 
-    * **Train-mode outputs** are the same up to rounding (max 4.8e-7 in fp32, E-09), not bitwise.
-      The validator compares losses and parameters with rtol/atol 1e-5 (VAL-6).
+    * **Train-mode outputs** are the same up to rounding (at most 4.8e-7 in fp32 in our measurements), not bitwise.
+      The validator compares losses and parameters with rtol/atol 1e-5.
     * **Eval mode differs**: BatchNorm's `running_mean` includes the bias (momentum-weighted), so
-      without it the running statistics shift and eval-mode outputs differ substantially (0.90
-      after one step in E-09) until training has updated them. When a model is trained from
+      without it the running statistics shift and eval-mode outputs differ substantially (by 0.90
+      after one step in our measurements) until training has updated them. When a model is trained from
       scratch and only evaluated after training this does not matter; the validator reports
       running means and eval-mode outputs without failing on them. With
       `track_running_stats=False` eval outputs stay equal up to rounding.
-    * **Random stream**: a convolution without a bias draws fewer random numbers when it is
-      built, so the model's initial weights and every later draw from the same generator shift
+    * **Random stream** (tag rng): a convolution without a bias draws fewer random numbers when it
+      is built, so the initial weights of every later layer, and every later initialisation,
+      dropout mask and data-loader shuffle drawn from the same generator, shift
       (unless the weights are initialised afterwards from their own generator, or loaded). The
       validator reports the final RNG state without failing on it; values the shifted draws feed
       still have to agree.
@@ -108,7 +109,7 @@ class ConvBiasBeforeNorm(Rule):
     blocked_message = "`{conv}` computes a bias that the following `{norm}` cancels; not fixed: {why}"
     fix_title = "Drop the bias: `bias=False`"
     safety = Safety.UNSAFE
-    tags = (Tag.SEMANTICS, Tag.TOLERANCE)
+    tags = (Tag.SEMANTICS, Tag.TOLERANCE, Tag.RNG)
     prefilter = ("Conv",)
 
     @classmethod
@@ -126,7 +127,7 @@ class ConvBiasBeforeNorm(Rule):
         Invalid(
             "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())\n",
             after="import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())\n",
-            unsafe=("semantics", "tolerance"),
+            unsafe=("semantics", "tolerance", "rng"),
         ),
         Invalid(
             "import torch\nfrom torch import nn\n\n\nclass Block(nn.Module):\n    def __init__(self, c):\n"
@@ -137,7 +138,7 @@ class ConvBiasBeforeNorm(Rule):
             "        super().__init__()\n        self.conv = nn.Conv1d(c, 2 * c, 5, bias=False)\n"
             "        self.norm = nn.GroupNorm(2 * c, 2 * c)\n\n    def forward(self, x):\n"
             "        y = self.conv(x)\n        y = self.norm(y)\n        return torch.relu(y)\n",
-            unsafe=("semantics", "tolerance"),
+            unsafe=("semantics", "tolerance", "rng"),
         ),
         Invalid(
             "import torch.nn as nn\n\n\nclass Stem(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -146,7 +147,7 @@ class ConvBiasBeforeNorm(Rule):
             after="import torch.nn as nn\n\n\nclass Stem(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             "        self.conv = nn.ConvTranspose3d(4, 8, 3, bias=False)\n        self.bn = nn.BatchNorm3d(8)\n\n"
             "    def forward(self, x):\n        return self.bn(self.conv(x)).relu()\n",
-            unsafe=("semantics", "tolerance"),
+            unsafe=("semantics", "tolerance", "rng"),
         ),
         Invalid(
             "import torch.nn as nn\n\nnet = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"
@@ -257,5 +258,5 @@ class ConvBiasBeforeNorm(Rule):
             self.report(conv, message=self.blocked_message, fmt={**fmt, "why": why})
             return
         new = set_kwarg(conv, "bias", cst.Name("False"))
-        self.report(conv, fmt=fmt, replacement=new, tags=[Tag.SEMANTICS, Tag.TOLERANCE],
+        self.report(conv, fmt=fmt, replacement=new, tags=[Tag.SEMANTICS, Tag.TOLERANCE, Tag.RNG],
                     note=self.note.format(key=key))

@@ -13,6 +13,7 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import classify_device
 from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.step_frequency import not_every_step
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -45,7 +46,7 @@ class DeviceToHostCopyInLoop(Rule):
     ```
 
     ## Fix safety
-    Display-only. `non_blocking=True` is never added to a device→host copy (DEV-004): the host
+    Display-only. `non_blocking=True` is never added to a device→host copy: the host
     could read the destination before the copy arrives.
     """
 
@@ -115,5 +116,5 @@ class DeviceToHostCopyInLoop(Rule):
                 if parent.attr.value in HOST_READS:
                     continue
             where = hm.where(n)
-            if where is not None:
+            if where is not None and not_every_step(hm, n, epochs=True) is None:
                 self.report(n, fmt={"expr": source(self, n), "where": where.text})

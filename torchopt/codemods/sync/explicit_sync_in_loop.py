@@ -8,6 +8,7 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.step_frequency import not_every_step, opt_in_switch
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -98,5 +99,5 @@ class ExplicitSyncInLoop(Rule):
                 q = callee(self, n)
                 if q in _SYNC_CALLS:
                     where = hm.where(n)
-                    if where is not None:
+                    if where is not None and not_every_step(hm, n) is None and opt_in_switch(hm, n) is None:
                         self.report(n, fmt={"expr": source(self, n), "where": where.text, "why": _SYNC_CALLS[q]})

@@ -13,6 +13,8 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.host_values import is_cpu_tensor, is_host_value
+from torchopt.codemods.sync.step_frequency import not_every_step
 from torchopt.codemods.sync.host_read_planning import Plan, Refused, _Apply, _Planner, grad_norm_names, host_read
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -70,24 +72,31 @@ class HostReadInLoop(Rule):
     ## Fix safety
     Safe: the logged numbers are the same bits. Python adds the float32 `loss.item()` values as
     doubles; a float64 tensor adds the same float32 values, converted exactly, with the same IEEE
-    double additions in the same order (rules.md E-17, and tests/test_sync_accumulator.py over
+    double additions in the same order (tests/test_sync_accumulator.py checks it over
     100 000 random losses). A compound summand (`loss.item() * x.size(0)`) becomes
     `loss.detach().double() * x.size(0)`, a double multiplication as in Python. Each read becomes
     `running_loss.item()` and keeps its arithmetic in Python, so `running_loss.item() / 100` is the
-    very division the program did (this differs from rules.md's `(running_loss / 100).item()`, which
-    would need a proof that the divisor is a Python number).
+    very division the program did (`(running_loss / 100).item()` would need a proof that the
+    divisor is a Python number).
 
     The fix is made only when: every summand's receiver is provably a tensor (a torch call, a
     `torch.nn` loss module, or a function of this file that returns one; a method name alone is
-    not proof, G-1/G-2), the other operands are Python numbers; the name is bound only to `0.0`
+    not proof), the other operands are Python numbers; the name is bound only to `0.0`
     (or `0`, then it may only be read as `name / ...`), to `+=` in one loop, and read in the same
-    function (a module-level global is left alone: another module may import it as a float); no
-    read happens on every step (that would gain nothing); the loop's data goes to one device
-    expression visible where the accumulator starts (or the file uses no device at all).
-    `t.size(i)`, `t.shape[i]` and `len(...)` are taken to be Python ints.
-    Resets inside the loop become `.zero_()`. On Apple MPS (no float64) the fix is not made for a
-    literal `'mps'` device, but a device variable that is MPS at run time would fail. Every other
-    host read is reported with the sync-free alternative and not changed.
+    function or, for a script whose loop is at module level (the PyTorch tutorial's
+    `running_loss`), at module level; no read happens on every step (that would gain nothing); the
+    loop's data goes to one device expression visible where the accumulator starts (or the file
+    uses no device at all). `t.size(i)`, `t.shape[i]` and `len(...)` are taken to be Python ints.
+    Resets inside the loop become `.zero_()`. Apple MPS has no float64: the fix is not made for a
+    literal `'mps'` device, nor for a device chosen at run time in a file that names MPS or asks
+    `torch.accelerator` (or an accelerate `Accelerator`) for its device. A device that comes from
+    outside the file (a command-line string, a caller's argument) is assumed not to be MPS.
+
+    Not reported: reads that already run only now and then (under `if i % log_interval == 0`, once
+    under `if i == 0`, on a branch that exits or raises, after the batch loop of a function an outer
+    loop calls), and reads of host data (`torch.randint(16, 128, ()).item()` on a tensor made on
+    the CPU, `float(n)` of a Python number). Every other host read is reported with the sync-free
+    alternative and not changed.
     """
 
     code = "TOP601"
@@ -209,6 +218,10 @@ class HostReadInLoop(Rule):
                 continue
             if isinstance(n.func, cst.Attribute) and dotted(n.func.value) in norms:
                 continue  # TOP607
+            if id(n) not in item_plan and not_every_step(hm, n):
+                continue
+            if _reads_host_data(self, n):
+                continue
             parent = self.get_metadata(ParentProvider, n, None)
             grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
             if isinstance(parent, cst.Attribute) and parent.value is n and isinstance(grand, cst.Call) \
@@ -247,6 +260,13 @@ class HostReadInLoop(Rule):
             return "; collect the tensors on the device (`torch.cat`) and convert once after the loop"
         return ("; accumulate on the device (`running += t.detach()`) and call `.item()` only every N steps "
                 "or after the loop")
+
+
+def _reads_host_data(rule: Rule, read: cst.Call) -> bool:
+    """`.item()` of a tensor made on the CPU, or `float(n)` of a Python number: no device involved."""
+    if isinstance(read.func, cst.Attribute):
+        return is_cpu_tensor(rule, read.func.value)
+    return bool(read.args) and (is_host_value(rule, read.args[0].value) or is_cpu_tensor(rule, read.args[0].value))
 
 
 _WHY = {

@@ -1,4 +1,4 @@
-"""Host reads of device values in hot loops (rules.md SYNC-001, SYNC-002, SYNC-003).
+"""Host reads of device values in hot loops: what counts as a read, and the accumulator rewrite.
 
 TOP601 flags ``.item()``, ``.tolist()``, ``.numpy()``, ``float(t)``, ``int(t)``, ``bool(t)`` in a
 training or evaluation step and rewrites the logging-accumulator pattern (a Python float summed
@@ -217,9 +217,10 @@ class _Planner:
             raise Refused(f"`{plan.name}` is read on every step")
 
     def device(self, plan: Plan) -> str | None:
-        if isinstance(plan.owner, cst.Module):
-            raise Refused(f"`{plan.name}` is a module-level global (other modules may import it as a float)")
-        """The device expression (code) the accumulator is created on; None: the default (CPU)."""
+        """The device expression (code) the accumulator is created on; None: the default (CPU).
+
+        A module-level accumulator is fine: its loop is at module level too, so the file is a
+        script someone runs, not a library whose float another module imports."""
         found: set[str] = set()
         for c in calls_in(plan.loop.node.body):  # type: ignore[attr-defined]
             d = self._move_target(c)
@@ -236,6 +237,8 @@ class _Planner:
         dev = found.pop()
         if dev.strip("'\"").split(":")[0] == "mps":
             raise Refused("MPS has no float64")
+        if not dev.startswith('"') and self._may_pick_mps():
+            raise Refused(f"`{dev}` is chosen at run time and may be Apple MPS, which has no float64")
         self._check_visible(dev, plan)
         return dev
 
@@ -251,6 +254,12 @@ class _Planner:
                         moves.add(d)
             self._module_moves_memo = moves
         return moves
+
+    def _may_pick_mps(self) -> bool:
+        """The file can choose MPS at run time: it names it, or asks `torch.accelerator` (or an
+        accelerate `Accelerator`) which device to use."""
+        code = self.rule.ctx.module.code
+        return "mps" in code.lower() or "accelerator" in code.lower()
 
     def _mentions_device(self) -> bool:
         hit = self.__dict__.get("_mentions_device_memo")

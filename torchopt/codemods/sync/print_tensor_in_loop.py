@@ -11,6 +11,7 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.host_values import is_host_value
 from torchopt.codemods.sync.host_read_planning import builtin_unbound
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -106,13 +107,18 @@ class PrintTensorInLoop(Rule):
             return any(self._text_of_tensor(a, tz) for a in args)
         if isinstance(f, cst.Attribute) and f.attr.value == "format" and isinstance(
                 f.value, (cst.SimpleString, cst.ConcatenatedString)):
-            return any(tz.is_tensor(a) for a in args)
+            return any(self._device_value(a, tz) for a in args)
         if isinstance(f, cst.Attribute) and f.attr.value in LOG_METHODS and dotted(f.value) in LOGGER_NAMES:
             return any(self._text_of_tensor(a, tz) for a in args)
         return False
 
     def _text_of_tensor(self, a: cst.BaseExpression, tz: Tensors) -> bool:
         if isinstance(a, cst.FormattedString):
-            return any(isinstance(p, cst.FormattedStringExpression) and tz.is_tensor(p.expression)
+            return any(isinstance(p, cst.FormattedStringExpression) and self._device_value(p.expression, tz)
                        for p in a.parts)
-        return tz.is_tensor(a)
+        return self._device_value(a, tz)
+
+    def _device_value(self, e: cst.BaseExpression, tz: Tensors) -> bool:
+        """A tensor that may live on the device: Python numbers (a loop counter from
+        `itertools.count()`, a reward summed from `.item()`) print without a sync."""
+        return tz.is_tensor(e) and not is_host_value(self, e)

@@ -8,6 +8,7 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
+from torchopt.codemods.sync.host_values import is_host_value
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -120,8 +121,17 @@ class TensorControlFlow(Rule):
             self.report(test, fmt={"expr": source(self, test), "where": where.text, "advice": advice})
 
     def _tensor_truth(self, e: cst.BaseExpression, tz: Tensors) -> bool:
+        if _on_host(self, e):
+            return False
         if isinstance(e, cst.BooleanOperation):
             return self._tensor_truth(e.left, tz) or self._tensor_truth(e.right, tz)
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
             return self._tensor_truth(e.expression, tz)
         return tz.is_tensor(e)
+
+
+def _on_host(rule: Rule, e: cst.BaseExpression) -> bool:
+    """A test on Python numbers only (`t > 0` for an int `t`): its truth value costs no sync."""
+    if isinstance(e, cst.Comparison):
+        return is_host_value(rule, e.left) and all(is_host_value(rule, c.comparator) for c in e.comparisons)
+    return is_host_value(rule, e)
