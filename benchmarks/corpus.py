@@ -47,7 +47,7 @@ def main() -> int:
             broken.append(f"{f}: {exc}")
     second = subprocess.run([sys.executable, "-m", "torchopt", "rewrite", work, "--unsafe-fixes", "--check", *jobs],
                             capture_output=True, text=True)
-    errors = [l for l in first.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in first.stderr.splitlines() if line.startswith("error:")]
     print(f"files: {len(files)}   wall: {wall:.1f}s   ({len(files) / wall:.0f} files/s)   exit: {first.returncode}")
     print("fixes applied: " + (", ".join(f"{c} {n}" for c, n in sorted(fixed.items())) or "none"))
     print("diagnostics left (no fix or not applied): " + (", ".join(f"{c} {n}" for c, n in sorted(left.items())) or "none"))

@@ -195,10 +195,10 @@ def _table(rows: list[dict]) -> str:
                       _fmt(ls_a / ls_b, ".2f") + "x" if ls_a and ls_b else "—",
                       _fmt(ps_b), _fmt(ps_a), (_fmt(ps_a / ps_b, ".2f") + "x" if ps_a and ps_b else "—")
                       + (f"  ({err[:40]})" if err else "")))
-    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    widths = [max(len(h), *(len(row[i]) for row in lines)) if lines else len(h) for i, h in enumerate(head)]
     fmt = "  ".join("{:<%d}" % w if i < 4 else "{:>%d}" % w for i, w in enumerate(widths))
     out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*l) for l in lines]
+    out += [fmt.format(*row) for row in lines]
     return "\n".join(out)
 
 

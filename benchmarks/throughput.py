@@ -195,7 +195,7 @@ def _measure(args: argparse.Namespace, files: list[str], lines: int) -> int:
 
     if "torchfix" not in args.skip and args.torchfix:
         wall, cpu, out = timed([args.torchfix, "-j", str(args.jobs), args.corpus])
-        summary = next((l for l in out.stderr.splitlines() if l.startswith("Finished checking")), "")
+        summary = next((line for line in out.stderr.splitlines() if line.startswith("Finished checking")), "")
         rows.append(Row("TorchFix (check)", n, lines, wall, cpu, summary.strip()))
         print(f"  torchfix: {wall:.1f}s ({summary})", file=sys.stderr)
 

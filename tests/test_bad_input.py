@@ -33,7 +33,7 @@ def test_bad_file_reported_untouched_others_processed(tmp_path, monkeypatch, nam
     (tmp_path / "good.py").write_bytes(GOOD)
     r = run("rewrite", ".")
     assert r.exit_code == 2
-    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and name in lines[0] and reason in lines[0]
     assert (tmp_path / name).read_bytes() == data
     assert (tmp_path / "good.py").read_bytes() == GOOD_AFTER
@@ -62,11 +62,11 @@ def test_unreadable_and_broken_links(tmp_path, monkeypatch):
     os.chmod(locked, 0)
     r = run("rewrite", ".", "dangling.py", "loop.py")
     assert r.exit_code == 2
-    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     for name in ("dangling.py", "loop.py"):
-        assert sum(name in l for l in errors) == 1, (name, errors)
+        assert sum(name in line for line in errors) == 1, (name, errors)
     if os.geteuid() != 0:  # root reads mode-000 files; elsewhere it must be reported
-        assert any("locked.py" in l for l in errors)
+        assert any("locked.py" in line for line in errors)
     os.chmod(locked, 0o644)
     assert (tmp_path / "good.py").read_bytes() == GOOD_AFTER
 

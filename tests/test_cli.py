@@ -80,7 +80,7 @@ def test_check_command_text_is_ruff_like_and_sorted(proj):
     r = cli("check", ".")
     assert r.exit_code == 1
     lines = r.stdout.splitlines()
-    assert lines == sorted(lines, key=lambda l: (l.split(":")[0], int(l.split(":")[1])))
+    assert lines == sorted(lines, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
     assert "safe.py:2:5: TOP101 [*] " in r.stdout
     assert "unsafe.py:2:5: TOP101 [unsafe fix] " in r.stdout
     again = cli("check", ".")

@@ -20,7 +20,7 @@ def test_rule_pages_are_current():
 def test_readme_test_command_is_what_ci_runs():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
-    cmd = next(l for l in ci.splitlines() if "pytest" in l and "pip install" in l)
+    cmd = next(line for line in ci.splitlines() if "pytest" in line and "pip install" in line)
     assert cmd.strip() in readme
 
 

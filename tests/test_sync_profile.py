@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import runpy
-from pathlib import Path
 
 import torch
 from typer.testing import CliRunner

@@ -227,7 +227,7 @@ def test_amp_training_state_is_reported_not_bounded():
     tol = tolerance_for(["numerics"], "bfloat16")
     r = row(compare(b, with_tensor(b, "optim/state.0.exp_avg", p * 1.5), tol), "optim/state.0.exp_avg")
     assert r.verdict == "ok" and r.max_abs and r.max_abs > 0 and "reported" in r.tolerance
-    lossy = dict(b, losses=[l * 1.5 for l in b["losses"]])
+    lossy = dict(b, losses=[loss * 1.5 for loss in b["losses"]])
     assert compare(b, lossy, tol).verdict == "diverged", "losses still bound AMP training"
 
 

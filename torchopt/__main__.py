@@ -18,6 +18,6 @@ def _drop_current_folder() -> None:
 
 _drop_current_folder()
 
-from torchopt.cli import main  # only now that the user's folder is off the path
+from torchopt.cli import main  # noqa: E402  (only now that the user's folder is off the path)
 
 main()
