@@ -1,6 +1,6 @@
 """Targeted tests for TOP201 (deprecated-amp-api) and the AMP advice rules TOP204, TOP206, TOP207:
 a whole deprecated training script in one run, idempotence, the file's torch alias, isinstance and
-annotations moving with the constructor (E-31), value uses, and no FutureWarning after the fix."""
+annotations moving with the constructor, value uses, and no FutureWarning after the fix."""
 from __future__ import annotations
 
 import textwrap
@@ -283,7 +283,7 @@ def test_positional_trap():
 
 
 def test_positional_trap_runs():
-    # `torch.autocast("cpu", False)` would raise on __enter__ (E-31b); the fix must not.
+    # `torch.autocast("cpu", False)` would raise on __enter__ (the bool lands in `dtype`); the fix must not.
     out = idempotent("import torch\n\nwith torch.cpu.amp.autocast(False):\n    y = torch.ones(2, 2) @ torch.ones(2, 2)\n")
     ns: dict = {}
     exec(compile(out, "<after>", "exec"), ns)

@@ -1,3 +1,3 @@
-"""Automatic mixed precision (TOP2xx, rules.md §3 AMP): autocast and GradScaler, done right."""
+"""Automatic mixed precision (TOP2xx): autocast and GradScaler, done right."""
 
 FAMILY = "amp"

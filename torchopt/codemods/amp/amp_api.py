@@ -1,6 +1,6 @@
 """TOP201 (deprecated `torch.cuda.amp` / `torch.cpu.amp` → `torch.amp`) and the AMP advice rules
 TOP204 (pure-fp16 model), TOP206 (gradient penalty under AMP) and TOP207 (custom autograd
-Functions under autocast): rules.md AMP-001, AMP-004, AMP-006, AMP-007."""
+Functions under autocast)."""
 from __future__ import annotations
 
 import io
@@ -27,10 +27,10 @@ AMP_MODULES: dict[str, tuple[str, frozenset[str]]] = {
     "torch.cpu.amp.grad_scaler": ("cpu", frozenset({"GradScaler"})),
 }
 MEMBERS = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
-# Where each member lives now, below the torch module (`torch.autocast is torch.amp.autocast`, E-18).
+# Where each member lives now, below the torch module (`torch.autocast is torch.amp.autocast`).
 NEW_ATTR = {"autocast": "autocast", "GradScaler": "amp.GradScaler",
             "custom_fwd": "amp.custom_fwd", "custom_bwd": "amp.custom_bwd"}
-# The old autocast signature; every positional argument becomes one of these keywords (E-31b).
+# The old autocast signature; every positional argument becomes one of these keywords.
 OLD_AUTOCAST_PARAMS = ("enabled", "dtype", "cache_enabled")
 OLD_KEYWORDS = {
     "autocast": frozenset(OLD_AUTOCAST_PARAMS),
@@ -109,7 +109,7 @@ def migrate_call(call: cst.Call, func: cst.BaseExpression, device: str, member: 
     new = call.with_changes(func=func)
     if member == "autocast":
         # (enabled, dtype, cache_enabled) -> (device_type, dtype, enabled, cache_enabled): every
-        # positional argument must become its keyword, or `enabled` lands in `dtype` (E-31b).
+        # positional argument must become its keyword, or `enabled` lands in `dtype`.
         args = []
         i = 0
         for a in call.args:
@@ -123,7 +123,7 @@ def migrate_call(call: cst.Call, func: cst.BaseExpression, device: str, member: 
             args.append(a)
         return _prepend(new.with_changes(args=args), cst.Arg(dev))
     if member == "GradScaler":
-        # (init_scale, ...) -> (device, init_scale, ...): the old list shifted by one (E-31).
+        # (init_scale, ...) -> (device, init_scale, ...): the old list shifted by one.
         return _prepend(new, cst.Arg(dev))
     # custom_fwd(fwd=None, *, cast_inputs=None) -> custom_fwd(fwd=None, *, device_type, cast_inputs=None)
     return set_kwarg(new, "device_type", dev, before=("cast_inputs",))

@@ -1,9 +1,8 @@
-"""Automatic mixed precision inserted into training and inference loops (rules.md AMP-002, AMP-003,
-AMP-005).
+"""Automatic mixed precision inserted into training and inference loops.
 
 TOP202 rewrites a recognised training step into the canonical device-agnostic AMP form: forward and
 loss under ``torch.autocast``, and (for float16) the loss scaled by one ``torch.amp.GradScaler``
-with ``unscale_``/``step``/``update`` placed by the AMP-003 rules. The scaler is part of the same
+with ``unscale_``/``step``/``update`` placed where gradients are read and stepped. The scaler is part of the same
 fix, never a separate one, so no selection of rules can produce a half-done float16 program.
 TOP203 flags float16 autocast that already exists without a GradScaler (display-only). TOP205 wraps
 the forward of inference-only scripts in autocast.
@@ -27,7 +26,7 @@ from torchopt.analysis.names import dotted, callee, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.rewrite.metadata import ParentProvider
-from torchopt.rewrite.rule import ImportSpec, Option, Rule
+from torchopt.rewrite.rule import Option, Rule
 
 _AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
               "torch.amp.autocast_mode.autocast"}
@@ -40,12 +39,15 @@ _EXCLUDED_METHODS = {"backward", "step", "zero_grad", "item", "cpu", "numpy", "t
                      "append", "extend", "state_dict", "load_state_dict"}
 _EXCLUDED_FUNCS = {"float", "int", "bool", "print", "len", "list"}
 _HALF_METHODS = {"half", "bfloat16"}
-# BCE raises under CUDA autocast ("Prefer binary_cross_entropy_with_logits", AMP-002 "BCE").
+# BCE raises under CUDA autocast ("Prefer binary_cross_entropy_with_logits").
 _BCE_FUNCS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
 _BCE_CLASSES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss", "torch.nn.modules.BCELoss"}
-# Autocast state is thread-local; DataParallel runs the replicas in other threads (AMP-002).
+# Autocast state is thread-local; DataParallel runs the replicas in other threads.
 _DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                   "torch.nn.parallel.data_parallel.DataParallel"}
+# Calls that return the module they are given, ready to be called in its place.
+_MODEL_WRAPPERS = {"torch.compile", "torch.nn.parallel.DistributedDataParallel",
+                   "torch.nn.parallel.distributed.DistributedDataParallel"}
 _MOVE_CHAIN = {"to", "cuda", "train", "eval", "float", "requires_grad_", "share_memory"}
 
 OPTION_DTYPE = Option(
@@ -178,6 +180,7 @@ class Edits:
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     calls: dict[int, cst.BaseExpression] = field(default_factory=dict)
     dicts: dict[int, cst.Dict] = field(default_factory=dict)
+    params: dict[int, cst.Parameters] = field(default_factory=dict)  # a function that receives the scaler
     # Every edited node, original: (node, True) when statements are added next to it or it is wrapped
     # (its block changes), (node, False) when the node itself is replaced.
     touched: list[tuple[cst.CSTNode, bool]] = field(default_factory=list)
@@ -199,6 +202,9 @@ class _Rewrite(cst.CSTTransformer):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         return self.e.calls.get(id(original_node), updated_node)
+
+    def leave_Parameters(self, original_node: cst.Parameters, updated_node: cst.Parameters) -> cst.Parameters:
+        return self.e.params.get(id(original_node), updated_node)
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
         new = self.e.dicts.get(id(original_node))
@@ -420,6 +426,13 @@ class _Analysis:
                                                                  "ParameterList", "ParameterDict", "Identity"):
                 is_module = True
             if isinstance(base.func, cst.Name) and base.func.value in self.module_classes:
+                is_module = True
+            wrapped = dotted(base.args[0].value) if q in _MODEL_WRAPPERS and base.args else None
+            inner = self.key(wrapped, base.args[0].value) if wrapped else None
+            if inner is not None and inner in self.kmodels:  # `fast = torch.compile(net)`, `DDP(model)`
+                if inner in self.kdevice:
+                    self.kdevice.setdefault(k, self.kdevice[inner])
+                    self.device_expr.setdefault(target, self.kdevice[inner])
                 is_module = True
             if is_module:
                 self.models.add(target)
@@ -772,7 +785,7 @@ class StepPlan:
 
 
 def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], exclude: set[str]) -> list[str]:
-    """Names assigned in the region and read anywhere else in their scope (E-29)."""
+    """Names assigned in the region and read anywhere else in their scope."""
     names: list[str] = []
     for s in region:
         for t in _targets(s):
@@ -840,7 +853,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
                              "(`GradScaler.step` raises \"Closure use is not currently supported\")")
     for c in _calls(body_node):
         if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(a.rule, c) == "torch.autograd.grad":
-            raise Refusal(c, "the step calls `torch.autograd.grad` (a gradient penalty needs the AMP-006 "
+            raise Refusal(c, "the step calls `torch.autograd.grad` (a gradient penalty needs the AMP "
                              "template: scale the inputs of autograd.grad and unscale its outputs)")
     step_lists = {id(lst) for lst, _, _, _ in steps}
     if len(step_lists) != 1:
@@ -857,7 +870,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     half = fmodels & a.khalf
     if half:
         raise Refusal(first_back, f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
-                                  "training, AMP-004): autocast must not be combined with `.half()`")
+                                  "training): autocast must not be combined with `.half()`")
     # Regions: one per group of consecutive backward calls.
     regions: list[Region] = []
     prev = -1
@@ -915,8 +928,13 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         hi = stmts.index(host)
         for j in range(backs[0][0] + 1, hi):
             if _reads_grads(stmts[j]):
-                raise Refusal(stmts[j], "gradients are read on micro-batches that do not step "
-                                        "(unscale_ there would be repeated before update())")
+                test = " ".join(a.module.code_for_node(host.test).split())  # type: ignore[attr-defined]
+                if "%" in test:
+                    raise Refusal(stmts[j], "gradients are read on micro-batches that do not step "
+                                            "(unscale_ there would be repeated before update())")
+                raise Refusal(stmts[j], f"gradients are read before the step, which runs only `if {test}:`, so "
+                                        "`unscale_` would run on iterations that do not step (move the gradient "
+                                        "read under the same condition)")
         candidates = [(j, step_list[j]) for j in range(0, step_idx[-1])]
     for j, s in candidates:
         if j in opt_at or not _reads_grads(s):
@@ -939,14 +957,11 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
 
 _H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
       "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
-_HO = _H.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport os\n", 1)
-_SETUP = ('# Mixed precision (torchopt): TORCHOPT_AMP=0 turns it off, TORCHOPT_AMP_DTYPE overrides the dtype.\n'
-          'use_amp = os.environ.get("TORCHOPT_AMP", "1") != "0"\n'
-          'amp_device_type = torch.device(device).type\n'
-          'amp_dtype = getattr(torch, os.environ.get("TORCHOPT_AMP_DTYPE", "float16" if amp_device_type == "cuda" '
-          'else "bfloat16"))\n')
-_SCALER = 'scaler = torch.amp.GradScaler(amp_device_type, enabled=use_amp and amp_dtype == torch.float16)\n'
-_WITH = "with torch.autocast(device_type=amp_device_type, dtype=amp_dtype, enabled=use_amp):\n"
+_HO = _H
+_SETUP = ('amp_device_type = torch.device(device).type\n'
+          'amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16\n')
+_SCALER = 'scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)\n'
+_WITH = "with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n"
 _STEP_SRC = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
                   "    loss = nn.functional.mse_loss(out, y)\n    loss.backward()\n    optimizer.step()\n")
 _STEP_AFTER = _HO + _SETUP + _SCALER + (
@@ -975,9 +990,9 @@ class _AmpBase(Rule):
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(node, "`torch` is bound to something else in this file")
-        if "os" in a.names and not self._imports_os(a):
-            raise Refusal(node, "`os` is bound to something other than the os module")
         dev = a.device_text(models)
+        if dev is None:
+            dev = _program_device(self, a, node)
         if dev is None:
             raise Refusal(node, "cannot tell which device the model runs on (no `.to(device)` / `.cuda()` "
                                 "on it); CPU training is not an AMP target")
@@ -989,46 +1004,44 @@ class _AmpBase(Rule):
                     anchors.append(n)
                     break
         anchor = max(anchors, key=a.pos)
-        if a.pos(anchor) >= a.pos(loop):
-            raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         owner = a.scope_owner(anchor)
         if not (isinstance(owner, cst.Module) or owner is anchor_scope):
-            raise Refusal(node, "the step cannot see names created where the optimizer is created "
-                                "(different functions)")
+            where = f"`{owner.name.value}`" if isinstance(owner, (cst.FunctionDef, cst.ClassDef)) else "another scope"
+            raise Refusal(node, f"the optimizer is created in {where}, and this file does not show how it "
+                                "reaches the step's function (neither a parameter every caller fills nor an attribute)")
+        if a.pos(anchor) >= a.pos(loop) and (isinstance(owner, cst.Module) or a.scope_owner(loop) is owner):
+            raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         taken = set(a.names)
-        names = {k: _fresh(taken, k) for k in ("use_amp", "amp_device_type", "amp_dtype")}
+        names = {k: _fresh(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:
             names["scaler"] = _fresh(taken, "scaler")
         T = ref.name
-        dtype_opt = self.option("dtype")
-        lines = [
-            f'{names["use_amp"]} = os.environ.get("TORCHOPT_AMP", "1") != "0"\n',
-            f'{names["amp_device_type"]} = {dev_code.format(T=T)}\n',
-        ]
-        if dtype_opt == "bfloat16":
-            lines.append(f'{names["amp_dtype"]} = {T}.bfloat16\n')
-        else:
-            lines.append(
-                f'{names["amp_dtype"]} = getattr({T}, os.environ.get("TORCHOPT_AMP_DTYPE", "float16" if '
-                f'{names["amp_device_type"]} == "cuda" else "bfloat16"))\n')
-        if scaler:
-            lines.append(f'{names["scaler"]} = {T}.amp.GradScaler({names["amp_device_type"]}, '
-                         f'enabled={names["use_amp"]} and {names["amp_dtype"]} == {T}.float16)\n')
-        stmts = [_stmt(s) for s in lines]
-        comment = ("# Mixed precision (torchopt): TORCHOPT_AMP=0 turns it off, TORCHOPT_AMP_DTYPE overrides "
-                   "the dtype." if dtype_opt != "bfloat16" else
-                   "# Mixed precision (torchopt): TORCHOPT_AMP=0 turns it off.")
-        stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))])
+        stmts = [_stmt(s) for s in amp_setup_lines(T, dev_code.format(T=T), names, self.option("dtype"), scaler)]
         item = cst.WithItem(item=cst.parse_expression(
-            f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]}, '
-            f'enabled={names["use_amp"]})'))
-        imports = tuple(ref.imports) + (ImportSpec("os"),)
-        return names, stmts, anchor, item, imports
+            f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+        return names, stmts, anchor, item, tuple(ref.imports)
 
-    def _imports_os(self, a: _Analysis) -> bool:
-        hit = a.__dict__.get("_imports_os")
-        if hit is None:
-            hit = a._imports_os = any(dotted(al.name) == "os" and al.asname is None
-                                      for n in a.all_nodes if isinstance(n, cst.Import)
-                                      for al in n.names)
-        return hit
+
+def amp_setup_lines(T: str, device_type: str, names: dict[str, str], dtype_option: str, scaler: bool) -> list[str]:
+    """The statements that choose the autocast device type and dtype (float16 where CUDA runs it,
+    bfloat16 elsewhere, or bfloat16 everywhere with the option) and create the scaler that float16 needs."""
+    dev, dt = names["amp_device_type"], names["amp_dtype"]
+    lines = [f"{dev} = {device_type}\n"]
+    if dtype_option == "bfloat16":
+        lines.append(f"{dt} = {T}.bfloat16\n")
+    else:
+        lines.append(f'{dt} = {T}.float16 if {dev} == "cuda" else {T}.bfloat16\n')
+    if scaler:
+        lines.append(f"{names['scaler']} = {T}.amp.GradScaler({dev}, enabled={dt} == {T}.float16)\n")
+    return lines
+
+
+def _program_device(rule: Rule, a: _Analysis, node: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
+    """The device the code around ``node`` moves its model or batches to, as the program model sees it
+    (``DDP(model)`` of a moved model, a worker's ``torch.device(f"cuda:{rank}")``); None for the CPU."""
+    from torchopt.analysis.program import program_of
+
+    device = program_of(rule).device_at(node)
+    if device is None or classify_device(rule, device).is_cpu:
+        return None
+    return "{T}.device(" + a.module.code_for_node(device) + ").type", device

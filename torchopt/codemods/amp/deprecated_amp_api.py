@@ -130,7 +130,7 @@ class DeprecatedAmpApi(Rule):
             after="import torch\n\na = torch.randn(4, 4)\n"
             "with torch.autocast(\"cpu\", enabled=True, dtype=torch.float16):\n    y = a @ a\n",
             runnable=True,
-            note="positional arguments become keywords (the E-31b trap)",
+            note="positional arguments become keywords (else `enabled` would land in `dtype`)",
         ),
         Invalid(
             "import torch\n\nuse_amp = False\na = torch.randn(4, 4)\nwith torch.cpu.amp.autocast(use_amp):\n    y = a @ a\n",
@@ -226,7 +226,7 @@ class DeprecatedAmpApi(Rule):
             "def save(s: torch.amp.GradScaler) -> dict:\n    return s.state_dict()\n\n\n"
             "ok = isinstance(scaler, torch.amp.GradScaler)\n",
             runnable=True,
-            note="isinstance and annotations move with the constructor (E-31)",
+            note="isinstance and annotations move with the constructor",
         ),
         Invalid(
             "import torch\n\nmode = 'fast'\nwith torch.cuda.amp.autocast(enabled=mode == 'fast'):\n    pass\n",

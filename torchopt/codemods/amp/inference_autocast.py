@@ -22,7 +22,7 @@ _INF_SRC = _INF_H + ("with torch.no_grad():\n    for x in batches:\n        out 
                      "        results.append(out.cpu())\n")
 
 
-_INF_AFTER = _INF_H.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport os\n", 1) + _SETUP + (
+_INF_AFTER = _INF_H + _SETUP + (
     "with torch.no_grad():\n    for x in batches:\n        " + _WITH + "            out = model(x)\n"
     "        out = out.float()\n        results.append(out.cpu())\n")
 
@@ -34,7 +34,7 @@ class InferenceAutocast(_AmpBase):
     """## What it does
     In an inference-only script (no `backward()` anywhere in the file), wraps the model forward
     of a loop that runs under `torch.no_grad()` / `torch.inference_mode()` in `torch.autocast`
-    (AMP-005), with the same `enabled=` switch and device-agnostic dtype as TOP202 and no scaler.
+    with the same device-agnostic dtype as TOP202 and no scaler.
     Names assigned by the forward and used afterwards are upcast with `.float()` so metric code
     (`.numpy()`, matmuls with float32 tensors) keeps working. Evaluation loops in training
     scripts are left alone (the training rewrite is TOP202). Option `dtype` as for TOP202.
@@ -55,7 +55,7 @@ class InferenceAutocast(_AmpBase):
     ```python
     with torch.no_grad():
         for x in batches:
-            with torch.autocast(device_type=amp_device_type, dtype=amp_dtype, enabled=use_amp):
+            with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
                 out = model(x)
             out = out.float()
             preds.append(out.argmax(1))
@@ -63,11 +63,10 @@ class InferenceAutocast(_AmpBase):
 
     ## Fix safety
     Unsafe (numerics): the forward computes in float16 (CUDA) or bfloat16 (elsewhere); outputs
-    differ from float32 by about rel-L2 3.7e-4 (fp16) / 3.5e-3 (bf16) on a small MLP (E-06) and an
-    `argmax` can flip on near ties. `torchopt validate` tolerates the VAL-6 AMP rows: rtol 1e-2,
+    differ from float32 by about rel-L2 3.7e-4 (fp16) / 3.5e-3 (bf16) on a small MLP and an
+    `argmax` can flip on near ties. `torchopt validate` tolerates the AMP tolerances: rtol 1e-2,
     atol 1e-3·max|ref|, rel-L2 1e-2 for float16; rtol 5e-2, atol 1e-2·max|ref|, rel-L2 5e-2 for
     bfloat16. A CPU run uses bfloat16 CPU autocast, whose op lists differ from CUDA's.
-    `TORCHOPT_AMP=0` restores the float32 program.
     """
 
     code = "TOP205"
@@ -156,7 +155,7 @@ class InferenceAutocast(_AmpBase):
         e.add_after(anchor, setup)
         new = a.module.visit(_Rewrite(e, item))
         self.report(first, replacement=new, target=a.module, tags=[Tag.NUMERICS], imports=imports,
-                    note="the forward runs in float16 on CUDA / bfloat16 elsewhere (VAL-6 AMP rows)")
+                    note="the forward runs in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)")
 
     def _no_grad(self, item: cst.BaseExpression) -> bool:
         return isinstance(item, cst.Call) and callee(self, item) in _NO_GRAD

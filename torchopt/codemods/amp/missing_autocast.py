@@ -13,6 +13,8 @@ from torchopt.codemods.amp.autocast_insertion import (
     _SETUP, _STEP_AFTER, _STEP_SRC, _WITH, _is_autograd_backward, _loop_sites, _loss_arg, _single_small,
     _site_key, _stmt, analyse_step
 )
+from torchopt.analysis.program import program_of
+from torchopt.codemods.amp.remote_steps import plan_remote, remote_sites
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
@@ -68,7 +70,7 @@ class MissingAutocast(_AmpBase):
     from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
     first statement that calls the model to the last statement the loss depends on) go under
     `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
-    `torch.amp.GradScaler` (AMP-003): `scaler.scale(loss).backward(...)` (also
+    `torch.amp.GradScaler`: `scaler.scale(loss).backward(...)` (also
     `scaler.scale(out).backward(grad)` and `torch.autograd.backward(scaler.scale(loss))`),
     `scaler.step(opt)`, one `scaler.update()` after the last step of the iteration,
     `scaler.unscale_(opt)` before the first gradient clipping or gradient read, and the scaler's
@@ -77,7 +79,11 @@ class MissingAutocast(_AmpBase):
     `optimizer.load_state_dict(ckpt[...])`. Gradient accumulation (`if (i + 1) % k == 0:` guarding
     the step) keeps scaling every micro-batch and steps/updates under the condition. Several
     losses (each `backward()` scaled, `retain_graph=` kept), several models and optimizers (a GAN)
-    share one scaler and one `update()`. Names are resolved the way Python resolves them in the
+    share one scaler and one `update()`. A step whose optimizer is created in another function gets
+    its scaler the way it gets the optimizer: created after the optimizer in the caller and passed as
+    a new last parameter (`train(args, model, device, loader, optimizer, epoch, scaler)`), or set as
+    `self.scaler` next to `self.optimizer` in a trainer class; the step's function then chooses the
+    autocast device type and dtype from the device it moves its batches to. Names are resolved the way Python resolves them in the
     step's function (its own `model`/`optimizer` first, then the module's), so each training
     function of a file gets the finding, and its own scaler, that it gets alone.
 
@@ -108,13 +114,12 @@ class MissingAutocast(_AmpBase):
 
     ## Use instead
     ```python
-    use_amp = os.environ.get("TORCHOPT_AMP", "1") != "0"
     amp_device_type = torch.device(device).type
-    amp_dtype = getattr(torch, os.environ.get("TORCHOPT_AMP_DTYPE", "float16" if amp_device_type == "cuda" else "bfloat16"))
-    scaler = torch.amp.GradScaler(amp_device_type, enabled=use_amp and amp_dtype == torch.float16)
+    amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+    scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
     for x, y in loader:
         optimizer.zero_grad()
-        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype, enabled=use_amp):
+        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
             out = model(x)
             loss = loss_fn(out, y)
         out = out.float()
@@ -127,18 +132,18 @@ class MissingAutocast(_AmpBase):
     Unsafe (numerics): matmuls and convolutions in the region compute in float16 (on CUDA) or
     bfloat16 (elsewhere, e.g. on the CPU), so activations, logits and the loss lose precision
     (a 2-layer MLP forward differs from float32 by rel-L2 ~3.7e-4 in float16 and ~3.5e-3 in
-    bfloat16, E-06) and training follows a slightly different trajectory (max relative loss
-    difference over 50 steps 6e-6 fp16 + GradScaler, 4.8e-5 bf16, E-21). With float16 the scaler
+    bfloat16) and training follows a slightly different trajectory (max relative loss
+    difference over 50 steps 6e-6 fp16 + GradScaler, 4.8e-5 bf16). With float16 the scaler
     may skip the first steps while it calibrates its scale (their gradients overflow), so the
     number of optimizer updates can differ. Tensors assigned in the region and used after it are
-    upcast with `.float()` so later float32 code keeps working (E-29). `torchopt validate` holds
-    the result to the AMP rows of VAL-6: model outputs within rtol 1e-2 / atol 1e-3·max|ref| /
+    upcast with `.float()` so later float32 code keeps working. `torchopt validate` holds
+    the result to its AMP tolerances: model outputs within rtol 1e-2 / atol 1e-3·max|ref| /
     rel-L2 1e-2 (float16) or 5e-2 / 1e-2·max|ref| / 5e-2 (bfloat16); losses within 1 % for the
     first 20 steps and 2 % after. On a CPU the rewritten program runs bfloat16 autocast with the
     scaler disabled; CPU autocast casts other ops than CUDA's (softmax, log_softmax and sum stay
     low precision on CPU), so a CPU validation is not representative of CUDA numerics.
-    `TORCHOPT_AMP=0` turns autocast and the scaler off (bitwise the float32 program);
-    `TORCHOPT_AMP_DTYPE=float16` exercises the float16 + GradScaler control flow anywhere.
+    The inserted code chooses float16 (with an enabled scaler) where the model runs on CUDA and
+    bfloat16 (scaler disabled) elsewhere; to go back to float32, revert the fix.
     """
 
     code = "TOP202"
@@ -180,9 +185,24 @@ class MissingAutocast(_AmpBase):
 
     def visit_Module(self, node: cst.Module) -> None:
         a = _Analysis(self)
+        program = program_of(self)
+        remote = remote_sites(a, program)
+        handled = [site.owner for site, _ in remote]
+        for site, step in remote:
+            try:
+                plan = analyse_step(a, site)
+                if plan is None:
+                    continue
+                scaler = self.option("dtype") != "bfloat16"
+                setup = plan_remote(self, a, program, plan, step, scaler)
+                self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
+            except Refusal as r:
+                self.report(r.node, message=self.refuse_message.format(reason=r.reason))
         if not a.optimizers:
             return
         for site in _loop_sites(a):
+            if any(_inside(a, site.owner, owner) for owner in handled):
+                continue
             try:
                 plan = analyse_step(a, site)
                 if plan is None:
@@ -208,6 +228,11 @@ class MissingAutocast(_AmpBase):
             a, step_scope, sorted(used), [a.koptimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
         e = Edits()
         e.add_after(anchor, setup)
+        self._apply(a, plan, e, names, item, imports, scaler, (file_opts, anchor, step_scope))
+
+    def _apply(self, a: _Analysis, plan: StepPlan, e: Edits, names: dict[str, str], item: cst.WithItem,
+               imports: tuple, scaler: bool, checkpoints: tuple | None) -> None:
+        """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
         for r in plan.regions:
             e.regions[id(r.stmts[0])] = r
             e.touched.append((r.stmts[0], True))
@@ -237,7 +262,8 @@ class MissingAutocast(_AmpBase):
             e.add_after(last, [_stmt(f"{sc}.update()\n")])
             for s, os_ in plan.unscale_before:
                 e.add_before(s, [_stmt(f"{sc}.unscale_({o})\n") for o in os_])
-            self._checkpoints(a, e, file_opts, sc, anchor, step_scope)
+            if checkpoints is not None:
+                self._checkpoints(a, e, checkpoints[0], sc, checkpoints[1], checkpoints[2])
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
         root = self._edit_root(a, e)
@@ -245,7 +271,7 @@ class MissingAutocast(_AmpBase):
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
         self.report(plan.anchor_node, fmt={"extra": extra}, replacement=new, target=root,
                     tags=[Tag.NUMERICS], imports=imports,
-                    note="forward and loss run in float16 on CUDA / bfloat16 elsewhere (VAL-6 AMP rows)")
+                    note="forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)")
 
     @staticmethod
     def _edit_root(a: _Analysis, e: Edits) -> cst.CSTNode:
@@ -333,3 +359,13 @@ class MissingAutocast(_AmpBase):
                         isinstance(stmt, cst.SimpleStatementLine) and visible(stmt):
                     k = arg.value.value
                     e.add_after(stmt, [_stmt(f'if "scaler" in {k}:\n    {sc}.load_state_dict({k}["scaler"])\n')])
+
+
+def _inside(a: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
+    """Whether ``node`` is ``owner`` or lies inside it."""
+    cur: cst.CSTNode | None = node
+    while cur is not None:
+        if cur is owner:
+            return True
+        cur = a.parent(cur)
+    return False

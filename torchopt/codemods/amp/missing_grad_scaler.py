@@ -25,7 +25,7 @@ class MissingGradScaler(_AmpBase):
     Flags float16 autocast in a training step (a step with `backward()` and `optimizer.step()`)
     when the file creates no `GradScaler`: `torch.autocast("cuda")` without a dtype,
     `dtype=torch.float16`/`torch.half`, or the deprecated `torch.cuda.amp.autocast()`. Display-only:
-    the scaler rewrite (AMP-003) is inserted by TOP202 together with autocast, so a float32 step
+    the scaler rewrite is inserted by TOP202 together with autocast, so a float32 step
     never ends up half converted; this rule covers steps someone already put under autocast.
 
     ## Why is this slow
@@ -57,7 +57,7 @@ class MissingGradScaler(_AmpBase):
     No automatic fix (display-only). Adding a scaler changes numerics: gradients are computed on a
     scaled loss and unscaled in float32 before the step, and steps whose gradients overflow are
     skipped, so the number of optimizer updates can differ from the unscaled program. The
-    validator tolerance for such a change is the VAL-6 AMP float16 row.
+    validator tolerance for such a change is the float16 AMP tolerance of `torchopt validate`.
     """
 
     code = "TOP203"

@@ -212,8 +212,6 @@ def missing_autocast_possible(text: str) -> bool:
     if not optimizers:
         return False
     loops = [n for t in _LOOPS for n in f.index.get(t, ())]
-    if not loops:
-        return False
     for loop in loops:
         if _live_step(loop.body, optimizers):
             return True
@@ -231,6 +229,16 @@ def missing_autocast_possible(text: str) -> bool:
             params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None}
             if _live_step(fn.body, optimizers | params | looped[fn.name]):
                 return True
+    # Steps whose optimizer arrives as a parameter or an attribute (remote_steps): any function body,
+    # or loop in one, stepping a parameter or a `self.` attribute.
+    for fn in (n for t in _FUNCS for n in f.index.get(t, ())):
+        a = fn.args
+        names = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p is not None}
+        names |= {d for d in (ast_dotted(c.func.value) for c in ast_calls(fn.body) if _method(c, "step"))
+                  if d and d.startswith("self.")}
+        bodies = [fn.body] + [n.body for n in ast.walk(fn) if isinstance(n, _LOOPS)]
+        if any(_live_step(body, optimizers | names) for body in bodies):
+            return True
     return False
 
 

@@ -1,0 +1,221 @@
+"""Training steps whose optimizer is created somewhere else than the step's own function: a function
+that receives the model and optimizer as parameters (``train(args, model, device, loader, optimizer,
+epoch)`` called from ``main()``), or a trainer method reading ``self.model`` / ``self.optimizer``.
+
+The scaler is created where the optimizer is and reaches the step the way the optimizer does: as an
+extra parameter passed at every call site, or as an attribute set next to ``self.optimizer``. The
+autocast device type and dtype are chosen in the step's own function from the device that function
+moves its batches to (or, for a trainer, set as attributes next to the scaler)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from torchopt.analysis.names import dotted, torch_ref
+from torchopt.analysis.program import Function, Program, Step
+from torchopt.analysis.syntax import walk
+from torchopt.codemods.amp.autocast_insertion import (
+    Edits, Refusal, StepPlan, StepSite, _Analysis, _body_list, _fresh, _stmt, amp_setup_lines
+)
+from torchopt.rewrite.rule import Rule
+
+
+@dataclass
+class RemoteSetup:
+    edits: Edits
+    names: dict[str, str]
+    item: cst.WithItem
+    imports: tuple
+
+
+def _step_stmts(step: Step) -> tuple[list[cst.BaseStatement], cst.CSTNode] | None:
+    """The statements that hold the backward pass and the node that owns them."""
+    if step.body_function is not None:
+        body = _body_list(step.body_function.node.body)
+        return (list(body), step.body_function.node) if body else None
+    body = _body_list(step.loop.body)  # type: ignore[attr-defined]
+    return (list(body), step.loop) if body else None
+
+
+def remote_sites(a: _Analysis, program: Program) -> list[tuple[StepSite, Step]]:
+    """Step sites of training steps inside functions whose optimizer is created in another function."""
+    out = []
+    for step in program.steps:
+        fn = step.body_function or step.function
+        if step.kind != "training" or fn is None:
+            continue
+        found = _step_stmts(step)
+        if found is None:
+            continue
+        stmts, owner = found
+        models, optimizers = _roles_in(program, stmts)
+        remote = [o for o in optimizers.values() if o.binding is None or program.function_of(o.binding) is not fn]
+        if not optimizers or not remote or any(o.binding is not None and program.function_of(o.binding) is None
+                                               for o in optimizers.values()):
+            continue  # created in the step's function or at module level: the plain path handles it
+        scope = a.scope_of(stmts[0])
+        out.append((StepSite(stmts, owner, set(models), set(optimizers), {}, step.loop, scope), step))
+    return out
+
+
+def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
+    models, optimizers = {}, {}
+    for stmt in stmts:
+        for n in _walk_calls(stmt):
+            d = dotted(n.func)
+            if d is not None:
+                role = program.role_of(n.func, n)
+                if role is not None and role.kind == "model":
+                    models[d] = role
+            if isinstance(n.func, cst.Attribute) and n.func.attr.value == "step":
+                recv = dotted(n.func.value)
+                role = program.role_of(n.func.value, n) if recv else None
+                if role is not None and role.kind == "optimizer":
+                    optimizers[recv] = role
+    return models, optimizers
+
+
+def _walk_calls(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, cst.Call):
+            yield cur
+        if not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) or cur is node:
+            stack.extend(cur.children)
+
+
+def plan_remote(rule: Rule, a: _Analysis, program: Program, plan: StepPlan, step: Step,
+                scaler: bool) -> RemoteSetup:
+    """Where the setup goes and how the scaler reaches the step; raises Refusal with the reason."""
+    ref = torch_ref(rule)
+    if ref is None:
+        raise Refusal(plan.anchor_node, "`torch` is bound to something else in this file")
+    opts = sorted({o for _, o in plan.steps})
+    fn = step.body_function or step.function
+    assert fn is not None
+    if all(o.startswith("self.") for o in opts) and fn.cls is not None:
+        return _through_attributes(rule, a, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
+    if all("." not in o and o in fn.params for o in opts) and fn.cls is None:
+        return _through_parameters(rule, a, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
+    raise Refusal(plan.anchor_node, f"`{opts[0]}` reaches the step neither as a parameter of `{fn.name}` "
+                                    "nor as an attribute set in its class, so the scaler has no way to follow it")
+
+
+def _device_code(a: _Analysis, T: str, device: cst.BaseExpression) -> str:
+    return f"{T}.device({a.module.code_for_node(device)}).type"
+
+
+def _through_attributes(rule, a, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
+    binds = program.attribute_bindings(fn.cls, opts[-1][len("self."):])
+    if not binds:
+        raise Refusal(plan.anchor_node, f"`{opts[-1]}` is never set in `{fn.cls}`")
+    anchor = binds[0]
+    device = program.device_at(anchor)
+    if device is None:
+        raise Refusal(plan.anchor_node, f"cannot tell which device `{fn.cls}` moves its model to")
+    taken = {n.value for n in walk_names(program.classes[fn.cls])}
+    names = {k: "self." + _fresh(taken, k) for k in ("amp_device_type", "amp_dtype", "scaler")}
+    if isinstance(device, cst.Attribute):
+        later = [s for s in program.attribute_bindings(fn.cls, device.attr.value)
+                 if program.function_of(s) is program.function_of(anchor) and a.pos(s) > a.pos(anchor)]
+        anchor = later[-1] if later else anchor
+    e = Edits()
+    lines = amp_setup_lines(T, _device_code(a, T, device), names, rule.option("dtype"), scaler)
+    e.add_after(anchor, [_stmt(s) for s in lines])
+    item = cst.WithItem(item=cst.parse_expression(
+        f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+    return RemoteSetup(e, names, item, imports)
+
+
+def walk_names(node: cst.CSTNode) -> list[cst.Name]:
+    """Every name and attribute name under ``node`` (what a new ``self.`` attribute must not reuse)."""
+    out = []
+    for n in walk(node, cross_scopes=True):
+        if isinstance(n, cst.Name):
+            out.append(n)
+        elif isinstance(n, cst.Attribute):
+            out.append(n.attr)
+    return out
+
+
+def _through_parameters(rule, a, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
+    params = fn.node.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.star_kwarg \
+            or params.posonly_params or any(p.default is not None for p in params.params):
+        raise Refusal(plan.anchor_node, f"`{fn.name}` has default or variadic parameters, so a scaler "
+                                        "parameter cannot be added where every caller passes it")
+    if not fn.callers or any(edge.how != "call" for edge in fn.callers):
+        raise Refusal(plan.anchor_node, f"`{fn.name}` is not called from this file, so the scaler cannot "
+                                        "be created where the optimizer is")
+    step_device = program.device_at(plan.anchor_node)
+    if step_device is None:
+        raise Refusal(plan.anchor_node, f"cannot tell which device `{fn.name}` runs on")
+    taken = set(a.names)
+    local = {k: _fresh(taken, k) for k in ("amp_device_type", "amp_dtype")}
+    outer = {"amp_device_type": local["amp_device_type"], "amp_dtype": local["amp_dtype"]}
+    sc = _fresh(taken, "scaler") if scaler else ""
+    e = Edits()
+    callers = {id(program.function_of(edge.call)) for edge in fn.callers}
+    if scaler:
+        creation = _optimizer_creation(a, program, plan, fn, opts)
+        if len(callers) != 1 or creation is None:
+            raise Refusal(plan.anchor_node, f"the optimizers `{fn.name}` steps are not all created in the one "
+                                            "function that calls it, before the call")
+        anchor, caller_device = creation
+        dev = outer["amp_device_type"]
+        e.add_after(anchor, [_stmt(f"{dev} = {_device_code(a, T, caller_device)}\n"),
+                             _stmt(f'{sc} = {T}.amp.GradScaler({dev}, enabled={dev} == "cuda")\n')])
+        for edge in fn.callers:
+            call = edge.call
+            kw = any(arg.keyword is not None for arg in call.args)
+            new_arg = cst.Arg(cst.Name(sc), keyword=cst.Name(sc) if kw else None,
+                              equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                    whitespace_after=cst.SimpleWhitespace("")) if kw
+                              else cst.MaybeSentinel.DEFAULT)
+            args = list(call.args)
+            if args:
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            e.calls[id(call)] = call.with_changes(args=args + [new_arg])
+            e.touched.append((call, False))
+        plist = list(params.params)
+        plist[-1] = plist[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        e.params[id(params)] = params.with_changes(params=plist + [cst.Param(cst.Name(sc))])
+        e.touched.append((params, False))
+    lines = amp_setup_lines(T, _device_code(a, T, step_device), local, rule.option("dtype"), False)
+    top = _top_statement(a, fn, plan.anchor_node)
+    e.add_before(top, [_stmt(s) for s in lines])
+    names = dict(local, scaler=sc)
+    item = cst.WithItem(item=cst.parse_expression(
+        f'{T}.autocast(device_type={local["amp_device_type"]}, dtype={local["amp_dtype"]})'))
+    return RemoteSetup(e, names, item, imports)
+
+
+def _optimizer_creation(a, program: Program, plan: StepPlan, fn: Function, opts):
+    """(the last statement creating one of the step's optimizers, the device the caller moves its model to),
+    when they are all created in the one caller of ``fn`` before its call."""
+    edge = fn.callers[0]
+    caller = program.function_of(edge.call)
+    anchors = []
+    for o in opts:
+        idx = fn.params.index(o)
+        pos = [arg for arg in edge.call.args if arg.keyword is None]
+        arg = next((x.value for x in edge.call.args if x.keyword is not None and x.keyword.value == o),
+                   pos[idx].value if idx < len(pos) else None)
+        role = program.role_of(arg, edge.call) if arg is not None else None
+        if role is None or role.kind != "optimizer" or role.binding is None \
+                or program.function_of(role.binding) is not caller or a.pos(role.binding) >= a.pos(edge.call):
+            return None
+        anchors.append(role.binding)
+    anchor = max(anchors, key=a.pos)
+    device = program.device_at(anchor)
+    return (anchor, device) if device is not None else None
+
+
+def _top_statement(a: _Analysis, fn: Function, node: cst.CSTNode) -> cst.CSTNode:
+    """The statement of ``fn``'s body that holds ``node``."""
+    cur = node
+    while a.parent(cur) is not None and a.parent(a.parent(cur)) is not fn.node:
+        cur = a.parent(cur)
+    return cur
