@@ -85,7 +85,7 @@ def test_refusals_keep_the_diagnostic_and_say_why(edit, reason):
     src = TRAIN.replace(old, new)
     diags = top601(src)
     assert diags and all(d.fix is None for d in diags), diags
-    assert any(f"not rewritten: " in d.message and reason in d.message for d in diags), [d.message for d in diags]
+    assert any("not rewritten: " in d.message and reason in d.message for d in diags), [d.message for d in diags]
     assert fixed(src) == src
 
 

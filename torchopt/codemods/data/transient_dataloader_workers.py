@@ -63,7 +63,7 @@ class TransientWorkers(LoaderRule):
     code = "TOP703"
     name = "transient-dataloader-workers"
     family = FAMILY
-    message = "`{loader}` starts and stops its {workers} worker processes every epoch"
+    message = "`{loader}` starts and stops its {workers} every epoch"
     stale_message = ("`{change}` changes the dataset of `{loader}` every epoch: persistent workers would keep "
                      "a stale copy; keep re-creating the workers, or make the change in the main process "
                      "(e.g. in a sampler)")
@@ -152,12 +152,12 @@ class TransientWorkers(LoaderRule):
             if int(v.evaluated_value) <= 0:
                 return
             value: cst.BaseExpression = cst.Name("True")
-            workers = code
+            workers = f"{code} worker processes"
         elif code in (AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED):
-            value, workers = cst.Name("True"), "worker"
+            value, workers = cst.Name("True"), "worker processes"
         elif isinstance(v, (cst.Name, cst.Attribute)):
             value = cst.parse_expression(f"{code} > 0")
-            workers = "worker"
+            workers = "worker processes"
         else:
             return
         epoch = self._epoch_loop(info)

@@ -79,6 +79,8 @@ class DataParallelToDDP(Rule):
     ## Fix safety
     """ + _SEMANTICS_DOC.strip() + "\n"
 
+    # whether the file trains anywhere decides between this rule and TOP411
+    locality = "file"
     code = "TOP401"
     name = "data-parallel"
     family = FAMILY

@@ -1,6 +1,6 @@
-"""Debugging APIs left on (TOP81x, rules.md §10 DBG): anomaly detection (TOP811), profilers around
-training (TOP812), gradcheck in the training loop (TOP813), synchronous CUDA debugging (TOP814).
+"""Debugging APIs left on (TOP81x): anomaly detection (TOP811), profilers around training (TOP812),
+gradcheck in the training loop (TOP813), synchronous CUDA debugging (TOP814).
 
-DBG-005 (reproducibility switches) has no code of its own: it is FLAG-003, implemented as TOP503."""
+Reproducibility switches that cost speed have no code here: they are TOP503 (flags family)."""
 
 FAMILY = "debug"

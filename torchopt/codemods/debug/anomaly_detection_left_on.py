@@ -28,7 +28,7 @@ class AnomalyDetectionLeftOn(DebugRule):
     ## Why is this slow
     Anomaly mode records a Python traceback for every operation of the forward pass and checks
     every backward result for NaN, which synchronises with the device: PyTorch itself warns that it
-    "will increase the runtime and should only be enabled for debugging" (E-18).
+    "will increase the runtime and should only be enabled for debugging".
 
     ## Example
     ```python
@@ -42,7 +42,7 @@ class AnomalyDetectionLeftOn(DebugRule):
     ```
 
     ## Fix safety
-    Safe for the values (rules.md DBG-001, class E): anomaly mode computes nothing differently.
+    Safe for the values (class E): anomaly mode computes nothing differently.
     What changes is error reporting: a backward that produces NaN no longer raises with the
     forward traceback (the run goes on with NaN), unless `TORCHOPT_DEBUG=1` is set to get the check back.
     """

@@ -1,4 +1,4 @@
-"""rules.md DBG-001..004: debugging APIs left on in training code."""
+"""What the debug rules share: gating on an environment variable, `os` availability, training loops."""
 from __future__ import annotations
 
 import libcst as cst

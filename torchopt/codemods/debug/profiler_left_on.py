@@ -1,5 +1,9 @@
-"""TOP812 `profiler-left-on`: Flags a profiler that wraps training (its `with` block holds a loop that calls `backward` or."""
+"""TOP812 `profiler-left-on`: a profiler left around a whole training loop."""
 from __future__ import annotations
+
+from textwrap import dedent
+
+import os.path
 
 from libcst.metadata import ScopeProvider
 import libcst as cst
@@ -12,6 +16,7 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.debug import FAMILY
 from torchopt.codemods.debug.debug_switches import DebugRule, GATE, PROFILERS_ENABLED, PROFILERS_PLAIN, _gate
+from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -28,6 +33,8 @@ class ProfilerLeftOn(DebugRule):
     `enabled=bool(os.environ.get("TORCHOPT_DEBUG"))` where the profiler has that parameter, and
     `(torch.profiler.profile(...) if os.environ.get("TORCHOPT_DEBUG") else contextlib.nullcontext())`
     otherwise. A profiler whose results are used (scheduled, exported, printed) is only reported.
+    Profiling on purpose is left alone: inside a test (`test_*` functions, files named `test_*.py`
+    or `*_test.py`) or a benchmark function (`bench*`, `*benchmark*`).
 
     ## Why is this slow
     Profilers record every operator (with shapes, stacks or memory when asked) and, with CUDA
@@ -51,7 +58,7 @@ class ProfilerLeftOn(DebugRule):
 
     ## Fix safety
     Safe: profilers observe and do not change what is computed. With the variable set the program
-    profiles as before. Deprecated arguments such as `use_cuda=True` are left to TOP821 (DEP-001).
+    profiles as before. Deprecated arguments such as `use_cuda=True` are left to TOP821.
     """
 
     code = "TOP812"
@@ -112,10 +119,31 @@ class ProfilerLeftOn(DebugRule):
         ),
         Valid("import torch\n\nwith torch.profiler.profile() as prof:\n    y = model(x)\n", note="one forward, not training"),
         Valid("import torch\n\nwith torch.autograd.profiler.profile(enabled=args.profile):\n" + _LOOP),
+        Valid(dedent("""\
+            import torch.profiler as tp
+
+            def test_step_is_profiled(model, loader, opt):
+                with tp.profile():
+                    for x, y in loader:
+                        (model(x) - y).pow(2).mean().backward()
+                        opt.step()
+            """), note="a test that profiles on purpose"),
+        Valid(dedent("""\
+            from torch.autograd import profiler
+
+            class Runner:
+                def benchmark_training(self, loader):
+                    with profiler.profile():
+                        for x, y in loader:
+                            self.loss(x, y).backward()
+                            self.opt.step()
+            """), note="a benchmark method: measuring is its job"),
         Valid("import torch\n\nif args.profile:\n    with torch.profiler.profile():\n" + _LOOP.replace("\n    ", "\n        ").replace("    for", "        for", 1)),
     )
 
     def visit_With(self, node: cst.With) -> None:
+        if self._profiles_on_purpose(node):
+            return
         for item in node.items:
             call = item.item
             if not isinstance(call, cst.Call):
@@ -145,6 +173,20 @@ class ProfilerLeftOn(DebugRule):
                                 orelse=cst.parse_expression("contextlib.nullcontext()"),
                                 lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
                 self.report(call, fmt=fmt, replacement=new, imports=(ImportSpec("os"), ImportSpec("contextlib")))
+
+    def _profiles_on_purpose(self, node: cst.CSTNode) -> bool:
+        """A test or a benchmark measures by design: its profiler is the point, not an oversight."""
+        base = os.path.basename(self.ctx.path)
+        if base.endswith(".py") and (base.startswith("test_") or base.endswith("_test.py")):
+            return True
+        cur = self.get_metadata(ParentProvider, node, None)
+        while cur is not None:
+            if isinstance(cur, cst.FunctionDef):
+                name = cur.name.value.lower()
+                if name.startswith(("test", "bench")) or "benchmark" in name:
+                    return True
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return False
 
     def _wraps_training(self, body: cst.CSTNode) -> bool:
         if self.trains(body):

@@ -1,4 +1,4 @@
-"""Launcher and environment advice for scripts that run on the CPU (TOP951, rules.md §17 ENV).
+"""Launcher and environment advice for scripts that run on the CPU (TOP951).
 Display-only: these are settings of the process, not of the source."""
 
 FAMILY = "env"

@@ -1,27 +1,95 @@
-"""TOP951 (rules.md §17 ENV): launcher and environment settings for scripts that run on the CPU."""
+"""TOP951: launcher and environment settings for scripts that run on the CPU."""
 from __future__ import annotations
 
 import re
+from textwrap import dedent
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
+from torchopt.analysis.syntax import walk
+from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.codemods.env import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
-_ACCEL = re.compile(r"cuda|\bmps\b|xpu|accelerator")
+# Text that means an accelerator may be chosen: its APIs, device strings, and the objects that pick
+# the device for the program (Lightning/transformers trainers, accelerate, `device_map=`).
+_ACCEL = re.compile(r"cuda|\bmps\b|xpu|[aA]ccelerator|\bTrainer\b|\bgpus?\b|device_map")
 _CPU = re.compile(r"""['"]cpu['"]""")
-
 _MAIN = 'if __name__ == "__main__":\n    main()\n'
+
+
+def _line(rule: Rule, node: cst.CSTNode) -> int:
+    return rule.get_metadata(PositionProvider, node).start.line
+
+
+def _placements(module: cst.Module) -> list[cst.BaseExpression]:
+    """The device expressions the program places work on: `.to(dev)`, `device=dev`, `set_default_device(dev)`."""
+    out: list[cst.BaseExpression] = []
+    for node in walk(module, cross_scopes=True):
+        if not isinstance(node, cst.Call):
+            continue
+        out.extend(a.value for a in node.args if a.keyword is not None and a.keyword.value == "device")
+        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
+        first = node.args[0] if node.args else None
+        if method in ("to", "set_default_device") and first is not None and first.keyword is None and not first.star:
+            out.append(first.value)
+    return out
+
+
+def _device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | None:
+    """The default of a `--device` command-line option or a `device` parameter, with its line."""
+    for node in walk(module, cross_scopes=True):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and node.func.attr.value == "add_argument" and node.args:
+            flag = string_value(node.args[0].value) or ""
+            if "device" in flag or flag in ("--dev", "--accel"):
+                default = next((a.value for a in node.args if a.keyword and a.keyword.value == "default"), None)
+                return (string_value(default) or "?"), _line(rule, node)
+        if isinstance(node, cst.Param) and node.default is not None and "device" in node.name.value:
+            return (string_value(node.default) or "?"), _line(rule, node)
+    return None
+
+
+def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
+    """Why the whole program runs on the CPU, or None when it may well run on an accelerator.
+
+    A command-line or parameter default of "cpu" decides it. Otherwise any sign of an accelerator
+    (its name, a trainer that picks one, a device computed elsewhere) keeps the rule silent: a script
+    whose default is the GPU and whose CPU branch is only a fallback is a GPU script.
+    """
+    flag = _device_flag_default(rule, module)
+    if flag is not None:
+        value, line = flag
+        if value.split(":")[0] == "cpu":
+            return f'its device option defaults to "cpu" (line {line})'
+        return None
+    if _ACCEL.search(module.code):
+        return None
+    cpu_line = None
+    for expr in _placements(module):
+        device = classify_device(rule, expr)
+        if device.kind in (DeviceKind.DTYPE, DeviceKind.CONVENTION):
+            continue  # a cast, or a device that follows another tensor or the caller
+        if not (device.is_device and device.is_cpu):
+            return None  # placed on a device chosen elsewhere (a helper, a launcher)
+        cpu_line = cpu_line or _line(rule, expr)
+    if cpu_line is not None:
+        return f'it places its tensors on "cpu" (line {cpu_line}) and never selects an accelerator'
+    return "nothing in it selects an accelerator"
 
 
 class CpuLauncherAdvice(Rule):
     """## What it does
-    Reports CPU launcher settings (NUMA, OpenMP, allocator) once per CPU script.
+    Reports CPU launcher settings (NUMA, OpenMP, allocator) once per script that runs on the CPU.
 
-    Reports once per script (at its `if __name__ == "__main__":` guard) that runs on the CPU: it
-    names the `"cpu"` device, or never mentions an accelerator (`cuda`, `mps`, `xpu`,
-    `torch.accelerator`). The message lists the process settings of the tuning guide's CPU section.
-    Display-only: these are launcher settings, not source changes.
+    Reports once per script (at its `if __name__ == "__main__":` guard) that runs on the CPU, and
+    says why it thinks so: its `--device` option (or a `device` parameter) defaults to `"cpu"`, or
+    nothing in it selects an accelerator. A script that picks an accelerator and falls back to the
+    CPU (`"cuda" if torch.cuda.is_available() else "cpu"`, `torch.accelerator.current_accelerator()`,
+    a `--device` option defaulting to `"cuda"`, a trainer or `Accelerator` that picks the device, a
+    device returned by a helper) is a GPU script and is left alone. Display-only: these are launcher
+    settings, not source changes.
 
     ## Why is this slow
     On the CPU, PyTorch's speed depends on how its threads are placed: threads that migrate
@@ -45,7 +113,7 @@ class CpuLauncherAdvice(Rule):
     `KMP_AFFINITY=granularity=fine,compact,1,0` and `KMP_BLOCKTIME=1`), oneDNN Graph for TorchScript
     inference (`torch.jit.enable_onednn_fusion(True)`, then `torch.jit.trace` + `torch.jit.freeze`
     and a few warm-up runs), and torch-ccl for CPU DDP. `torchrun` already sets
-    `OMP_NUM_THREADS=1` per process (E-19).
+    `OMP_NUM_THREADS=1` per process.
 
     ## Fix safety
     Display-only: nothing in the source changes. Thread placement does not change results; the
@@ -55,26 +123,66 @@ class CpuLauncherAdvice(Rule):
     code = "TOP951"
     name = "cpu-launcher-settings"
     family = FAMILY
-    message = ("runs on the CPU: launch pinned, e.g. `OMP_NUM_THREADS=<cores per socket> OMP_PROC_BIND=CLOSE "
+    message = ("runs on the CPU ({why}): launch pinned, e.g. `OMP_NUM_THREADS=<cores per socket> OMP_PROC_BIND=CLOSE "
                "OMP_SCHEDULE=STATIC numactl --cpunodebind=0 --membind=0 python ...`; consider LD_PRELOAD of "
                "jemalloc/tcmalloc, or Intel OpenMP (libiomp5.so with KMP_AFFINITY, KMP_BLOCKTIME=1){extra} "
                "(torchrun sets OMP_NUM_THREADS=1 per process)")
     safety = Safety.DISPLAY
     prefilter = ("__main__",)
     requires = ("torch",)
+    locality = "file"  # the verdict reads the whole program
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        # visit_If: an accelerator script that never names the CPU is not reported.
+        # cpu_reason: with an accelerator named, only a "cpu" default can make the script a CPU one.
         return super().could_match(text) and not (_ACCEL.search(text) and not _CPU.search(text))
+
     examples = (
-        Invalid("import torch\n\ndef main():\n    print(torch.ones(2).sum())\n\n\n" + _MAIN),
-        Invalid("import torch\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
-                + _MAIN, note="may run on the CPU"),
+        Invalid("import torch\n\ndef main():\n    print(torch.ones(2).sum())\n\n\n" + _MAIN,
+                note="nothing selects an accelerator"),
+        Invalid(dedent("""\
+            import argparse
+            import torch
+
+            def main():
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--device", default="cpu", help="cpu or cuda")
+                args = parser.parse_args()
+                x = torch.ones(2, device=args.device)
+
+
+            if __name__ == "__main__":
+                main()
+            """), note="the device option defaults to the CPU"),
         Invalid("import torch\n\ndef main():\n    m = torch.jit.trace(net, x)\n\n\n" + _MAIN,
                 note="traced model: oneDNN Graph fusion is suggested too"),
         Valid("import torch\n\ndef main():\n    x = torch.ones(2, device='cuda')\n\n\n" + _MAIN,
               note="a GPU script"),
+        Valid("import torch\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
+              + _MAIN, note="the GPU by default; the CPU is only a fallback"),
+        Valid(dedent("""\
+            import torch as T
+
+            def main():
+                device = T.accelerator.current_accelerator() if T.accelerator.is_available() else T.device("cpu")
+                net = T.nn.Linear(2, 2).to(device)
+
+
+            if __name__ == "__main__":
+                main()
+            """), note="the device comes from torch.accelerator"),
+        Valid(dedent("""\
+            import torch as th
+            from . import dist_util
+
+            def main():
+                model = th.load("m.pt", map_location="cpu")
+                model.to(dist_util.dev())
+
+
+            if __name__ == "__main__":
+                main()
+            """), note="the device is chosen by a helper"),
         Valid("import torch\n\ndef helper():\n    return torch.ones(2)\n", note="a library module, not a script"),
     )
 
@@ -87,7 +195,8 @@ class CpuLauncherAdvice(Rule):
         code = self.ctx.module.code
         if "torch" not in code:
             return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
-        if _ACCEL.search(code) and not _CPU.search(code):
+        why = cpu_reason(self, self.ctx.module)
+        if why is None:
             return
         extra = []
         if "jit.trace" in code:
@@ -95,4 +204,4 @@ class CpuLauncherAdvice(Rule):
                          "`torch.jit.trace` + `torch.jit.freeze`, then warm-up runs")
         if "gloo" in code or "DistributedDataParallel" in code:
             extra.append("; CPU DDP: torch-ccl (oneCCL) backend")
-        self.report(test, fmt={"extra": "".join(extra)})
+        self.report(test, fmt={"why": why, "extra": "".join(extra)})

@@ -20,7 +20,7 @@ from torchopt.codemods.pad.sizes import nn_class
 from torchopt.codemods.pad.sizes import reaching_values
 from torchopt.codemods.pad.sizes import self_attr
 from torchopt.codemods.pad.vocab_models import (
-    PADDED, _CONST, _GPT, _Plan, _Rewrite, _bound_names, _free_names, _instance_of, _target_names
+    PADDED, _CONST, _GPT, _Plan, _Rewrite, _bound_names, _free_names, _instance_of, _target_names, vocab_defaults
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -118,8 +118,8 @@ class PadVocabulary(Rule):
     ## Fix safety
     Unsafe, tags semantics and rng.
     - **Outputs**: exact. With the original weights copied into the first `V` rows (pad rows zero),
-      the sliced logits and the loss are bitwise equal on the CPU (rules.md E-15; `torchopt validate`
-      does that copy itself, see docs/validation.md "Weight transplant"). Without the slice the
+      the sliced logits and the loss are bitwise equal on the CPU (`torchopt validate` does that
+      copy itself, see docs/validation.md "Weight transplant"). Without the slice the
       loss would change (the pad columns enter the softmax) and argmax or sampling could return a
       pad id: the slice is why the fix is exact. Embedding lookups of valid ids are unchanged. Pad
       rows receive no gradient (with weight decay they decay from zero and stay zero).
@@ -238,6 +238,9 @@ class PadVocabulary(Rule):
         value = int_const(self, vocab)
         if value is not None and value % m == 0:
             return
+        defaults = vocab_defaults(self, vocab) if value is None else []
+        if defaults and all(size % m == 0 for size in defaults):
+            return  # every size the file falls back to is already padded (nanoGPT's 50304)
         vcode = code(self, vocab)
         parent = self.get_metadata(ParentProvider, heads[0], None)
         head = (code(self, parent.targets[0].target) if isinstance(parent, cst.Assign) and len(parent.targets) == 1

@@ -1,9 +1,10 @@
-"""TOP301: pad the vocabulary of embedding and output projection (rules.md PAD-001)."""
+"""TOP301: pad the vocabulary of embedding and output projection: the models it rewrites and its helpers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad.sizes import (
@@ -11,6 +12,7 @@ from torchopt.codemods.pad.sizes import (
     code,
     pad_formula,
 )
+from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 PADDED = "padded_vocab"
@@ -162,3 +164,93 @@ class _Rewrite(cst.CSTTransformer):
         body = list(updated_node.body)
         body[self.plan.index:self.plan.index] = new
         return updated_node.with_changes(body=body)
+
+
+def _literal(expr: cst.BaseExpression | None) -> list[int]:
+    """Integer literals a size expression falls back to: `N`, `x or N`, `x if c else N`."""
+    if isinstance(expr, cst.Integer):
+        return [int(expr.evaluated_value)]
+    if isinstance(expr, cst.BooleanOperation) and isinstance(expr.operator, cst.Or):
+        return _literal(expr.left) + _literal(expr.right)
+    if isinstance(expr, cst.IfExp):
+        return _literal(expr.body) + _literal(expr.orelse)
+    return []
+
+
+def _name_defaults(rule: Rule, name: cst.Name) -> list[int]:
+    """The literal sizes a name falls back to, when every definition of it has one (a parameter
+    default, `N`, `x or N`); empty when one of them is computed (`len(tokenizer)`)."""
+    try:
+        scope = rule.get_metadata(ScopeProvider, name)
+    except KeyError:
+        return []
+    if scope is None or name.value not in scope:
+        return []
+    out: list[int] = []
+    for assignment in scope[name.value]:
+        node = getattr(assignment, "node", None)
+        parent = rule.get_metadata(ParentProvider, node, None) if node is not None else None
+        if isinstance(node, cst.Param):
+            found = _literal(node.default)
+        elif isinstance(parent, cst.AssignTarget):
+            stmt = rule.get_metadata(ParentProvider, parent, None)
+            found = _literal(stmt.value) if isinstance(stmt, cst.Assign) else []
+        elif isinstance(parent, cst.AnnAssign):
+            found = _literal(parent.value)
+        else:
+            found = []
+        if not found:
+            return []
+        out += found
+    return out
+
+
+def _field_defaults(module: cst.Module, attr: str) -> list[int]:
+    """The defaults the file gives a configuration field `attr`: its declaration in a class body
+    (`vocab_size: int = 50304` in a dataclass) and fallbacks (`meta_vocab_size or 50304`) wherever
+    the field is set. Plain overrides (`Config(vocab_size=50257)` for a pretrained checkpoint) are
+    not defaults: a checkpoint's size cannot be padded anyway."""
+    out: list[int] = []
+    for n in walk(module, cross_scopes=True):
+        if isinstance(n, cst.ClassDef) and isinstance(n.body, cst.IndentedBlock):
+            for line in n.body.body:
+                for stmt in line.body if isinstance(line, cst.SimpleStatementLine) else ():
+                    if isinstance(stmt, cst.AnnAssign) and _names(stmt.target, attr):
+                        out += _literal(stmt.value)
+                    elif isinstance(stmt, cst.Assign) and any(_names(t.target, attr) for t in stmt.targets):
+                        out += _literal(stmt.value)
+            continue
+        value = None
+        if isinstance(n, cst.Assign) and any(_names(t.target, attr) for t in n.targets):
+            value = n.value
+        elif isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == attr:
+            value = n.value
+        elif isinstance(n, cst.DictElement) and isinstance(n.key, cst.SimpleString) \
+                and n.key.evaluated_value == attr:
+            value = n.value
+        if isinstance(value, (cst.BooleanOperation, cst.IfExp)):
+            out += _literal(value)
+    return out
+
+
+def _names(target: cst.BaseExpression, attr: str) -> bool:
+    """Whether an assignment target sets `attr`: `attr`, `x.attr` or `x["attr"]`."""
+    if isinstance(target, cst.Name):
+        return target.value == attr
+    if isinstance(target, cst.Attribute):
+        return target.attr.value == attr
+    if isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+        key = target.slice[0].slice.value
+        return isinstance(key, cst.SimpleString) and key.evaluated_value == attr
+    return False
+
+
+def vocab_defaults(rule: Rule, vocab: cst.BaseExpression) -> list[int]:
+    """The literal sizes the vocabulary falls back to when the program does not override it, as far
+    as this file shows (nanoGPT's `vocab_size: int = 50304`, `meta_vocab_size or 50304`); empty
+    when nothing in the file says."""
+    if isinstance(vocab, cst.Name):
+        return _name_defaults(rule, vocab)
+    if isinstance(vocab, cst.Attribute):
+        return _field_defaults(rule.ctx.module, vocab.attr.value)
+    return _literal(vocab)

@@ -56,7 +56,7 @@ class DataDependentShape(Rule):
     ## Fix safety
     Display-only: every alternative changes a shape (`nonzero_static` pads with the fill value) or
     the order of a summation (`torch.where(mask, x, 0).sum()` adds zeros, which can round
-    differently: class T), so the code around it must be adapted by hand (rules.md SYNC-004).
+    differently: class T), so the code around it must be adapted by hand.
     """
 
     code = "TOP604"

@@ -29,7 +29,7 @@ class PageableBatchCopy(Rule):
 
     ## Why is this slow
     A copy from pageable host memory is staged through a pinned buffer and blocks the host until it
-    completes, so the next kernels are queued late (rules.md DEV-004).
+    completes, so the next kernels are queued late.
 
     ## Example
     ```python

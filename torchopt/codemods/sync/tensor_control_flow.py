@@ -1,4 +1,4 @@
-"""TOP605 `tensor-control-flow`: Flags Python control flow on tensor values inside a training or evaluation step, including in a."""
+"""TOP605 `tensor-control-flow`: Python control flow on tensor values inside a training or evaluation step."""
 from __future__ import annotations
 
 import libcst as cst
@@ -19,7 +19,8 @@ class TensorControlFlow(Rule):
     """## What it does
     Flags Python control flow on tensor values inside a training or evaluation step, including in a
     loss function or module of the same file that the loop calls: `if (t != 0).all():`,
-    `while loss > thr:`, `assert torch.isfinite(x).all()`, `a if t.sum() > 0 else b`.
+    `while loss > thr:`, `assert torch.isfinite(x).all()`, `a if t.sum() > 0 else b`. A loss
+    module that no step of the file calls is TOP610's (it reports the branches of its `forward`).
 
     ## Why is this slow
     Python must know the truth value now, so `Tensor.__bool__` copies the value to the host and
