@@ -1,5 +1,5 @@
 """TOP841: ``bias=False`` on a convolution whose output goes straight into a normalisation that
-cancels a per-channel constant (rules.md CBN-001)."""
+cancels a per-channel constant."""
 from __future__ import annotations
 
 import ast as _ast
@@ -12,7 +12,7 @@ from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 _CONVS = {f"{p}{d}d": d for p in ("Conv", "ConvTranspose") for d in (1, 2, 3)}
-# Normalisations that subtract a per-channel mean (E-31): name -> spatial dims (0: any).
+# Normalisations that subtract a per-channel mean: name -> spatial dims (0: any).
 _NORMS = {**{f"BatchNorm{d}d": d for d in (1, 2, 3)}, **{f"InstanceNorm{d}d": d for d in (1, 2, 3)},
           "SyncBatchNorm": 0, "GroupNorm": 0}
 # Positional index of `bias` in Conv*d / ConvTranspose*d: (in, out, kernel, stride, padding,

@@ -1,4 +1,4 @@
-"""TOP825: ``torch.testing.assert_allclose`` → ``torch.testing.assert_close`` (rules.md DEP-005)."""
+"""TOP825: ``torch.testing.assert_allclose`` → ``torch.testing.assert_close``."""
 from __future__ import annotations
 
 import libcst as cst
@@ -48,7 +48,7 @@ class AssertAllclose(Rule):
 
     ## Fix safety
     `assert_allclose` passed float32-vs-float64, NaN-vs-NaN and tensor-vs-float comparisons that
-    `assert_close` fails or raises on by default (E-32); `check_dtype=False`, `equal_nan=True` and
+    `assert_close` fails or raises on by default; `check_dtype=False`, `equal_nan=True` and
     the `as_tensor` wrapping keep them passing. With `rtol` and `atol` given and both arguments
     known to be tensors (or one a number literal), the fix is safe.
 

@@ -1,4 +1,4 @@
-"""TOP827: activation checkpointing without an explicit ``use_reentrant`` (rules.md DEP-007)."""
+"""TOP827: activation checkpointing without an explicit ``use_reentrant``."""
 from __future__ import annotations
 
 import libcst as cst
@@ -22,7 +22,7 @@ class CheckpointReentrant(Rule):
     ## Why is this slow
     PyTorch warns on every call: "the use_reentrant parameter should be passed explicitly.
     Starting in PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception.
-    use_reentrant=False is recommended" (2.13 still only warns, E-25). The non-reentrant variant
+    use_reentrant=False is recommended" (2.13 still only warns). The non-reentrant variant
     also works with `torch.compile`, DDP's static graphs and inputs that do not require grad.
 
     ## Example

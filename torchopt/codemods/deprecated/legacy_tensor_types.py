@@ -1,5 +1,5 @@
-"""Legacy tensor-type APIs: ``set_default_tensor_type`` (TOP823, rules.md DEP-003) and the typed
-constructors ``torch.cuda.FloatTensor(n)`` / ``torch.Tensor(sizes).cuda()`` (TOP828, DEP-008)."""
+"""Legacy tensor-type APIs: ``set_default_tensor_type`` (TOP823) and the typed
+constructors ``torch.cuda.FloatTensor(n)`` / ``torch.Tensor(sizes).cuda()`` (TOP828)."""
 from __future__ import annotations
 
 

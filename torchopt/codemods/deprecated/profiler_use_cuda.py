@@ -1,4 +1,4 @@
-"""TOP821: the autograd profiler's deprecated ``use_cuda=`` (rules.md DEP-001)."""
+"""TOP821: the autograd profiler's deprecated ``use_cuda=``."""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,5 +1,5 @@
-"""Deprecated functions: ``torch.range`` (TOP826, rules.md DEP-006), ``torch.autograd.Variable``
-(TOP829, DEP-009) and the linear-algebra functions ``torch.linalg`` replaced (TOP820, DEP-010)."""
+"""Deprecated functions: ``torch.range`` (TOP826), ``torch.autograd.Variable``
+(TOP829) and the linear-algebra functions ``torch.linalg`` replaced (TOP820)."""
 from __future__ import annotations
 
 import libcst as cst

@@ -1,5 +1,4 @@
-"""TOP824: ``torch.backends.cuda.sdp_kernel(...)`` → ``torch.nn.attention.sdpa_kernel([...])``
-(rules.md DEP-004)."""
+"""TOP824: ``torch.backends.cuda.sdp_kernel(...)`` → ``torch.nn.attention.sdpa_kernel([...])``."""
 from __future__ import annotations
 
 import libcst as cst

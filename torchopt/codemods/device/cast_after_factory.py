@@ -142,7 +142,7 @@ class CastAfterFactory(_FactoryRule):
 
 
 CastAfterFactory.examples = (
-    # --- the DEV-002 table
+    # --- the casts that fold into the factory
     Invalid("import torch\nx = torch.zeros(3).half()\n",
             after="import torch\nx = torch.zeros(3, dtype=torch.half)\n", runnable=True),
     Invalid("import torch\nx = torch.ones(3).to(torch.float16)\n",

@@ -1,7 +1,7 @@
-"""TOP101 factory-then-move and TOP102 cast-after-factory (rules.md §2, DEV-001 and DEV-002).
+"""TOP101 factory-then-move and TOP102 cast-after-factory.
 
-Both rules look at one shape (G-2): ``Call(func=Attribute(value=Call(<torch factory>), attr=...))``,
-resolve the inner callee by qualified name (G-1), and move the trailing ``.cuda()`` / ``.to()`` /
+Both rules look at one shape: ``Call(func=Attribute(value=Call(<torch factory>), attr=...))``,
+resolve the inner callee by qualified name, and move the trailing ``.cuda()`` / ``.to()`` /
 ``.half()`` into the factory's ``device=`` / ``dtype=``. Whether folding a dtype keeps the values is
 decided by one function, :func:`fold_verdict`, used by both rules (TOP101 needs it for
 ``.to(device, dtype)``).
@@ -32,7 +32,7 @@ from torchopt.analysis.syntax import has_comments
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
 from torchopt.rewrite.rule import Rule, Tag
 
-# --------------------------------------------------------------------------- factory tables (E-03)
+# --------------------------------------------------------------------------- factory tables
 
 #: Values do not depend on where they are computed.
 DETERMINISTIC = frozenset({
@@ -54,7 +54,7 @@ CONSTANT = frozenset({
 })
 FACTORIES = DETERMINISTIC | RANDOM | COMPUTED | {"arange"}
 
-#: Legacy typed constructors and the dtype they mean (E-23).
+#: Legacy typed constructors and the dtype they mean.
 LEGACY = {
     "Tensor": None, "FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
     "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32", "ShortTensor": "int16",
@@ -377,7 +377,7 @@ def factory_data(rule: Rule, kind: str, call: cst.Call, default_float: str | Non
 
 
 def fold_verdict(data: Data, dst: str | None) -> Fold:
-    """Whether ``factory(...).to(dst)`` equals ``factory(..., dtype=dst)`` (rules.md DEV-002)."""
+    """Whether ``factory(...).to(dst)`` equals ``factory(..., dtype=dst)``."""
     if dst is None:
         return Fold(False, reason="the target dtype is not known")
     if dst not in FLOAT_DTYPES and dst not in INT_RANGE:
@@ -465,7 +465,7 @@ class _FactoryRule(Rule):
 
     def ref_at(self, node: cst.CSTNode) -> TorchRef | None:
         """The torch alias for generated code at ``node``; None if ``torch`` is bound to something
-        else there (never shadow a local, G-6)."""
+        else there (never shadow a local)."""
         ref = torch_ref(self)
         if ref is None or ref.name != "torch" or not ref.imports:
             return ref
@@ -492,7 +492,7 @@ class _FactoryRule(Rule):
         return None
 
     def factory_blockers(self, kind: str, inner: cst.Call) -> bool:
-        """Shapes we never rewrite (G-4, DEV-001 condition 4)."""
+        """Shapes we never rewrite."""
         if has_star(inner) or keyword(inner, "out") is not None:
             return True
         if kind == "normal" and _arg(inner, 2, "size") is None:

@@ -331,7 +331,7 @@ class FactoryThenMove(_FactoryRule):
 
 
 FactoryThenMove.examples = (
-    # --- the DEV-001 table
+    # --- the factories that take a device
     Invalid("import torch\nx = torch.zeros(3, 4).cuda()\n",
             after="import torch\nx = torch.zeros(3, 4, device='cuda')\n"),
     Invalid("import torch as T\nx = T.ones(2).cuda(1)\n",

@@ -1,4 +1,4 @@
-"""Host→device copies in loops (rules.md DEV-004, DEV-005).
+"""Host→device copies in loops.
 
 TOP104: a DataLoader whose batches are copied to the device: pin its batches and copy them
 asynchronously. TOP105: diagnostics for device placement inside loops and legacy idioms."""

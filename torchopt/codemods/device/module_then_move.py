@@ -11,7 +11,7 @@ from torchopt.codemods.device import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 
 # Built-in modules that take ``device=``/``dtype=`` (factory kwargs), with how many positional
-# arguments precede ``device`` in their signature (more positionals than that: skip, G-4).
+# arguments precede ``device`` in their signature (more positionals than that: skip).
 # Their initialisation draws random numbers (kaiming/xavier/normal init of weights).
 RANDOM_INIT: dict[str, int] = {
     "Linear": 3, "Bilinear": 4, "LazyLinear": 2,

@@ -1,4 +1,4 @@
-"""TOP303: pad sequence lengths to a multiple of 8 (rules.md PAD-003). Advice only."""
+"""TOP303: pad sequence lengths to a multiple of 8. Advice only."""
 from __future__ import annotations
 
 import libcst as cst
