@@ -41,7 +41,7 @@ def _ddp(name: str, settings: Settings = DDP_ONLY) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_ddp_rewrite_is_complete_and_a_fix_point(name):
     text = _ddp(name)
-    for needle in ("DistributedDataParallel(", "_torchopt_ddp_setup()", "DistributedSampler(",
+    for needle in ("DistributedDataParallel(", "setup_distributed()", "DistributedSampler(",
                    ".set_epoch(epoch)", "destroy_process_group()", "== 0:"):
         assert needle in text, f"{name}: the rewrite lacks {needle!r}"
     assert "DataParallel(model)" not in text.replace("DistributedDataParallel", "")

@@ -79,7 +79,7 @@ def test_top401_inside_main_uses_function_locals_and_dist_rank_elsewhere():
            "if __name__ == '__main__':\n    main()\n")
     out = _fix(src, "TOP401")
     main = out[out.index("def main():"):]
-    assert main.index("_torchopt_ddp_setup()") < main.index("DistributedDataParallel(")
+    assert main.index("setup_distributed()") < main.index("DistributedDataParallel(")
     assert "        if rank == 0:\n            print(epoch)" in out
     assert "def log(msg):\n    if dist.get_rank() == 0:\n        print(msg)" in out
     assert "            opt.step()\n        if rank == 0:\n            print(epoch)\n    dist.destroy_process_group()\n" in out
@@ -155,7 +155,7 @@ def test_top401_under_a_main_guard_sets_up_inside_it():
            "        print(epoch)\n")
     out = _fix(src, "TOP401")
     guard = out[out.index("if __name__"):]
-    assert "    local_rank, rank, world_size = _torchopt_ddp_setup()\n" in guard
+    assert "    local_rank, rank, world_size = setup_distributed()\n" in guard
     assert guard.rstrip().endswith("    dist.destroy_process_group()")
     assert "def f():\n    if dist.get_rank() == 0:\n        print(1)" in out  # f may run outside the guard
     assert "        if rank == 0:\n            print(epoch)" in guard

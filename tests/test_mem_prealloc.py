@@ -51,14 +51,14 @@ def test_warmup_runs_the_longest_batch_first(after, monkeypatch):
 
 
 def test_safe_warmup_keeps_training_bitwise(after):
-    assert "_torchopt_preallocate(" in after
+    assert "preallocate_for_longest_batch(" in after
     assert compare_programs((FIX / "before.py").read_text(), after) == []
 
 
 def test_naive_warmup_would_change_training(after):
     """The comparison is sensitive: without fork/restore training changes."""
     start = after.index("    py_state = random.getstate()")
-    end = after.index("def _torchopt_warmup_loss")
+    end = after.index("def warmup_loss")
     naive = after[:start] + ("    for m in modules:\n        m.train()\n"
                              "    forward_loss(*make_batch()).backward()\n\n\n") + after[end:]
     compile(naive, "naive", "exec")
@@ -131,9 +131,9 @@ def test_inside_a_function_the_helper_goes_to_module_level():
     body = "".join("    " + ln + "\n" if ln else "\n" for ln in ("losses = []\n" + loop).splitlines())
     src = head + "def train():\n" + body + "    return losses\n\n\nlosses = train()\n"
     out = fix_source(src, Settings(), codes=("TOP711",)).text
-    assert "\ndef _torchopt_preallocate(" in out  # module level
-    assert "    def _torchopt_warmup_loss(tokens, labels):" in out  # in train(), before the epoch loop
-    assert out.index("    _torchopt_preallocate(") < out.index("    for epoch in range(EPOCHS):")
+    assert "\ndef preallocate_for_longest_batch(" in out  # module level
+    assert "    def warmup_loss(tokens, labels):" in out  # in train(), before the epoch loop
+    assert out.index("    preallocate_for_longest_batch(") < out.index("    for epoch in range(EPOCHS):")
     assert fix_source(out, Settings(), codes=("TOP711",)).text == out
     assert compare_programs(src, out) == []
 

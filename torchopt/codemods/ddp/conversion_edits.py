@@ -69,7 +69,7 @@ def setup_def(fn: str, n: Names) -> cst.BaseStatement:
     T, d, o = n.T, n.dist, n.os
     return cst.parse_statement(
         f'def {fn}():\n'
-        f'    """torchopt (DDP): join the process group that torchrun describes in the environment (RANK,\n'
+        f'    """Join the process group that torchrun describes in the environment (RANK,\n'
         f'    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""\n'
         f'    if not {d}.is_initialized():\n'
         f'        backend = "nccl" if {T}.cuda.is_available() else "gloo"\n'
@@ -389,7 +389,7 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         raise Refusal(node, "no training loop over a `DataLoader` was found, so the data could not be sharded "
                             "across processes")
     taken = set(a.names)
-    fn = fresh(taken, "_torchopt_ddp_setup")
+    fn = fresh(taken, "setup_distributed")
     lr, rank, world = fresh(taken, "local_rank"), fresh(taken, "rank"), fresh(taken, "world_size")
     ctx = Context(a, n.dist, scope, rank, world)
     e = Edits()
@@ -400,7 +400,7 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         raise Refusal(node, "nothing to insert the set-up before")
     helper = setup_def(fn, n).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     comment = cst.EmptyLine(comment=cst.Comment(
-        "# torchopt (DDP): launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` "
+        "# launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` "
         "runs one process"))
     call = stmt(f"{lr}, {rank}, {world} = {fn}()\n")
     if isinstance(scope, cst.Module):
@@ -484,7 +484,7 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
                             f'"the global batch size must divide by the number of processes"\n'))
         pre.append(stmt(f"{sname} = {n.sampler}({ds_code}, shuffle={sh_code}) if {ws} > 1 else None\n"))
         pre[0] = pre[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# torchopt (DDP): each process loads its own shard; batch_size is per process"))])
+            "# each process loads its own shard; batch_size is per process"))])
 
         def fix_loader(upd: cst.Call, bs_arg=bs_arg, shuffle=shuffle, sname=sname, ws=ws) -> cst.Call:  # type: ignore[no-untyped-def]
             args = list(upd.args)

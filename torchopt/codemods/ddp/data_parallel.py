@@ -63,7 +63,7 @@ class DataParallelToDDP(Rule):
 
     ## Use instead
     ```python
-    local_rank, rank, world_size = _torchopt_ddp_setup()
+    local_rank, rank, world_size = setup_distributed()
     model = Net().to(device)
     model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
     train_sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None

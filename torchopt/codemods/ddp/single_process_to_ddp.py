@@ -47,7 +47,7 @@ class SingleProcessToDDP(Rule):
 
     ## Use instead
     ```python
-    local_rank, rank, world_size = _torchopt_ddp_setup()
+    local_rank, rank, world_size = setup_distributed()
     model = Net().to(device)
     model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -17,8 +17,8 @@ from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 from torchopt.analysis.precheck.step_loops import AstHot
 import ast as _ast
 
-HELPER = "_torchopt_preallocate"
-STEP = "_torchopt_warmup_loss"
+HELPER = "preallocate_for_longest_batch"
+STEP = "warmup_loss"
 _PAD = {"torch.nn.utils.rnn.pad_sequence"}
 _DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
         "torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}
@@ -118,18 +118,18 @@ class PreallocateVarLen(Rule):
 
     ## Use instead
     ```python
-    def _torchopt_warmup_loss(tokens, labels):
+    def warmup_loss(tokens, labels):
         tokens, labels = tokens.to(device), labels.to(device)
         loss = criterion(model(tokens), labels)
         return loss
 
-    _torchopt_preallocate([model, criterion], [optimizer], lambda: collate(
+    preallocate_for_longest_batch([model, criterion], [optimizer], lambda: collate(
         [dataset[i] for i in sorted(range(len(dataset)), key=lambda i: len(dataset[i][0]))[-32:]]),
-        _torchopt_warmup_loss)
+        warmup_loss)
     for epoch in range(epochs):
         ...
     ```
-    (`_torchopt_preallocate` is inserted once, above: `torchopt rewrite --diff` shows it.)
+    (`preallocate_for_longest_batch` is inserted once, above: `torchopt rewrite --diff` shows it.)
 
     ## Fix safety
     Safe: training is bitwise identical (tests/test_mem_prealloc.py compares every
@@ -187,9 +187,9 @@ class PreallocateVarLen(Rule):
         Invalid(
             _PRE + _LOOP,
             after=_PRE + "\n\n" + HELPER_SRC.format(helper=HELPER, T="torch") + "\n\n"
-            "def _torchopt_warmup_loss(x, y):\n    loss = criterion(model(x).mean(1), y)\n    return loss\n\n\n"
-            "_torchopt_preallocate([criterion, model], [optimizer], lambda: collate([data[i] for i in sorted("
-            "range(len(data)), key=lambda i: len(data[i][0]))[-2:]]), _torchopt_warmup_loss)\n" + _LOOP,
+            "def warmup_loss(x, y):\n    loss = criterion(model(x).mean(1), y)\n    return loss\n\n\n"
+            "preallocate_for_longest_batch([criterion, model], [optimizer], lambda: collate([data[i] for i in sorted("
+            "range(len(data)), key=lambda i: len(data[i][0]))[-2:]]), warmup_loss)\n" + _LOOP,
             runnable=True,
         ),
         Invalid(

@@ -46,7 +46,7 @@ _GPT_AFTER = _GPT.replace(
     "        self.embed = nn.Embedding(vocab_size, d_model)\n"
     "        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)\n",
     "        self.vocab_size = vocab_size\n"
-    "        padded_vocab = ((vocab_size + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"
+    "        padded_vocab = ((vocab_size + 7) // 8) * 8  # a multiple of 8 for Tensor Cores\n"
     "        self.embed = nn.Embedding(padded_vocab, d_model)\n"
     "        self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)\n",
 ).replace(
@@ -59,7 +59,7 @@ _GPT_AFTER = _GPT.replace(
 
 _CONST_AFTER = _CONST.replace(
     "        self.tok = nn.Embedding(VOCAB, 64)\n        self.head = nn.Linear(64, VOCAB)\n",
-    "        padded_vocab = ((VOCAB + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"
+    "        padded_vocab = ((VOCAB + 7) // 8) * 8  # a multiple of 8 for Tensor Cores\n"
     "        self.tok = nn.Embedding(padded_vocab, 64)\n        self.head = nn.Linear(64, padded_vocab)\n",
 ).replace("self.head(self.tok(idx)).argmax(-1)", "self.head(self.tok(idx))[..., : self.n_vocab].argmax(-1)")
 
@@ -100,7 +100,7 @@ class PadVocabulary(Rule):
         def __init__(self, vocab_size, d_model):
             super().__init__()
             self.vocab_size = vocab_size
-            padded_vocab = ((vocab_size + 7) // 8) * 8  # torchopt TOP301: Tensor-Core-friendly vocabulary
+            padded_vocab = ((vocab_size + 7) // 8) * 8  # a multiple of 8 for Tensor Cores
             self.embed = nn.Embedding(padded_vocab, d_model)
             self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)
             self.lm_head.weight = self.embed.weight

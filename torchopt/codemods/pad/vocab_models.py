@@ -160,7 +160,7 @@ class _Rewrite(cst.CSTTransformer):
         if self.plan.insert_attr:
             new.append(cst.parse_statement(f"self.{self.plan.vattr} = {self.vcode}\n"))
         new.append(cst.parse_statement(
-            f"{PADDED} = {pad_formula(self.vcode, self.multiple)}  # torchopt TOP301: Tensor-Core-friendly vocabulary\n"))
+            f"{PADDED} = {pad_formula(self.vcode, self.multiple)}  # a multiple of 8 for Tensor Cores\n"))
         body = list(updated_node.body)
         body[self.plan.index:self.plan.index] = new
         return updated_node.with_changes(body=body)
