@@ -7,6 +7,7 @@ import contextlib
 import os
 import random
 import runpy
+import struct
 import sys
 import tempfile
 from typing import Any, Iterator
@@ -73,6 +74,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def describe_diff(a: Any, b: Any, where: str) -> str | None:
     """None when ``a`` and ``b`` are the same down to the bits; else what differs."""
+    if isinstance(a, float) and isinstance(b, torch.Tensor) and b.dtype == torch.float64 and b.dim() == 0:
+        # TOP601 keeps a script's running loss on the device in float64: the global is a tensor now,
+        # and every value the program reads from it (.item()) is the same Python float.
+        same = struct.pack("<d", a) == struct.pack("<d", b.item())
+        return None if same else f"{where}: {a!r} vs {b.item()!r}"
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{where}: {type(a).__name__} vs {type(b).__name__}"
