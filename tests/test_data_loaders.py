@@ -76,12 +76,14 @@ def test_workers_keep_every_value_bitwise(tmp_path):
 
 def test_unsafe_rewrite_validates_within_rng_tolerance():
     """The whole unsafe rewrite is R class: values are not compared (rng, without replay), the
-    structure must agree. The losses also show what TOP703 changes: the first epoch (4 steps) is
-    bitwise the same, the second is shuffled from another seed."""
+    structure must agree. The losses also show what TOP703 changes: the first epoch (4 steps) differs
+    only by AMP rounding, the second is shuffled from another seed."""
     code, out = _validate(FIXTURE / "before.py", FIXTURE / "after_unsafe.py")
     assert code == 0, out
     assert "rng" in out["tolerance"]["tags"] and out["tolerance"]["compare_values"] is False
     losses = {r["step"]: r for r in out["rows"] if r["name"].startswith("loss[")}
     assert len(losses) == 8
-    assert all(losses[s]["max_abs"] == 0 for s in range(4)), losses
-    assert any(losses[s]["max_abs"] > 0 for s in range(4, 8)), losses
+    # The first epoch sees the same batches: only the AMP rewrite's rounding (CPU bfloat16) moves
+    # its losses. The second epoch is shuffled from another seed.
+    assert all(losses[s]["max_rel"] < 1e-2 for s in range(4)), losses
+    assert max(losses[s]["max_rel"] for s in range(4, 8)) > max(losses[s]["max_rel"] for s in range(4)), losses

@@ -126,33 +126,36 @@ def render_text(cmp: Comparison, *, before_label: str, after_label: str, device:
     """The human report: headline, probe table, first divergence, explanations, notes, tracebacks."""
     console = Console(file=io.StringIO(), width=console_width, force_terminal=False,
                       color_system=None, highlight=False, emoji=False)
+    def say(text: Text) -> None:  # a line is never folded: paths and tracebacks stay whole
+        console.print(text, soft_wrap=True)
+
     style = {"equivalent": "bold green", "diverged": "bold red"}.get(cmp.verdict, "bold yellow")
-    console.print(Text(headline(cmp), style=style))
-    console.print(Text(f"before: {before_label}   after: {after_label}   device: {device}"))
-    console.print(Text(f"Fixes applied ({len(applied)}):"))
+    say(Text(headline(cmp), style=style))
+    say(Text(f"before: {before_label}   after: {after_label}   device: {device}"))
+    say(Text(f"Fixes applied ({len(applied)}):"))
     for f in applied:
-        console.print(Text(f"  {fix_line(f)}"))
+        say(Text(f"  {fix_line(f)}"))
     if cmp.tolerance is not None and cmp.tolerance.reason:
-        console.print(Text(f"tolerance: {cmp.tolerance.reason}"))
+        say(Text(f"tolerance: {cmp.tolerance.reason}"))
     if cmp.rows:
         console.print(_table(cmp))
     d = cmp.first_divergence
     if d is not None:
         at = f" at step {d.step}" if d.step is not None else ""
-        console.print(Text(f"First divergence: {d.name}{at}: {d.detail}"))
+        say(Text(f"First divergence: {d.name}{at}: {d.detail}"))
     for line in cmp.explanations:
-        console.print(Text(line))
+        say(Text(line))
     notes = [n.splitlines()[0] for n in cmp.notes]
     if device == "cpu" and _numerics_involved(cmp, applied):
         notes.append("CPU autocast numerics (bfloat16) are not CUDA numerics: re-validate on a GPU "
                      "before trusting the numerics tolerance there")
     if notes:
-        console.print(Text("Notes:", style="bold"))
+        say(Text("Notes:", style="bold"))
         for n in notes:
-            console.print(Text(f"  - {n}"))
+            say(Text(f"  - {n}"))
     for side, tb in cmp.tracebacks.items():
-        console.print(Text(f"Traceback ({side} version):", style="bold"))
-        console.print(Text(tb.rstrip()))
+        say(Text(f"Traceback ({side} version):", style="bold"))
+        say(Text(tb.rstrip()))
     return console.file.getvalue()
 
 
