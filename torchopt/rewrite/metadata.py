@@ -15,6 +15,8 @@ from typing import Callable, Iterator, TypeVar
 import libcst as cst
 from libcst.metadata import BaseMetadataProvider, QualifiedName, ScopeProvider
 
+from torchopt.rewrite import pyast
+
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
@@ -202,15 +204,6 @@ def module_source(module: cst.Module, text: str) -> Iterator[None]:
         _SOURCE[:] = old
 
 
-def _ast_dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 def _in_imports(module: cst.Module) -> set[int]:
@@ -249,8 +242,6 @@ def _in_imports(module: cst.Module) -> set[int]:
 def _import_table(text: str) -> dict | None:
     """The roots the fast path may answer, and the small module that answers them (resolved when
     first asked, ``_answers``); None when it cannot help (a star import, text ``ast`` rejects)."""
-    from torchopt.rewrite import pyast
-
     tree = pyast.tree(text)
     if tree is None:
         return None
@@ -280,7 +271,7 @@ def _import_table(text: str) -> dict | None:
             else:
                 other.add(node.id)
         elif isinstance(node, ast.Attribute):
-            d = _ast_dotted(node)
+            d = pyast.dotted_name(node)
             if d is not None:
                 dotted.setdefault(d.split(".", 1)[0], set()).add(d)
         elif isinstance(node, ast.arg):

@@ -1,5 +1,5 @@
 """CPython's AST of the text being processed, parsed once per text: the rules' cheap prefilters
-(codemods/_torch.py) and the engine's syntax check of files no rule needs share it."""
+(torchopt/analysis/precheck) and the engine's syntax check of files no rule needs share it."""
 from __future__ import annotations
 
 import ast
@@ -23,3 +23,15 @@ def parse(text: str) -> ast.Module | BaseException:
 def tree(text: str) -> ast.Module | None:
     got = parse(text)
     return got if isinstance(got, ast.Module) else None
+
+
+def dotted_name(node: ast.AST | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain of CPython's AST, else None (the text as written)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))

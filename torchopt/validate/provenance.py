@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from typing import Iterable
 
+from torchopt.rewrite.pyast import dotted_name
+
 # Dotted names whose values (called or not) say nothing about what the program computes.
 _SOURCES = frozenset({
     "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
@@ -35,15 +37,6 @@ _SOURCE_METHODS = frozenset({"elapsed_time"})
 _MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "appendleft", "setdefault"})
 
 
-def _dotted(node: ast.AST) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
 
 
 class _Scan:
@@ -74,7 +67,7 @@ class _Scan:
                     sub.id in self.tainted or sub.id in self.functions or self._is_source(sub.id)))):
                 return True
             if isinstance(sub, ast.Attribute):
-                dotted = _dotted(sub)
+                dotted = dotted_name(sub)
                 if dotted is not None and self._is_source(dotted):
                     return True
                 if sub.attr in _SOURCE_METHODS:

@@ -4,18 +4,12 @@ from __future__ import annotations
 import ast as _ast
 from typing import Iterable
 
+from torchopt.rewrite.pyast import dotted_name
+
 AST_SCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
 
 
-def ast_dotted(expr: _ast.AST | None) -> str | None:
-    parts = []
-    while isinstance(expr, _ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if not isinstance(expr, _ast.Name):
-        return None
-    parts.append(expr.id)
-    return ".".join(reversed(parts))
+ast_dotted = dotted_name  # the name the pre-checks know it by
 
 
 def ast_calls(stmts: list) -> Iterable[_ast.Call]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
-from torchopt.analysis.names import callee, param_annotation
+from torchopt.analysis.names import callee, dotted, param_annotation
 from torchopt.analysis.values import classify_device
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
@@ -59,7 +59,7 @@ def _host_call(rule: Rule, call: cst.Call, depth: int) -> bool:
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value in _HOST_METHODS and not call.args:
         return True
-    name = _dotted(func)
+    name = dotted(func) or ""
     if name in _HOST_BUILTINS:
         return all(is_host_value(rule, a.value, depth + 1) for a in call.args if a.keyword is None)
     return False
@@ -112,18 +112,9 @@ def _host_binding(rule: Rule, node: cst.CSTNode, depth: int) -> bool:
     if isinstance(parent, cst.For) and parent.target is cur:
         it = parent.iter
         target = parent.target
-        if isinstance(it, cst.Call) and _dotted(it.func) == "enumerate" and isinstance(target, (cst.Tuple, cst.List)):
+        if isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and isinstance(target, (cst.Tuple, cst.List)):
             # The counter is an int; the element is host data only if the iterable is.
             if target.elements and target.elements[0].value is node:
                 return True
         return is_host_value(rule, it, depth + 1)
     return False
-
-
-def _dotted(expr: cst.BaseExpression) -> str:
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        head = _dotted(expr.value)
-        return f"{head}.{expr.attr.value}" if head else ""
-    return ""
