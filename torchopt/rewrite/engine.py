@@ -146,7 +146,7 @@ def _run_rules_memo(module: cst.Module, rules: list[type[Rule]], settings: Setti
     visitors = []
     for rule in rules:
         ctx = RuleContext(module=module, options=settings.options_for(rule.code),
-                          device_names=settings.device_names, path=path, findings=findings)
+                          device_names=settings.device_names, path=path, findings=findings, text=text)
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)

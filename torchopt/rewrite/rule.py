@@ -117,6 +117,12 @@ class RuleContext:
     device_names: tuple[str, ...]
     path: str = "<string>"
     findings: list[Finding] = field(default_factory=list)
+    # The source the module was parsed from: cheaper than `module.code`, which regenerates it.
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.text:
+            self.text = self.module.code
 
 
 class Rule(cst.BatchableCSTVisitor):

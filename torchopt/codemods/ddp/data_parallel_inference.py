@@ -60,7 +60,7 @@ def data_parallel_for_inference(rule: Rule, call: cst.Call) -> bool:
     wrapped model runs with gradients off and its parameters are never handed to anything.
     DataParallel-to-DDP conversion must not be offered for such a call."""
     module = rule.ctx.module
-    if not _TRAINS.search(module.code):
+    if not _TRAINS.search(rule.ctx.text):
         return True
     name = _wrapped_name(rule, call)
     if name is None:

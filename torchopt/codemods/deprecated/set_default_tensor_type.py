@@ -110,7 +110,7 @@ class SetDefaultTensorType(Rule):
         if ref is None or stmt is None or has_comments(node):
             self.report(node, fmt={**fmt, "new": ""})
             return
-        if not cuda and "cuda." in self.ctx.module.code and self._sets_cuda_type():
+        if not cuda and "cuda." in self.ctx.text and self._sets_cuda_type():
             self.report(node, fmt={**fmt, "new": ""})
             return
         dtype_call = f"{ref.name}.set_default_dtype({ref.name}.{TENSOR_TYPES[tname]})"
@@ -131,5 +131,5 @@ class SetDefaultTensorType(Rule):
         return None
 
     def _sets_cuda_type(self) -> bool:
-        code = self.ctx.module.code
+        code = self.ctx.text
         return any(f"cuda.{t}" in code for t in _FLOAT_TYPES)

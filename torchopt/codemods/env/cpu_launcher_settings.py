@@ -192,7 +192,7 @@ class CpuLauncherAdvice(Rule):
                 and test.left.value == "__name__" and len(test.comparisons) == 1
                 and isinstance(test.comparisons[0].operator, cst.Equal)):
             return
-        code = self.ctx.module.code
+        code = self.ctx.text
         if "torch" not in code:
             return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
         why = cpu_reason(self, self.ctx.module)

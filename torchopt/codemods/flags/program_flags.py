@@ -430,7 +430,9 @@ def entry_possible(text: str) -> bool:
     """_find_entry may find an entry (anchor) in ``text``: a spawned worker, a module-level ``__main__`` guard, a
     module-level ``main`` function called from module level, or a module-level ``for``/``while``
     that calls ``.backward``/``.step``. True when the text does not parse."""
-    if "spawn" in text or "Process" in text:  # _spawned_worker: a function started in new processes
+    # _spawned_worker: a function started in new processes; every name in _SPAWNS comes from a
+    # `multiprocessing` module (`Process` alone is in every `ImageProcessor` file).
+    if "multiprocessing" in text and ("spawn" in text or "Process" in text):
         return True
     tree = ast_tree(text)
     if tree is None:

@@ -275,7 +275,7 @@ class PadGemmDims(Rule):
     def _vocabulary(self) -> set[str]:
         if self._vocab_keys is None:
             keys: set[str] = set()
-            if "Embedding" in self.ctx.module.code:
+            if "Embedding" in self.ctx.text:
                 for n in walk(self.ctx.module, cross_scopes=True):
                     if isinstance(n, cst.Call) and nn_class(self, n, {"Embedding"}) == "Embedding":
                         a = arg(n, 0, "num_embeddings")

@@ -270,7 +270,7 @@ class PadVocabulary(Rule):
 
     def _plan(self, cls: cst.ClassDef, init: cst.FunctionDef, plan: _Plan) -> str:
         """Fill ``plan``; return why no fix can be offered ('' when one can)."""
-        text = self.ctx.module.code
+        text = self.ctx.text
         if any(s in text for s in _CHECKPOINT):
             return "the file loads checkpoints, whose shapes would no longer match"
         if any(isinstance(n, cst.BaseExpression) and not isinstance(n, _SIMPLE)

@@ -258,13 +258,13 @@ class _Planner:
     def _may_pick_mps(self) -> bool:
         """The file can choose MPS at run time: it names it, or asks `torch.accelerator` (or an
         accelerate `Accelerator`) which device to use."""
-        code = self.rule.ctx.module.code
+        code = self.rule.ctx.text
         return "mps" in code.lower() or "accelerator" in code.lower()
 
     def _mentions_device(self) -> bool:
         hit = self.__dict__.get("_mentions_device_memo")
         if hit is None:  # module.code regenerates the whole file: once per planner
-            code = self.rule.ctx.module.code
+            code = self.rule.ctx.text
             hit = self._mentions_device_memo = (".cuda(" in code or ".to(" in code or "device" in code
                                                 or "accelerator" in code.lower())
         return hit

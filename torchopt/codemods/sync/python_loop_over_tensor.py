@@ -280,7 +280,7 @@ class PythonLoopOverTensor(Rule):
     # ------------------------------------------------------------------------------ where to look
 
     def _scope(self, fn: cst.FunctionDef) -> _Scope | None:
-        if "torch" not in self.ctx.module.code:
+        if "torch" not in self.ctx.text:
             return None  # names alone (`PairLoss`, `my_loss`) say nothing about tensors in a file without torch
         cls = self._enclosing_class(fn)
         name = fn.name.value
