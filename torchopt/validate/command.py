@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, fix_source
@@ -75,6 +75,21 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
     return plan
 
 
+def autocast_dtype(device: str, applied: Sequence[Diagnostic], settings_for: Callable[[str], Settings]) -> str:
+    """The dtype the applied mixed-precision fixes compute in on ``device``, which picks the AMP
+    tolerance row: the rewrite autocasts to float16 on CUDA unless a rule's ``dtype`` option asks
+    for bfloat16, and to bfloat16 everywhere else. Holding a bfloat16 program to the float16 row
+    would call a correct rewrite diverged; the reverse would let a float16 one drift 5x further."""
+    if device != "cuda":
+        return "bfloat16"
+    for d in applied:
+        if d.fix is None or "numerics" not in d.fix.tags:
+            continue
+        if settings_for(d.path).options_for(d.code).get("dtype") == "bfloat16":
+            return "bfloat16"
+    return "float16"
+
+
 def _fix_rows(applied: Sequence[Diagnostic]) -> list[dict]:
     return [{"code": d.code, "path": d.path, "line": d.line, "column": d.column,
              "title": d.fix.title if d.fix else "", "message": d.message,
@@ -93,12 +108,13 @@ class Outcome:
 def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagnostic], notes: list[str],
                     opts: "RunOptions", *, labels: tuple[str, str], keep: bool = False,
                     replayed: bool = False, transplant: bool | None = None,
-                    before_runs: list[dict] | None = None) -> Outcome:
+                    before_runs: list[dict] | None = None, amp_dtype: str | None = None) -> Outcome:
     """Run both versions side by side (two processes at once, each in a scratch copy of its
     folder), compare and report. With
     ``transplant`` (default: when a padding fix was applied) the original runs first and the
     rewrite starts from its weights (torchopt.validate.transplant). ``before_runs``: the
-    original's probes from an earlier call (same text, same options): only the rewrite runs."""
+    original's probes from an earlier call (same text, same options): only the rewrite runs.
+    ``amp_dtype``: what the AMP fixes compute in (``autocast_dtype``); by default the device's."""
     from dataclasses import replace
 
     from torchopt.validate import scratch
@@ -149,8 +165,7 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
     tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
     fixes = _fix_rows(applied)
     b, a = results[before.label][0], results[after.label][0]
-    # The AMP rewrite picks float16 on CUDA and bfloat16 elsewhere; hold it to that dtype's bounds.
-    amp_dtype = "float16" if opts.device == "cuda" else "bfloat16"
+    amp_dtype = amp_dtype or ("float16" if opts.device == "cuda" else "bfloat16")
     if transplant and all(d.code in tp.CODES for d in applied if d.fix and "rng" in d.fix.tags):
         replayed = True  # the transplant restores the original's RNG state after each construction
     tol = tolerance_for(tags, dtype=amp_dtype, replayed=replayed)
@@ -164,6 +179,8 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
                      "padded tensors are compared on their leading slice")
         extra += [n for n in a.get("notes", []) if n.startswith("transplant")]
     for label, runs in results.items():
+        # A probe batch that failed in one version shows up as missing outputs; say why.
+        extra += [f"{label} version: {n}" for n in runs[0].get("notes", []) if n.startswith("probe batch")]
         if len(runs) > 1:
             bad = ranks_agree(runs)
             if bad:
@@ -179,7 +196,7 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
     warnings, wrote = _disk_notes(results, touched)
     extra = warnings + extra + wrote
     cmp.notes = list(cmp.notes) + extra
-    kw = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
+    kw: dict[str, Any] = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
     code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
     return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
 
@@ -242,14 +259,15 @@ def validate(before_path: str, after_path: str | None, settings: Settings, *, un
     before_version = Version("before", before_path, source=plan.before)
     labels = (before_path, after_path or f"{before_path} (rewritten)")
     forced = True if transplant else None
+    amp_dtype = autocast_dtype(opts.device, plan.applied, lambda _path: settings)
     out = run_and_compare(before_version, after_version, plan.applied, plan.notes, opts, labels=labels,
-                          keep=keep, replayed=plan.replayed, transplant=forced)
+                          keep=keep, replayed=plan.replayed, transplant=forced, amp_dtype=amp_dtype)
     if bisect and after_path is None and out.exit_code == 1 and len(plan.applied) > 1:
         def probe(keys: tuple) -> Outcome:
             sub = plan_rewrite(text, before_path, settings, unsafe, keys=frozenset(keys))
             return run_and_compare(before_version, Version("after", before_path, source=sub.after), sub.applied,
                                    sub.notes, opts, labels=labels, replayed=sub.replayed, transplant=forced,
-                                   before_runs=out.before_runs)
+                                   before_runs=out.before_runs, amp_dtype=amp_dtype)
 
         _bisect(out, plan.applied, probe, jobs)
     if bench is not None and out.exit_code != 2:
@@ -265,7 +283,7 @@ def validate(before_path: str, after_path: str | None, settings: Settings, *, un
 def _first_row(outcome: Outcome) -> dict:
     """The first divergence of a run with its numbers: name, step, detail, max abs/rel error."""
     first = dict(outcome.json.get("first_divergence") or {})
-    row = next((r for r in outcome.json.get("rows", []) if r.get("name") == first.get("name")), {})
+    row: dict = next((r for r in outcome.json.get("rows", []) if r.get("name") == first.get("name")), {})
     first.update(max_abs=row.get("max_abs"), max_rel=row.get("max_rel"), tolerance=row.get("tolerance"))
     return first
 
@@ -279,17 +297,17 @@ def _probe_text(first: dict) -> str:
     return f"{first.get('name', '?')}{at}: {first.get('detail', '')}{nums}"
 
 
-def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> None:  # type: ignore[no-untyped-def]
+def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> None:
     """Find the smallest diverging set of the applied fixes; add it to ``out``'s text and JSON."""
     from torchopt.validate.bisect import Search, smallest_failing
     from torchopt.validate.report import fix_line
 
     by_key = {fix_key(d): d for d in applied}
-    search = Search(probe=probe, diverges=lambda o: o.exit_code == 1, jobs=jobs)
+    search = Search(probe=probe, diverges=lambda o: cast(Outcome, o).exit_code == 1, jobs=jobs)
     search.known(tuple(by_key), out)
     found = smallest_failing(tuple(by_key), search)
     culprits = _fix_rows([by_key[k] for k in found.units])
-    first = _first_row(found.outcome)
+    first = _first_row(cast(Outcome, found.outcome))
     runs = len(search.trials) - 1
     lines = [f"Bisect ({runs} more run(s)): the smallest set of fixes that diverges "
              f"({len(culprits)} of {len(applied)}):"]
@@ -300,7 +318,7 @@ def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> No
     out.json["bisect"] = {"culprits": culprits, "first_divergence": first, "runs": runs}
 
 
-def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] | None", unsafe: bool):  # type: ignore[no-untyped-def]
+def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] | None", unsafe: bool):
     """In-memory rewrites of ``files``: path -> (old, new, applied). With ``units`` ((real path,
     rule code) pairs; the path "*" stands for every file), each file gets only the fixes of its
     selected codes."""
@@ -324,7 +342,7 @@ def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] |
     return out
 
 
-def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsafe: bool, steps: int,  # type: ignore[no-untyped-def]
+def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsafe: bool, steps: int,
                   device: str, timeout: float, argv: Sequence[str] = (), entry: str | None = None,
                   nproc: int = 1, jobs: int = 1, per_file: bool = False) -> tuple[set | None, list[str]]:
     """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns
@@ -358,7 +376,7 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
                         sources={p: new for p, (_, new, _) in rw.items() if p != real_entry})
         out = run_and_compare(Version("before", entry_script), after, applied, [], opts,
                               labels=(entry_script, f"{entry_script} (with rewritten files)"),
-                              before_runs=before_runs)
+                              before_runs=before_runs, amp_dtype=autocast_dtype(opts.device, applied, settings_for))
         before_runs = before_runs or out.before_runs
         return out
 
@@ -371,7 +389,7 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
     if whole.exit_code == 2:  # ENTRY fails in both versions: nothing can be validated
         return set(), [whole.text, f"validation: {entry_script} could not run; fix it first"]
     units = tuple(sorted(applied_by_unit))
-    search = Search(probe=attempt, diverges=lambda o: o is None or o.exit_code != 0, jobs=jobs)
+    search = Search(probe=attempt, diverges=lambda o: o is None or cast(Outcome, o).exit_code != 0, jobs=jobs)
     search.known(units, whole)
     kept, left, _ = largest_passing(units, search)
     lines = [whole.text, "validation failed for the whole rewrite; searching for the fixes that break it"]
@@ -384,7 +402,7 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
         return f"{len(ds)} fix(es), e.g. {fix_line(_fix_rows(ds)[0])}"
 
     for lo in left:
-        why = _probe_text(_first_row(lo.trial.outcome)) if lo.trial.outcome is not None else "could not run"
+        why = _probe_text(_first_row(cast(Outcome, lo.trial.outcome))) if lo.trial.outcome is not None else "could not run"
         with_ = f" together with {', '.join(name(p) for p in lo.partners)}" if lo.partners else ""
         lines.append(f"  {name(lo.unit)}: diverges{with_}: not written: {why}; {fixes(lo.unit)}")
     for u in kept:
@@ -397,7 +415,7 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
 class KeptResolver:
     """A settings resolver that leaves out, per file, the rule codes `rewrite --validate` dropped."""
 
-    def __init__(self, base, dropped: dict[str, set[str]]) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, base, dropped: dict[str, set[str]]) -> None:
         self.base = base
         self.dropped = dropped  # real path -> codes not to apply there
 
@@ -408,5 +426,5 @@ class KeptResolver:
         codes = self.dropped.get(os.path.realpath(path))
         return replace(s, ignore=s.ignore + tuple(sorted(codes))) if codes else s
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.base, name)

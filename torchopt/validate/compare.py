@@ -144,7 +144,7 @@ def _within(diff: torch.Tensor, ref: torch.Tensor, bound: Bound) -> tuple[bool, 
 
 
 def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
-                  step: int | None = None, trained: bool = False) -> Row:
+                  step: int | None = None, trained: bool = False, scale: float | None = None) -> Row:
     rg_b, rg_a = (bool(getattr(t, "requires_grad", False)) for t in (before, after))
     b, a = _prep(before), _prep(after)
     detail = []
@@ -160,7 +160,7 @@ def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
     if tol.check_requires_grad and rg_a != rg_b:
         return Row(name, kind, None, None, "", "diverged", step, f"requires_grad {rg_b} -> {rg_a}")
     exact = not (_is_float(a) and _is_float(b))
-    bound = Bound(bitwise=True) if exact else tol.bound(kind, step, trained=trained)
+    bound = Bound(bitwise=True) if exact else tol.bound(kind, step, trained=trained, scale=scale)
     max_abs, max_rel, diff, ref, problem = _errors(a.to(torch.int64) if a.dtype == torch.bool else a,
                                                    b.to(torch.int64) if b.dtype == torch.bool else b)
     label = "exact" if exact else bound.describe()
@@ -187,14 +187,20 @@ def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: boo
     sb, sa = list(before.get("loss_steps") or []), list(after.get("loss_steps") or [])
     n = min(len(lb), len(la)) if common_only else max(len(lb), len(la))
     rows = []
+    scale = None  # the largest finite |loss| of the original so far: what AMP loss errors are measured against
     for i in range(n):
+        ref = _prep(lb[i]).float() if i < len(lb) else None
+        if ref is not None and ref.numel():
+            value = float(ref.abs().max())
+            if math.isfinite(value):
+                scale = value if scale is None else max(scale, value)
         step = sb[i] if i < len(sb) else (sa[i] if i < len(sa) else None)
         if i >= len(lb) or i >= len(la):
             side = "before" if i >= len(lb) else "after"
             rows.append(Row(f"loss[{i}]", "loss", None, None, "", "missing", step,
                             f"{len(lb)} losses before, {len(la)} after; none in {side}"))
         else:
-            rows.append(_compare_pair(f"loss[{i}]", "loss", lb[i], la[i], tol, step))
+            rows.append(_compare_pair(f"loss[{i}]", "loss", lb[i], la[i], tol, step, scale=scale))
     return rows
 
 
@@ -264,7 +270,7 @@ _RELEVANT = {
 }
 
 
-def _explain(div: Divergence, verdict: str, fixes: Sequence[Mapping]) -> list[str]:
+def _explain(div: Divergence | None, verdict: str, fixes: Sequence[Mapping]) -> list[str]:
     if div is None:
         return []
     if not fixes:
@@ -296,7 +302,7 @@ def _first(rows: list[Row], steps_done: int | None) -> tuple[Divergence | None, 
 def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Mapping] = ()) -> Comparison:
     """Compare the probes of the original (``before``) and rewritten (``after``) program."""
     notes: list[str] = []
-    tracebacks = {side: p.get("traceback") for side, p in (("before", before), ("after", after))
+    tracebacks = {side: p["traceback"] for side, p in (("before", before), ("after", after))
                   if p.get("status", "ok") != "ok" and p.get("traceback")}
     if before.get("device") != after.get("device"):
         notes.append(f"runs on different devices: {before.get('device')} before, {after.get('device')} after")
@@ -316,7 +322,7 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
         other = "after" if side == "before" else "before"
         name = "timeout" if status[side] == "timeout" else "crash"
         how = "timed out" if name == "timeout" else "raised"
-        div = Divergence(probe.get("steps_done"), name,
+        div: Divergence | None = Divergence(probe.get("steps_done"), name,
                          f"the {side} version {how} after {probe.get('steps_done')} optimizer steps; "
                          f"the {other} version completed")
         rows = _loss_rows(before, after, tol, common_only=True)

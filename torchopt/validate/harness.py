@@ -42,7 +42,7 @@ class _OverrideLoader(importlib.machinery.SourceFileLoader):
             return self._text.encode("utf-8")
         return super().get_data(path)
 
-    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[no-untyped-def,override]
+    def source_to_code(self, data, path, *, _optimize=-1):  # type: ignore[override]  # typeshed has it static; the loader calls it on self
         # Compile the text itself: the file's coding line (latin-1, ...) names the bytes on disk,
         # not the UTF-8 bytes get_data hands back.
         if os.path.realpath(path) == os.path.realpath(self.path):
@@ -55,7 +55,7 @@ class _OverrideLoader(importlib.machinery.SourceFileLoader):
     def path_stats(self, path: str):  # never trust a .pyc of the file on disk
         raise OSError("in-memory source")
 
-    def set_data(self, path: str, data: bytes, *, _mode: int = 0o666) -> None:
+    def set_data(self, path: str, data: object, *, _mode: int = 0o666) -> None:
         pass  # write no bytecode
 
 
@@ -63,7 +63,7 @@ class _OverrideFinder(importlib.abc.MetaPathFinder):
     def __init__(self, sources: dict[str, str]) -> None:
         self.sources = {os.path.realpath(p): t for p, t in sources.items()}
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(self, fullname, path, target=None):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or not spec.origin:
             return None
@@ -104,7 +104,7 @@ class Recorder:
         rec = self
         orig_backward = torch.Tensor.backward
 
-        def backward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def backward(self, *args, **kwargs):
             if id(self) in rec._scaled:
                 rec._scaled.discard(id(self))
             else:
@@ -117,7 +117,7 @@ class Recorder:
         if scaler_cls is not None:
             orig_scale = scaler_cls.scale
 
-            def scale(self, outputs):  # type: ignore[no-untyped-def]
+            def scale(self, outputs):
                 if isinstance(outputs, torch.Tensor):
                     rec._record_loss(outputs)
                 out = orig_scale(self, outputs)
@@ -127,7 +127,7 @@ class Recorder:
 
             scaler_cls.scale = scale
 
-        def after_step(opt, args, kwargs):  # type: ignore[no-untyped-def]
+        def after_step(opt, args, kwargs):
             if not any(o is opt for o in rec.optimizers):
                 rec.optimizers.append(opt)
             if opt is rec.optimizers[0]:  # count iterations by the first optimizer that steps
@@ -139,7 +139,7 @@ class Recorder:
 
         optim_mod.register_optimizer_step_post_hook(after_step)
 
-        def before_forward(module, args, kwargs=None):  # type: ignore[no-untyped-def]
+        def before_forward(module, args, kwargs=None):
             # The probe batch is the module's first input after the first optimizer step (else its
             # very first input): a warm-up forward a rewrite inserts before training (TOP711) must
             # not make the two versions probe different batches.
@@ -151,7 +151,8 @@ class Recorder:
                 return None
             try:
                 cloned = tuple(_detach(a, torch) for a in args)
-                rec.first_inputs[key] = (module, cloned, {"after_step": rec.steps_done > 0})
+                rec.first_inputs[key] = (module, cloned, {"after_step": rec.steps_done > 0,
+                                                          "autocast": _autocast_state(cloned, torch)})
             except Exception:
                 pass
             return None
@@ -192,11 +193,11 @@ class Recorder:
                             tensors[f"optim/opt{i}.{pname}.{k}"] = _cpu(v, torch)
         for i, m in enumerate(roots):
             name = names_by_id.get(id(m), f"module{i}")
-            _, args, _ = self.first_inputs[id(m)]
+            _, args, seen = self.first_inputs[id(m)]
             was_training = m.training
             try:
                 m.eval()
-                with torch.no_grad():
+                with torch.no_grad(), _replay_autocast(seen.get("autocast"), torch):
                     out = m(*args)
                 for k, v in _flatten(out, f"output/{name}", torch):
                     tensors[k] = v
@@ -228,14 +229,49 @@ class Recorder:
                 "site_calls": dict(self.site_calls), "uncomputed": list(self.uncomputed)}
 
 
-def _detach(a: Any, torch: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        return a.detach().clone()
-    if isinstance(a, (list, tuple)):
-        return type(a)(_detach(x, torch) for x in a)
-    if isinstance(a, dict):
-        return {k: _detach(v, torch) for k, v in a.items()}
-    return a
+def _autocast_state(args: tuple, torch: Any) -> tuple[str, Any] | None:
+    """The autocast region the module's input was seen in (device type, dtype), or None. Inputs
+    computed inside it (an RNN's hidden state) are in its dtype, so the probe batch must be
+    replayed inside the same region or the model rejects them."""
+    devices = list(dict.fromkeys([*(t.device.type for t in _tensors(args, torch)), "cpu"]))
+    for device in devices:
+        try:
+            enabled, dtype = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+        except TypeError:  # torch < 2.4: one query per device kind
+            cpu = device == "cpu"
+            enabled = torch.is_autocast_cpu_enabled() if cpu else torch.is_autocast_enabled()
+            dtype = torch.get_autocast_cpu_dtype() if cpu else torch.get_autocast_gpu_dtype()
+        except (RuntimeError, AttributeError):  # a device type autocast does not know
+            continue
+        if enabled:
+            return device, dtype
+    return None
+
+
+def _replay_autocast(state: tuple[str, Any] | None, torch: Any) -> Any:
+    import contextlib
+
+    return contextlib.nullcontext() if state is None else torch.autocast(state[0], dtype=state[1])
+
+
+def _tensors(value: Any, torch: Any) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for x in value for t in _tensors(x, torch)]
+    if isinstance(value, dict):
+        return [t for x in value.values() for t in _tensors(x, torch)]
+    return []
+
+
+def _detach(value: Any, torch: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detach(x, torch) for x in value)
+    if isinstance(value, dict):
+        return {k: _detach(v, torch) for k, v in value.items()}
+    return value
 
 
 def _cpu(t: Any, torch: Any) -> Any:
@@ -292,7 +328,7 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
             rec.site_errors.append(f"{site_id}: {problem}")
         return old
 
-    builtins.__torchopt_site__ = site  # type: ignore[attr-defined]
+    builtins.__torchopt_site__ = site  # type: ignore[attr-defined]  # our own name, which the instrumented code calls
     rec.site_calls = calls
 
 
@@ -333,7 +369,7 @@ class StepClock:
 
         torch = self.torch
 
-        def after_step(opt, args, kwargs):  # type: ignore[no-untyped-def]
+        def after_step(opt, args, kwargs):
             if self.first is None:
                 self.first = opt
             if opt is not self.first:
@@ -445,7 +481,7 @@ def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
     # torch.save opens plain paths in C++, out of the audit hook's sight.
     save = torch.save
 
-    def guarded_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def guarded_save(obj, f, *args, **kwargs):
         if isinstance(f, (str, bytes, os.PathLike)):
             guard.check(f)
         return save(obj, f, *args, **kwargs)
@@ -458,7 +494,7 @@ def _script_module(path: str, argv: list[str]) -> types.ModuleType:
     """A fresh `__main__` whose namespace we keep even when the run is stopped midway."""
     mod = types.ModuleType("__main__")
     mod.__file__ = path
-    mod.__builtins__ = builtins  # type: ignore[attr-defined]
+    mod.__builtins__ = builtins  # type: ignore[attr-defined]  # ModuleType's stub lacks it; exec reads it
     sys.modules["__main__"] = mod
     sys.argv = [path, *argv]
     return mod

@@ -1,8 +1,8 @@
 """Which module-level names of a script hold values that do not come from its data and model.
 
 A training script keeps wall-clock readings (`t0 = time.time()`, `dt = t1 - t0`, an MFU estimate
-computed from `dt`), process facts (`os.getpid()`, the host name), memory statistics and Python
-`random` draws in globals. Two runs of the very same program disagree on them, so comparing them
+computed from `dt`), process facts (`os.getpid()`, the host name), memory statistics and random
+draws seeded from the operating system in globals. Two runs of the very same program disagree on them, so comparing them
 would call any rewrite wrong. This module finds those names statically, by following assignments
 from such sources through the script (a light taint analysis over `ast`): whatever is computed
 from a tainted value is tainted too, including through functions that return one.
@@ -13,7 +13,7 @@ and a clock reading is not compared (the losses and parameters it came from stil
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from torchopt.rewrite.pyast import dotted_name
 
@@ -29,8 +29,16 @@ _SOURCES = frozenset({
     "torch.cuda.max_memory_reserved", "torch.cuda.memory_stats", "torch.cuda.mem_get_info",
     "torch.cuda.utilization", "torch.cuda.memory_summary",
 })
-# Every attribute of these modules is a source (`random.random()`, `psutil.cpu_percent()`).
-_SOURCE_MODULES = ("random", "secrets", "psutil", "numpy.random")
+# Every attribute of these modules is a source (`secrets.token_hex()`, `psutil.cpu_percent()`).
+_SOURCE_MODULES = ("secrets", "psutil")
+# The harness seeds `random` and `numpy.random` before the program starts, so their draws are the
+# same in both runs: they become sources only in a script that reseeds them from the operating
+# system (`random.seed()` without a seed); these are those reseeding calls.
+_OS_RESEEDS = {"random.seed": "random", "numpy.random.seed": "numpy.random"}
+# Generators that seed themselves from the operating system when given no seed.
+_UNSEEDED_GENERATORS = frozenset({"random.Random", "numpy.random.default_rng", "numpy.random.RandomState",
+                                  "numpy.random.SeedSequence"})
+_ALWAYS_OS_RANDOM = frozenset({"random.SystemRandom"})
 # Methods that read a clock whatever object they are called on (CUDA events).
 _SOURCE_METHODS = frozenset({"elapsed_time"})
 # Methods that put their arguments into the object they are called on.
@@ -45,6 +53,7 @@ class _Scan:
         self.aliases: dict[str, str] = {}  # local name -> the dotted name it imports
         self.tainted: set[str] = set()  # global names (and "name['key']" entries)
         self.functions: set[str] = set()  # functions whose return value is tainted
+        self.source_modules: tuple[str, ...] = _SOURCE_MODULES  # plus those the script reseeds from the OS
 
     # -- what an expression depends on
 
@@ -55,7 +64,14 @@ class _Scan:
 
     def _is_source(self, dotted: str) -> bool:
         full = self._resolve(dotted)
-        return full in _SOURCES or any(full.startswith(m + ".") for m in _SOURCE_MODULES)
+        return full in _SOURCES or full in _ALWAYS_OS_RANDOM or any(
+            full.startswith(m + ".") for m in self.source_modules)
+
+    def _unseeded(self, call: ast.Call) -> bool:
+        """A generator constructed without a seed (`np.random.default_rng()`): OS entropy."""
+        dotted = dotted_name(call.func)
+        return (dotted is not None and self._resolve(dotted) in _UNSEEDED_GENERATORS
+                and not call.args and not call.keywords)
 
     def depends(self, node: ast.AST | None, local: set[str], shadow: frozenset[str] = frozenset()) -> bool:
         """Whether ``node`` reads a source or a tainted name; names in ``shadow`` are a function's
@@ -63,6 +79,8 @@ class _Scan:
         if node is None:
             return False
         for sub in ast.walk(node):
+            if isinstance(sub, ast.Call) and self._unseeded(sub):
+                return True
             if isinstance(sub, ast.Name) and (sub.id in local or (sub.id not in shadow and (
                     sub.id in self.tainted or sub.id in self.functions or self._is_source(sub.id)))):
                 return True
@@ -97,7 +115,7 @@ class _Scan:
             if isinstance(base, ast.Name):
                 yield base.id
 
-    def _assigned(self, stmt: ast.AST) -> list[tuple[list[ast.AST], ast.AST | None]]:
+    def _assigned(self, stmt: ast.AST) -> list[tuple[Sequence[ast.AST], ast.AST | None]]:
         """(targets, value) pairs a statement binds."""
         if isinstance(stmt, ast.Assign):
             return [(stmt.targets, stmt.value)]
@@ -162,6 +180,10 @@ class _Scan:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        reseeded = {_OS_RESEEDS[self._resolve(d)] for node in ast.walk(self.tree)
+                    if isinstance(node, ast.Call) and not node.args and not node.keywords
+                    and (d := dotted_name(node.func)) is not None and self._resolve(d) in _OS_RESEEDS}
+        self.source_modules = _SOURCE_MODULES + tuple(sorted(reseeded))
         for _ in range(50):  # a fix-point; each round taints at least one more name
             if not self._walk_body(self.tree.body, None, set()):
                 break
@@ -191,7 +213,8 @@ def _key(sub: ast.Subscript) -> str | None:
 
 def uncomputed_globals(source: str) -> set[str]:
     """Module-level names (or ``name['key']`` entries) of ``source`` that hold clock, process,
-    memory-statistics or Python-random values, or anything computed from them."""
+    memory-statistics values or random draws seeded from the operating system, or anything
+    computed from them."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):

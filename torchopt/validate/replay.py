@@ -13,6 +13,7 @@ value of the original expression: the baseline's numbers, drawn from the baselin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -28,7 +29,7 @@ class Site:
     code: str  # the original expression
 
 
-def _span(d) -> tuple[int, int, int, int]:  # type: ignore[no-untyped-def]
+def _span(d) -> tuple[int, int, int, int]:
     return (d.line, d.column - 1, d.end_line, d.end_column - 1)
 
 
@@ -40,9 +41,9 @@ class _Wrap(cst.CSTTransformer):
         self.spans = spans
         self.module = module
         self.sites: list[Site] = []
-        self.positions: dict = {}
+        self.positions: Mapping[cst.CSTNode, Any] = {}
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[no-untyped-def]
+    def on_leave(self, original_node, updated_node):
         pos = self.positions.get(original_node)
         if pos is None or not isinstance(updated_node, cst.BaseExpression):
             return updated_node
@@ -58,7 +59,7 @@ class _Wrap(cst.CSTTransformer):
         ], lpar=updated_node.lpar, rpar=updated_node.rpar)
 
 
-def wrap_sites(text: str, diagnostics) -> tuple[str, list[Site]]:  # type: ignore[no-untyped-def]
+def wrap_sites(text: str, diagnostics) -> tuple[str, list[Site]]:
     """Wrap the nodes the given diagnostics point at; returns the new text and the sites."""
     spans = {_span(d): f"s{i}" for i, d in enumerate(diagnostics)}
     if not spans:
@@ -82,7 +83,7 @@ class _AddOriginal(cst.CSTTransformer):
         first = updated_node.args[0].value if updated_node.args else None
         if not isinstance(first, cst.SimpleString) or len(updated_node.args) != 2:
             return updated_node
-        code = self.originals.get(first.evaluated_value)  # type: ignore[arg-type]
+        code = self.originals.get(first.evaluated_value)  # type: ignore[arg-type]  # a bytes literal finds nothing, as it should
         if code is None:
             return updated_node
         orig = cst.Lambda(params=cst.Parameters(), body=cst.parse_expression(code))

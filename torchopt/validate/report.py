@@ -59,8 +59,8 @@ def _num(x: float | None) -> str:
 def _summary(label: str, rows: list[Row]) -> Row:
     """Collapse rows into one: worst errors, and how many failed."""
     def worst(vals: Iterable[float | None]) -> float | None:
-        vals = [v for v in vals if v is not None]
-        return max(vals) if vals else None
+        known = [v for v in vals if v is not None]
+        return max(known) if known else None
     bad = [r for r in rows if r.verdict not in _OK]
     verdict = f"{len(bad)} not ok" if bad else ("skipped" if all(r.verdict == "skipped" for r in rows) else "ok")
     tols = sorted({r.tolerance for r in rows if r.tolerance})
@@ -124,7 +124,8 @@ def _numerics_involved(cmp: Comparison, applied: Sequence[Mapping]) -> bool:
 def render_text(cmp: Comparison, *, before_label: str, after_label: str, device: str,
                 applied: Sequence[Mapping], console_width: int = 100) -> str:
     """The human report: headline, probe table, first divergence, explanations, notes, tracebacks."""
-    console = Console(file=io.StringIO(), width=console_width, force_terminal=False,
+    text_out = io.StringIO()
+    console = Console(file=text_out, width=console_width, force_terminal=False,
                       color_system=None, highlight=False, emoji=False)
     def say(text: Text) -> None:  # a line is never folded: paths and tracebacks stay whole
         console.print(text, soft_wrap=True)
@@ -156,7 +157,7 @@ def render_text(cmp: Comparison, *, before_label: str, after_label: str, device:
     for side, tb in cmp.tracebacks.items():
         say(Text(f"Traceback ({side} version):", style="bold"))
         say(Text(tb.rstrip()))
-    return console.file.getvalue()
+    return text_out.getvalue()
 
 
 def _plain(x: Any) -> Any:

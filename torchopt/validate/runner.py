@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchopt.validate import reaper, scratch
 
@@ -116,7 +117,7 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
     sources = {box.mapped(p): text for p, text in version.sources.items()}
     if opts.entry and version.source is not None:
         sources[script] = version.source
-    spec = {
+    spec: dict[str, Any] = {
         "mode": "entry" if opts.entry else "script",
         "path": script,
         "source": None if opts.entry else version.source,

@@ -31,7 +31,7 @@ def _skipped(dirpath: str, name: str, avoid: set[str]) -> bool:
             or os.path.exists(os.path.join(full, "pyvenv.cfg")))
 
 
-def _walk(root: str, avoid: set[str]):  # type: ignore[no-untyped-def]
+def _walk(root: str, avoid: set[str]):
     """os.walk without links, skipping SKIP_DIRS, virtual environments and ``avoid`` (our own
     temporary folder, when it lies inside the user's folder)."""
     for dirpath, dirnames, filenames in os.walk(root):

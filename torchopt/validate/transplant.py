@@ -74,7 +74,7 @@ class Transplant:
             if (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls is not torch.nn.Module
                     and "__init__" in cls.__dict__):
                 self._patched.append((cls, "__init__", cls.__dict__["__init__"]))
-                cls.__init__ = self._wrap_init(cls.__dict__["__init__"])
+                setattr(cls, "__init__", self._wrap_init(cls.__dict__["__init__"]))  # on the class, for every instance
         init = torch.nn.init
         for name in dir(init):
             fn = getattr(init, name)
@@ -92,7 +92,7 @@ class Transplant:
         tp = self
 
         @functools.wraps(orig)
-        def __init__(module, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def __init__(module, *args, **kwargs):
             tp.depth += 1
             try:
                 orig(module, *args, **kwargs)
@@ -107,7 +107,7 @@ class Transplant:
         tp = self
 
         @functools.wraps(orig)
-        def fn(*args, **kwargs):  # type: ignore[no-untyped-def]
+        def fn(*args, **kwargs):
             tp.depth += 1
             try:
                 out = orig(*args, **kwargs)
