@@ -1,14 +1,16 @@
 """Measure torchopt on real training scripts from public repositories.
 
 Usage:
-    python benchmarks/real_world.py CHECKOUTS [--manifest benchmarks/real_world.json] [--markdown]
+    python benchmarks/real_world.py CHECKOUTS [--manifest benchmarks/real_world.json] [--markdown] [--only TEXT]
 
 CHECKOUTS is a folder holding one sub-folder per repository, named ``owner+name``, with each script of the
 manifest at its path inside it (only the listed files are needed). For every script this runs
 ``torchopt check``, ``torchopt rewrite --diff`` and ``torchopt rewrite --diff --unsafe-fixes`` as
 subprocesses, rewrites the script through stdin (safe, then with unsafe fixes) to check that every output
 compiles and that a second pass changes nothing, and prints a table that joins the counts with the reviewed
-judgements kept in the manifest (wrong fixes, false findings, misses).
+judgements kept in the manifest (wrong fixes, false findings, misses). Scripts marked ``amp_target`` in
+the manifest (single-GPU float32 training scripts whose step torchopt recognises) are counted for the
+last line: on how many of them `--unsafe-fixes` inserts mixed precision (TOP202).
 
 Exit status: 0 when every output compiles and is idempotent, 1 when one does not, 2 when a script is missing
 or torchopt failed on it. Third-party code is read from CHECKOUTS only; none of it is stored here.
@@ -139,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkouts", type=Path, help="folder with one owner+name sub-folder per repository")
     parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="measure only the scripts whose `repository:path` contains TEXT (repeatable)")
     args = parser.parse_args(argv)
 
     manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
@@ -147,10 +151,14 @@ def main(argv: list[str] | None = None) -> int:
               "false findings", "misses", "output", "validate"]
     rows = [header]
     totals = Counter()
+    amp_targets: list[str] = []
+    amp_inserted: list[str] = []
     missing = failed = broken = False
     for entry in manifest["scripts"]:
         relpath = f"{entry['repository'].replace('/', '+')}/{entry['path']}"
         name = f"{entry['repository']}:{entry['path']}"
+        if args.only and not any(text in name for text in args.only):
+            continue
         if not (checkouts / relpath).is_file():
             print(f"error: {checkouts / relpath}: not found (check out {entry['repository']} "
                   f"at {entry['commit']})", file=sys.stderr)
@@ -165,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         failed |= bool(m.tool_errors)
         broken |= bool(m.problems)
         status = "; ".join(m.problems + m.tool_errors) or "compiles, idempotent"
+        if entry.get("amp_target"):
+            amp_targets.append(name)
+            if m.all_fixes["TOP202"]:
+                amp_inserted.append(name)
         totals.update(
             findings=sum(m.findings.values()),
             safe=sum(m.safe_fixes.values()),
@@ -191,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         str(totals["unsafe"]), str(totals["wrong"]), str(totals["false"]), str(totals["misses"]), "", "",
     ])
     print(render(rows, args.markdown))
+    if amp_targets:
+        share = 100 * len(amp_inserted) // len(amp_targets)
+        left = sorted(set(amp_targets) - set(amp_inserted))
+        print(f"\nAMP (TOP202) inserted on {len(amp_inserted)} of {len(amp_targets)} single-GPU float32 training "
+              f"scripts ({share} %)" + (f"; not on: {', '.join(left)}" if left else ""))
     if missing or failed:
         return 2
     return 1 if broken else 0

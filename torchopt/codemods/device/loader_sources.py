@@ -90,9 +90,9 @@ def _arguments(rule: Rule, param: cst.Param) -> list[cst.BaseExpression] | None:
     used any other way, never called, or called with ``*args``/``**kwargs``."""
     params = rule.get_metadata(ParentProvider, param, None)
     fn = rule.get_metadata(ParentProvider, params, None)
-    if not isinstance(fn, cst.FunctionDef) or param not in params.params:  # type: ignore[union-attr]
+    if not isinstance(fn, cst.FunctionDef) or param not in params.params:
         return None
-    index = list(params.params).index(param)  # type: ignore[union-attr]
+    index = list(params.params).index(param)
     owner = rule.get_metadata(ParentProvider, fn, None)
     if isinstance(owner, cst.IndentedBlock):
         owner = rule.get_metadata(ParentProvider, owner, None)
@@ -113,7 +113,7 @@ def _arguments(rule: Rule, param: cst.Param) -> list[cst.BaseExpression] | None:
         if isinstance(owner, cst.ClassDef) and ref is owner.name:
             continue
         call = rule.get_metadata(ParentProvider, ref, None)
-        if _other_name(rule, ref, call):
+        if _other_name(rule, ref, call, owner if isinstance(owner, cst.ClassDef) else fn):
             continue
         if not (isinstance(call, cst.Call) and call.func is ref) or has_star(call):
             return None
@@ -127,13 +127,22 @@ def _arguments(rule: Rule, param: cst.Param) -> list[cst.BaseExpression] | None:
     return out or None
 
 
-def _other_name(rule: Rule, ref: cst.Name, parent: cst.CSTNode | None) -> bool:
-    """``ref`` spells the name but is not a reference to the binding: ``model.train``, a keyword
-    ``train=``, a method ``def train(self)`` of some class."""
+def _other_name(rule: Rule, ref: cst.Name, parent: cst.CSTNode | None, binding: cst.CSTNode) -> bool:
+    """``ref`` spells the name but is not a reference to ``binding`` (the function or class): ``model.train``,
+    a keyword ``train=``, a method ``def train(self)`` of some class, a parameter ``train`` and its uses."""
     if isinstance(parent, cst.Attribute) and parent.attr is ref:
         return True
     if isinstance(parent, cst.Arg) and parent.keyword is ref:
         return True
+    if isinstance(parent, cst.Param) and parent.name is ref:
+        return True
+    try:
+        scope = rule.get_metadata(ScopeProvider, ref)
+    except KeyError:
+        scope = None
+    if scope is not None and ref.value in scope and not any(
+            isinstance(a, Assignment) and a.node is binding for a in scope[ref.value]):
+        return True  # a local of the same name (`def __init__(self, train): ... train=train`) shadows it
     if isinstance(parent, cst.FunctionDef) and parent.name is ref:
         return isinstance(rule.get_metadata(ParentProvider, parent, None), cst.IndentedBlock)
     return False
@@ -149,7 +158,8 @@ def _local_function(rule: Rule, call: cst.Call) -> cst.FunctionDef | None:
         return None
     if scope is None or call.func.value not in scope:
         return None
-    defs = [a.node for a in scope[call.func.value]]
+    # A builtin (`list`, `zip`) is bound without a node of this file: it is not a local def.
+    defs = [a.node if isinstance(a, Assignment) else None for a in scope[call.func.value]]
     if len(defs) == 1 and isinstance(defs[0], cst.FunctionDef):
         return defs[0]
     return None
