@@ -1,4 +1,4 @@
-"""What the debug rules share: gating on an environment variable, `os` availability, training loops."""
+"""What the debug rules share: whether a switch is already conditional, unwrapping a `with`, training loops."""
 from __future__ import annotations
 
 import libcst as cst
@@ -9,7 +9,6 @@ from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
-GATE = 'os.environ.get("TORCHOPT_DEBUG")'
 SET_ANOMALY = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 DETECT_ANOMALY = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}
 # Profilers with an `enabled=` parameter, and the one without.
@@ -22,7 +21,7 @@ SYNC_DEBUG = {"torch.cuda.set_sync_debug_mode"}
 
 
 class DebugRule(Rule):
-    """Helpers: gating (an enclosing `if` other than the main guard), `os` availability, training loops."""
+    """Helpers: gating (an enclosing `if` other than the main guard), unwrapping, training loops."""
 
     def gated(self, node: cst.CSTNode) -> bool:
         cur = self.get_metadata(ParentProvider, node, None)
@@ -35,22 +34,48 @@ class DebugRule(Rule):
             cur = self.get_metadata(ParentProvider, cur, None)
         return False
 
-    def os_free(self) -> bool:
-        """`os` names the os module or nothing at module level (so `import os` may be added)."""
-        for stmt in self.ctx.module.body:
-            try:
-                scope = self.get_metadata(ScopeProvider, stmt)
-            except KeyError:
-                continue
-            if scope is None or "os" not in scope:
-                return True
-            for a in scope["os"]:
-                node = getattr(a, "node", None)
-                if not (isinstance(node, cst.Import) and any(
-                        cst.helpers.get_full_name_for_node(n.name) == "os" and n.asname is None for n in node.names)):
-                    return False
+    def as_name_used(self, item: cst.WithItem) -> bool:
+        """The `as` target is read somewhere in its scope (unknown targets count as read)."""
+        if item.asname is None:
+            return False
+        target = item.asname.name
+        if not isinstance(target, cst.Name):
             return True
-        return True
+        try:
+            scope = self.get_metadata(ScopeProvider, target)
+        except KeyError:
+            return True
+        if scope is None:
+            return True
+        return any(a.node is target and list(a.references) for a in scope[target.value])
+
+    def unwrapped(self, node: cst.With, item: cst.WithItem) -> cst.CSTNode | cst.FlattenSentinel | None:
+        """`node` without `item`: the other items kept, or the body dedented in its place.
+
+        None when that would lose a comment libcst keeps in the block footer, or for `async with`.
+        """
+        if node.asynchronous is not None:
+            return None
+        if len(node.items) > 1:
+            items = [i for i in node.items if i is not item]
+            items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            return node.with_changes(items=items)
+        header: list[cst.EmptyLine] = []
+        if isinstance(node.body, cst.SimpleStatementSuite):
+            suite = node.body
+            stmts: list[cst.BaseStatement] = [cst.SimpleStatementLine(body=suite.body,
+                                                                      trailing_whitespace=suite.trailing_whitespace)]
+        else:
+            block = cst.ensure_type(node.body, cst.IndentedBlock)
+            if any(line.comment is not None for line in block.footer):
+                return None
+            stmts = list(block.body)
+            if block.header.comment is not None:
+                header.append(cst.EmptyLine(comment=block.header.comment))
+        first = stmts[0]
+        if isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            stmts[0] = first.with_changes(leading_lines=[*node.leading_lines, *header, *first.leading_lines])
+        return cst.FlattenSentinel(stmts)
 
     def trains(self, body: cst.CSTNode) -> bool:
         for n in walk(body):
@@ -65,6 +90,3 @@ class DebugRule(Rule):
         return [n for n in walk(self.ctx.module, cross_scopes=True)
                 if isinstance(n, (cst.For, cst.While)) and self.trains(n.body)]
 
-
-def _gate() -> cst.BaseExpression:
-    return cst.parse_expression(GATE)

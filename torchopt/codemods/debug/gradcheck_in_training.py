@@ -78,9 +78,9 @@ class GradcheckInTraining(DebugRule):
         fns = {n.name.value: n for n in walk(self.ctx.module, cross_scopes=True) if isinstance(n, cst.FunctionDef)}
         # Functions reachable from a training loop, two calls deep.
         reach: dict[str, cst.CSTNode] = {}
-        frontier = [(loop, loop) for loop in loops]
+        frontier: list[tuple[cst.CSTNode, cst.For | cst.While]] = [(loop, loop) for loop in loops]
         for _ in range(2):
-            nxt = []
+            nxt: list[tuple[cst.CSTNode, cst.For | cst.While]] = []
             for body, loop in frontier:
                 for n in walk(body, cross_scopes=True):
                     if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
@@ -94,7 +94,7 @@ class GradcheckInTraining(DebugRule):
                 line = self.get_metadata(PositionProvider, where).start.line
                 self.report(check, fmt={"call": source(self, check), "line": str(line)})
 
-    def _where(self, check, loops, fns, reach):  # type: ignore[no-untyped-def]
+    def _where(self, check, loops, fns, reach):
         cur = self.get_metadata(ParentProvider, check, None)
         while cur is not None:
             if isinstance(cur, (cst.For, cst.While)) and any(cur is lp for lp in loops):

@@ -67,8 +67,8 @@ class SyncDebugLeftOn(DebugRule):
     def visit_Call(self, node: cst.Call) -> None:
         q = callee(self, node)
         if q in SYNC_DEBUG:
-            arg = positional(node)[0].value if positional(node) else (
-                keyword(node, "debug_mode").value if keyword(node, "debug_mode") else None)
+            mode_kw = keyword(node, "debug_mode")
+            arg = positional(node)[0].value if positional(node) else (mode_kw.value if mode_kw else None)
             if arg is None:
                 return
             s = string_value(arg)
