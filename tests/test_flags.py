@@ -17,8 +17,8 @@ from torchopt.rewrite.engine import check_source, fix_source
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures"
-BENCH = "torch.backends.cudnn.benchmark = True  # torchopt TOP501"
-PREC = 'torch.set_float32_matmul_precision("high")  # torchopt TOP502'
+BENCH = "torch.backends.cudnn.benchmark = True"
+PREC = 'torch.set_float32_matmul_precision("high")'
 FLAGS = Settings(select=("TOP5",))
 
 

@@ -30,7 +30,7 @@ def test_switch_goes_into_the_spawned_worker(tmp_path):
     assert res.exit_code == 0
     assert text == SPAWNED.replace("def worker(rank, world_size):\n",
                                    "def worker(rank, world_size):\n"
-                                   "    torch.backends.cudnn.benchmark = True  # torchopt TOP501\n")
+                                   "    torch.backends.cudnn.benchmark = True\n")
 
 
 ACCELERATOR = '''\
@@ -53,7 +53,7 @@ def test_tf32_for_a_device_from_torch_accelerator(tmp_path):
     res, text = rewrite(tmp_path, ACCELERATOR, "--unsafe-fixes", "--select", "TOP502")
     assert res.exit_code == 0
     assert text == ACCELERATOR.replace("def main():\n", "def main():\n"
-                                       '    torch.set_float32_matmul_precision("high")  # torchopt TOP502\n')
+                                       '    torch.set_float32_matmul_precision("high")\n')
 
 
 def test_tf32_for_a_device_given_as_an_index(tmp_path):

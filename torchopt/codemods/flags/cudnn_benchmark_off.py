@@ -1,6 +1,8 @@
 """TOP501 `cudnn-benchmark-off`: Flags an entry script that builds convolutions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*d`,."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import torch_ref
@@ -9,20 +11,12 @@ from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import entry_possible
 from torchopt.codemods.flags.program_flags import insertion
 from torchopt.codemods.flags.program_flags import program
-from torchopt.codemods.flags.example_scripts import _CONV_SCRIPT, _ENTRY_DOC, _MAIN_SCRIPT
+from torchopt.codemods.flags.example_scripts import _ENTRY_DOC
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_CONV_SCRIPT_AFTER = _CONV_SCRIPT.replace(
-    "import torch.nn as nn\n", "import torch.nn as nn\ntorch.backends.cudnn.benchmark = True  # torchopt TOP501\n")
-
-
-_MAIN_SCRIPT_AFTER = _MAIN_SCRIPT.replace(
-    '    """Train."""\n', '    """Train."""\n    torch.backends.cudnn.benchmark = True  # torchopt TOP501\n')
 
 
 class CudnnBenchmark(Rule):
@@ -60,7 +54,7 @@ class CudnnBenchmark(Rule):
     ```python
     import torch
     import torch.nn as nn
-    torch.backends.cudnn.benchmark = True  # torchopt TOP501
+    torch.backends.cudnn.benchmark = True
 
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
     for x in loader:
@@ -97,41 +91,229 @@ class CudnnBenchmark(Rule):
         return super().could_match(text) and ("onv" in text or "torchvision" in text) and entry_possible(text)
 
     examples = (
-        Invalid(_CONV_SCRIPT, after=_CONV_SCRIPT_AFTER, unsafe="tolerance"),
-        Invalid(_MAIN_SCRIPT, after=_MAIN_SCRIPT_AFTER, unsafe="tolerance", runnable=True),
         Invalid(
-            "import torch as T\nfrom torchvision import models\n\n\nif __name__ == '__main__':\n"
-            "    net = models.resnet18().cuda()\n    net(T.randn(1, 3, 224, 224).cuda())\n",
-            after="import torch as T\nfrom torchvision import models\n\n\nif __name__ == '__main__':\n"
-            "    T.backends.cudnn.benchmark = True  # torchopt TOP501\n"
-            "    net = models.resnet18().cuda()\n    net(T.randn(1, 3, 224, 224).cuda())\n",
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+                torch.backends.cudnn.benchmark = True
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            unsafe="tolerance",
+        ),
+        Invalid(
+            dedent('''\
+                import torch
+                from torch import nn
+
+
+                def main():
+                    """Train."""
+                    device = "cuda" if torch.cuda.is_available() else "cpu"
+                    net = nn.Conv1d(4, 4, 3).to(device)
+                    for _ in range(3):
+                        net(torch.randn(2, 4, 16, device=device)).sum().backward()
+
+
+                if __name__ == "__main__":
+                    main()
+            '''),
+            after=dedent('''\
+                import torch
+                from torch import nn
+
+
+                def main():
+                    """Train."""
+                    torch.backends.cudnn.benchmark = True
+                    device = "cuda" if torch.cuda.is_available() else "cpu"
+                    net = nn.Conv1d(4, 4, 3).to(device)
+                    for _ in range(3):
+                        net(torch.randn(2, 4, 16, device=device)).sum().backward()
+
+
+                if __name__ == "__main__":
+                    main()
+            '''),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch as T
+                from torchvision import models
+
+
+                if __name__ == '__main__':
+                    net = models.resnet18().cuda()
+                    net(T.randn(1, 3, 224, 224).cuda())
+            """),
+            after=dedent("""\
+                import torch as T
+                from torchvision import models
+
+
+                if __name__ == '__main__':
+                    T.backends.cudnn.benchmark = True
+                    net = models.resnet18().cuda()
+                    net(T.randn(1, 3, 224, 224).cuda())
+            """),
             unsafe="tolerance",
             note="the file's torch alias; a guard without main(): first statement of the guard",
         ),
         Invalid(
-            "import torch\nimport torch.nn as nn\nfrom torch.nn.utils.rnn import pad_sequence\n\n"
-            "conv = nn.Conv1d(8, 8, 3).cuda()\nfor seqs in batches:\n"
-            "    x = pad_sequence(seqs, batch_first=True).transpose(1, 2).cuda()\n"
-            "    conv(x).sum().backward()\n",
-            after=None,
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.utils.rnn import pad_sequence
+
+                conv = nn.Conv1d(8, 8, 3).cuda()
+                for seqs in batches:
+                    x = pad_sequence(seqs, batch_first=True).transpose(1, 2).cuda()
+                    conv(x).sum().backward()
+            """),
             note="variable sequence length fed to Conv1d: reported, not fixed",
         ),
-        Valid(_CONV_SCRIPT_AFTER, note="already set: a second run changes nothing"),
-        Valid(_CONV_SCRIPT.replace("import torch.nn as nn\n",
-                                   "import torch.nn as nn\ntorch.backends.cudnn.benchmark = False\n"),
-              note="an explicit user setting is never overridden"),
-        Valid(_CONV_SCRIPT.replace("import torch.nn as nn\n",
-                                   "import torch.nn as nn\ntorch.use_deterministic_algorithms(True)\n"),
-              note="reproducibility intent"),
-        Valid("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
-              "        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n",
-              note="a library module, not an entry script"),
-        Valid("import torch\nimport torch.nn as nn\n\nmodel = nn.Linear(4, 4).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-              "for _ in range(3):\n    model(torch.randn(2, 4).cuda()).sum().backward()\n    opt.step()\n",
-              note="no convolution"),
-        Valid("import torch\nimport torch.nn as nn\n\nmodel = nn.Conv2d(3, 8, 3)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-              "for _ in range(2):\n    model(torch.randn(2, 3, 8, 8)).sum().backward()\n    opt.step()\n",
-              runnable=True, note="never runs on CUDA: the switch would be a no-op"),
+        Invalid(
+            dedent("""\
+                import random
+
+                import torch as T
+                from torch import nn as N
+                import torch.nn.functional as F
+
+
+                class Trainer:
+                    def __init__(self):
+                        self.net = N.Conv2d(3, 8, 3).cuda()
+
+                    def run(self, loader):
+                        for x in loader:
+                            x = F.interpolate(x.cuda(), size=random.choice([224, 256]))
+                            self.net(x).sum().backward()
+
+
+                if __name__ == "__main__":
+                    Trainer().run(T.randn(4, 2, 3, 32, 32))
+            """),
+            note="aliased imports, the loop in a method: a random multi-scale size, reported, not fixed",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                torch.backends.cudnn.benchmark = True
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="already set: a second run changes nothing",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.backends.cudnn as cudnn
+                cudnn.benchmark = True
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="already set through an alias: recognised by the statement, not its spelling",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                torch.backends.cudnn.benchmark = False
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="an explicit user setting is never overridden",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                torch.use_deterministic_algorithms(True)
+
+                model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="reproducibility intent",
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, 3)
+            """),
+            note="a library module, not an entry script",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                model = nn.Linear(4, 4).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(3):
+                    model(torch.randn(2, 4).cuda()).sum().backward()
+                    opt.step()
+            """),
+            note="no convolution",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                model = nn.Conv2d(3, 8, 3)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(2):
+                    model(torch.randn(2, 3, 8, 8)).sum().backward()
+                    opt.step()
+            """),
+            note="never runs on CUDA: the switch would be a no-op",
+            runnable=True,
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -147,8 +329,8 @@ class CudnnBenchmark(Rule):
         ref = torch_ref(self)
         if ref is None:
             return
-        line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True  # torchopt TOP501\n")
+        line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True\n")
         self.report(prog.convs[0], fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
-                    replacement=insertion(prog, line), target=prog.anchor,  # type: ignore[arg-type]
+                    replacement=insertion(prog, line), target=prog.anchor,
                     tags=[Tag.TOLERANCE], imports=ref.imports,
                     note="cuDNN may pick another convolution algorithm per run: outputs change by rounding")

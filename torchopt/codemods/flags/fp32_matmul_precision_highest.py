@@ -1,6 +1,8 @@
 """TOP502 `fp32-matmul-precision-highest`: Flags an entry script that runs float32 matrix multiplies (`nn.Linear`, attention, RNNs,."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import torch_ref
@@ -15,17 +17,6 @@ from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_LINEAR_SCRIPT = '''\
-import torch
-
-model = torch.nn.Linear(64, 64).cuda()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(10):
-    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
-    opt.step()
-'''
 
 
 class MatmulPrecision(Rule):
@@ -62,7 +53,7 @@ class MatmulPrecision(Rule):
     ## Use instead
     ```python
     import torch
-    torch.set_float32_matmul_precision("high")  # torchopt TOP502
+    torch.set_float32_matmul_precision("high")
 
     model = torch.nn.Linear(64, 64).cuda()
     ```
@@ -94,27 +85,131 @@ class MatmulPrecision(Rule):
         return super().could_match(text) and entry_possible(text)
 
     examples = (
-        Invalid(_LINEAR_SCRIPT, after=_LINEAR_SCRIPT.replace(
-            "import torch\n", "import torch\ntorch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n", 1),
-            unsafe="numerics"),
         Invalid(
-            "import torch\nimport torch.nn as nn\n\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-            "    w = torch.randn(4, 4, device=device)\n    print((w @ w).sum())\n\n\nmain()\n",
-            after="import torch\nimport torch.nn as nn\n\n\ndef main():\n"
-            "    torch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n"
-            "    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-            "    w = torch.randn(4, 4, device=device)\n    print((w @ w).sum())\n\n\nmain()\n",
-            unsafe="numerics", runnable=True,
+            dedent("""\
+                import torch
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            after=dedent("""\
+                import torch
+                torch.set_float32_matmul_precision("high")
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            unsafe="numerics",
         ),
-        Invalid(_LINEAR_SCRIPT.replace("for _", "basis = torch.linalg.qr(torch.randn(4, 4))\nfor _"), after=None,
-                note="precision-sensitive linear algebra: reported, not fixed"),
-        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.backends.cuda.matmul.allow_tf32 = True\n"),
-              note="the user already chose"),
-        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.set_float32_matmul_precision(\"high\")  # torchopt TOP502\n"),
-              note="a second run changes nothing"),
-        Valid(_LINEAR_SCRIPT.replace("import torch\n", "import torch\ntorch.backends.cudnn.deterministic = True\n"),
-              note="reproducibility intent"),
-        Valid("import torch\n\nlayer = torch.nn.Linear(4, 4).cuda()\n", note="not an entry script"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def main():
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    w = torch.randn(4, 4, device=device)
+                    print((w @ w).sum())
+
+
+                main()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def main():
+                    torch.set_float32_matmul_precision("high")
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    w = torch.randn(4, 4, device=device)
+                    print((w @ w).sum())
+
+
+                main()
+            """),
+            unsafe="numerics",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                basis = torch.linalg.qr(torch.randn(4, 4))
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            note="precision-sensitive linear algebra: reported, not fixed",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                torch.backends.cuda.matmul.allow_tf32 = True
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            note="the user already chose",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                torch.set_float32_matmul_precision("high")
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            note="a second run changes nothing",
+        ),
+        Valid(
+            dedent("""\
+                import torch as T
+                from torch import set_float32_matmul_precision as precision
+
+                precision("high")
+                model = T.nn.Linear(64, 64).cuda()
+                for _ in range(10):
+                    model(T.randn(8, 64, device="cuda")).sum().backward()
+            """),
+            note="already set through an alias: recognised by the call, not its spelling",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                torch.backends.cudnn.deterministic = True
+
+                model = torch.nn.Linear(64, 64).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).pow(2).mean().backward()
+                    opt.step()
+            """),
+            note="reproducibility intent",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                layer = torch.nn.Linear(4, 4).cuda()
+            """),
+            note="not an entry script",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -128,8 +223,8 @@ class MatmulPrecision(Rule):
         ref = torch_ref(self)
         if ref is None:
             return
-        line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")  # torchopt TOP502\n')
+        line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")\n')
         self.report(prog.matmuls[0], fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
-                    replacement=insertion(prog, line), target=prog.anchor,  # type: ignore[arg-type]
+                    replacement=insertion(prog, line), target=prog.anchor,
                     tags=[Tag.NUMERICS], imports=ref.imports,
                     note="float32 matmuls on CUDA use TF32 (10 mantissa bits): rel-L2 of outputs up to ~5e-3")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from textwrap import dedent
 
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
@@ -29,12 +30,13 @@ _DENY_FUNCS = {"print", "next", "input", "open", "exec", "eval"}
 
 HELPER_SRC = '''\
 def {helper}(modules, optimizers, make_batch, forward_loss):
-    """torchopt TOP711: one forward and backward pass on the largest batch before training, so the
-    caching allocator already holds blocks of the maximum size (PyTorch tuning guide, "Preallocate
-    memory in case of variable input length"). Random streams are forked, buffers (BatchNorm
-    statistics) restored, train/eval modes and gradients put back: training is bitwise unchanged.
-    The backward goes through torch.autograd.backward: this loss is not a training loss, and tools
-    that record Tensor.backward (torchopt validate) should not count it as a step."""
+    """Run one forward and backward pass on the largest batch before training, so the CUDA
+    caching allocator already holds blocks of the maximum size and later, smaller batches reuse
+    them instead of fragmenting memory (PyTorch tuning guide, "Preallocate memory in case of
+    variable input length"). Random streams are forked, buffers (BatchNorm statistics) restored,
+    train/eval modes and gradients put back, so training is bitwise unchanged. The backward goes
+    through torch.autograd.backward: this is not a training step, and hooks or profilers that
+    count Tensor.backward calls should not see it."""
     import random
     import sys
 
@@ -170,41 +172,172 @@ class PreallocateVarLen(Rule):
         return super().could_match(text) and "DataLoader" in text and "collate_fn" in text \
             and hot_check(text, may_pad_training_loop)
 
-    _PRE = (
-        "import torch\nfrom torch.nn.utils.rnn import pad_sequence\nfrom torch.utils.data import DataLoader\n\n"
-        "torch.manual_seed(0)\n"
-        "data = [(torch.randn(n, 3), n % 2) for n in (2, 5, 3, 4, 6, 1)]\n\n\n"
-        "def collate(batch):\n    seqs, ys = zip(*batch)\n"
-        "    return pad_sequence(seqs, batch_first=True), torch.tensor(ys)\n\n\n"
-        "loader = DataLoader(data, batch_size=2, shuffle=True, collate_fn=collate)\n"
-        "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 2))\n"
-        "criterion = torch.nn.CrossEntropyLoss()\n"
-        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-    )
-    _LOOP = ("for x, y in loader:\n    optimizer.zero_grad()\n    loss = criterion(model(x).mean(1), y)\n"
-             "    loss.backward()\n    optimizer.step()\n")
     examples = (
         Invalid(
-            _PRE + _LOOP,
-            after=_PRE + "\n\n" + HELPER_SRC.format(helper=HELPER, T="torch") + "\n\n"
-            "def warmup_loss(x, y):\n    loss = criterion(model(x).mean(1), y)\n    return loss\n\n\n"
-            "preallocate_for_longest_batch([criterion, model], [optimizer], lambda: collate([data[i] for i in sorted("
-            "range(len(data)), key=lambda i: len(data[i][0]))[-2:]]), warmup_loss)\n" + _LOOP,
+            dedent("""\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+                from torch.utils.data import DataLoader
+
+                torch.manual_seed(0)
+                data = [(torch.randn(n, 3), n % 2) for n in (2, 5, 3, 4, 6, 1)]
+
+
+                def collate(batch):
+                    seqs, ys = zip(*batch)
+                    return pad_sequence(seqs, batch_first=True), torch.tensor(ys)
+
+
+                loader = DataLoader(data, batch_size=2, shuffle=True, collate_fn=collate)
+                model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 2))
+                criterion = torch.nn.CrossEntropyLoss()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = criterion(model(x).mean(1), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=dedent('''\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+                from torch.utils.data import DataLoader
+
+                torch.manual_seed(0)
+                data = [(torch.randn(n, 3), n % 2) for n in (2, 5, 3, 4, 6, 1)]
+
+
+                def collate(batch):
+                    seqs, ys = zip(*batch)
+                    return pad_sequence(seqs, batch_first=True), torch.tensor(ys)
+
+
+                loader = DataLoader(data, batch_size=2, shuffle=True, collate_fn=collate)
+                model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 2))
+                criterion = torch.nn.CrossEntropyLoss()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def preallocate_for_longest_batch(modules, optimizers, make_batch, forward_loss):
+                    """Run one forward and backward pass on the largest batch before training, so the CUDA
+                    caching allocator already holds blocks of the maximum size and later, smaller batches reuse
+                    them instead of fragmenting memory (PyTorch tuning guide, "Preallocate memory in case of
+                    variable input length"). Random streams are forked, buffers (BatchNorm statistics) restored,
+                    train/eval modes and gradients put back, so training is bitwise unchanged. The backward goes
+                    through torch.autograd.backward: this is not a training step, and hooks or profilers that
+                    count Tensor.backward calls should not see it."""
+                    import random
+                    import sys
+
+                    params = {}
+                    for m in modules:
+                        for p in m.parameters():
+                            params[id(p)] = p
+                    for opt in optimizers:
+                        for group in opt.param_groups:
+                            for p in group["params"]:
+                                params[id(p)] = p
+                    grads = {k: p.grad for k, p in params.items()}
+                    for p in params.values():
+                        p.grad = None
+                    buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+                    modes = [(sub, sub.training) for m in modules for sub in m.modules()]
+                    py_state = random.getstate()
+                    np = sys.modules.get("numpy")
+                    np_state = np.random.get_state() if np is not None else None
+                    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+                    with torch.random.fork_rng(devices=devices):
+                        for m in modules:
+                            m.train()
+                        torch.autograd.backward(forward_loss(*make_batch()))
+                    with torch.no_grad():
+                        for b, saved in buffers:
+                            b.copy_(saved)
+                    for sub, mode in modes:
+                        sub.training = mode
+                    for k, p in params.items():
+                        p.grad = grads[k]
+                    random.setstate(py_state)
+                    if np_state is not None:
+                        np.random.set_state(np_state)
+
+
+                def warmup_loss(x, y):
+                    loss = criterion(model(x).mean(1), y)
+                    return loss
+
+
+                preallocate_for_longest_batch([criterion, model], [optimizer], lambda: collate([data[i] for i in sorted(range(len(data)), key=lambda i: len(data[i][0]))[-2:]]), warmup_loss)
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = criterion(model(x).mean(1), y)
+                    loss.backward()
+                    optimizer.step()
+            '''),
             runnable=True,
         ),
         Invalid(
-            _PRE + "if True:\n" + "".join("    " + ln + "\n" for ln in _LOOP.splitlines()),
-            after=None,
+            dedent("""\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+                from torch.utils.data import DataLoader
+
+                torch.manual_seed(0)
+                data = [(torch.randn(n, 3), n % 2) for n in (2, 5, 3, 4, 6, 1)]
+
+
+                def collate(batch):
+                    seqs, ys = zip(*batch)
+                    return pad_sequence(seqs, batch_first=True), torch.tensor(ys)
+
+
+                loader = DataLoader(data, batch_size=2, shuffle=True, collate_fn=collate)
+                model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 2))
+                criterion = torch.nn.CrossEntropyLoss()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                if True:
+                    for x, y in loader:
+                        optimizer.zero_grad()
+                        loss = criterion(model(x).mean(1), y)
+                        loss.backward()
+                        optimizer.step()
+            """),
             note="under a condition (it could be a rank guard): reported, not rewritten",
         ),
         Valid(
-            _PRE.replace("collate_fn=collate", "collate_fn=None").replace(
-                "data = [(torch.randn(n, 3), n % 2) for n in (2, 5, 3, 4, 6, 1)]",
-                "data = [(torch.randn(4, 3), n % 2) for n in range(6)]") + _LOOP,
+            dedent("""\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+                from torch.utils.data import DataLoader
+
+                torch.manual_seed(0)
+                data = [(torch.randn(4, 3), n % 2) for n in range(6)]
+
+
+                def collate(batch):
+                    seqs, ys = zip(*batch)
+                    return pad_sequence(seqs, batch_first=True), torch.tensor(ys)
+
+
+                loader = DataLoader(data, batch_size=2, shuffle=True, collate_fn=None)
+                model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Dropout(0.2), torch.nn.Linear(4, 2))
+                criterion = torch.nn.CrossEntropyLoss()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    loss = criterion(model(x).mean(1), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
             note="no padding collate: batches have one length",
         ),
         Valid(
-            "import torch\nfrom torch.nn.utils.rnn import pad_sequence\n\nx = pad_sequence([torch.ones(2), torch.ones(3)])\n",
+            dedent("""\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+
+                x = pad_sequence([torch.ones(2), torch.ones(3)])
+            """),
             runnable=True,
         ),
     )
@@ -281,7 +414,7 @@ class PreallocateVarLen(Rule):
             return None
         return cf.value.value, call
 
-    def _plan(self, hm: HotMap, loop: HotLoop, call: cst.Call, collate: str) -> _Plan:
+    def _plan(self, hot: HotMap, loop: HotLoop, call: cst.Call, collate: str) -> _Plan:
         for n in walk(self.ctx.module, True):
             if isinstance(n, cst.Call) and callee(self, n) in _DDP:
                 raise Refused("the model is wrapped for data parallelism; run the warm-up on every rank or under "
@@ -299,31 +432,31 @@ class PreallocateVarLen(Rule):
         bs_expr = bs.value if bs is not None else (pos[1].value if len(pos) > 1 else cst.Integer("1"))
         if not isinstance(bs_expr, (cst.Name, cst.Integer)):
             raise Refused("the batch size is not a name or a number")
-        key = self._length_key(hm.functions[collate])
-        loop_node: cst.For = loop.node  # type: ignore[assignment]
+        key = self._length_key(hot.functions[collate])
+        loop_node = cst.ensure_type(loop.node, cst.For)  # (only for loops are planned)
         outer = self._outer(loop_node)
         owner = self._owner(outer)
         target = loop_node.target
         if isinstance(target, cst.Name):
             params, star = [target.value], False
         elif isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in target.elements):
-            params, star = [e.value.value for e in target.elements], True  # type: ignore[attr-defined]
+            params, star = [e.value.value for e in target.elements if isinstance(e.value, cst.Name)], True
         else:
             raise Refused("the loop target is not a name or a tuple of names")
         prefix, loss = self._prefix(loop_node)
-        self._check_side_effects(hm)
+        self._check_side_effects(hot)
         self._check_visible(prefix, set(params), outer)
         self._check_names_bound({ds_expr.value, collate} | ({bs_expr.value} if isinstance(bs_expr, cst.Name) else set()),
                                 outer)
         modules = sorted({d for s in prefix for c in walk(s) if isinstance(c, cst.Call)
-                          for d in [dotted(c.func)] if d and d in hm.modules and "." not in d})
+                          for d in [dotted(c.func)] if d and d in hot.modules and "." not in d})
         if not modules:
             raise Refused("no module of this file is called in the step")
         optimizers = self._optimizers(loop_node)
         self._check_names_bound(set(modules) | set(optimizers), outer)
         code = self.ctx.module.code_for_node
-        ds, b = ds_expr.value, code(bs_expr)
-        body = f"{collate}([{ds}[i] for i in sorted(range(len({ds})), key=lambda i: len({ds}[i]{key}))[-{b}:]])"
+        data, batch = ds_expr.value, code(bs_expr)
+        body = f"{collate}([{data}[i] for i in sorted(range(len({data})), key=lambda i: len({data}[i]{key}))[-{batch}:]])"
         if not star:
             body = f"({body},)"
         return _Plan(loop, outer, owner, params, star, prefix, loss, f"lambda: {body}", modules, optimizers)
@@ -372,11 +505,11 @@ class PreallocateVarLen(Rule):
         """The outermost loop statement around ``loop`` in its scope (the epoch loop), or ``loop``.
         Raises when a condition guards it."""
         cur: cst.CSTNode = loop
-        best: cst.CSTNode = loop
+        best: cst.For = loop
         while True:
             parent = self.get_metadata(ParentProvider, cur, None)
             if parent is None or isinstance(parent, SCOPES) or isinstance(parent, cst.Module):
-                return best  # type: ignore[return-value]
+                return best
             if isinstance(parent, (cst.If, cst.Try, cst.With, cst.While, cst.Else, cst.ExceptHandler, cst.Finally)):
                 if isinstance(parent, (cst.If, cst.Else, cst.While, cst.ExceptHandler)):
                     raise Refused("the loop runs under a condition (a rank guard?)")
@@ -472,8 +605,8 @@ class PreallocateVarLen(Rule):
                 out |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}
         return out
 
-    def _check_side_effects(self, hm: HotMap) -> None:
-        for fid, where in hm.hot_funcs.items():
+    def _check_side_effects(self, hot: HotMap) -> None:
+        for fid, where in hot.hot_funcs.items():
             fn = next((f for f in walk(self.ctx.module, True) if isinstance(f, cst.FunctionDef) and id(f) == fid),
                       None)
             if fn is None:
@@ -598,11 +731,11 @@ class _Insert(cst.CSTTransformer):
         fn = cst.parse_statement(HELPER_SRC.format(helper=HELPER, T=self.T))
         return fn.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
-    def _rebuild(self, original: cst.CSTNode, body: list) -> list:
+    def _rebuild(self, original: cst.Module | cst.IndentedBlock, body: list) -> list:
         out = []
         p = self.plan
         top = self._top_statement()
-        orig_body = original.body if isinstance(original, cst.Module) else original.body  # type: ignore[attr-defined]
+        orig_body = original.body
         for o, u in zip(orig_body, body):
             if o is top:
                 out.append(self._helper())
