@@ -12,8 +12,8 @@ import libcst as cst
 
 from torchopt.analysis.names import torch_name
 from torchopt.analysis.arguments import has_star, positional, set_kwarg
-from torchopt.rewrite.metadata import ParentProvider
-from torchopt.rewrite.rule import ImportSpec, Rule
+from torchopt.rewrite.metadata import ParentProvider, remembered
+from torchopt.rewrite.rule import ImportSpec, Replacement, Rule
 
 # --------------------------------------------------------------------------- the deprecated API
 
@@ -52,14 +52,13 @@ def deprecated_member(qname: str | None) -> tuple[str, str, str] | None:
     return module, spec[0], member
 
 
-_QUOTE_CACHE: dict[int, tuple[cst.Module, str]] = {}
-
-
 def quote_style(module: cst.Module) -> str:
-    """The quote the file mostly uses for one-line strings (double when undecided)."""
-    hit = _QUOTE_CACHE.get(id(module))
-    if hit is not None and hit[0] is module:
-        return hit[1]
+    """The quote the file mostly uses for one-line strings (double when undecided), counted once per
+    parse while the engine analyses the file."""
+    return remembered(("quote style",), module, lambda: _quote_style(module))
+
+
+def _quote_style(module: cst.Module) -> str:
     single = double = 0
     try:
         for tok in tokenize.generate_tokens(io.StringIO(module.code).readline):
@@ -74,11 +73,7 @@ def quote_style(module: cst.Module) -> str:
                 double += 1
     except (tokenize.TokenError, SyntaxError, IndentationError):
         pass
-    q = "'" if single > double else '"'
-    if len(_QUOTE_CACHE) > 64:
-        _QUOTE_CACHE.clear()
-    _QUOTE_CACHE[id(module)] = (module, q)
-    return q
+    return "'" if single > double else '"'
 
 
 def _comma_like(call: cst.Call) -> cst.Comma:
@@ -191,11 +186,11 @@ def _alias_list(aliases: list[cst.ImportAlias], original: Sequence[cst.ImportAli
 
 
 class _Edits(cst.CSTTransformer):
-    def __init__(self, edits: dict[int, Callable[[cst.CSTNode], cst.CSTNode]]) -> None:
+    def __init__(self, edits: dict[int, Callable[[cst.CSTNode], Replacement]]) -> None:
         super().__init__()
         self.edits = edits
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+    def on_leave(self, original_node, updated_node):
         fn = self.edits.get(id(original_node))
         return fn(updated_node) if fn is not None else updated_node
 

@@ -17,14 +17,16 @@ module), so every training function is analysed, and rewritten, as if it were al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 import libcst as cst
-from libcst.metadata import PositionProvider, ScopeProvider
+from libcst.metadata import PositionProvider, Scope, ScopeProvider
 
-from torchopt.analysis.names import dotted, callee, torch_name, torch_ref
+from torchopt.analysis.names import dotted, callee, qualified_names, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import SCOPE_NODES, walk
+from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement, with_statement
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Option, Rule
 
@@ -125,6 +127,19 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
     return out
 
 
+def _no_model_reason(feeding: Sequence[cst.CSTNode]) -> str:
+    """Why no model was found: name the calls that do feed the loss, none of them known to be a module
+    (a model built by `models.__dict__[name]()` or returned from another file is not)."""
+    # Objects called like a model (`model(x)`, `self.net(x)`), not methods (`images.to(...)`).
+    names = sorted({name for stmt in feeding for c in _calls(stmt) if (name := dotted(c.func))
+                    and (isinstance(c.func, cst.Name) or name.count(".") == 1 and name.startswith("self."))})
+    if not names:
+        return "no call of a torch.nn.Module feeds the loss passed to `backward()`"
+    shown = ", ".join(f"`{n}(...)`" for n in names[:4])
+    return (f"the loss passed to `backward()` comes from {shown}, none of which is known to be a torch.nn.Module "
+            "(its class or factory is not visible in this file)")
+
+
 def _calls(node: cst.CSTNode) -> Iterable[cst.Call]:
     for n in walk(node):
         if isinstance(n, cst.Call):
@@ -137,29 +152,15 @@ def _method_calls(node: cst.CSTNode, names: set[str] | Sequence[str]) -> Iterabl
             yield c
 
 
-def _body_list(block: cst.BaseSuite) -> Sequence[cst.BaseStatement] | None:
-    return block.body if isinstance(block, cst.IndentedBlock) else None
+def method_receiver(call: cst.Call) -> cst.BaseExpression:
+    """What a method call is called on (``opt`` in ``opt.step()``); only given calls known to be one."""
+    return cst.ensure_type(call.func, cst.Attribute).value
 
 
 def _single_small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         return stmt.body[0]
     return None
-
-
-def _stmt(text: str) -> cst.BaseStatement:
-    return cst.parse_statement(text)
-
-
-def _fresh(taken: set[str], base: str) -> str:
-    if base not in taken:
-        taken.add(base)
-        return base
-    i = 1
-    while f"{base}_{i}" in taken:
-        i += 1
-    taken.add(f"{base}_{i}")
-    return f"{base}_{i}"
 
 
 # --------------------------------------------------------------------------- the plan
@@ -171,96 +172,22 @@ class Region:
     upcasts: list[str] = field(default_factory=list)
 
 
-@dataclass
-class Edits:
-    """Edits to the original module, keyed by original node identity."""
-
-    regions: dict[int, Region] = field(default_factory=dict)  # id(first stmt) -> region
-    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    calls: dict[int, cst.BaseExpression] = field(default_factory=dict)
-    dicts: dict[int, cst.Dict] = field(default_factory=dict)
-    params: dict[int, cst.Parameters] = field(default_factory=dict)  # a function that receives the scaler
-    # Every edited node, original: (node, True) when statements are added next to it or it is wrapped
-    # (its block changes), (node, False) when the node itself is replaced.
-    touched: list[tuple[cst.CSTNode, bool]] = field(default_factory=list)
-
-    def add_before(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
-        self.before.setdefault(id(stmt), []).extend(new)
-        self.touched.append((stmt, True))
-
-    def add_after(self, stmt: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
-        self.after.setdefault(id(stmt), []).extend(new)
-        self.touched.append((stmt, True))
+def wrap_region(e: Edits, region: Region, item: cst.WithItem) -> None:
+    """Run ``region`` under the autocast ``item``; the names it assigns that later code reads are
+    upcast back to float32 right after it."""
+    e.wrap(region.stmts, with_statement([item]), [statement(f"{n} = {n}.float()\n") for n in region.upcasts])
 
 
-class _Rewrite(cst.CSTTransformer):
-    def __init__(self, edits: Edits, with_item: cst.WithItem) -> None:
-        super().__init__()
-        self.e = edits
-        self.with_item = with_item
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        return self.e.calls.get(id(original_node), updated_node)
-
-    def leave_Parameters(self, original_node: cst.Parameters, updated_node: cst.Parameters) -> cst.Parameters:
-        return self.e.params.get(id(original_node), updated_node)
-
-    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.BaseExpression:
-        new = self.e.dicts.get(id(original_node))
-        if new is None:
-            return updated_node
-        els = list(updated_node.elements)
-        add = new.elements[0]
-        last = els[-1]
-        if isinstance(last.comma, cst.Comma):  # trailing comma: the new element takes it over
-            sep = els[-2].comma if len(els) > 1 and isinstance(els[-2].comma, cst.Comma) else \
-                cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            els[-1] = last.with_changes(comma=sep)
-            els.append(add.with_changes(comma=last.comma))
-        else:
-            sep = els[-2].comma if len(els) > 1 and isinstance(els[-2].comma, cst.Comma) else \
-                cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            els[-1] = last.with_changes(comma=sep)
-            els.append(add)
-        return updated_node.with_changes(elements=els)
-
-    def _rebuild(self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement]) -> list:
-        out: list[cst.BaseStatement] = []
-        i = 0
-        while i < len(orig):
-            o = orig[i]
-            region = self.e.regions.get(id(o))
-            if region is not None:
-                k = len(region.stmts)
-                inner = list(upd[i:i + k])
-                lead = inner[0].leading_lines
-                inner[0] = inner[0].with_changes(leading_lines=())
-                out.extend(self.e.before.get(id(o), []))
-                out.append(cst.With(items=[self.with_item], body=cst.IndentedBlock(body=inner), leading_lines=lead))
-                out.extend(_stmt(f"{n} = {n}.float()\n") for n in region.upcasts)
-                for j in range(i, i + k):
-                    out.extend(self.e.after.get(id(orig[j]), []))
-                i += k
-                continue
-            out.extend(self.e.before.get(id(o), []))
-            out.append(upd[i])
-            out.extend(self.e.after.get(id(o), []))
-            i += 1
-        return out
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
-        return updated_node.with_changes(body=self._rebuild(original_node.body, updated_node.body))
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module):
-        return updated_node.with_changes(body=self._rebuild(original_node.body, updated_node.body))
-
-
-class Refusal(Exception):
-    def __init__(self, node: cst.CSTNode, reason: str) -> None:
-        super().__init__(reason)
-        self.node = node
-        self.reason = reason
+def dict_with_entry(d: cst.Dict, entry: cst.DictElement) -> cst.Dict:
+    """``d`` with ``entry`` added last, in the comma style the literal already uses (a trailing comma
+    moves to the new entry)."""
+    els = list(d.elements)
+    last = els[-1]
+    sep = els[-2].comma if len(els) > 1 and isinstance(els[-2].comma, cst.Comma) else \
+        cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    els[-1] = last.with_changes(comma=sep)
+    els.append(entry.with_changes(comma=last.comma) if isinstance(last.comma, cst.Comma) else entry)
+    return d.with_changes(elements=els)
 
 
 # --------------------------------------------------------------------------- file analysis
@@ -306,14 +233,17 @@ class _Analysis:
         self.all_nodes: list[cst.CSTNode] = list(walk(self.module, True))
         self.names: set[str] = {n.value for n in self.all_nodes if isinstance(n, cst.Name)}
         self.functions: dict[str, cst.FunctionDef] = {}
+        # `.to(...)` chains on calls not yet known to build a module: `model = Imported(...).to(device)`
+        # becomes a model only once an optimizer takes its parameters.
+        self._unknown_chains: list[tuple[str, Key, list[cst.Call]]] = []
         self._collect()
 
     # -- name resolution (Key)
-    def scope_of(self, node: cst.CSTNode) -> object | None:
+    def scope_of(self, node: cst.CSTNode) -> Scope | None:
         """LibCST's scope of ``node`` (a function body's statements: the function's scope)."""
         return self.rule.get_metadata(ScopeProvider, node, None)
 
-    def key_in(self, scope: object | None, name: str | None) -> Key | None:
+    def key_in(self, scope: Scope | None, name: str | None) -> Key | None:
         """The key of ``name`` read in ``scope``: bound there (or made global/nonlocal there), else in an
         enclosing function, else at module level (also for names bound nowhere)."""
         if name is None:
@@ -323,8 +253,8 @@ class _Analysis:
         memo = (id(scope), name)
         hit = self._key_memo.get(memo)
         if hit is None:
-            found = scope[name]  # type: ignore[index]
-            binding = next(iter(found)).scope if found else scope.globals  # type: ignore[attr-defined]
+            found = scope[name]
+            binding = next(iter(found)).scope if found else scope.globals
             hit = self._key_memo[memo] = (name, self._scope_ids.setdefault(binding, len(self._scope_ids)))
         return hit
 
@@ -341,14 +271,14 @@ class _Analysis:
         r = self.rule.get_metadata(PositionProvider, node)
         return (r.end.line, r.end.column)
 
-    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.rule.get_metadata(ParentProvider, node, None)
 
     def statement(self, node: cst.CSTNode) -> cst.BaseStatement | None:
         cur: cst.CSTNode | None = node
         while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             cur = self.parent(cur)
-        return cur  # type: ignore[return-value]
+        return cur
 
     def scope_owner(self, node: cst.CSTNode) -> cst.CSTNode:
         """The function/class/lambda whose scope holds ``node``, or the module."""
@@ -360,20 +290,7 @@ class _Analysis:
     # -- collection
     def _collect(self) -> None:
         rule = self.rule
-        classes = [n for n in self.all_nodes if isinstance(n, cst.ClassDef)]
-        changed = True
-        while changed:
-            changed = False
-            for c in classes:
-                if c.name.value in self.module_classes:
-                    continue
-                for b in c.bases:
-                    q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
-                    if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) or \
-                            dotted(b.value) in self.module_classes:
-                        self.module_classes.add(c.name.value)
-                        changed = True
-                        break
+        self.module_classes = set(nn_module_classes(rule))
         for n in self.all_nodes:
             if isinstance(n, cst.FunctionDef):
                 self.functions.setdefault(n.name.value, n)
@@ -390,14 +307,17 @@ class _Analysis:
         # Optimizer arguments name the models: `SGD(model.parameters())`, `[{"params": G.parameters()}]`.
         for name, stmt in self.optimizers.items():
             for c in _method_calls(stmt, ("parameters", "named_parameters")):
-                d = dotted(c.func.value)  # type: ignore[union-attr]
+                d = dotted(method_receiver(c))
                 if d:
                     self.models.add(d)
         for stmt in self.koptimizers.values():
             for c in _method_calls(stmt, ("parameters", "named_parameters")):
-                d = dotted(c.func.value)  # type: ignore[union-attr]
+                d = dotted(method_receiver(c))
                 if d:
-                    self.kmodels.add(self.key(d, c))  # type: ignore[arg-type]
+                    self.kmodels.add(self.key(d, c))  # type: ignore[arg-type]  # a key is None only for a None name
+        for target, k, chain in self._unknown_chains:
+            if k in self.kmodels:
+                self._chain(target, k, chain)
 
     def _assignment(self, stmt: cst.SimpleStatementLine, target: str | None, value: cst.BaseExpression,
                     target_node: cst.CSTNode | None = None) -> None:
@@ -440,6 +360,8 @@ class _Analysis:
                 self.model_stmt.setdefault(target, stmt)
                 self._chain(target, k, chain)
                 return
+            if chain:
+                self._unknown_chains.append((target, k, chain))
         d = dotted(base) if not isinstance(base, cst.Call) else None
         if d is not None and chain:  # model = model.to(device)
             self._chain(target if d in self.models else None, k if self.key(d, base) in self.kmodels else None,
@@ -455,7 +377,7 @@ class _Analysis:
         """Record what a `.to(...)` / `.cuda()` / `.half()` chain does to ``target`` (by name) and to
         ``k`` (by key); None skips that view."""
         for c in chain:
-            meth = c.func.attr.value  # type: ignore[union-attr]
+            meth = cst.ensure_type(c.func, cst.Attribute).attr.value
             if meth in _HALF_METHODS:
                 if target is not None:
                     self.half_models.add(target)
@@ -484,11 +406,11 @@ class _Analysis:
                                 self.kdevice.setdefault(k, a.value)
 
     # -- queries
-    def calls_model(self, node: cst.CSTNode, models: set[str]) -> bool:
+    def calls_model(self, node: cst.CSTNode, models: Container[str]) -> bool:
         return any(dotted(c.func) in models for c in _calls(node))
 
-    def model_of_stmt(self, node: cst.CSTNode, models: set[str]) -> list[str]:
-        return [d for d in (dotted(c.func) for c in _calls(node)) if d in models]
+    def model_of_stmt(self, node: cst.CSTNode, models: Container[str]) -> list[str]:
+        return [d for d in (dotted(c.func) for c in _calls(node)) if d is not None and d in models]
 
     def autocast_with(self, node: cst.CSTNode) -> bool:
         for n in walk(node, True):
@@ -501,7 +423,8 @@ class _Analysis:
         return False
 
     def has_scaler(self) -> bool:
-        for c in _calls(self.module):
+        """A GradScaler is made anywhere in the file: often in `main()`, handed to the step function."""
+        for c in (n for n in walk(self.module, cross_scopes=True) if isinstance(n, cst.Call)):
             if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self.rule, c) in _SCALERS:
                 return True
         return False
@@ -513,9 +436,9 @@ class _Analysis:
             d = self.kdevice.get(m) if isinstance(m, tuple) else self.device_expr.get(m)
             if d is None:
                 continue
-            if d == "cuda":
+            if isinstance(d, str):  # (the one string recorded is "cuda", for `.cuda()`)
                 return '"cuda"', None
-            dev = classify_device(self.rule, d)  # type: ignore[arg-type]
+            dev = classify_device(self.rule, d)
             if dev.text:
                 if dev.text.split(":")[0] == "cuda" and not isinstance(d, (cst.Name, cst.Attribute)):
                     return '"cuda"', None
@@ -523,7 +446,7 @@ class _Analysis:
                     return None
             if isinstance(d, (cst.Name, cst.Attribute)):
                 return "{T}.device(" + self.module.code_for_node(d) + ").type", d
-            s = string_value(d)  # type: ignore[arg-type]
+            s = string_value(d)
             if s is not None:
                 return f'"{s.split(":")[0]}"', None
             return "{T}.device(" + self.module.code_for_node(d) + ").type", None
@@ -563,7 +486,7 @@ class _Analysis:
             return alias  # a method: called through an instance, not by its bare name
         index = self.__dict__.get("_call_index")
         if index is None:
-            index = self._call_index = {}
+            index = self.__dict__["_call_index"] = {}
             for c in self.module_calls():
                 if isinstance(c.func, cst.Name):
                     index.setdefault(c.func.value, []).append(c)
@@ -613,16 +536,16 @@ class StepSite:
     optimizers: "set[str] | _Visible"
     alias: dict[str, Key]  # local (parameter) name -> the key of the caller's argument
     trigger: cst.CSTNode  # the loop that runs the step (for ordering)
-    scope: object | None = None  # LibCST scope of the step's statements (TOP202's keyed view)
+    scope: Scope | None = None  # LibCST scope of the step's statements (TOP202's keyed view)
 
 
 class _Visible:
     """The names that, read in ``scope``, are one of ``keys`` (a parameter listed in ``alias`` stands for
     its caller's argument). Supports ``name in visible`` only."""
 
-    def __init__(self, a: _Analysis, scope: object | None, keys: "set[Key] | dict[Key, object]",
+    def __init__(self, analysis: _Analysis, scope: Scope | None, keys: Container[Key],
                  alias: dict[str, Key]) -> None:
-        self.a, self.scope, self.keys, self.alias = a, scope, keys, alias
+        self.a, self.scope, self.keys, self.alias = analysis, scope, keys, alias
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
@@ -631,46 +554,46 @@ class _Visible:
         return (k if k is not None else self.a.key_in(self.scope, name)) in self.keys
 
 
-def _site_key(a: _Analysis, site: StepSite, name: str) -> Key:
+def _site_key(analysis: _Analysis, site: StepSite, name: str) -> Key:
     """The key of ``name`` as the step reads it."""
     k = site.alias.get(name)
-    return k if k is not None else a.key_in(site.scope, name)  # type: ignore[return-value]
+    return k if k is not None else analysis.key_in(site.scope, name)  # type: ignore[return-value]  # None only for a None name
 
 
-def _loop_sites(a: _Analysis) -> list[StepSite]:
+def _loop_sites(analysis: _Analysis) -> list[StepSite]:
     sites = []
-    for n in a.all_nodes:
+    for n in analysis.all_nodes:
         if isinstance(n, (cst.For, cst.While)):
-            body = _body_list(n.body)
+            body = body_list(n.body)
             if body:
-                scope = a.scope_of(n)
-                alias = a.param_alias(n)
-                sites.append(StepSite(body, n, _Visible(a, scope, a.kmodels, alias),
-                                      _Visible(a, scope, a.koptimizers, alias), alias, n, scope))
-    for fname, fn in a.functions.items():
-        body = _body_list(fn.body)
+                scope = analysis.scope_of(n)
+                alias = analysis.param_alias(n)
+                sites.append(StepSite(body, n, _Visible(analysis, scope, analysis.kmodels, alias),
+                                      _Visible(analysis, scope, analysis.koptimizers, alias), alias, n, scope))
+    for fname, fn in analysis.functions.items():
+        body = body_list(fn.body)
         if not body:
             continue
-        calls = a.in_loop_call(fname)
+        calls = analysis.in_loop_call(fname)
         if not calls:
             continue
         params = [p.name.value for p in fn.params.params]
-        alias: dict[str, Key] = {}
+        alias = {}
         for c in calls:
             for i, arg in enumerate(c.args):
                 if arg.star:
                     continue
                 pname = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-                k = a.key(dotted(arg.value), arg.value)
-                if pname and k and (k in a.kmodels or k in a.koptimizers or k in a.kbce):
+                k = analysis.key(dotted(arg.value), arg.value)
+                if pname and k and (k in analysis.kmodels or k in analysis.koptimizers or k in analysis.kbce):
                     alias[pname] = k
-        scope = a.scope_of(fn.body)
-        models = _Visible(a, scope, a.kmodels, alias)
-        opts = _Visible(a, scope, a.koptimizers, alias)
+        scope = analysis.scope_of(fn.body)
+        models = _Visible(analysis, scope, analysis.kmodels, alias)
+        opts = _Visible(analysis, scope, analysis.koptimizers, alias)
         loop = None
         cur: cst.CSTNode | None = calls[0]
         while cur is not None and not isinstance(cur, (cst.For, cst.While)):
-            cur = a.parent(cur)
+            cur = analysis.parent(cur)
         loop = cur or calls[0]
         sites.append(StepSite(body, fn, models, opts, alias, loop, scope))
     return sites
@@ -699,7 +622,7 @@ def _loss_expr(c: cst.Call) -> cst.BaseExpression:
         arg = _loss_arg(c)
         assert arg is not None
         return arg.value
-    return c.func.value  # type: ignore[union-attr]
+    return method_receiver(c)
 
 
 def _backward_call(stmt: cst.CSTNode) -> cst.Call | None:
@@ -717,26 +640,106 @@ def _is_scale_call(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "scale"
 
 
-def _bce_call(a: "_Analysis", site: "StepSite", node: cst.CSTNode, depth: int = 0) -> cst.Call | None:
+def _bce_call(analysis: "_Analysis", site: "StepSite", node: cst.CSTNode, depth: int = 0) -> cst.Call | None:
     """A call of ``F.binary_cross_entropy`` / an ``nn.BCELoss`` instance in ``node`` (one level into the
     file's own functions called there)."""
     for c in _calls(node):
         if isinstance(c.func, cst.Call):
-            if isinstance(c.func.func, (cst.Name, cst.Attribute)) and callee(a.rule, c.func) in _BCE_CLASSES:
+            if isinstance(c.func.func, (cst.Name, cst.Attribute)) and callee(analysis.rule, c.func) in _BCE_CLASSES:
                 return c
             continue
         d = dotted(c.func)
         if d is None:
             continue
-        k = _site_key(a, site, d) if depth == 0 else a.key(d, c)  # one level in: that function's scope
-        if k in a.kbce or callee(a.rule, c) in _BCE_FUNCS:
+        k = _site_key(analysis, site, d) if depth == 0 else analysis.key(d, c)  # one level in: that function's scope
+        if k in analysis.kbce or callee(analysis.rule, c) in _BCE_FUNCS:
             return c
-        fn = a.functions.get(d)
+        fn = analysis.functions.get(d)
         if fn is not None and depth == 0 and fn is not site.owner:
-            inner = _bce_call(a, site, fn.body, 1)
+            inner = _bce_call(analysis, site, fn.body, 1)
             if inner is not None:
                 return c
     return None
+
+
+def before_bce_loss(analysis: "_Analysis", site: "StepSite",
+                    region: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], bool]:
+    """The region up to the statement computing binary cross-entropy, and whether it was cut there.
+
+    CUDA autocast raises on ``binary_cross_entropy`` (it is unsafe in float16), so that loss and what
+    follows it stay after the block, reading the forward's outputs upcast to float32."""
+    for k, s in enumerate(region):
+        bce = _bce_call(analysis, site, s)
+        if bce is None:
+            continue
+        if analysis.calls_model(s, site.models):
+            raise Refusal(bce, "the binary cross-entropy loss (unsafe to autocast) takes the model's output in the "
+                               "same statement that runs the forward, so the forward cannot go under autocast "
+                               "without the loss: assign the model's output to a name first")
+        later = next((t for t in region[k + 1:] if analysis.calls_model(t, site.models)), None)
+        if later is not None:
+            raise Refusal(bce, "the forward continues after the binary cross-entropy loss (unsafe to autocast), "
+                               "so no single autocast block covers the forward without that loss")
+        return list(region[:k]), True
+    return list(region), False
+
+
+def recurrent_state(analysis: "_Analysis", site: "StepSite", region: Sequence[cst.BaseStatement]) -> set[str]:
+    """Names the region binds from a model call that also takes them (``out, hidden = model(x, hidden)``).
+
+    Such state may be a tuple (an LSTM's ``(h, c)``) and goes back into the model, which autocast
+    casts anyway, so it is not upcast with ``.float()``."""
+    state: set[str] = set()
+    for s in region:
+        for n in walk(s):
+            if not isinstance(n, cst.Assign) or not isinstance(n.value, cst.Call) or \
+                    dotted(n.value.func) not in site.models:
+                continue
+            passed = {dotted(arg.value) for arg in n.value.args}
+            state |= {d for d in (dotted(t) for t in _targets(n)) if d is not None and d in passed}
+    return state
+
+
+def _accelerate_backward(analysis: "_Analysis", c: cst.Call) -> bool:
+    """``accelerator.backward(loss)`` with ``accelerator`` bound to a call from the ``accelerate`` package."""
+    if _is_autograd_backward(c) or not c.args:
+        return False
+    receiver = dotted(method_receiver(c))
+    for stmt in analysis.assigning(receiver) if receiver else ():
+        value = getattr(_single_small(stmt), "value", None)
+        if isinstance(value, cst.Call) and any(q.split(".")[0] == "accelerate"
+                                               for q in qualified_names(analysis.rule, value.func)):
+            return True
+    return False
+
+
+def hand_update(analysis: "_Analysis", stmts: Sequence[cst.BaseStatement],
+                models: "set[str] | _Visible") -> cst.For | None:
+    """A ``for p in model.parameters():`` loop in the step (also under ``if``/``else`` or ``with``)
+    that writes each parameter in place from its gradient, as plain SGD by hand does."""
+    for s in stmts:
+        for n in walk(s):
+            if not isinstance(n, cst.For) or not isinstance(n.target, cst.Name):
+                continue
+            it = n.iter
+            if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute)
+                    and it.func.attr.value == "parameters" and dotted(it.func.value) in models):
+                continue
+            p = n.target.value
+            if _reads_grads(n.body) and any(_writes_in_place(m, p) for m in walk(n.body)):
+                return n
+    return None
+
+
+def _writes_in_place(node: cst.CSTNode, param: str) -> bool:
+    """``p.add_(...)``, ``p.data.add_(...)``, ``p -= ...`` or ``p.data -= ...`` for the loop variable ``param``."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_"):
+        target = node.func.value
+    elif isinstance(node, cst.AugAssign):
+        target = node.target
+    else:
+        return False
+    return dotted(target) in (param, f"{param}.data")
 
 
 def _step_call(stmt: cst.CSTNode, optimizers: "set[str] | _Visible") -> cst.Call | None:
@@ -782,9 +785,13 @@ class StepPlan:
     step_list: Sequence[cst.BaseStatement]
     unscale_before: list[tuple[cst.BaseStatement, list[str]]]
     anchor_node: cst.CSTNode  # first region statement (where the diagnostic points)
+    # The binary cross-entropy loss is computed after the autocast block, on float32 inputs.
+    bce_outside: bool = False
+    # A `for p in model.parameters():` loop that updates the weights by hand (no GradScaler possible).
+    manual_update: cst.For | None = None
 
 
-def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], exclude: set[str]) -> list[str]:
+def _escapes(analysis: _Analysis, site: StepSite, region: list[cst.BaseStatement], exclude: set[str]) -> list[str]:
     """Names assigned in the region and read anywhere else in their scope."""
     names: list[str] = []
     for s in region:
@@ -793,16 +800,16 @@ def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], excl
                 names.append(t.value)
     if not names:
         return []
-    lo, hi = a.pos(region[0]), a.end(region[-1])
+    lo, hi = analysis.pos(region[0]), analysis.end(region[-1])
     pending = set(names)
     found: set[str] = set()
-    scope_node = a.scope_owner(region[0])
-    for n in (walk(scope_node, True) if not isinstance(scope_node, cst.Module) else a.all_nodes):  # one walk for all
+    scope_node = analysis.scope_owner(region[0])
+    for n in (walk(scope_node, True) if not isinstance(scope_node, cst.Module) else analysis.all_nodes):  # one walk for all
         if isinstance(n, cst.Name) and n.value in pending:
-            p = a.pos(n)
+            p = analysis.pos(n)
             if lo <= p <= hi:
                 continue
-            parent = a.parent(n)
+            parent = analysis.parent(n)
             if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
                 continue
             if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg)) and \
@@ -817,7 +824,7 @@ def _escapes(a: _Analysis, site: StepSite, region: list[cst.BaseStatement], excl
     return [name for name in names if name in found]
 
 
-def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
+def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     stmts = list(site.stmts)
     backs = [(i, c) for i, s in enumerate(stmts) if (c := _backward_call(s)) is not None]
     if not backs:
@@ -826,7 +833,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     lists: list[Sequence[cst.BaseStatement]] = [stmts]
     for s in stmts:
         if isinstance(s, cst.If):
-            body = _body_list(s.body)
+            body = body_list(s.body)
             if body:
                 lists.append(body)
     steps: list[tuple[Sequence[cst.BaseStatement], int, cst.Call, str]] = []
@@ -834,12 +841,15 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         for j, s in enumerate(lst):
             c = _step_call(s, site.optimizers)
             if c is not None:
-                steps.append((lst, j, c, dotted(c.func.value) or ""))  # type: ignore[union-attr]
-    if not steps:
+                steps.append((lst, j, c, dotted(method_receiver(c)) or ""))
+    manual = hand_update(analysis, stmts, site.models)
+    if not steps and manual is None:
         return None
+    if any(_accelerate_backward(analysis, c) for _, c in backs):
+        return None  # `Accelerator(mixed_precision=...)` already owns the precision of this step
     body_node = cst.IndentedBlock(body=stmts)  # only for walking
     # Already mixed precision (idempotence): autocast anywhere in the step, or a scaled backward.
-    if a.autocast_with(body_node):
+    if analysis.autocast_with(body_node):
         return None
     for _, c in backs:
         if _is_scale_call(_loss_expr(c)):
@@ -847,27 +857,27 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     if any(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("unscale_",) for c in _calls(body_node)):
         return None
     first_back = backs[0][1]
-    for _, _, c, opt in steps:
+    for _, _, c, opt in steps if manual is None else ():
         if c.args:
             raise Refusal(c, f"`{opt}.step(...)` takes a closure, which GradScaler does not support "
                              "(`GradScaler.step` raises \"Closure use is not currently supported\")")
     for c in _calls(body_node):
-        if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(a.rule, c) == "torch.autograd.grad":
+        if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(analysis.rule, c) == "torch.autograd.grad":
             raise Refusal(c, "the step calls `torch.autograd.grad` (a gradient penalty needs the AMP "
                              "template: scale the inputs of autograd.grad and unscale its outputs)")
     step_lists = {id(lst) for lst, _, _, _ in steps}
-    if len(step_lists) != 1:
+    if len(step_lists) != 1 and manual is None:
         raise Refusal(first_back, "optimizer steps sit in different blocks, so no single `scaler.update()` "
                                   "placement runs once per iteration after all of them")
-    used_models = {m for s in stmts for m in a.model_of_stmt(s, site.models)}
-    fmodels = {_site_key(a, site, m) for m in used_models}
-    dp = fmodels & a.kdata_parallel
+    used_models = {m for s in stmts for m in analysis.model_of_stmt(s, site.models)}
+    fmodels = {_site_key(analysis, site, m) for m in used_models}
+    dp = fmodels & analysis.kdata_parallel
     if dp:
         raise Refusal(first_back, f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
                                   "other threads while autocast state is thread-local, so an autocast block in the "
                                   "step would not reach them: convert to DistributedDataParallel (TOP401) or "
                                   "decorate the model's `forward` with `@torch.autocast(...)`")
-    half = fmodels & a.khalf
+    half = fmodels & analysis.khalf
     if half:
         raise Refusal(first_back, f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
                                   "training): autocast must not be combined with `.half()`")
@@ -881,10 +891,11 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         else:
             groups.append([i])
     loss_names: set[str] = set()
+    bce_outside = False
     for g in groups:
         needed: set[str] = set()
         for i in g:
-            recv = _loss_expr(stmts[i].body[0].value)  # type: ignore[attr-defined]
+            recv = _loss_expr(dict(backs)[i])  # the backward call of stmts[i]
             needed |= _read_names(recv) if not isinstance(recv, (cst.Name, cst.Attribute)) else {dotted(recv) or ""}
             loss_names |= {n for n in needed if "." not in n}
         in_slice: list[int] = []
@@ -893,28 +904,28 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
             if assigned & needed:
                 in_slice.append(j)
                 needed |= _read_names(stmts[j])
-        model_stmts = [j for j in in_slice if a.calls_model(stmts[j], site.models)]
+        model_stmts = [j for j in in_slice if analysis.calls_model(stmts[j], site.models)]
         if not model_stmts:
             if not regions:
-                raise Refusal(stmts[g[0]], "no call of a torch.nn.Module feeds the loss passed to `backward()`")
+                raise Refusal(stmts[g[0]], _no_model_reason([stmts[j] for j in in_slice]))
             prev = g[-1]
             continue
         start, end = min(model_stmts), max(in_slice)
-        region = stmts[start:end + 1]
+        region, cut = before_bce_loss(analysis, site, stmts[start:end + 1])
+        bce_outside = bce_outside or cut
         for s in region:
-            bce = _bce_call(a, site, s)
-            if bce is not None:
-                raise Refusal(bce, "the loss is `binary_cross_entropy` / `nn.BCELoss`, which raises under CUDA "
-                                   "autocast: compute it from the logits with `binary_cross_entropy_with_logits` "
-                                   "(`nn.BCEWithLogitsLoss`) instead of sigmoid + BCE")
-            if _excluded(s) or a.autocast_with(s):
+            if _excluded(s) or analysis.autocast_with(s):
                 raise Refusal(s, "a statement between the forward and the loss ("
-                              + " ".join(a.module.code_for_node(s).split())[:50]
+                              + " ".join(analysis.module.code_for_node(s).split())[:50]
                               + ") cannot run under autocast (optimizer, metric or host conversion)")
         regions.append(Region(list(region)))
         prev = g[-1]
     for r in regions:
-        r.upcasts = _escapes(a, site, r.stmts, loss_names)
+        state = recurrent_state(analysis, site, r.stmts)
+        r.upcasts = [n for n in _escapes(analysis, site, r.stmts, loss_names) if n not in state]
+    anchor = regions[0].stmts[0] if regions else stmts[backs[0][0]]
+    if manual is not None:  # bfloat16 without a scaler: no step goes through it, nothing to unscale
+        return StepPlan(site, regions, [c for _, c in backs], [], stmts, [], anchor, bce_outside, manual)
     # Gradient readers between the first backward and the steps: unscale_ once per optimizer.
     step_list = steps[0][0]
     step_idx = sorted(j for _, j, _, _ in steps)
@@ -924,11 +935,11 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
     if step_list is stmts:
         candidates = [(j, stmts[j]) for j in range(backs[0][0] + 1, step_idx[-1])]
     else:
-        host = next(s for s in stmts if isinstance(s, cst.If) and _body_list(s.body) is step_list)
+        host = next(s for s in stmts if isinstance(s, cst.If) and body_list(s.body) is step_list)
         hi = stmts.index(host)
         for j in range(backs[0][0] + 1, hi):
             if _reads_grads(stmts[j]):
-                test = " ".join(a.module.code_for_node(host.test).split())  # type: ignore[attr-defined]
+                test = " ".join(analysis.module.code_for_node(host.test).split())
                 if "%" in test:
                     raise Refusal(stmts[j], "gradients are read on micro-batches that do not step "
                                             "(unscale_ there would be repeated before update())")
@@ -940,7 +951,7 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
         if j in opt_at or not _reads_grads(s):
             continue
         nxt = [k for k in step_idx if k > j]
-        run = []
+        run: list[int] = []
         for k in nxt:
             if run and k != run[-1] + 1:
                 break
@@ -950,33 +961,8 @@ def analyse_step(a: _Analysis, site: StepSite) -> StepPlan | None:
             done.update(opts)
             unscale.append((s, opts))
     return StepPlan(site, regions, [c for _, c in backs], [(c, o) for _, _, c, o in steps], step_list, unscale,
-                    regions[0].stmts[0] if regions else stmts[backs[0][0]])
+                    anchor, bce_outside)
 
-
-# --------------------------------------------------------------------------- rule examples
-
-_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-      "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
-_HO = _H
-_SETUP = ('amp_device_type = torch.device(device).type\n'
-          'amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16\n')
-_SCALER = 'scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)\n'
-_WITH = "with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n"
-_STEP_SRC = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
-                  "    loss = nn.functional.mse_loss(out, y)\n    loss.backward()\n    optimizer.step()\n")
-_STEP_AFTER = _HO + _SETUP + _SCALER + (
-    "for x, y in batches:\n    optimizer.zero_grad()\n    " + _WITH + "        out = model(x)\n"
-    "        loss = nn.functional.mse_loss(out, y)\n    scaler.scale(loss).backward()\n"
-    "    scaler.step(optimizer)\n    scaler.update()\n")
-_AMP_DONE = _H + ("scaler = torch.amp.GradScaler('cuda')\nfor x, y in batches:\n"
-                  "    with torch.autocast('cuda', dtype=torch.float16):\n"
-                  "        loss = nn.functional.mse_loss(model(x), y)\n    scaler.scale(loss).backward()\n"
-                  "    scaler.step(optimizer)\n    scaler.update()\n")
-_FP16_NO_SCALER = _H + ("for x, y in batches:\n    with torch.autocast('cuda', dtype=torch.float16):\n"
-                        "        loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n"
-                        "    optimizer.step()\n")
-_INF_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-          "model = nn.Linear(4, 2).to(device)\n")
 
 # --------------------------------------------------------------------------- the rules
 
@@ -984,39 +970,39 @@ _INF_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.
 class _AmpBase(Rule):
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
 
-    def _setup(self, a: _Analysis, anchor_scope: cst.CSTNode, models: Iterable[str], anchors: list[cst.CSTNode],
+    def _setup(self, analysis: _Analysis, anchor_scope: cst.CSTNode, models: Iterable[str | Key], anchors: list[cst.CSTNode],
                loop: cst.CSTNode, scaler: bool, node: cst.CSTNode):
         """Names, setup statements and the statement to insert them after; raises Refusal."""
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(node, "`torch` is bound to something else in this file")
-        dev = a.device_text(models)
+        dev = analysis.device_text(models)
         if dev is None:
-            dev = _program_device(self, a, node)
+            dev = _program_device(self, analysis, node)
         if dev is None:
             raise Refusal(node, "cannot tell which device the model runs on (no `.to(device)` / `.cuda()` "
                                 "on it); CPU training is not an AMP target")
         dev_code, dev_var = dev
         anchors = list(anchors)
         if isinstance(dev_var, cst.Name):
-            for n in a.assigning(dev_var.value):
-                if a.scope_owner(n) is a.scope_owner(anchors[0]):
+            for n in analysis.assigning(dev_var.value):
+                if analysis.scope_owner(n) is analysis.scope_owner(anchors[0]):
                     anchors.append(n)
                     break
-        anchor = max(anchors, key=a.pos)
-        owner = a.scope_owner(anchor)
+        anchor = max(anchors, key=analysis.pos)
+        owner = analysis.scope_owner(anchor)
         if not (isinstance(owner, cst.Module) or owner is anchor_scope):
             where = f"`{owner.name.value}`" if isinstance(owner, (cst.FunctionDef, cst.ClassDef)) else "another scope"
             raise Refusal(node, f"the optimizer is created in {where}, and this file does not show how it "
                                 "reaches the step's function (neither a parameter every caller fills nor an attribute)")
-        if a.pos(anchor) >= a.pos(loop) and (isinstance(owner, cst.Module) or a.scope_owner(loop) is owner):
+        if analysis.pos(anchor) >= analysis.pos(loop) and (isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner):
             raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
-        taken = set(a.names)
-        names = {k: _fresh(taken, k) for k in ("amp_device_type", "amp_dtype")}
+        taken = set(analysis.names)
+        names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:
-            names["scaler"] = _fresh(taken, "scaler")
+            names["scaler"] = fresh_name(taken, "scaler")
         T = ref.name
-        stmts = [_stmt(s) for s in amp_setup_lines(T, dev_code.format(T=T), names, self.option("dtype"), scaler)]
+        stmts = [statement(s) for s in amp_setup_lines(T, dev_code.format(T=T), names, self.option("dtype"), scaler)]
         item = cst.WithItem(item=cst.parse_expression(
             f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
         return names, stmts, anchor, item, tuple(ref.imports)
@@ -1036,7 +1022,7 @@ def amp_setup_lines(T: str, device_type: str, names: dict[str, str], dtype_optio
     return lines
 
 
-def _program_device(rule: Rule, a: _Analysis, node: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
+def _program_device(rule: Rule, analysis: _Analysis, node: cst.CSTNode) -> tuple[str, cst.BaseExpression | None] | None:
     """The device the code around ``node`` moves its model or batches to, as the program model sees it
     (``DDP(model)`` of a moved model, a worker's ``torch.device(f"cuda:{rank}")``); None for the CPU."""
     from torchopt.analysis.program import program_of
@@ -1044,4 +1030,4 @@ def _program_device(rule: Rule, a: _Analysis, node: cst.CSTNode) -> tuple[str, c
     device = program_of(rule).device_at(node)
     if device is None or classify_device(rule, device).is_cpu:
         return None
-    return "{T}.device(" + a.module.code_for_node(device) + ").type", device
+    return "{T}.device(" + analysis.module.code_for_node(device) + ").type", device

@@ -20,6 +20,7 @@ from torchopt.codemods.amp.amp_api import (
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec
 from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Replacement
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
@@ -318,8 +319,8 @@ class DeprecatedAmpApi(Rule):
             manual = migrate_call(call, cst.parse_expression(torch_code), device, member, q)
             return _Site(
                 call, old, _one_line(cst.Module([]).code_for_node(new)),
-                edit=lambda upd, f=func: migrate_call(upd, f, device, member, q),  # type: ignore[arg-type]
-                imports=imports, manual=_one_line(cst.Module([]).code_for_node(manual)),  # type: ignore[arg-type]
+                edit=lambda upd, f=func: migrate_call(upd, f, device, member, q),  # type: ignore[arg-type, misc]  # upd is this call rewritten, whose arguments migrate_call mapped above
+                imports=imports, manual=_one_line(cst.Module([]).code_for_node(manual or new)),
             )
         if kind == "decorator" and member in ("custom_fwd", "custom_bwd"):
             new_dec = cst.Call(func=func, args=[make_kwarg("device_type", cst.SimpleString(f"{q}{device}{q}"))])
@@ -360,7 +361,7 @@ class DeprecatedAmpApi(Rule):
             self._import_group(imp)
 
     def _import_group(self, imp: cst.ImportFrom) -> None:
-        mod = cst.helpers.get_full_name_for_node(imp.module) or ""  # type: ignore[arg-type]
+        mod = (cst.helpers.get_full_name_for_node(imp.module) if imp.module is not None else None) or ""
         device, offered = AMP_MODULES[mod]
         old_import = _one_line(self.ctx.module.code_for_node(imp))
         if isinstance(imp.names, cst.ImportStar):
@@ -381,7 +382,7 @@ class DeprecatedAmpApi(Rule):
         move: list[cst.ImportAlias] = []
         for alias in imp.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else ""
-            bound = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
+            bound = alias.evaluated_alias or name
             refs = []
             for a in scope.assignments[bound] if bound in scope.assignments else ():
                 if getattr(a, "node", None) is imp:
@@ -414,11 +415,11 @@ class DeprecatedAmpApi(Rule):
                             fmt={"old": old_import, "new": "from torch.amp import ...", "why": why})
             return
         new_module = cst.Attribute(value=cst.Name("torch"), attr=cst.Name("amp"))
-        edits: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = {}
+        edits: dict[int, Callable[[cst.CSTNode], Replacement]] = {}
         nodes: list[cst.CSTNode] = []
         if not stay:
             new_imp = imp.with_changes(module=new_module)
-            edits[id(imp)] = lambda upd: upd.with_changes(module=new_module)  # type: ignore[union-attr]
+            edits[id(imp)] = lambda upd: upd.with_changes(module=new_module)
             nodes.append(imp)
         else:
             # Split: `from torch.cuda.amp import <stay>` then `from torch.amp import <move>`.
@@ -430,13 +431,13 @@ class DeprecatedAmpApi(Rule):
                     line.with_changes(body=[kept]),
                     cst.SimpleStatementLine(body=[new_imp], leading_lines=[]),
                 ])
-                edits[id(line)] = lambda upd: pair  # type: ignore[assignment,return-value]
+                edits[id(line)] = lambda upd: pair
                 holder = self.get_metadata(ParentProvider, line, None)
                 nodes.append(holder if holder is not None else line)
             else:
                 semi = cst.FlattenSentinel([kept.with_changes(semicolon=cst.Semicolon(
                     whitespace_after=cst.SimpleWhitespace(" "))), new_imp])
-                edits[id(imp)] = lambda upd: semi  # type: ignore[assignment,return-value]
+                edits[id(imp)] = lambda upd: semi
                 nodes.append(line if line is not None else imp)
         for s in sites:
             if s.edit is not None:
@@ -447,10 +448,10 @@ class DeprecatedAmpApi(Rule):
         new_import = _one_line(cst.Module([]).code_for_node(new_imp))
         self.report(imp, message=self.import_message, fmt={"old": old_import, "new": new_import},
                     fix_title=f"Use `{new_import}` and pass the device at every call",
-                    replacement=replacement, target=target)  # type: ignore[arg-type]
+                    replacement=replacement, target=target)
         for s in sites:
             if s.edit is not None:
-                self.report(s.node, fmt={"old": s.old, "new": s.new}, replacement=replacement,  # type: ignore[arg-type]
+                self.report(s.node, fmt={"old": s.old, "new": s.new}, replacement=replacement,
                             target=target)
 
     def _common_ancestor(self, nodes: list[cst.CSTNode]) -> cst.CSTNode:

@@ -1,6 +1,8 @@
 """TOP205 `inference-autocast`: In an inference-only script (no `backward()` anywhere in the file), wraps the model forward."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import callee
@@ -8,26 +10,14 @@ from torchopt.analysis.names import torch_name
 from torchopt.analysis.syntax import SCOPE_NODES
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, body_list
 from torchopt.codemods.amp.autocast_insertion import (
-    Edits, OPTION_DTYPE, Refusal, Region, StepSite, _AmpBase, _Analysis, _INF_H, _NO_GRAD, _Rewrite, _SETUP,
-    _STEP_AFTER, _WITH, _body_list, _escapes, _excluded
+    OPTION_DTYPE, Region, StepSite, _AmpBase, _Analysis, _NO_GRAD, _escapes, _excluded, wrap_region
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_INF_SRC = _INF_H + ("with torch.no_grad():\n    for x in batches:\n        out = model(x)\n"
-                     "        results.append(out.cpu())\n")
-
-
-_INF_AFTER = _INF_H + _SETUP + (
-    "with torch.no_grad():\n    for x in batches:\n        " + _WITH + "            out = model(x)\n"
-    "        out = out.float()\n        results.append(out.cpu())\n")
-
-
-_TRAIN_WITH_EVAL = _STEP_AFTER + ("with torch.no_grad():\n    for x in batches:\n        out = model(x)\n")
 
 
 class InferenceAutocast(_AmpBase):
@@ -86,9 +76,78 @@ class InferenceAutocast(_AmpBase):
 
     options = (OPTION_DTYPE,)
     examples = (
-        Invalid(_INF_SRC, after=_INF_AFTER, unsafe="numerics"),
-        Valid(_INF_AFTER, note="already under autocast"),
-        Valid(_TRAIN_WITH_EVAL, note="eval loops of training scripts are left to the training rewrite"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                with torch.no_grad():
+                    for x in batches:
+                        out = model(x)
+                        results.append(out.cpu())
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                with torch.no_grad():
+                    for x in batches:
+                        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                            out = model(x)
+                        out = out.float()
+                        results.append(out.cpu())
+            """),
+            unsafe="numerics",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                with torch.no_grad():
+                    for x in batches:
+                        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                            out = model(x)
+                        out = out.float()
+                        results.append(out.cpu())
+            """),
+            note="already under autocast",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                with torch.no_grad():
+                    for x in batches:
+                        out = model(x)
+            """),
+            note="eval loops of training scripts are left to the training rewrite",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -101,6 +160,7 @@ class InferenceAutocast(_AmpBase):
         if a.autocast_with(a.module):
             return
         e = Edits()
+        regions: list[Region] = []
         first = None
         used: list[str] = []
         loops = []
@@ -108,14 +168,14 @@ class InferenceAutocast(_AmpBase):
             if not isinstance(n, (cst.For, cst.While)):
                 continue
             lists = []
-            body = _body_list(n.body)
+            body = body_list(n.body)
             if body is None:
                 continue
             if self._under_no_grad(a, n):
                 lists.append(body)
             for s in body:
                 if isinstance(s, cst.With) and any(self._no_grad(i.item) for i in s.items):
-                    inner = _body_list(s.body)
+                    inner = body_list(s.body)
                     if inner:
                         lists.append(inner)
             for lst in lists:
@@ -135,37 +195,39 @@ class InferenceAutocast(_AmpBase):
                 r = Region(region)
                 site = StepSite(lst, n, a.models, set(), {}, n)
                 r.upcasts = _escapes(a, site, region, set())
-                e.regions[id(region[0])] = r
+                regions.append(r)
                 first = first or region[0]
                 loops.append(n)
                 for s in region:
                     used += [m for m in a.model_of_stmt(s, a.models) if m not in used]
         if first is None:
             return
-        anchors = [a.model_stmt[m] for m in used if m in a.model_stmt]
+        anchors: list[cst.CSTNode] = [a.model_stmt[m] for m in used if m in a.model_stmt]
         if not anchors:
             return
         try:
             names, setup, anchor, item, imports = self._setup(
                 a, a.scope_owner(loops[0]), used, anchors, min(loops, key=a.pos), False, first)
         except Refusal as r:
-            self.report(r.node, message=self.refuse_message.format(reason=r.reason))
+            self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
             return
         # The model may be moved to its device by a later statement: set up after the last one.
         e.add_after(anchor, setup)
-        new = a.module.visit(_Rewrite(e, item))
+        for planned in regions:
+            wrap_region(e, planned, item)
+        new = a.module.visit(ApplyEdits(e))
         self.report(first, replacement=new, target=a.module, tags=[Tag.NUMERICS], imports=imports,
                     note="the forward runs in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)")
 
     def _no_grad(self, item: cst.BaseExpression) -> bool:
         return isinstance(item, cst.Call) and callee(self, item) in _NO_GRAD
 
-    def _under_no_grad(self, a: _Analysis, node: cst.CSTNode) -> bool:
-        cur = a.parent(node)
+    def _under_no_grad(self, analysis: _Analysis, node: cst.CSTNode) -> bool:
+        cur = analysis.parent(node)
         while cur is not None and not isinstance(cur, SCOPE_NODES):
             if isinstance(cur, cst.With) and any(self._no_grad(i.item) for i in cur.items):
                 return True
-            cur = a.parent(cur)
+            cur = analysis.parent(cur)
         if isinstance(cur, cst.FunctionDef):
             for d in cur.decorators:
                 dec = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator

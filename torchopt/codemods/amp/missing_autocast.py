@@ -1,17 +1,20 @@
 """TOP202 `missing-autocast`: Rewrites a float32 training step into automatic mixed precision. A step is recognised in the."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import dotted
+from torchopt.analysis.names import torch_ref
 from torchopt.analysis.values import string_value
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
 from torchopt.codemods.amp.autocast_insertion import (
-    Edits, Key, OPTION_DTYPE, Refusal, StepPlan, _AMP_DONE, _AmpBase, _Analysis, _H, _HO, _Rewrite, _SCALER,
-    _SETUP, _STEP_AFTER, _STEP_SRC, _WITH, _is_autograd_backward, _loop_sites, _loss_arg, _single_small,
-    _site_key, _stmt, analyse_step
+    Key, OPTION_DTYPE, StepPlan, _AmpBase, _Analysis, _is_autograd_backward, _loop_sites, _loss_arg, _single_small,
+    _site_key, analyse_step, _program_device, amp_setup_lines, dict_with_entry, method_receiver, wrap_region
 )
 from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.remote_steps import plan_remote, remote_sites
@@ -19,46 +22,6 @@ from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_CLIP_SRC = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    loss = nn.functional.mse_loss(model(x), y)\n"
-                  "    loss.backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
-                  "    optimizer.step()\n")
-
-
-_CLIP_AFTER = _HO + _SETUP + _SCALER + (
-    "for x, y in batches:\n    optimizer.zero_grad()\n    " + _WITH
-    + "        loss = nn.functional.mse_loss(model(x), y)\n    scaler.scale(loss).backward()\n"
-    "    scaler.unscale_(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
-    "    scaler.step(optimizer)\n    scaler.update()\n")
-
-
-_CLOSURE = _H + ("for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n"
-                 "    optimizer.step(lambda: loss)\n")
-
-
-_BCE_SRC = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
-                 "    loss = nn.functional.binary_cross_entropy(torch.sigmoid(out), y)\n    loss.backward()\n"
-                 "    optimizer.step()\n")
-
-
-_DP_SRC = _H.replace("model = nn.Linear(4, 2).to(device)", "model = nn.DataParallel(nn.Linear(4, 2)).to(device)") \
-    + _STEP_SRC[len(_H):]
-
-
-_AUTOGRAD_SRC = _STEP_SRC.replace("    loss.backward()\n", "    torch.autograd.backward(loss)\n")
-
-
-_AUTOGRAD_AFTER = _STEP_AFTER.replace("    scaler.scale(loss).backward()\n",
-                                      "    torch.autograd.backward(scaler.scale(loss))\n")
-
-
-_CKPT_SRC = _STEP_SRC + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
-                         '    torch.save(ckpt, "ckpt.pt")\n')
-
-
-_CKPT_AFTER = _STEP_AFTER + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
-                             '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "ckpt.pt")\n')
 
 
 class MissingAutocast(_AmpBase):
@@ -87,13 +50,25 @@ class MissingAutocast(_AmpBase):
     step's function (its own `model`/`optimizer` first, then the module's), so each training
     function of a file gets the finding, and its own scaler, that it gets alone.
 
+    A loss computed with `F.binary_cross_entropy` or an `nn.BCELoss` instance (also inside a loss
+    function of the file) raises under CUDA autocast, so autocast covers only the forward: the
+    statement computing that loss, and what follows it, stay after the `with` block, and the
+    forward's outputs they read are upcast with `.float()` first (the float32 inputs the loss
+    needs); a model output fed back into the model (`out, hidden = model(x, hidden)`, an RNN
+    state that may be a tuple) is not upcast. A step that writes the parameters by hand
+    (`for p in model.parameters(): p.data.add_(p.grad, alpha=-lr)`) gets bfloat16 autocast and
+    no GradScaler, whichever `dtype` is set: a scaler can only step an optimizer, and bfloat16
+    keeps float32's exponent range, so its gradients need no scaling (on CUDA bfloat16 pays off
+    on Ampere or newer GPUs; older ones emulate it). A step whose backward goes through `accelerate`'s
+    `accelerator.backward(loss)` is not flagged: `Accelerator(mixed_precision=...)` owns it.
+
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
     calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
-    code with the forward, computes the loss with `F.binary_cross_entropy` / an `nn.BCELoss`
-    instance (they raise under CUDA autocast: use `binary_cross_entropy_with_logits` on the
-    logits), or runs a model wrapped in `nn.DataParallel` (autocast state is thread-local and the
-    replicas run in other threads: convert to DDP, TOP401, or decorate `forward` with
-    `@torch.autocast(...)`). A step already under autocast or using a scaler is not flagged.
+    code with the forward, calls the model and the binary cross-entropy loss in one statement (or
+    runs the model again after that loss), or runs a model wrapped in `nn.DataParallel` (autocast
+    state is thread-local and the replicas run in other threads: convert to DDP, TOP401, or
+    decorate `forward` with `@torch.autocast(...)`). A step already under autocast or using a
+    scaler is not flagged.
     Option `dtype` (`[tool.torchopt.rules.TOP202]`): `"float16"` (default) or `"bfloat16"`
     (autocast only, no scaler). TOP203 is the same check for autocast that already exists.
 
@@ -143,7 +118,9 @@ class MissingAutocast(_AmpBase):
     scaler disabled; CPU autocast casts other ops than CUDA's (softmax, log_softmax and sum stay
     low precision on CPU), so a CPU validation is not representative of CUDA numerics.
     The inserted code chooses float16 (with an enabled scaler) where the model runs on CUDA and
-    bfloat16 (scaler disabled) elsewhere; to go back to float32, revert the fix.
+    bfloat16 (scaler disabled) elsewhere, or bfloat16 on every device for a step that updates its
+    parameters by hand; a binary cross-entropy loss keeps computing in float32, on the forward's
+    outputs rounded to the autocast dtype. To go back to float32, revert the fix.
     """
 
     code = "TOP202"
@@ -153,13 +130,12 @@ class MissingAutocast(_AmpBase):
     locality = "component"
     name = "missing-autocast"
     family = FAMILY
-    message = "training step runs in float32: wrap forward and loss in `torch.autocast`{extra}"
+    message = "training step runs in float32: wrap {region} in `torch.autocast`{extra}"
     refuse_message = "training step not rewritten to mixed precision: {reason}"
     fix_title = "Insert `torch.autocast`{extra}"
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
     prefilter = ("backward",)
-    requires = ("optim", "step")
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -167,20 +143,341 @@ class MissingAutocast(_AmpBase):
 
     options = (OPTION_DTYPE,)
     examples = (
-        Invalid(_STEP_SRC, after=_STEP_AFTER, unsafe="numerics"),
-        Invalid(_CLIP_SRC, after=_CLIP_AFTER, unsafe="numerics",
-                note="clipping reads true gradient magnitudes only after unscale_"),
-        Invalid(_CLOSURE, after=None, note="optimizer.step(closure): refused with a diagnostic"),
-        Invalid(_AUTOGRAD_SRC, after=_AUTOGRAD_AFTER, unsafe="numerics",
-                note="torch.autograd.backward(loss) scales its tensors argument"),
-        Invalid(_CKPT_SRC, after=_CKPT_AFTER, unsafe="numerics",
-                note="a checkpoint dict bound to a name gains the scaler state"),
-        Invalid(_BCE_SRC, after=None,
-                note="binary_cross_entropy / BCELoss raise under CUDA autocast: refused, use the with_logits form"),
-        Invalid(_DP_SRC, after=None,
-                note="nn.DataParallel replicas run in other threads, outside a thread-local autocast: refused"),
-        Valid(_AMP_DONE, note="already autocast + GradScaler"),
-        Valid(_STEP_AFTER, note="the rewrite's own output is never flagged again"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    out = model(x)
+                    loss = nn.functional.mse_loss(out, y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="clipping reads true gradient magnitudes only after unscale_",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step(lambda: loss)
+            """),
+            after=None,
+            note="optimizer.step(closure): refused with a diagnostic",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    out = model(x)
+                    loss = nn.functional.mse_loss(out, y)
+                    torch.autograd.backward(loss)
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    torch.autograd.backward(scaler.scale(loss))
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="torch.autograd.backward(loss) scales its tensors argument",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    out = model(x)
+                    loss = nn.functional.mse_loss(out, y)
+                    loss.backward()
+                    optimizer.step()
+                    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+                    torch.save(ckpt, "ckpt.pt")
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
+                    torch.save(ckpt, "ckpt.pt")
+            """),
+            unsafe="numerics",
+            note="a checkpoint dict bound to a name gains the scaler state",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    out = model(x)
+                    loss = nn.functional.binary_cross_entropy(torch.sigmoid(out), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                    out = out.float()
+                    loss = nn.functional.binary_cross_entropy(torch.sigmoid(out), y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="binary_cross_entropy raises under CUDA autocast: it runs after the block, on float32 inputs",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                bce = nn.BCELoss()
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    loss = bce(torch.sigmoid(model(x)), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=None,
+            note="the forward and the BCE loss in one statement cannot be separated: refused",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                for x, y in batches:
+                    model.zero_grad()
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(p.grad, alpha=-0.1)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.bfloat16
+                for x, y in batches:
+                    model.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(p.grad, alpha=-0.1)
+            """),
+            unsafe="numerics",
+            note="parameters updated by hand: bfloat16 autocast and no GradScaler (a scaler can only step an optimizer)",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.DataParallel(nn.Linear(4, 2)).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    out = model(x)
+                    loss = nn.functional.mse_loss(out, y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=None,
+            note="nn.DataParallel replicas run in other threads, outside a thread-local autocast: refused",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                scaler = torch.amp.GradScaler('cuda')
+                for x, y in batches:
+                    with torch.autocast('cuda', dtype=torch.float16):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            note="already autocast + GradScaler",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from accelerate import Accelerator
+
+                accelerator = Accelerator(mixed_precision="fp16")
+                model = nn.Linear(4, 2)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                model, optimizer = accelerator.prepare(model, optimizer)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    loss = nn.functional.mse_loss(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()
+            """),
+            note="`accelerator.backward`: the Accelerator's `mixed_precision` owns the step's precision",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            note="the rewrite's own output is never flagged again",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -193,13 +490,14 @@ class MissingAutocast(_AmpBase):
                 plan = analyse_step(a, site)
                 if plan is None:
                     continue
+                if plan.manual_update is not None:
+                    self._fix_hand_update(a, plan)
+                    continue
                 scaler = self.option("dtype") != "bfloat16"
                 setup = plan_remote(self, a, program, plan, step, scaler)
                 self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
-                self.report(r.node, message=self.refuse_message.format(reason=r.reason))
-        if not a.optimizers:
-            return
+                self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
         for site in _loop_sites(a):
             if any(_inside(a, site.owner, owner) for owner in handled):
                 continue
@@ -209,33 +507,61 @@ class MissingAutocast(_AmpBase):
                     continue
                 self._fix(a, plan)
             except Refusal as r:
-                self.report(r.node, message=self.refuse_message.format(reason=r.reason))
+                self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
 
-    def _fix(self, a: _Analysis, plan: StepPlan) -> None:
+    def _fix(self, analysis: _Analysis, plan: StepPlan) -> None:
+        if plan.manual_update is not None:
+            self._fix_hand_update(analysis, plan)
+            return
         site = plan.site
         scaler = self.option("dtype") != "bfloat16"
         opts = []
         for _, o in plan.steps:
             if o not in opts:
                 opts.append(o)
-        file_opts = [_site_key(a, site, o) for o in opts]
-        missing = [o for o in file_opts if o not in a.koptimizers]
+        file_opts = [_site_key(analysis, site, o) for o in opts]
+        missing = [o for o in file_opts if o not in analysis.koptimizers]
         if missing:
             raise Refusal(plan.anchor_node, f"`{missing[0][0]}` is not created in this file")
-        used = {_site_key(a, site, m) for s in site.stmts for m in a.model_of_stmt(s, site.models)}
-        step_scope = site.owner if isinstance(site.owner, cst.FunctionDef) else a.scope_owner(site.owner)
+        used = {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
+        step_scope = site.owner if isinstance(site.owner, cst.FunctionDef) else analysis.scope_owner(site.owner)
         names, setup, anchor, item, imports = self._setup(
-            a, step_scope, sorted(used), [a.koptimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
+            analysis, step_scope, sorted(used), [analysis.koptimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
         e = Edits()
         e.add_after(anchor, setup)
-        self._apply(a, plan, e, names, item, imports, scaler, (file_opts, anchor, step_scope))
+        self._apply(analysis, plan, e, names, item, imports, scaler, (file_opts, anchor, step_scope))
 
-    def _apply(self, a: _Analysis, plan: StepPlan, e: Edits, names: dict[str, str], item: cst.WithItem,
+    def _fix_hand_update(self, analysis: _Analysis, plan: StepPlan) -> None:
+        """bfloat16 autocast and no scaler: a GradScaler can only step an optimizer, and this step writes
+        the weights itself; bfloat16 keeps float32's exponent range, so gradients need no scaling."""
+        site = plan.site
+        ref = torch_ref(self)
+        if ref is None:
+            raise Refusal(plan.anchor_node, "`torch` is bound to something else in this file")
+        used = sorted({_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)})
+        dev = analysis.device_text(used) or _program_device(self, analysis, plan.anchor_node)
+        if dev is None:
+            raise Refusal(plan.anchor_node, "cannot tell which device the model runs on (no `.to(device)` / "
+                                            "`.cuda()` on it); CPU training is not an AMP target")
+        dev_code, dev_var = dev
+        where = _setup_point(analysis, site)
+        if isinstance(dev_var, cst.Name) and any(
+                analysis.scope_owner(n) is analysis.scope_owner(where) and analysis.pos(n) > analysis.pos(where) for n in analysis.assigning(dev_var.value)):
+            raise Refusal(plan.anchor_node, "the device is chosen after the training loop starts")
+        taken = set(analysis.names)
+        names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
+        T = ref.name
+        e = Edits()
+        e.add_before(where, [statement(line) for line in amp_setup_lines(T, dev_code.format(T=T), names, "bfloat16", False)])
+        item = cst.WithItem(item=cst.parse_expression(
+            f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+        self._apply(analysis, plan, e, names, item, tuple(ref.imports), False, None)
+
+    def _apply(self, analysis: _Analysis, plan: StepPlan, e: Edits, names: dict[str, str], item: cst.WithItem,
                imports: tuple, scaler: bool, checkpoints: tuple | None) -> None:
         """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
         for r in plan.regions:
-            e.regions[id(r.stmts[0])] = r
-            e.touched.append((r.stmts[0], True))
+            wrap_region(e, r, item)
         if scaler:
             sc = names["scaler"]
             for c in plan.backwards:
@@ -244,101 +570,108 @@ class MissingAutocast(_AmpBase):
                     assert arg is not None
                     scaled = cst.Call(func=cst.parse_expression(f"{sc}.scale"),
                                       args=[cst.Arg(arg.value.with_changes(lpar=[], rpar=[]))])
-                    e.calls[id(c)] = c.with_changes(
-                        args=[x.with_changes(value=scaled) if x is arg else x for x in c.args])
-                    e.touched.append((c, False))
+                    e.replace_node(c, c.with_changes(
+                        args=[x.with_changes(value=scaled) if x is arg else x for x in c.args]))
                     continue
-                recv = c.func.value  # type: ignore[union-attr]
+                recv = method_receiver(c)
                 recv = recv.with_changes(lpar=[], rpar=[])
                 new_func = cst.Attribute(value=cst.Call(func=cst.parse_expression(f"{sc}.scale"), args=[cst.Arg(recv)]),
                                          attr=cst.Name("backward"))
-                e.calls[id(c)] = c.with_changes(func=new_func)
-                e.touched.append((c, False))
+                e.replace_node(c, c.with_changes(func=new_func))
             for c, o in plan.steps:
-                e.calls[id(c)] = cst.Call(func=cst.parse_expression(f"{sc}.step"),
-                                          args=[cst.Arg(c.func.value)])  # type: ignore[union-attr]
-                e.touched.append((c, False))
-            last = max((a.statement(c) for c, _ in plan.steps), key=a.pos)
-            e.add_after(last, [_stmt(f"{sc}.update()\n")])
+                e.replace_node(c, cst.Call(func=cst.parse_expression(f"{sc}.step"),
+                                           args=[cst.Arg(method_receiver(c))]))
+            last = max((s for c, _ in plan.steps if (s := analysis.statement(c)) is not None), key=analysis.pos)
+            e.add_after(last, [statement(f"{sc}.update()\n")])
             for s, os_ in plan.unscale_before:
-                e.add_before(s, [_stmt(f"{sc}.unscale_({o})\n") for o in os_])
+                e.add_before(s, [statement(f"{sc}.unscale_({o})\n") for o in os_])
             if checkpoints is not None:
-                self._checkpoints(a, e, checkpoints[0], sc, checkpoints[1], checkpoints[2])
+                self._checkpoints(analysis, e, checkpoints[0], sc, checkpoints[1], checkpoints[2])
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
-        root = self._edit_root(a, e)
-        new = root.visit(_Rewrite(e, item))
+        root = self._edit_root(analysis, e)
+        new = root.visit(ApplyEdits(e))
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
-        self.report(plan.anchor_node, fmt={"extra": extra}, replacement=new, target=root,
-                    tags=[Tag.NUMERICS], imports=imports,
-                    note="forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)")
+        note = "forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)"
+        if plan.manual_update is not None:
+            extra = (" in bfloat16, with no GradScaler: the parameters are updated by hand and a GradScaler can "
+                     "only step an optimizer (on CUDA, bfloat16 pays off on Ampere or newer GPUs)")
+            note = "forward and loss run in bfloat16 (the AMP tolerances of `torchopt validate`)"
+        if plan.bce_outside:
+            extra += ("; binary cross-entropy is unsafe to autocast, so it runs after the block on the "
+                      "forward's outputs upcast to float32")
+            note = note.replace("forward and loss run", "the forward runs").replace(
+                " (the AMP", ", the binary cross-entropy loss in float32 (the AMP")
+        region = "the forward" if plan.bce_outside else "forward and loss"
+        self.report(plan.anchor_node, fmt={"extra": extra, "region": region}, replacement=new, target=root,
+                    tags=[Tag.NUMERICS], imports=imports, note=note)
 
     @staticmethod
-    def _edit_root(a: _Analysis, e: Edits) -> cst.CSTNode:
+    def _edit_root(analysis: _Analysis, e: Edits) -> cst.CSTNode:
         """The top-level statement that holds every edit of ``e``, or the module."""
         root = None
         for node, in_list in e.touched:
-            cur = a.parent(node) if in_list else node  # a statement added or wrapped: its block changes
+            cur = analysis.parent(node) if in_list else node  # a statement added or wrapped: its block changes
             if cur is None or isinstance(cur, cst.Module):
-                return a.module
-            parent = a.parent(cur)
+                return analysis.module
+            parent = analysis.parent(cur)
             while parent is not None and not isinstance(parent, cst.Module):
-                cur, parent = parent, a.parent(parent)
+                cur, parent = parent, analysis.parent(parent)
             if parent is None or (root is not None and root is not cur):
-                return a.module
+                return analysis.module
             root = cur
-        return root if root is not None else a.module
+        return root if root is not None else analysis.module
 
-    def _named_dict(self, a: _Analysis, name: str, use: cst.CSTNode) -> cst.Dict | None:
+    def _named_dict(self, analysis: _Analysis, name: str, use: cst.CSTNode) -> cst.Dict | None:
         """The dict literal last bound to ``name`` by a plain assignment before ``use``, in its scope."""
-        index = a.__dict__.get("_dict_assigns")
+        index = analysis.__dict__.get("_dict_assigns")
         if index is None:  # name -> `name = {...}` statements, one walk for the file
             index = {}
-            for n in a.all_nodes:
+            for n in analysis.all_nodes:
                 small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
                 if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
                         and isinstance(small.targets[0].target, cst.Name):
                     index.setdefault(small.targets[0].target.value, []).append(n)
-            a._dict_assigns = index
+            analysis.__dict__["_dict_assigns"] = index
         best = None
-        scope = a.scope_owner(use)
+        scope = analysis.scope_owner(use)
         for n in index.get(name, ()):
-            if a.pos(n) < a.pos(use) and a.scope_owner(n) is scope:
-                if best is None or a.pos(n) > a.pos(best):
+            if analysis.pos(n) < analysis.pos(use) and analysis.scope_owner(n) is scope:
+                if best is None or analysis.pos(n) > analysis.pos(best):
                     best = n
-        return best.body[0].value if best is not None else None  # type: ignore[union-attr]
+        return best.body[0].value if best is not None else None
 
-    def _checkpoint_calls(self, a: _Analysis) -> list[tuple[cst.Call, bool]]:
+    def _checkpoint_calls(self, analysis: _Analysis) -> list[tuple[cst.Call, bool]]:
         """(call, is torch.save) for every `torch.save(x, ...)` and `x.load_state_dict(...)`, in walk order."""
-        calls = a.__dict__.get("_ckpt_calls")
+        calls = analysis.__dict__.get("_ckpt_calls")
         if calls is None:
-            calls = a._ckpt_calls = []
-            for c in a.module_calls():
+            calls = analysis.__dict__["_ckpt_calls"] = []
+            for c in analysis.module_calls():
                 if isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict":
                     calls.append((c, False))
                 elif isinstance(c.func, (cst.Name, cst.Attribute)) and c.args and callee(self, c) == "torch.save":
                     calls.append((c, True))
         return calls
 
-    def _checkpoints(self, a: _Analysis, e: Edits, opts: list[Key], sc: str, anchor: cst.CSTNode,
+    def _checkpoints(self, analysis: _Analysis, e: Edits, opts: list[Key], sc: str, anchor: cst.CSTNode,
                      step_scope: cst.CSTNode) -> None:
-        anchor_scope = a.scope_owner(anchor)
+        anchor_scope = analysis.scope_owner(anchor)
 
         def visible(n: cst.CSTNode) -> bool:
-            return a.pos(n) > a.pos(anchor) and (isinstance(anchor_scope, cst.Module)
-                                                 or a.scope_owner(n) is anchor_scope)
+            return analysis.pos(n) > analysis.pos(anchor) and (isinstance(anchor_scope, cst.Module)
+                                                 or analysis.scope_owner(n) is anchor_scope)
 
         def is_opt(name: str | None, at: cst.CSTNode) -> bool:
             """``name`` read at ``at`` is one of the step's optimizers (also as the same-named parameter of
             a helper, `def save(model, optimizer)` called as `save(model, optimizer)`)."""
-            k = a.param_alias(at).get(name) if name is not None else None
-            return (k if k is not None else a.key(name, at)) in opts
+            k = analysis.param_alias(at).get(name) if name is not None else None
+            return (k if k is not None else analysis.key(name, at)) in opts
 
-        for c, is_save in self._checkpoint_calls(a):
+        for c, is_save in self._checkpoint_calls(analysis):
             if is_save:
-                d = c.args[0].value
+                d: cst.BaseExpression | None = c.args[0].value
                 if isinstance(d, cst.Name):  # ckpt = {...}; torch.save(ckpt, f)
-                    d = self._named_dict(a, d.value, c)
+                    d = self._named_dict(analysis, d.value, c)
                 if isinstance(d, cst.Dict) and visible(d) and visible(c):
                     keys = [string_value(el.key) for el in d.elements if isinstance(el, cst.DictElement)]
                     if "scaler" in keys:
@@ -350,22 +683,42 @@ class MissingAutocast(_AmpBase):
                     if saves_opt:
                         el = cst.DictElement(key=cst.SimpleString('"scaler"'),
                                              value=cst.parse_expression(f"{sc}.state_dict()"))
-                        e.dicts[id(d)] = cst.Dict(elements=[el])
-                        e.touched.append((d, False))
-            elif is_opt(dotted(c.func.value), c) and len(c.args) == 1:  # type: ignore[union-attr]
+                        e.replace_node(d, lambda updated, el=el: dict_with_entry(updated, el))  # type: ignore[misc]  # mypy infers no lambda with a default, which binds this entry
+            elif is_opt(dotted(method_receiver(c)), c) and len(c.args) == 1:
                 arg = c.args[0].value
-                stmt = a.statement(c)
+                stmt = analysis.statement(c)
                 if isinstance(arg, cst.Subscript) and isinstance(arg.value, cst.Name) and \
                         isinstance(stmt, cst.SimpleStatementLine) and visible(stmt):
                     k = arg.value.value
-                    e.add_after(stmt, [_stmt(f'if "scaler" in {k}:\n    {sc}.load_state_dict({k}["scaler"])\n')])
+                    e.add_after(stmt, [statement(f'if "scaler" in {k}:\n    {sc}.load_state_dict({k}["scaler"])\n')])
 
 
-def _inside(a: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
+def _inside(analysis: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
     """Whether ``node`` is ``owner`` or lies inside it."""
     cur: cst.CSTNode | None = node
     while cur is not None:
         if cur is owner:
             return True
-        cur = a.parent(cur)
+        cur = analysis.parent(cur)
     return False
+
+
+def _setup_point(analysis: _Analysis, site) -> cst.CSTNode:
+    """The statement the autocast set-up goes before: the outermost loop of the step's scope that runs
+    the step, or the first statement of a step function (after its docstring)."""
+    if isinstance(site.owner, cst.FunctionDef):
+        body = list(site.owner.body.body)
+        first = body[0]
+        small = _single_small(first)
+        if len(body) > 1 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString,
+                                                                                        cst.ConcatenatedString)):
+            return body[1]
+        return first
+    outer = site.owner
+    scope = analysis.scope_owner(outer)
+    cur = analysis.parent(outer)
+    while cur is not None and cur is not scope:
+        if isinstance(cur, (cst.For, cst.While)):
+            outer = cur
+        cur = analysis.parent(cur)
+    return outer

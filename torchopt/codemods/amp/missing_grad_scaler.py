@@ -1,6 +1,8 @@
 """TOP203 `missing-grad-scaler`: Flags float16 autocast in a training step (a step with `backward()` and `optimizer.step()`)."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import callee
@@ -9,15 +11,12 @@ from torchopt.analysis.values import string_value
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
 from torchopt.codemods.amp.autocast_insertion import (
-    _AMP_DONE, _AUTOCASTS, _AmpBase, _Analysis, _FP16_NO_SCALER, _STEP_AFTER, _backward_call
+    _AUTOCASTS, _AmpBase, _Analysis, _backward_call
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_BF16_AUTOCAST = _FP16_NO_SCALER.replace("torch.float16", "torch.bfloat16")
 
 
 class MissingGradScaler(_AmpBase):
@@ -74,10 +73,76 @@ class MissingGradScaler(_AmpBase):
         return super().could_match(text) and prechecks.missing_grad_scaler_possible(text)
 
     examples = (
-        Invalid(_FP16_NO_SCALER, after=None),
-        Valid(_AMP_DONE),
-        Valid(_BF16_AUTOCAST, note="bfloat16 needs no scaler"),
-        Valid(_STEP_AFTER.replace("scaler = torch.amp.GradScaler", "scaler = torch.amp.GradScaler")),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    with torch.autocast('cuda', dtype=torch.float16):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=None,
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                scaler = torch.amp.GradScaler('cuda')
+                for x, y in batches:
+                    with torch.autocast('cuda', dtype=torch.float16):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    with torch.autocast('cuda', dtype=torch.bfloat16):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="bfloat16 needs no scaler",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

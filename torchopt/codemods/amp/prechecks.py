@@ -8,10 +8,11 @@ QualifiedNameProvider resolves), and says True whenever it cannot tell (the text
 from __future__ import annotations
 
 import ast
-from typing import Iterable
+from typing import Iterable, TypeGuard
 
 from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_import_map
 from torchopt.analysis.precheck.tree import ast_calls, ast_dotted, ast_index
+from torchopt.rewrite.facts import facts_for
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -112,24 +113,22 @@ class _Facts:
                         and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList",
                                         "ParameterDict", "Identity")):
                     return True
-        if any(_method(c, _PARAMS) and ast_dotted(c.func.value) in names  # type: ignore[attr-defined]
+        if any(_method(c, _PARAMS) and _receiver(c) in names
                for c in self.calls()):
             return bool(self.optimizers())
         return False
 
 
-_FACTS_MEMO: list = [None, None]
-
-
 def facts(text: str) -> _Facts | None:
-    """The shared facts of ``text``; None when the pre-checks cannot tell (no parse, star import)."""
-    if _FACTS_MEMO[0] is text:
-        return _FACTS_MEMO[1]
+    """The shared facts of ``text`` (once per text, in its SourceFacts); None when the pre-checks
+    cannot tell (no parse, star import)."""
+    return facts_for(text).derived("amp prechecks", lambda: _facts(text))
+
+
+def _facts(text: str) -> _Facts | None:
     index = ast_index(text)
     imports = torch_import_map(text) if index is not None else None
-    result = _Facts(index, imports) if index is not None and imports is not None else None
-    _FACTS_MEMO[0], _FACTS_MEMO[1] = text, result
-    return result
+    return _Facts(index, imports) if index is not None and imports is not None else None
 
 
 def optim_class(q: str) -> bool:
@@ -137,10 +136,17 @@ def optim_class(q: str) -> bool:
     return q.startswith("torch.optim.") and ".lr_scheduler" not in q and q.rsplit(".", 1)[1][:1].isupper()
 
 
-def _method(c: ast.AST, names: Iterable[str] | str) -> bool:
+def _method(c: ast.AST | None, names: Iterable[str] | str) -> TypeGuard[ast.Call]:
     if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)):
         return False
     return c.func.attr == names if isinstance(names, str) else c.func.attr in names
+
+
+def _receiver(c: ast.AST | None) -> str:
+    """The dotted receiver of a method call (``opt`` for ``opt.step()``); "" for anything else."""
+    if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute):
+        return ast_dotted(c.func.value) or ""
+    return ""
 
 
 def _is_false(expr: ast.AST | None) -> bool:
@@ -177,39 +183,50 @@ def _back_loss(stmt: ast.AST) -> tuple[bool, ast.AST | None]:
     """(is a backward statement, its loss expression when surely known)."""
     if not (isinstance(stmt, ast.Expr) and _method(stmt.value, "backward")):
         return False, None
-    func = stmt.value.func  # type: ignore[attr-defined]
+    func = stmt.value.func
     d = ast_dotted(func)
     if d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward")):
         return True, None  # torch.autograd.backward(loss): not worth pinning down
-    return True, func.value
+    return True, func.value if isinstance(func, ast.Attribute) else None  # (it is: _method checked)
 
 
 def _live_step(body: list, optimizers: set[str]) -> bool:
     """insert.analyse_step gets past its early returns: a backward statement and an optimizer
-    ``step`` in ``body`` (or in an ``if`` there), no scaled backward, no ``unscale_``."""
+    ``step`` in ``body`` (or in an ``if`` there) or a parameter update by hand, no scaled backward,
+    no ``unscale_``."""
     backs = [_back_loss(s) for s in body]
     if not any(b for b, _ in backs):
         return False
     lists = [body] + [s.body for s in body if isinstance(s, ast.If)]
     if not any(isinstance(s, (ast.Expr, ast.Assign)) and _method(s.value, "step")
-               and ast_dotted(s.value.func.value) in optimizers  # type: ignore[attr-defined]
-               for lst in lists for s in lst):
+               and _receiver(s.value) in optimizers
+               for lst in lists for s in lst) and not _hand_update(body):
         return False
     if any(_method(loss, "scale") for b, loss in backs if b):
         return False  # already scaled: the step is left alone
     return not any(_method(c, "unscale_") for c in ast_calls(body))
 
 
+def _hand_update(body: list) -> bool:
+    """A ``for p in m.parameters():`` loop in ``body`` that reads ``.grad``: weights updated by hand."""
+    for stmt in body:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.For) and _method(n.iter, "parameters") and \
+                    any(isinstance(x, ast.Attribute) and x.attr == "grad" for x in ast.walk(n)):
+                return True
+    return False
+
+
 def missing_autocast_possible(text: str) -> bool:
-    """TOP202 (MissingAutocast): an optimizer bound to a ``torch.optim`` class, and a loop body, or
-    the body of a function called by name in a loop, holding ``<x>.backward()`` and
-    ``<optimizer>.step()`` at its top level (the step possibly in an ``if``) that is not already
-    scaled."""
+    """TOP202 (MissingAutocast): an optimizer bound to a ``torch.optim`` class (or a ``.grad`` read),
+    and a loop body, or the body of a function called by name in a loop, holding ``<x>.backward()``
+    and ``<optimizer>.step()`` at its top level (the step possibly in an ``if``), or a
+    ``for p in m.parameters():`` update by hand, that is not already scaled."""
     f = facts(text)
     if f is None:
         return True
     optimizers = f.optimizers()
-    if not optimizers:
+    if not optimizers and ".grad" not in text:  # neither an optimizer nor a hand-written update
         return False
     loops = [n for t in _LOOPS for n in f.index.get(t, ())]
     for loop in loops:
@@ -234,7 +251,7 @@ def missing_autocast_possible(text: str) -> bool:
     for fn in (n for t in _FUNCS for n in f.index.get(t, ())):
         a = fn.args
         names = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p is not None}
-        names |= {d for d in (ast_dotted(c.func.value) for c in ast_calls(fn.body) if _method(c, "step"))
+        names |= {d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step"))
                   if d and d.startswith("self.")}
         bodies = [fn.body] + [n.body for n in ast.walk(fn) if isinstance(n, _LOOPS)]
         if any(_live_step(body, optimizers | names) for body in bodies):
@@ -268,7 +285,7 @@ def missing_grad_scaler_possible(text: str) -> bool:
 
 
 def _span(node: ast.AST) -> tuple[int, int]:
-    return node.lineno, getattr(node, "end_lineno", None) or 1 << 30
+    return node.lineno, getattr(node, "end_lineno", None) or 1 << 30  # type: ignore[attr-defined]  # typeshed: positions are per node kind
 
 
 def inference_autocast_possible(text: str) -> bool:
@@ -377,7 +394,7 @@ def pure_fp16_possible(text: str) -> bool:
         """PureFp16Model._is_module can say True (a superset)."""
         nonlocal values
         while _method(expr, _SELF_RETURNING):
-            expr = expr.func.value  # type: ignore[attr-defined]
+            expr = expr.func.value  # type: ignore[attr-defined]  # _method saw an attribute call
         if isinstance(expr, (ast.Name, ast.Attribute)) and params:
             return True  # may be a receiver of `.parameters()` given to the optimizer
         if isinstance(expr, ast.Attribute):
@@ -402,7 +419,7 @@ def pure_fp16_possible(text: str) -> bool:
             return any(maybe_module(v, seen | {expr.id}) for v in values.get(expr.id, ()))
         return False
 
-    return any(maybe_module(c.func.value, frozenset()) for c in casts)  # type: ignore[attr-defined]
+    return any(maybe_module(c.func.value, frozenset()) for c in casts)  # type: ignore[attr-defined]  # casts are method calls
 
 
 def gradient_penalty_possible(text: str) -> bool:

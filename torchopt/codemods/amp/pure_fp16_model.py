@@ -188,12 +188,12 @@ class PureFp16Model(Rule):
         for call in self._casts:
             if not self._is_fp16_cast(call):
                 continue
-            recv = call.func.value  # type: ignore[union-attr]
+            recv = cst.ensure_type(call.func, cst.Attribute).value  # (the casts are method calls)
             if self._is_module(recv, set()):
                 self.report(call, fmt={"call": source(self, call)})
 
     def _is_fp16_cast(self, call: cst.Call) -> bool:
-        meth = call.func.attr.value  # type: ignore[union-attr]
+        meth = cst.ensure_type(call.func, cst.Attribute).attr.value
         if meth == "half":
             return True
         kw = keyword(call, "dtype")

@@ -15,9 +15,8 @@ import libcst as cst
 from torchopt.analysis.names import dotted, torch_ref
 from torchopt.analysis.program import Function, Program, Step
 from torchopt.analysis.syntax import walk
-from torchopt.codemods.amp.autocast_insertion import (
-    Edits, Refusal, StepPlan, StepSite, _Analysis, _body_list, _fresh, _stmt, amp_setup_lines
-)
+from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement
+from torchopt.codemods.amp.autocast_insertion import StepPlan, StepSite, _Analysis, amp_setup_lines
 from torchopt.rewrite.rule import Rule
 
 
@@ -32,13 +31,13 @@ class RemoteSetup:
 def _step_stmts(step: Step) -> tuple[list[cst.BaseStatement], cst.CSTNode] | None:
     """The statements that hold the backward pass and the node that owns them."""
     if step.body_function is not None:
-        body = _body_list(step.body_function.node.body)
+        body = body_list(step.body_function.node.body)
         return (list(body), step.body_function.node) if body else None
-    body = _body_list(step.loop.body)  # type: ignore[attr-defined]
+    body = body_list(step.loop.body)
     return (list(body), step.loop) if body else None
 
 
-def remote_sites(a: _Analysis, program: Program) -> list[tuple[StepSite, Step]]:
+def remote_sites(analysis: _Analysis, program: Program) -> list[tuple[StepSite, Step]]:
     """Step sites of training steps inside functions whose optimizer is created in another function."""
     out = []
     for step in program.steps:
@@ -54,7 +53,7 @@ def remote_sites(a: _Analysis, program: Program) -> list[tuple[StepSite, Step]]:
         if not optimizers or not remote or any(o.binding is not None and program.function_of(o.binding) is None
                                                for o in optimizers.values()):
             continue  # created in the step's function or at module level: the plain path handles it
-        scope = a.scope_of(stmts[0])
+        scope = analysis.scope_of(stmts[0])
         out.append((StepSite(stmts, owner, set(models), set(optimizers), {}, step.loop, scope), step))
     return out
 
@@ -86,7 +85,7 @@ def _walk_calls(node: cst.CSTNode):
             stack.extend(cur.children)
 
 
-def plan_remote(rule: Rule, a: _Analysis, program: Program, plan: StepPlan, step: Step,
+def plan_remote(rule: Rule, analysis: _Analysis, program: Program, plan: StepPlan, step: Step,
                 scaler: bool) -> RemoteSetup:
     """Where the setup goes and how the scaler reaches the step; raises Refusal with the reason."""
     ref = torch_ref(rule)
@@ -96,18 +95,18 @@ def plan_remote(rule: Rule, a: _Analysis, program: Program, plan: StepPlan, step
     fn = step.body_function or step.function
     assert fn is not None
     if all(o.startswith("self.") for o in opts) and fn.cls is not None:
-        return _through_attributes(rule, a, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
+        return _through_attributes(rule, analysis, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
     if all("." not in o and o in fn.params for o in opts) and fn.cls is None:
-        return _through_parameters(rule, a, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
+        return _through_parameters(rule, analysis, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
     raise Refusal(plan.anchor_node, f"`{opts[0]}` reaches the step neither as a parameter of `{fn.name}` "
                                     "nor as an attribute set in its class, so the scaler has no way to follow it")
 
 
-def _device_code(a: _Analysis, T: str, device: cst.BaseExpression) -> str:
-    return f"{T}.device({a.module.code_for_node(device)}).type"
+def _device_code(analysis: _Analysis, T: str, device: cst.BaseExpression) -> str:
+    return f"{T}.device({analysis.module.code_for_node(device)}).type"
 
 
-def _through_attributes(rule, a, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
+def _through_attributes(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
     binds = program.attribute_bindings(fn.cls, opts[-1][len("self."):])
     if not binds:
         raise Refusal(plan.anchor_node, f"`{opts[-1]}` is never set in `{fn.cls}`")
@@ -116,14 +115,14 @@ def _through_attributes(rule, a, program, plan, fn: Function, opts, scaler, T, i
     if device is None:
         raise Refusal(plan.anchor_node, f"cannot tell which device `{fn.cls}` moves its model to")
     taken = {n.value for n in walk_names(program.classes[fn.cls])}
-    names = {k: "self." + _fresh(taken, k) for k in ("amp_device_type", "amp_dtype", "scaler")}
+    names = {k: "self." + fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype", "scaler")}
     if isinstance(device, cst.Attribute):
         later = [s for s in program.attribute_bindings(fn.cls, device.attr.value)
-                 if program.function_of(s) is program.function_of(anchor) and a.pos(s) > a.pos(anchor)]
+                 if program.function_of(s) is program.function_of(anchor) and analysis.pos(s) > analysis.pos(anchor)]
         anchor = later[-1] if later else anchor
     e = Edits()
-    lines = amp_setup_lines(T, _device_code(a, T, device), names, rule.option("dtype"), scaler)
-    e.add_after(anchor, [_stmt(s) for s in lines])
+    lines = amp_setup_lines(T, _device_code(analysis, T, device), names, rule.option("dtype"), scaler)
+    e.add_after(anchor, [statement(s) for s in lines])
     item = cst.WithItem(item=cst.parse_expression(
         f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
     return RemoteSetup(e, names, item, imports)
@@ -140,7 +139,7 @@ def walk_names(node: cst.CSTNode) -> list[cst.Name]:
     return out
 
 
-def _through_parameters(rule, a, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
+def _through_parameters(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
     params = fn.node.params
     if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.star_kwarg \
             or params.posonly_params or any(p.default is not None for p in params.params):
@@ -152,21 +151,21 @@ def _through_parameters(rule, a, program, plan, fn: Function, opts, scaler, T, i
     step_device = program.device_at(plan.anchor_node)
     if step_device is None:
         raise Refusal(plan.anchor_node, f"cannot tell which device `{fn.name}` runs on")
-    taken = set(a.names)
-    local = {k: _fresh(taken, k) for k in ("amp_device_type", "amp_dtype")}
+    taken = set(analysis.names)
+    local = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
     outer = {"amp_device_type": local["amp_device_type"], "amp_dtype": local["amp_dtype"]}
-    sc = _fresh(taken, "scaler") if scaler else ""
+    sc = fresh_name(taken, "scaler") if scaler else ""
     e = Edits()
     callers = {id(program.function_of(edge.call)) for edge in fn.callers}
     if scaler:
-        creation = _optimizer_creation(a, program, plan, fn, opts)
+        creation = _optimizer_creation(analysis, program, plan, fn, opts)
         if len(callers) != 1 or creation is None:
             raise Refusal(plan.anchor_node, f"the optimizers `{fn.name}` steps are not all created in the one "
                                             "function that calls it, before the call")
         anchor, caller_device = creation
         dev = outer["amp_device_type"]
-        e.add_after(anchor, [_stmt(f"{dev} = {_device_code(a, T, caller_device)}\n"),
-                             _stmt(f'{sc} = {T}.amp.GradScaler({dev}, enabled={dev} == "cuda")\n')])
+        e.add_after(anchor, [statement(f"{dev} = {_device_code(analysis, T, caller_device)}\n"),
+                             statement(f'{sc} = {T}.amp.GradScaler({dev}, enabled={dev} == "cuda")\n')])
         for edge in fn.callers:
             call = edge.call
             kw = any(arg.keyword is not None for arg in call.args)
@@ -177,22 +176,20 @@ def _through_parameters(rule, a, program, plan, fn: Function, opts, scaler, T, i
             args = list(call.args)
             if args:
                 args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-            e.calls[id(call)] = call.with_changes(args=args + [new_arg])
-            e.touched.append((call, False))
+            e.replace_node(call, call.with_changes(args=args + [new_arg]))
         plist = list(params.params)
         plist[-1] = plist[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        e.params[id(params)] = params.with_changes(params=plist + [cst.Param(cst.Name(sc))])
-        e.touched.append((params, False))
-    lines = amp_setup_lines(T, _device_code(a, T, step_device), local, rule.option("dtype"), False)
-    top = _top_statement(a, fn, plan.anchor_node)
-    e.add_before(top, [_stmt(s) for s in lines])
+        e.replace_node(params, params.with_changes(params=plist + [cst.Param(cst.Name(sc))]))
+    lines = amp_setup_lines(T, _device_code(analysis, T, step_device), local, rule.option("dtype"), False)
+    top = _top_statement(analysis, fn, plan.anchor_node)
+    e.add_before(top, [statement(s) for s in lines])
     names = dict(local, scaler=sc)
     item = cst.WithItem(item=cst.parse_expression(
         f'{T}.autocast(device_type={local["amp_device_type"]}, dtype={local["amp_dtype"]})'))
     return RemoteSetup(e, names, item, imports)
 
 
-def _optimizer_creation(a, program: Program, plan: StepPlan, fn: Function, opts):
+def _optimizer_creation(analysis, program: Program, plan: StepPlan, fn: Function, opts):
     """(the last statement creating one of the step's optimizers, the device the caller moves its model to),
     when they are all created in the one caller of ``fn`` before its call."""
     edge = fn.callers[0]
@@ -205,17 +202,17 @@ def _optimizer_creation(a, program: Program, plan: StepPlan, fn: Function, opts)
                    pos[idx].value if idx < len(pos) else None)
         role = program.role_of(arg, edge.call) if arg is not None else None
         if role is None or role.kind != "optimizer" or role.binding is None \
-                or program.function_of(role.binding) is not caller or a.pos(role.binding) >= a.pos(edge.call):
+                or program.function_of(role.binding) is not caller or analysis.pos(role.binding) >= analysis.pos(edge.call):
             return None
         anchors.append(role.binding)
-    anchor = max(anchors, key=a.pos)
+    anchor = max(anchors, key=analysis.pos)
     device = program.device_at(anchor)
     return (anchor, device) if device is not None else None
 
 
-def _top_statement(a: _Analysis, fn: Function, node: cst.CSTNode) -> cst.CSTNode:
+def _top_statement(analysis: _Analysis, fn: Function, node: cst.CSTNode) -> cst.CSTNode:
     """The statement of ``fn``'s body that holds ``node``."""
     cur = node
-    while a.parent(cur) is not None and a.parent(a.parent(cur)) is not fn.node:
-        cur = a.parent(cur)
+    while analysis.parent(cur) is not None and analysis.parent(analysis.parent(cur)) is not fn.node:
+        cur = analysis.parent(cur) or cur  # (not None: tested just above)
     return cur
