@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from torchopt.codemods.ddp import example_programs as ex
+from torchopt.codemods.ddp.accumulation_without_no_sync import NoSyncAccumulation
+from torchopt.codemods.ddp.data_parallel import DataParallelToDDP
+from torchopt.codemods.ddp.unguarded_side_effect import RankZeroGuards
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
+
+# The programs the rules' first examples hold: a DataParallel training script (TOP401), a DDP script
+# printing and saving on every rank (TOP403), gradient accumulation without no_sync (TOP404).
+DP_SRC = DataParallelToDDP.examples[0].src
+GUARD_SRC = RankZeroGuards.examples[0].src
+ACC_SRC = NoSyncAccumulation.examples[0].src
+DDP_HEAD = ("import torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n\n")
 
 
 def _fix(src: str, *codes: str) -> str:
@@ -42,20 +52,20 @@ def test_opt_in_still_honours_ignore():
     (lambda s: s.replace("for x, y in loader:", "for x, y in batches:"), "no training loop"),
 ])
 def test_top401_refuses_with_a_reason(edit, reason):
-    src = edit(ex.DP_SRC)
-    assert src != ex.DP_SRC
+    src = edit(DP_SRC)
+    assert src != DP_SRC
     assert _fix(src, "TOP401") == src
     msgs = [d.message for d in _diags(src, "TOP401") if d.fix is None]
     assert msgs and reason in msgs[0], msgs
 
 
 def test_sum_reduction_outside_training_does_not_block():
-    src = ex.DP_SRC + "with torch.no_grad():\n    total = nn.functional.mse_loss(model(x), y, reduction='sum')\n"
+    src = DP_SRC + "with torch.no_grad():\n    total = nn.functional.mse_loss(model(x), y, reduction='sum')\n"
     assert "DistributedDataParallel(" in _fix(src, "TOP401")
 
 
 def test_top401_note_has_launch_commands_and_eval_loaders():
-    src = ex.DP_SRC.replace("loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n",
+    src = DP_SRC.replace("loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n",
                             "loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n"
                             "val_loader = DataLoader(train_ds, batch_size=8)\n")
     res = fix_source(src, Settings(select=("TOP401",)), unsafe=True)
@@ -103,14 +113,14 @@ def test_top405_leaves_library_code_without_init_alone():
 
 
 def test_top405_does_not_guard_what_may_run_collectives():
-    src = ex.GUARD_SRC + "    print(evaluate(model))\n    dist.all_reduce(loss)\n"
+    src = GUARD_SRC + "    print(evaluate(model))\n    dist.all_reduce(loss)\n"
     out = _fix(src, "TOP405")
     assert "    print(evaluate(model))\n" in out and "    dist.all_reduce(loss)\n" in out
     assert "if dist.get_rank() == 0:\n        print(f\"epoch" in out
 
 
 def test_top404_refuses_a_condition_computed_by_the_step():
-    src = ex.ACC_SRC.replace("    if (i + 1) % 2 == 0:", "    n = i + 1\n    if n % 2 == 0:")
+    src = ACC_SRC.replace("    if (i + 1) % 2 == 0:", "    n = i + 1\n    if n % 2 == 0:")
     src = src.replace("    loss = model(data[i])", "    n = i + 1\n    loss = model(data[i])", 1)
     out = _fix(src, "TOP404")
     assert "no_sync" not in out
@@ -132,8 +142,8 @@ def test_amp_still_refuses_data_parallel_without_the_conversion():
 
 
 def test_diagnostics_407_to_409():
-    assert [d.code for d in _diags(ex._DDP_HEAD + "m = DDP(net, find_unused_parameters=True)\n", "TOP407")] == ["TOP407"]
-    sched = (ex._DDP_HEAD + "m = DDP(net)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+    assert [d.code for d in _diags(DDP_HEAD + "m = DDP(net, find_unused_parameters=True)\n", "TOP407")] == ["TOP407"]
+    sched = (DDP_HEAD + "m = DDP(net)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
              "s = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS * 100)\n")
     assert [d.code for d in _diags(sched, "TOP409")] == ["TOP409"]
     assert not _diags(sched.replace("EPOCHS * 100", "EPOCHS * len(loader)"), "TOP409")
@@ -164,5 +174,5 @@ def test_top401_under_a_main_guard_sets_up_inside_it():
 
 
 def test_data_parallel_without_a_module_is_refused_not_a_crash():
-    src = ex.DP_SRC + "other = nn.DataParallel()\n"
+    src = DP_SRC + "other = nn.DataParallel()\n"
     assert any("without a module" in d.message for d in _diags(src, "TOP401"))

@@ -8,7 +8,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, ScopeProvider
 
-from torchopt.rewrite.metadata import fast_qualified_names, module_source
+from torchopt.rewrite.facts import analysing
+from torchopt.rewrite.metadata import fast_qualified_names
 from torchopt.rewrite.registry import all_rules
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -34,7 +35,7 @@ def compare(text: str) -> tuple[int, list[str]]:
     module.visit(probe)
     probe._wrapper = wrapper  # what Rule.resolve sets while rules run
     probe.metadata = {}
-    with module_source(module, text):  # before the full analysis: once it exists, it answers
+    with analysing(text, module):  # before the full analysis: once it exists, it answers
         fast_answers = [(node, fast_qualified_names(probe, node)) for node in probe.nodes]
     scopes = wrapper.resolve(ScopeProvider)
     answered, bad = 0, []

@@ -146,7 +146,9 @@ def test_vocab_aliases_views_and_dtype_views():
 
 
 def test_vocab_views_on_the_models_output_in_the_same_file():
-    from torchopt.codemods.pad.vocab_models import _GPT
+    from torchopt.codemods.pad.unpadded_vocabulary import PadVocabulary
+
+    _GPT = PadVocabulary.examples[0].src  # the rule's small GPT, whose head is Linear(..., 37)
 
     src = _GPT + ("flat = logits.view(-1, 37)\nother = idx.view(-1)\nraw = model.forward(idx, idx)[0].view(10, 37)\n"
                   "bits = logits.view(torch.int32)\n")
@@ -218,7 +220,9 @@ def test_sequential_fix_only_through_zero_preserving_elementwise(mid, fixed):
 
 
 def test_two_layers_of_one_module_padded_with_transplant():
-    from torchopt.codemods.pad.gemm_layers import _FFN
+    from torchopt.codemods.pad.unpadded_gemm_size import PadGemmDims
+
+    _FFN = PadGemmDims.examples[2].src  # the rule's feed-forward block of two Linear layers
 
     after = _fix(_FFN, "TOP302")
     assert "nn.Linear(32, 104)" in after and "nn.Linear(104, 32)" in after

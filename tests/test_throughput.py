@@ -156,11 +156,12 @@ TRICKY = ("import torch as T, os.path\nfrom . import (a as b,)\n@dec(a, *b, **c)
 
 
 def test_fast_children_are_libcst_children_in_order():
-    from torchopt.rewrite.metadata import _SLOW_CHILDREN, children_memo, ordered_children
+    from torchopt.rewrite.facts import analysing
+    from torchopt.rewrite.metadata import _SLOW_CHILDREN, ordered_children
 
     module = cst.parse_module(TRICKY)
     stack, seen = [module], 0
-    with children_memo():
+    with analysing(TRICKY, module):
         while stack:
             node = stack.pop()
             slow = list(_SLOW_CHILDREN(node))
@@ -193,12 +194,12 @@ def test_children_memo_never_answers_for_another_node_with_the_same_id():
     """The memo is keyed by id: a node freed during a pass (a rule's discarded replacement) may leave
     its id to a new node, which must get its own children."""
     from torchopt.rewrite import metadata
+    from torchopt.rewrite.facts import analysing
 
     old = cst.parse_expression("f(a, b)")
     new = cst.parse_expression("g(c)")
-    with metadata.children_memo():
-        assert metadata._MEMO is not None
-        metadata._MEMO[id(new)] = (old, tuple(old.children))  # what a reused id would look like
+    with analysing("f(a, b)\n", cst.parse_module("f(a, b)\n")) as facts:
+        facts.children[id(new)] = (old, tuple(old.children))  # what a reused id would look like
         assert [type(c).__name__ for c in metadata.children_of(new)] == [type(c).__name__ for c in
                                                                          metadata._SLOW_CHILDREN(new)]
         assert all(a is b for a, b in zip(metadata.children_of(new), metadata._SLOW_CHILDREN(new)))
@@ -206,17 +207,17 @@ def test_children_memo_never_answers_for_another_node_with_the_same_id():
 
 def test_module_walks_are_shared_during_an_analysis_and_equal_the_plain_walk():
     from torchopt.analysis.syntax import _walk, walk
-    from torchopt.rewrite import metadata
+    from torchopt.rewrite.facts import analysing
 
     module = cst.parse_module(TRICKY)
     for cross in (True, False):
         plain = list(_walk(module, cross))
         assert [id(n) for n in walk(module, cross)] == [id(n) for n in plain]  # outside: computed
-        with metadata.children_memo():
+        with analysing(TRICKY, module) as facts:
             first = list(walk(module, cross))
             assert [id(n) for n in first] == [id(n) for n in plain]
             assert [id(n) for n in walk(module, cross)] == [id(n) for n in plain]  # from the memo
             other = cst.parse_module("x = 1\n")
-            metadata._MEMO[("walk", cross, id(other))] = (module, plain)  # a reused id
+            facts._by_node[("walk", cross, id(other))] = (module, plain)  # a reused id
             assert [type(n).__name__ for n in walk(other, cross)] == [type(n).__name__ for n in _walk(other, cross)]
     assert len(plain) > 10 and len(list(_walk(module, True))) > len(plain)  # scopes are skipped when asked

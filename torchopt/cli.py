@@ -94,7 +94,7 @@ def _progress(total: int):
     return prog, lambda n: prog.advance(task, n)
 
 
-def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir: Optional[str]):  # type: ignore[no-untyped-def]
+def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir: Optional[str]):
     """The result cache (see torchopt/rewrite/cache.py for where it lives); None with --no-cache or
     when it cannot be created, and with a warning when the folder is not torchopt's to use."""
     if no_cache:
@@ -122,11 +122,12 @@ def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[
         return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
 
 
-def _read_stdin(name: str, data: bytes | None = None) -> tuple[FileResult | None, source.SourceText | None]:
+def _read_stdin(name: str, data: bytes | None = None) -> FileResult | source.SourceText:
+    """The decoded text, or the failed result that says why it cannot be decoded."""
     try:
-        return None, source.decode(sys.stdin.buffer.read() if data is None else data)
+        return source.decode(sys.stdin.buffer.read() if data is None else data)
     except source.SourceError as exc:
-        return FileResult(path=name, status="failed", reason=str(exc)), None
+        return FileResult(path=name, status="failed", reason=str(exc))
 
 
 def _print_failures(results: list[FileResult]) -> int:
@@ -215,7 +216,7 @@ def rewrite(
     raise typer.Exit(_rewrite_report(results, mode, output_format, quiet))
 
 
-def _validated_resolver(paths, resolver, entry, unsafe_fixes, run_opts):  # type: ignore[no-untyped-def]
+def _validated_resolver(paths, resolver, entry, unsafe_fixes, run_opts):
     """Validate the rewrite by running ``entry``; leave out, file by file, the rules that broke it."""
     from torchopt.validate.command import KeptResolver, check_rewrite
 
@@ -251,10 +252,10 @@ def _give_back(data: bytes | None) -> None:
 def _rewrite_stdin(resolver: Resolver, mode: Mode, name: str, fmt: str, quiet: bool, data: bytes) -> int:
     echo = data if mode is Mode.FIX else None
     settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
-    failed, src = _read_stdin(name, data)
-    if failed is not None or src is None:
+    src = _read_stdin(name, data)
+    if isinstance(src, FileResult):
         _give_back(echo)
-        return 2 if _print_failures([failed]) else 0  # type: ignore[list-item]
+        return 2 if _print_failures([src]) else 0
     try:
         with budget.time_limit(budget.FILE_SECONDS):
             res = process_text(src.text, name, settings, mode)
@@ -343,9 +344,9 @@ def check_cmd(
         paths = paths or ["."]
         if paths == ["-"]:
             name = stdin_filename or "-"
-            failed, src = _read_stdin(name)
-            if failed is not None or src is None:
-                results = [failed]
+            src = _read_stdin(name)
+            if isinstance(src, FileResult):
+                results = [src]
             else:
                 settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
                 results = [process_text(src.text, name, settings, Mode.CHECK)]

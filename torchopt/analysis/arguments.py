@@ -69,8 +69,9 @@ def set_kwarg(call: cst.Call, name: str, value: cst.BaseExpression, before: Sequ
         args[-1] = last.with_changes(comma=sep)
         args.append(new.with_changes(comma=last.comma))
     else:
-        args[-1] = last.with_changes(comma=_sep(args))
-        args.append(new)
+        # The space before `)` belongs to the last argument (`shuffle=True\n    )`): it moves to the new one.
+        args[-1] = last.with_changes(comma=_sep(args), whitespace_after_arg=cst.SimpleWhitespace(""))
+        args.append(new.with_changes(whitespace_after_arg=last.whitespace_after_arg))
     return call.with_changes(args=args)
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.analysis.names import callee
+from torchopt.analysis.names import callee, dotted, torch_name
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.syntax import walk
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
 
 SETUP_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "load_state_dict", "train",
@@ -26,6 +26,33 @@ _PARAM_METHODS = frozenset({"parameters", "named_parameters"})
 # Random ops: a compiled graph draws them with its own generator unless
 # `torch._inductor.config.fallback_random` is set.
 RANDOM_TOKENS = ("Dropout", "dropout", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "RReLU", "rrelu")
+
+
+def nn_module_classes(rule: Rule) -> frozenset[str]:
+    """Names of the file's classes that derive from a ``torch.nn`` class (``nn.Module``,
+    ``nn.Sequential``, ``nn.Linear``...), directly or through other classes of the file: the one scan
+    the step-loop map, the program model and the AMP, DDP and zero_grad rules share (once per parse)."""
+    module = rule.ctx.module
+    return remembered(("nn.Module subclasses",), module, lambda: _find_nn_module_classes(rule, module))
+
+
+def _find_nn_module_classes(rule: Rule, module: cst.Module) -> frozenset[str]:
+    classes = [n for n in walk(module, cross_scopes=True) if isinstance(n, cst.ClassDef)]
+    found: set[str] = set()
+    changed = True
+    while changed:  # a class may derive from one defined below it
+        changed = False
+        for c in classes:
+            if c.name.value in found:
+                continue
+            for b in c.bases:
+                q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
+                if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) \
+                        or dotted(b.value) in found:
+                    found.add(c.name.value)
+                    changed = True
+                    break
+    return frozenset(found)
 
 
 @dataclass
@@ -126,23 +153,23 @@ def find_models(rule: Rule, module: cst.Module) -> list[Model]:
         seen.add(key)
         body = list(suite.body)
         ids = {id(ln) for ln in lines}
-        ordered = [s for s in body if id(s) in ids]
+        ordered = [s for s in body if isinstance(s, cst.SimpleStatementLine) and id(s) in ids]
         start = body.index(ordered[0])
         end = ordered[0]
         for stmt in body[start + 1:]:
-            if id(stmt) in ids or _setup_call(stmt, ref.value):
+            if isinstance(stmt, cst.SimpleStatementLine) and (id(stmt) in ids or _setup_call(stmt, ref.value)):
                 end = stmt
                 continue
             if _mentions_outside_param_attr(stmt, ref.value):
                 break
         if any(body.index(s) > body.index(end) for s in ordered):
             continue  # rebound after it is used: not one model
-        base = strip_chain(ordered[0].body[0].value)  # type: ignore[attr-defined]
+        base = strip_chain(cst.ensure_type(ordered[0].body[0], cst.Assign).value)
         if not isinstance(base, cst.Call):
             continue
         if not calls_of(module, ref.value):
             continue  # built and returned (a factory), never run here
-        models.append(Model(ref.value, suite, ordered, end, base))  # type: ignore[arg-type]
+        models.append(Model(ref.value, suite, ordered, end, base))
     return models
 
 
@@ -150,7 +177,7 @@ def statement_of(rule: Rule, node: cst.CSTNode) -> cst.BaseStatement | None:
     cur: cst.CSTNode | None = node
     while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
         cur = rule.get_metadata(ParentProvider, cur, None)
-    return cur  # type: ignore[return-value]
+    return cur
 
 
 def calls_of(module: cst.Module, name: str) -> list[cst.Call]:

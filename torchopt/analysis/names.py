@@ -16,16 +16,14 @@ def qualified_names(rule: Rule, node: cst.CSTNode) -> set[str]:
     """Qualified names of ``node`` that come from an import (never a local called ``torch``)."""
     if not isinstance(node, (cst.Name, cst.Attribute)):
         return set()
+    root = _root(node)
+    if root is not None and root.value not in _import_bound_names(rule.ctx.module):
+        return set()  # no import binds it (`self.x`, a local): only the scope analysis could say so, at a price
     try:
         names = _qualified_names(rule, node)
     except KeyError:
         return set()
     return {q.name for q in names if q.source is QualifiedNameSource.IMPORT}
-
-
-_COMPOUND = (cst.If, cst.Else, cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally,
-             cst.FunctionDef, cst.ClassDef, cst.With, cst.For, cst.While, cst.IndentedBlock,
-             cst.SimpleStatementSuite, cst.SimpleStatementLine, cst.Module)
 
 
 def _torch_bound_names(module: cst.Module) -> frozenset[str] | None:
@@ -37,14 +35,12 @@ def _torch_bound_names(module: cst.Module) -> frozenset[str] | None:
 def _find_torch_bound_names(module: cst.Module) -> frozenset[str] | None:
     names: set[str] = set()
     star = False
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
+    for node in _import_statements(module):
         if isinstance(node, cst.Import):
             for a in node.names:
                 full = cst.helpers.get_full_name_for_node(a.name) or ""
                 if full.split(".")[0] == "torch":
-                    names.add(a.asname.name.value if a.asname else "torch")  # type: ignore[union-attr]
+                    names.add(a.evaluated_alias or "torch")
         elif isinstance(node, cst.ImportFrom):
             mod = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
             if mod and mod.split(".")[0] == "torch":
@@ -52,11 +48,57 @@ def _find_torch_bound_names(module: cst.Module) -> frozenset[str] | None:
                     star = True
                 else:
                     for a in node.names:
-                        names.add(a.asname.name.value if a.asname else a.name.value)  # type: ignore[union-attr]
-        elif isinstance(node, _COMPOUND):
-            stack.extend(node.children)
+                        names.add(a.evaluated_alias or a.evaluated_name)
     result = None if star else frozenset(names)
     return result
+
+
+def _import_bound_names(module: cst.Module) -> frozenset[str]:
+    """Every name an import statement binds anywhere in the file (a star import binds none that
+    name resolution knows of). A chain whose root is not among them has no name from an import."""
+    return remembered(("import-bound-names",), module, lambda: _find_import_bound_names(module))
+
+
+def _find_import_bound_names(module: cst.Module) -> frozenset[str]:
+    names: set[str] = set()
+    for node in _import_statements(module):
+        if isinstance(node, cst.Import):
+            for a in node.names:
+                bound: cst.BaseExpression = a.asname.name if a.asname else a.name
+                while isinstance(bound, cst.Attribute):
+                    bound = bound.value
+                if isinstance(bound, cst.Name):
+                    names.add(bound.value)
+        elif isinstance(node, cst.ImportFrom):
+            if not isinstance(node.names, cst.ImportStar):
+                for a in node.names:
+                    bound = a.asname.name if a.asname else a.name
+                    if isinstance(bound, cst.Name):
+                        names.add(bound.value)
+    return frozenset(names)
+
+
+# Fields of compound statements and their clauses that hold statements, blocks or clauses.
+_STATEMENT_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _import_statements(module: cst.Module) -> tuple[cst.Import | cst.ImportFrom, ...]:
+    """Every ``import`` / ``from ... import`` of the file, at any depth, found by visiting
+    statements only (never expressions)."""
+    found: list[cst.Import | cst.ImportFrom] = []
+    stack: list[object] = list(module.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            found.extend(s for s in node.body if isinstance(s, (cst.Import, cst.ImportFrom)))
+            continue
+        for name in _STATEMENT_FIELDS:
+            part = getattr(node, name, None)
+            if isinstance(part, (list, tuple)):
+                stack.extend(part)
+            elif part is not None:
+                stack.append(part)
+    return tuple(found)
 
 
 def _root(node: cst.CSTNode) -> cst.Name | None:
@@ -133,7 +175,7 @@ def _find_torch_ref(rule: Rule, module: cst.Module) -> TorchRef | None:
                 for alias in small.names:
                     dotted = cst.helpers.get_full_name_for_node(alias.name)
                     if dotted == "torch":
-                        asname = alias.asname.name.value if alias.asname else "torch"  # type: ignore[union-attr]
+                        asname = alias.evaluated_alias or "torch"
                         if ref is None:
                             ref = TorchRef(asname)
                     if (alias.asname is None and dotted and dotted.split(".")[0] == "torch"):
@@ -164,6 +206,35 @@ def is_import_of_torch(assignment: object) -> bool:
     if isinstance(node, cst.Import):
         return any((cst.helpers.get_full_name_for_node(a.name) or "").split(".")[0] == "torch" for a in node.names)
     return False
+
+
+def plainly_assigned(rule: Rule, name: cst.Name) -> bool:
+    """Whether some ``name = ...`` or ``name: T = ...`` anywhere in the file binds this spelling: when
+    none does, ``reaching_values`` can only give definitions we cannot see through, and callers that
+    treat those as unknown can skip the scope analysis of the whole file."""
+    module = rule.ctx.module
+    return name.value in remembered(("assigned-names",), module, lambda: _find_assigned_names(module))
+
+
+def _find_assigned_names(module: cst.Module) -> frozenset[str]:
+    names: set[str] = set()
+    stack: list[object] = list(module.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            for small in node.body:
+                if isinstance(small, cst.Assign):
+                    names.update(t.target.value for t in small.targets if isinstance(t.target, cst.Name))
+                elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                    names.add(small.target.value)
+            continue
+        for field_name in _STATEMENT_FIELDS:
+            part = getattr(node, field_name, None)
+            if isinstance(part, (list, tuple)):
+                stack.extend(part)
+            elif part is not None:
+                stack.append(part)
+    return frozenset(names)
 
 
 def reaching_values(rule: Rule, name: cst.Name) -> list[cst.BaseExpression | None] | None:
@@ -232,7 +303,7 @@ def is_tensor_name(rule: Rule, name: cst.Name) -> bool:
     results of torch functions that return tensors (through method chains such as ``.float()``)."""
     if param_annotation(rule, name) in ("torch.Tensor", "Tensor"):
         return True
-    values = reaching_values(rule, name)
+    values = reaching_values(rule, name) if plainly_assigned(rule, name) else None
     if not values:
         return False
     for v in values:

@@ -61,7 +61,7 @@ def group_sets(expr: cst.BaseExpression, keys: set[str]) -> bool:
     for node in walk(expr, cross_scopes=True):
         if isinstance(node, cst.Dict):
             for el in node.elements:
-                if isinstance(el, cst.StarredDictElement) or string_value(el.key) in keys:
+                if not isinstance(el, cst.DictElement) or string_value(el.key) in keys:
                     return True
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "dict":
             if any(a.star or (a.keyword is not None and a.keyword.value in keys) for a in node.args):
@@ -180,7 +180,7 @@ def _region(rule: Rule, node: cst.CSTNode, owner: str) -> cst.CSTNode:
 def owner_name(owner: cst.BaseExpression) -> str | None:
     """``model.encoder`` for ``model.encoder``; ``net`` for ``net[0]`` or ``net[0].head`` (moving the
     container moves its items); None for anything else."""
-    chain = []
+    chain: list[str] = []
     node: cst.BaseExpression = owner
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         if isinstance(node, cst.Subscript):

@@ -50,9 +50,10 @@ import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
 from torchopt.analysis.names import callee, dotted, torch_name
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import classify_device, matches_device_name
-from torchopt.rewrite.metadata import ParentProvider, remembered
+from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
 
 KINDS = ("model", "optimizer", "scheduler", "loader", "loss", "device", "scaler")
@@ -106,7 +107,7 @@ class Role:
 @dataclass
 class Step:
     kind: str  # "training" | "evaluation"
-    loop: cst.CSTNode = field(repr=False)
+    loop: cst.For | cst.While = field(repr=False)
     function: Function | None  # the function holding the loop (None: module level)
     body_function: Function | None = None  # the function of the file the loop calls that runs the step
     backward: cst.Call | None = field(default=None, repr=False)
@@ -137,6 +138,11 @@ class Program:
         self._fn_of_node: dict[int, Function] = {}
         self._attr_binds: dict[tuple[str, str], list[tuple[cst.CSTNode, cst.BaseExpression]]] = {}
         self._instances: dict[int, str] = {}
+        # What each function returns (a role kind, or None: unknown), and the functions being worked
+        # out right now: a recursive `unwrap(m)` would otherwise be re-entered once per `return`, at
+        # every depth (exponential in the number of returns).
+        self._returns: dict[int, str | None] = {}
+        self._returns_pending: set[int] = set()
         self._collect_defs()
         self._collect_attrs()
         self._collect_edges()
@@ -146,25 +152,14 @@ class Program:
         self._note_unknowns()
 
     # ----------------------------------------------------------------- structure
-    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.rule.get_metadata(ParentProvider, node, None)
 
     def _collect_defs(self) -> None:
         for n in self.nodes:
             if isinstance(n, cst.ClassDef):
                 self.classes.setdefault(n.name.value, n)
-        changed = True
-        while changed:
-            changed = False
-            for name, c in self.classes.items():
-                if name in self.module_classes:
-                    continue
-                for b in c.bases:
-                    q = torch_name(self.rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
-                    if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) \
-                            or dotted(b.value) in self.module_classes:
-                        self.module_classes.add(name)
-                        changed = True
+        self.module_classes = set(nn_module_classes(self.rule))
         for n in self.nodes:
             if isinstance(n, cst.FunctionDef):
                 self._add_function(n)
@@ -193,7 +188,7 @@ class Program:
         self.functions.setdefault(qual, f)
         self._fn_of_node[id(fn)] = self.functions[qual]
 
-    def function_of(self, node: cst.CSTNode) -> Function | None:
+    def function_of(self, node: cst.CSTNode | None) -> Function | None:
         """The innermost function of the file that holds ``node`` (None at module level)."""
         cur: cst.CSTNode | None = node if isinstance(node, cst.FunctionDef) else self.parent(node)
         while cur is not None:
@@ -291,9 +286,9 @@ class Program:
             return []
         return list(scope[name.value])
 
-    def _bound_value(self, a: object) -> cst.BaseExpression | None:
-        node = getattr(a, "node", None)
-        if not isinstance(a, Assignment) or node is None:
+    def _bound_value(self, assignment: object) -> cst.BaseExpression | None:
+        node = getattr(assignment, "node", None)
+        if not isinstance(assignment, Assignment) or node is None:
             return None
         parent = self.parent(node)
         if isinstance(parent, cst.Element):
@@ -325,7 +320,7 @@ class Program:
         rets = [r.value for r in walk(fn.node.body) if isinstance(r, cst.Return)]
         if not rets or not all(isinstance(r, cst.Tuple) and len(r.elements) == len(tup.elements) for r in rets):
             return None
-        return rets[0].elements[index].value  # type: ignore[union-attr]
+        return cst.ensure_type(rets[0], cst.Tuple).elements[index].value  # (all of them are tuples)
 
     def _kind_of_value(self, value: cst.BaseExpression | None, at: cst.CSTNode, depth: int) -> str | None:
         role = self._role_of_value(value, at, depth)
@@ -342,8 +337,8 @@ class Program:
             other = self._role_of_value(value.orelse, at, depth + 1)
             if body is not None and other is not None and body.kind == other.kind:
                 return Role(body.kind, value)
-            if {type(value.body), type(value.orelse)} & {cst.Integer} and (body or other) is not None \
-                    and (body or other).kind == "device":  # type: ignore[union-attr]
+            if {type(value.body), type(value.orelse)} & {cst.Integer} and (either := body or other) is not None \
+                    and either.kind == "device":
                 return Role("device", value)  # `0 if cuda else "cpu"`: a GPU index or a device
             return None
         if isinstance(value, cst.IfExp) or isinstance(value, cst.Integer):
@@ -379,12 +374,27 @@ class Program:
         return None
 
     def _returned_role(self, fn: Function, call: cst.Call, depth: int) -> Role | None:
-        """``pick_device()``: what a function of the file returns, when every ``return`` agrees."""
-        rets = [r.value for r in walk(fn.node.body) if isinstance(r, cst.Return)]
-        roles = [self._role_of_value(r, r, depth + 1) if r is not None else None for r in rets]
-        if not roles or any(r is None for r in roles) or len({r.kind for r in roles if r}) != 1:
+        """``pick_device()``: what a function of the file returns, when every ``return`` agrees. A
+        function that returns a call of itself is unknown: never a guess."""
+        key = id(fn.node)
+        if key in self._returns_pending:
             return None
-        return Role(roles[0].kind, call)  # type: ignore[union-attr]
+        if key not in self._returns:
+            self._returns_pending.add(key)
+            try:
+                rets = [r.value for r in walk(fn.node.body) if isinstance(r, cst.Return)]
+                kind = None
+                for r in rets:
+                    role = self._role_of_value(r, r, depth + 1) if r is not None else None
+                    if role is None or (kind is not None and role.kind != kind):
+                        kind = None
+                        break
+                    kind = role.kind
+            finally:
+                self._returns_pending.discard(key)
+            self._returns[key] = kind
+        kind = self._returns[key]
+        return Role(kind, call) if kind is not None else None
 
     def role_of(self, expr: cst.BaseExpression, at: cst.CSTNode | None = None) -> Role | None:
         """What ``expr`` holds where it is read (``at`` defaults to ``expr`` itself)."""
@@ -416,7 +426,7 @@ class Program:
                 role = self._param_role(node, depth)
             else:
                 value = self._bound_value(a)
-                role = self._role_of_value(value, node, depth + 1) if value is not None else None
+                role = self._role_of_value(value, node, depth + 1) if value is not None and node is not None else None
                 if role is not None and role.binding is None:
                     role = Role(role.kind, role.origin, self._statement(node), role.path)
             if role is None:
@@ -459,7 +469,7 @@ class Program:
 
     def attribute_bindings(self, cls: str, attr: str) -> list[cst.CSTNode]:
         """The statements ``self.attr = ...`` in the methods of the file's class ``cls``, in source order."""
-        return [self._statement(stmt) for stmt, _ in self._attr_binds.get((cls, attr), [])]  # type: ignore[misc]
+        return [s for stmt, _ in self._attr_binds.get((cls, attr), []) if (s := self._statement(stmt)) is not None]
 
     def _statement(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         cur = node
@@ -505,7 +515,9 @@ class Program:
         return None
 
     def _moved_to(self, call: cst.Call, region: cst.CSTNode) -> cst.BaseExpression | None:
-        meth = call.func.attr.value  # type: ignore[union-attr]
+        if not isinstance(call.func, cst.Attribute):
+            return None
+        meth = call.func.attr.value
         if meth not in ("to", "cuda"):
             return None
         args = [a for a in call.args if not a.star and (a.keyword is None or a.keyword.value == "device")]
@@ -679,7 +691,7 @@ def _calls_outside_loops(body: cst.CSTNode):
         cur = stack.pop()
         if isinstance(cur, cst.Call):
             yield cur
-        for child in reversed(cur.children):
+        for child in reversed(children_of(cur)):  # not `children`: LibCST rebuilds that list per call
             if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.For, cst.While)):
                 continue
             stack.append(child)

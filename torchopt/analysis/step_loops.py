@@ -13,21 +13,26 @@ The analysis is computed once per module and shared by every SYNC and MEM rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, cast
 
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
 from torchopt.analysis.names import (
-    dotted, NOT_TENSOR, TENSOR_NAMESPACES, callee, param_annotation, reaching_values, torch_name
+    dotted, NOT_TENSOR, TENSOR_NAMESPACES, callee, param_annotation, plainly_assigned, reaching_values
 )
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
-from torchopt.rewrite.metadata import ParentProvider, remembered
+from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
 from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
 
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 LOOPS = (cst.For, cst.While)
+_LOOP_TYPES = frozenset(LOOPS)
+# The node types the whole-file scans of HotMap read; every other node is skipped by its exact type.
+_COLLECTED_TYPES = frozenset((*LOOPS, cst.FunctionDef, cst.ClassDef, cst.ImportFrom, cst.Assign, cst.AnnAssign,
+                              cst.Call))
 # Tensor methods whose result is again a tensor (a conservative list for the strict analysis).
 TENSOR_METHODS = {
     "mean", "sum", "float", "double", "half", "bfloat16", "detach", "clone", "to", "cuda", "cpu", "view",
@@ -49,7 +54,7 @@ def calls_in(node: cst.CSTNode, into_loops: bool = True) -> Iterable[cst.Call]:
         cur = stack.pop()
         if isinstance(cur, cst.Call):
             yield cur
-        for child in reversed(cur.children):
+        for child in reversed(children_of(cur)):  # LibCST's `children` rebuilds the list on every call
             if isinstance(child, SCOPES):
                 continue
             if not into_loops and isinstance(child, LOOPS):
@@ -64,12 +69,20 @@ def is_backward(c: cst.Call) -> bool:
     return d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HotLoop:
-    node: cst.CSTNode = field(repr=False, compare=False)
+    """One step loop (one object per loop, so equal only to itself)."""
+
+    node: cst.For | cst.While = field(repr=False)
     kind: str  # "training" (it runs a backward pass) | "forward-pass" (it calls a model, no backward:
     # evaluation, inference, or a per-sample loop in a loss such as a matcher)
-    line: int
+    hot: "HotMap" = field(repr=False)
+
+    @property
+    def line(self) -> int:
+        """Asked only for a message: positions cost a code generation of the whole file, which a
+        file whose step loops hold nothing to report never needs."""
+        return self.hot.line(self.node)
 
     @property
     def text(self) -> str:
@@ -112,15 +125,19 @@ class HotMap:
             return self  # no metadata computed: most files end here
         self._collect(module)
         for n in walk(module, True):
-            if isinstance(n, LOOPS) and not (isinstance(n, cst.For) and n.asynchronous is not None):
-                ev = self._loop_events(n)
+            # Exact types (parsed trees hold no subclasses): a negative isinstance on a LibCST class
+            # goes through ABCMeta, and these loops visit every node of the file.
+            if type(n) in _LOOP_TYPES and not (type(n) is cst.For and n.asynchronous is not None):
+                node = cast("cst.For | cst.While", n)  # (the exact-type test above)
+                ev = self._loop_events(node)
                 if ev:
                     kind = "training" if "backward" in ev else "forward-pass"
-                    self.step_loops[id(n)] = HotLoop(n, kind, self.line(n))
-        for loop in sorted(self.step_loops.values(), key=lambda h: h.line):
-            self._spread(loop.node.body, loop, set())  # type: ignore[attr-defined]
+                    self.step_loops[id(n)] = HotLoop(node, kind, self)
+        for loop in self.step_loops.values():  # found in pre-order: by position in the file
+            self._spread(loop.node.body, loop, set())
             if isinstance(loop.node, cst.For):
-                target, it = loop.node.target, loop.node.iter
+                target: cst.BaseExpression = loop.node.target
+                it = loop.node.iter
                 if isinstance(it, cst.Call) and isinstance(it.func, cst.Name):
                     if it.func.value in ("range", "len"):
                         continue
@@ -134,13 +151,17 @@ class HotMap:
         """A cheap over-approximation without metadata: some loop calls ``.backward`` or something
         that may be a module (a name bound to ``SomeClass(...)``, a conventional model name), directly
         or through a function of the file."""
-        loops, funcs = [], {}
+        loops: list[cst.For | cst.While] = []
+        funcs: dict[str, cst.FunctionDef] = {}
         maybe_modules: set[str] = set()
         built: list[tuple[str, cst.Assign]] = []  # (callee's last name, assignment)
         class_aliases: set[str] = set()  # `from torch.nn import Linear as lin`: `lin` is a class too
         for n in walk(module, True):
-            if isinstance(n, LOOPS):
-                loops.append(n)
+            kind = type(n)
+            if kind not in _COLLECTED_TYPES:
+                continue
+            if kind in _LOOP_TYPES:
+                loops.append(cast("cst.For | cst.While", n))
             elif isinstance(n, cst.FunctionDef):
                 funcs.setdefault(n.name.value, n)
             elif isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar):
@@ -189,17 +210,18 @@ class HotMap:
                             return True
             return False
 
-        return any(hit(loop.body, 0) for loop in loops)  # type: ignore[attr-defined]
+        return any(hit(loop.body, 0) for loop in loops)
 
     def line(self, node: cst.CSTNode) -> int:
         return self.rule.get_metadata(PositionProvider, node).start.line
 
-    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+    def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.rule.get_metadata(ParentProvider, node, None)
 
     def _collect(self, module: cst.Module) -> None:
         rule = self.rule
-        classes = [n for n in walk(module, True) if isinstance(n, cst.ClassDef)]
+        nodes = [n for n in walk(module, True) if type(n) in _COLLECTED_TYPES]
+        classes = [n for n in nodes if type(n) is cst.ClassDef]
         for c in classes:
             ms: dict[str, cst.FunctionDef] = {}
             if isinstance(c.body, cst.IndentedBlock):
@@ -208,23 +230,11 @@ class HotMap:
                         ms[s.name.value] = s
                         self.method_class[id(s)] = c.name.value
             self.methods[c.name.value] = ms
-        changed = True
-        while changed:
-            changed = False
-            for c in classes:
-                if c.name.value in self.module_classes:
-                    continue
-                for b in c.bases:
-                    q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
-                    if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) or \
-                            dotted(b.value) in self.module_classes:
-                        self.module_classes.add(c.name.value)
-                        changed = True
-                        break
-        for n in walk(module, True):
+        self.module_classes = set(nn_module_classes(rule))
+        for n in nodes:
             if isinstance(n, cst.FunctionDef) and id(n) not in self.method_class:
                 self.functions.setdefault(n.name.value, n)
-        for n in walk(module, True):
+        for n in nodes:
             if isinstance(n, cst.Assign) and len(n.targets) == 1:
                 self._assignment(n, n.targets[0].target, n.value)
             elif isinstance(n, cst.AnnAssign) and n.value is not None:
@@ -246,6 +256,9 @@ class HotMap:
             base = base.func.value
         if not isinstance(base, cst.Call):
             return
+        if isinstance(base.func, cst.Attribute) and not (
+                base.func.attr.value[:1].isupper() or base.func.attr.value == "compile"):
+            return  # neither an nn class nor torch.compile: skip resolving the name (scope analysis)
         if isinstance(base.func, cst.Name) and base.func.value in self.methods:
             cls = base.func.value
             if d.startswith("self."):
@@ -316,7 +329,7 @@ class HotMap:
             if recv == "self" and cls:
                 owner = cls
             elif recv in self.instance_class:
-                owner = self.instance_class[recv]  # type: ignore[index]
+                owner = self.instance_class[recv]
             elif recv and recv.startswith("self.") and cls and (cls, recv[5:]) in self.attr_class:
                 owner = self.attr_class[(cls, recv[5:])]
             if owner is not None:
@@ -346,9 +359,9 @@ class HotMap:
                 ev |= self._fn_events(fn, seen)
         return ev
 
-    def _loop_events(self, loop: cst.CSTNode) -> set[str]:
+    def _loop_events(self, loop: cst.For | cst.While) -> set[str]:
         cls = self._enclosing_class(loop)
-        return self._body_events(loop.body, cls, set())  # type: ignore[attr-defined]
+        return self._body_events(loop.body, cls, set())
 
     def _spread(self, body: cst.CSTNode, loop: HotLoop, seen: set[int], cls: str | None = None) -> None:
         if cls is None:
@@ -446,8 +459,8 @@ class Tensors:
         if isinstance(expr, cst.BinaryOperation) and isinstance(
                 expr.operator, (cst.Add, cst.Subtract, cst.Multiply)):
             return self.number(expr.left, depth) and self.number(expr.right, depth)
-        if isinstance(expr, cst.Name) and depth < 3:
-            values = reaching_values(self.rule, expr)
+        if isinstance(expr, cst.Name) and depth < 3 and plainly_assigned(self.rule, expr):
+            values = reaching_values(self.rule, expr) or []
             return bool(values) and all(v is not None and self.number(v, depth + 1) for v in values)
         return False
 

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import libcst as cst
 
-from torchopt.analysis.names import callee, reaching_values, torch_name
+from torchopt.analysis.names import callee, plainly_assigned, reaching_values, torch_name
 from torchopt.rewrite.rule import Rule
 
 DTYPES = {
@@ -42,7 +42,7 @@ def dtype_of(rule: Rule, expr: cst.BaseExpression | None, depth: int = 0) -> str
     name = torch_name(rule, expr)
     if name and name.startswith("torch."):
         return DTYPES.get(name[len("torch."):])
-    if isinstance(expr, cst.Name) and depth < 3:
+    if isinstance(expr, cst.Name) and depth < 3 and plainly_assigned(rule, expr):
         values = reaching_values(rule, expr)
         if values:
             kinds = {dtype_of(rule, v, depth + 1) if v is not None else None for v in values}
@@ -118,7 +118,7 @@ def classify_device(rule: Rule, expr: cst.BaseExpression | None, depth: int = 0)
             return Device(DeviceKind.CONVENTION)
         return Device(DeviceKind.UNKNOWN)
     if isinstance(expr, cst.Name):
-        values = reaching_values(rule, expr) if depth < 4 else None
+        values = reaching_values(rule, expr) if depth < 4 and plainly_assigned(rule, expr) else None
         conventional = matches_device_name(expr.value, rule.ctx.device_names)
         if values:
             kinds = [classify_device(rule, v, depth + 1) if v is not None else None for v in values]

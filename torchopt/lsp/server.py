@@ -87,7 +87,8 @@ class ClientOptions:
 
     @classmethod
     def parse(cls, raw: Any) -> tuple["ClientOptions", list[str]]:
-        opts, problems = cls(), []
+        opts = cls()
+        problems: list[str] = []
         if not isinstance(raw, dict):
             return opts, problems
         raw = raw.get("torchopt", raw) if isinstance(raw.get("torchopt"), dict) else raw
@@ -156,7 +157,7 @@ class TorchoptProtocol(LanguageServerProtocol):
     error, an invalid request or invalid params as the JSON-RPC error response), and nothing a
     client sends stops the server from reading the next message."""
 
-    def __init__(self, server, converter) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, server, converter) -> None:
         super().__init__(server, converter)
         self.shutdown_requested = False
 
@@ -235,7 +236,7 @@ class TorchoptServer(LanguageServer):
 
     # transport ----------------------------------------------------------------------------------
 
-    def start_io(self, stdin=None, stdout=None) -> int:  # type: ignore[no-untyped-def, override]
+    def start_io(self, stdin=None, stdout=None) -> int:
         """Serve on stdio until `exit` (or the end of input) and return the exit code: 0 after
         `shutdown`, 1 for `exit` without it (pygls's own loop swallows that code)."""
         reader = StdinAsyncReader(stdin or sys.stdin.buffer, self.thread_pool)
@@ -254,7 +255,8 @@ class TorchoptServer(LanguageServer):
         return 0
 
     async def serve(self, reader: StdinAsyncReader) -> None:
-        protocol: TorchoptProtocol = self.protocol  # type: ignore[assignment]
+        protocol = self.protocol
+        assert isinstance(protocol, TorchoptProtocol)  # (__init__ passes it as protocol_cls)
         async for frame in read_frames(reader):
             if isinstance(frame, FrameError):
                 protocol.send_error(None, JsonRpcParseError.CODE, f"Parse error: {frame.reason}")
@@ -445,7 +447,7 @@ def compute_edit(path: str, text: str, data: dict, settings: Settings) -> tuple[
     try:
         if op == "fix":
             code, line, column = data["code"], data["line"], data["column"]
-            hits = []
+            hits: list[Diagnostic] = []
 
             def only(d: Diagnostic) -> bool:  # this one diagnostic, in the first pass only
                 ok = not hits and d.code == code and d.line == line and d.column == column
@@ -623,9 +625,9 @@ def create_server() -> TorchoptServer:
                     title = d.fix.title or f"Fix {d.code}"
                     if d.fix.safety == "unsafe":
                         title += f" (unsafe: {d.fix.changes() or 'changes behaviour'})"
-                    data = {**base, "op": "fix", "code": d.code, "line": d.line, "column": d.column}
+                    fix_data = {**base, "op": "fix", "code": d.code, "line": d.line, "column": d.column}
                     actions.append((lsp.CodeAction(title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[ld],
-                                                   is_preferred=d.fix.safety == "safe"), data))
+                                                   is_preferred=d.fix.safety == "safe"), fix_data))
                 if (d.code, d.line) not in ignored:
                     ignored.add((d.code, d.line))
                     edit = ignore_edit(text, d.code, (d.line - 1, d.end_line - 1))

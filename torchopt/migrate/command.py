@@ -46,7 +46,7 @@ def exit_code(results: Sequence[RepoResult], commit: bool) -> int:
     return EXIT_OK
 
 
-def _progress(total: int):  # type: ignore[no-untyped-def]
+def _progress(total: int):
     if total < 2 or not sys.stderr.isatty():
         return None, lambda res: None
     from rich.console import Console
@@ -60,7 +60,7 @@ def _progress(total: int):  # type: ignore[no-untyped-def]
 
 
 def run_command(repos: Sequence[str], repos_file: Optional[str], out: str, branch: str, commit: bool,
-                validate: Optional[str], steps: int, select, ignore, unsafe_fixes: Optional[bool],  # type: ignore[no-untyped-def]
+                validate: Optional[str], steps: int, select, ignore, unsafe_fixes: Optional[bool],
                 jobs: Optional[int], resume: bool, allow_dirty: bool, executor: str,
                 ray_address: Optional[str], quiet: bool) -> int:
     try:

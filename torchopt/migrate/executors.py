@@ -37,7 +37,7 @@ def run_local(tasks: Sequence[RepoTask], jobs: int | None, on_result: ResultCall
             on_result(res)
 
 
-def import_ray():  # type: ignore[no-untyped-def]
+def import_ray():
     try:
         import ray
     except ImportError as exc:

@@ -74,7 +74,7 @@ def git(repo: str, *args: str, check: bool = True, input: bytes | None = None,
     return proc
 
 
-def out(repo: str, *args: str, **kw) -> str:  # type: ignore[no-untyped-def]
+def out(repo: str, *args: str, **kw) -> str:
     return git(repo, *args, **kw).stdout.decode("utf-8", "surrogateescape").strip()
 
 
@@ -197,12 +197,13 @@ def read_blobs(repo: str, shas: Sequence[str]) -> Iterator[bytes]:
     proc = subprocess.Popen(_command(repo, ["cat-file", "--batch"]), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env())
     assert proc.stdin is not None and proc.stdout is not None
+    stdin = proc.stdin
 
     def feed() -> None:
         try:
             for sha in shas:
-                proc.stdin.write(sha.encode() + b"\n")  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
+                stdin.write(sha.encode() + b"\n")
+            stdin.close()
         except OSError:
             pass
 

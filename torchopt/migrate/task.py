@@ -245,7 +245,7 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
         res.branch, res.commit = task.options.branch, sha
 
 
-def _fix_text(path: str, rel: str, src: source.SourceText, s: Settings, keep: set[str] | None):  # type: ignore[no-untyped-def]
+def _fix_text(path: str, rel: str, src: source.SourceText, s: Settings, keep: set[str] | None):
     """The engine's pure fix on one file's text: (fixed text, applied, remaining) or a failure reason."""
     from torchopt.rewrite.engine import FixError, ParseError, fix_source
 
@@ -261,11 +261,11 @@ def _fix_text(path: str, rel: str, src: source.SourceText, s: Settings, keep: se
     return fixed.text, fixed.applied, fixed.remaining
 
 
-def _fix_chunk(items: list) -> list:  # type: ignore[type-arg]
+def _fix_chunk(items: list) -> list:
     return [_fix_text(*item) for item in items]
 
 
-def _fix_all(items: list, jobs: int) -> list:  # type: ignore[type-arg]
+def _fix_all(items: list, jobs: int) -> list:
     """Fix every file, in a process pool over files when ``jobs`` > 1 (one big repository)."""
     if jobs <= 1 or len(items) < 8:
         return _fix_chunk(items)
@@ -277,7 +277,7 @@ def _fix_all(items: list, jobs: int) -> list:  # type: ignore[type-arg]
         return [r for part in pool.map(_fix_chunk, chunks) for r in part]
 
 
-def _record(rel: str, src: source.SourceText, outcome, res: RepoResult) -> bytes | None:  # type: ignore[no-untyped-def]
+def _record(rel: str, src: source.SourceText, outcome, res: RepoResult) -> bytes | None:
     """Count one file's fixes into ``res``; returns its new bytes (None: unchanged or failed)."""
     if isinstance(outcome, str):
         res.file_failures.append([rel, outcome])

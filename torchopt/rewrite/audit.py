@@ -12,6 +12,7 @@ from typing import Iterable
 
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import ParseError, _run_rules, parse
+from torchopt.rewrite.facts import analysing
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import Rule
 
@@ -46,19 +47,20 @@ def audit(texts: Iterable[tuple[str, str]], codes: Iterable[str] | None = None,
     chosen = [rules[c] for c in (sorted(codes) if codes is not None else sorted(rules))]
     out = {r.code: RuleAudit(r.code) for r in chosen}
     for name, text in texts:
-        try:
-            found = unfiltered_codes(text, chosen, settings, name)
-        except ParseError:
-            continue
-        lines = text.count("\n")
-        for r in chosen:
-            a = out[r.code]
-            ok = r.could_match(text)
-            if ok:
-                a.passed += 1
-                a.passed_lines += lines
-            if r.code in found:
-                a.found += 1
-                if not ok:
-                    a.hidden.append(name)
+        with analysing(text):  # the rules and their prefilters share the text's SourceFacts
+            try:
+                found = unfiltered_codes(text, chosen, settings, name)
+            except ParseError:
+                continue
+            lines = text.count("\n")
+            for r in chosen:
+                rule_audit = out[r.code]
+                ok = r.could_match(text)
+                if ok:
+                    rule_audit.passed += 1
+                    rule_audit.passed_lines += lines
+                if r.code in found:
+                    rule_audit.found += 1
+                    if not ok:
+                        rule_audit.hidden.append(name)
     return out

@@ -204,7 +204,7 @@ def time_limit(seconds: float, deferred: Callable[[], bool] | None = None) -> It
         yield
         return
 
-    def ring(signum, frame):  # type: ignore[no-untyped-def]
+    def ring(signum, frame):
         if deferred is not None and deferred():
             return
         raise TimeBudgetExceeded(seconds)

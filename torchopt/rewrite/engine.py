@@ -14,9 +14,9 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from torchopt.rewrite import budget, pyast, suppress
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.metadata import children_memo, module_source
+from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.registry import all_rules
-from torchopt.rewrite.rule import TAG_MEANING, Finding, Rule, RuleContext, Safety
+from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
 
 MAX_PASSES = 8
 
@@ -94,12 +94,10 @@ def active_rules(codes: Iterable[str], text: str | None = None) -> list[type[Rul
     ``prefilter``/``requires`` substrings or an override); all of them when ``text`` is None.
     A file no rule could match is never parsed by LibCST (only syntax-checked by CPython)."""
     rules = all_rules()
-    out = []
-    for code in sorted(codes):
-        rule = rules[code]
-        if text is None or rule.could_match(text):
-            out.append(rule)
-    return out
+    if text is None:
+        return [rules[code] for code in sorted(codes)]
+    with analysing(text):  # every rule's test reads the same SourceFacts (one CPython parse)
+        return [rules[code] for code in sorted(codes) if rules[code].could_match(text)]
 
 
 def syntax_check(text: str) -> None:
@@ -135,18 +133,20 @@ class _Pass:
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
                text: str) -> _Pass:
-    with children_memo(), module_source(module, text):
-        return _run_rules_memo(module, rules, settings, path, text)
+    with analysing(text, module) as facts:
+        return _run_rules_on(facts, module, rules, settings, path)
 
 
-def _run_rules_memo(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
-                    text: str) -> _Pass:
+def _run_rules_on(facts: SourceFacts, module: cst.Module, rules: list[type[Rule]], settings: Settings,
+                  path: str) -> _Pass:
+    text = facts.text
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     findings: list[Finding] = []
     visitors = []
     for rule in rules:
         ctx = RuleContext(module=module, options=settings.options_for(rule.code),
-                          device_names=settings.device_names, path=path, findings=findings, text=text)
+                          device_names=settings.device_names, path=path, findings=findings, text=text,
+                          facts=facts)
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)
@@ -176,11 +176,12 @@ def check_source(text: str, settings: Settings, path: str = "<stdin>",
                  codes: Iterable[str] | None = None) -> CheckResult:
     """Every diagnostic (fixable or not) for ``text``."""
     codes = settings.enabled_codes(path) if codes is None else codes
-    rules = active_rules(codes, text)
-    if not rules:
-        syntax_check(text)
-        return CheckResult([])
-    p = _run_rules(parse(text), rules, settings, path, text)
+    with analysing(text):  # the prefilters, the syntax check and the rules share one SourceFacts
+        rules = active_rules(codes, text)
+        if not rules:
+            syntax_check(text)
+            return CheckResult([])
+        p = _run_rules(parse(text), rules, settings, path, text)
     return CheckResult([d for _, d in p.findings])
 
 
@@ -189,14 +190,14 @@ def _applicable(diag: Diagnostic, unsafe: bool) -> bool:
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, replacements: dict[int, cst.CSTNode]) -> None:
+    def __init__(self, replacements: dict[int, Replacement]) -> None:
         super().__init__()
         self.replacements = replacements
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         return id(node) not in self.replacements
 
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+    def on_leave(self, original_node, updated_node):
         return self.replacements.get(id(original_node), updated_node)
 
 
@@ -215,14 +216,14 @@ def _choose(p: _Pass, unsafe: bool,
     return [(f, d) for f, d, _ in chosen]
 
 
-def _overlap(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
-    a0, a1 = (a[0], a[1]), (a[2], a[3])
-    b0, b1 = (b[0], b[1]), (b[2], b[3])
-    return a0 < b1 and b0 < a1
+def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) -> bool:
+    start, end = (span[0], span[1]), (span[2], span[3])
+    other_start, other_end = (other[0], other[1]), (other[2], other[3])
+    return start < other_end and other_start < end
 
 
 def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.Module:
-    repl = {id(f.target or f.node): f.replacement for f, _ in chosen}
+    repl = {id(f.target or f.node): f.replacement for f, _ in chosen if f.replacement is not None}
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:
@@ -259,13 +260,14 @@ def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: boo
     current = text
     module: cst.Module | None = None
     for n in range(MAX_PASSES + 1):
-        rules = active_rules(codes, current)
-        if not rules:
-            if n == 0:
-                syntax_check(current)
-            break
-        module = module or parse(current)
-        p = _run_rules(module, rules, settings, path, current)
+        with analysing(current):  # each pass's text has its own SourceFacts
+            rules = active_rules(codes, current)
+            if not rules:
+                if n == 0:
+                    syntax_check(current)
+                break
+            module = module or parse(current)
+            p = _run_rules(module, rules, settings, path, current)
         chosen = _choose(p, unsafe, only) if n < MAX_PASSES else []
         if not chosen:
             result.remaining = [d for _, d in p.findings]

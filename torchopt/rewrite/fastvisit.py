@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 from operator import attrgetter
-from typing import Any, MutableMapping
+from typing import Any, Callable, MutableMapping
 from weakref import WeakKeyDictionary
 
 import libcst as cst
@@ -46,7 +46,7 @@ def _kind(t: type) -> int:
     return k
 
 
-def _fields(cls: type) -> tuple[str, ...]:
+def _fields(cls: type[cst.CSTNode]) -> tuple[str, ...]:
     names = _FIELDS.get(cls)
     if names is None:
         names = _FIELDS[cls] = tuple(cls.__dataclass_fields__)
@@ -111,8 +111,9 @@ def _ORIGINAL_VISIT_CHILDREN(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None
 _GETTERS: dict[type, Any] = {}
 
 
-def _getter(cls: type) -> Any:
+def _getter(cls: type[cst.CSTNode]) -> Any:
     fields = _fields(cls)
+    get: Callable[[cst.CSTNode], tuple[Any, ...]]
     if len(fields) == 1:
         only = attrgetter(fields[0])
         get = _GETTERS[cls] = lambda node: (only(node),)
@@ -128,7 +129,7 @@ _CLASS_PLAN: dict[type, tuple[str, ...] | None] = {}
 _BRANCH = re.compile(r"\b(?:if|for|while|try|match)\b")
 
 
-def _uniform(cls: type) -> bool:
+def _uniform(cls: type[cst.CSTNode]) -> bool:
     """Whether ``cls._visit_and_replace_children`` is straight-line code: then it visits the same
     fields in the same order for every node of the class (LibCST's ``visit_optional`` and friends
     call the attribute callbacks even for an absent value), and one plan serves the class."""
@@ -285,7 +286,7 @@ def _walk_batched(node: cst.CSTNode, visitor: _BatchedCSTVisitor, table: dict) -
         after(node)
 
 
-def _batched_entry(visitor: _BatchedCSTVisitor, cls: type) -> tuple:
+def _batched_entry(visitor: _BatchedCSTVisitor, cls: type[cst.CSTNode]) -> tuple:
     methods = visitor.visitor_methods
     name = cls.__name__
     attrs: dict[tuple[str, str], list] = {}

@@ -24,6 +24,7 @@ from typing import Iterable
 
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, active_rules, check_source, parse, _run_rules
+from torchopt.rewrite.facts import analysing
 from torchopt.rewrite.registry import all_rules
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -98,7 +99,7 @@ def _cut(body: list[ast.stmt], lines: list[str], lo: int, hi: int, first_at_lo: 
         first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())]) + lo
         if starts and first <= starts[-1][0]:
             starts[-1][1].append(stmt)  # `a = 1; b = 2` on one line
-        elif starts and starts[-1][1][-1].end_lineno + lo >= first:  # type: ignore[operator]
+        elif starts and (starts[-1][1][-1].end_lineno or 0) + lo >= first:  # (ast.parse always sets it)
             starts[-1][1].append(stmt)  # a statement ending on the line the next one starts
         else:
             starts.append((first, [stmt]))
@@ -347,7 +348,7 @@ class IncrementalChecker:
         base = (self._settings[2], path)
         out: list[Diagnostic] = []
         if file_codes and active_rules(file_codes, text):
-            key = base + ("file", file_codes, text)
+            key: tuple = base + ("file", file_codes, text)
             hit = self._memo.get(key)
             if hit is None:
                 self.last_whole = True
@@ -378,7 +379,8 @@ class IncrementalChecker:
 
 
 def _check_part(text: str, settings: Settings, path: str, codes: frozenset[str]) -> list[Diagnostic]:
-    rules = active_rules(codes, text)
-    if not rules:
-        return []
-    return [d for _, d in _run_rules(parse(text), rules, settings, path, text).findings]
+    with analysing(text):  # the prefilters and the rules share the text's SourceFacts
+        rules = active_rules(codes, text)
+        if not rules:
+            return []
+        return [d for _, d in _run_rules(parse(text), rules, settings, path, text).findings]

@@ -122,7 +122,7 @@ def reset_after_run() -> None:
     _this.stop = None
 
 
-def init_worker(parent_pid: int, memory: int, then: Callable[[], None] | None = None) -> None:
+def init_worker(parent_pid: int, memory: int, then: Callable[[], object] | None = None) -> None:
     """Initializer of a pool worker: die with the parent, leave Ctrl-C to it, stop on SIGTERM,
     and bound the memory one file may take."""
     _this.worker, _this.parent_pid, _this.stop = True, parent_pid, None

@@ -9,13 +9,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
-from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
 import libcst as cst
 from libcst.metadata import BaseMetadataProvider, QualifiedName, ScopeProvider
 
 from torchopt.rewrite import pyast
+from torchopt.rewrite.facts import SourceFacts, current_facts
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
@@ -48,7 +48,7 @@ def unordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
 # is fixed per class and per set of non-empty fields, so it is learned once from the slow property and
 # then read straight from the fields. Anything it cannot learn exactly falls back to the slow path.
 # Rules walk through ``children_of`` (LibCST's ``children`` itself is left as it is).
-_SLOW_CHILDREN = cst.CSTNode.children.fget  # type: ignore[attr-defined]
+_SLOW_CHILDREN = cst.CSTNode.children.fget  # type: ignore[attr-defined]  # mypy reads a property on a class as its value
 _ORDER: dict[tuple[type, tuple[str, ...]], tuple[str, ...] | None] = {}
 
 
@@ -63,47 +63,29 @@ def _kind(t: type) -> int:
 
 
 # While the engine analyses one file, children are also remembered per node (rules walk the same
-# subtrees many times). Keyed by id (CSTNode.__hash__ is a Python call); each entry holds its node, so
-# a hit is checked to be that node, and the memo is dropped afterwards.
-_MEMO: dict | None = None  # id -> (node, children); (kind..., id) -> (node, value): see remembered
+# subtrees many times), in the file's SourceFacts (torchopt/rewrite/facts.py), dropped afterwards.
 T = TypeVar("T")
-
-
-@contextmanager
-def children_memo() -> Iterator[None]:
-    global _MEMO
-    outer = _MEMO
-    if outer is None:
-        _MEMO = {}
-    try:
-        yield
-    finally:
-        if outer is None:
-            _MEMO = None
 
 
 def children_of(node: cst.CSTNode) -> tuple[cst.CSTNode, ...] | list[cst.CSTNode]:
     """``node.children`` for reading only (not copied when remembered)."""
-    memo = _MEMO
-    if memo is not None:
-        hit = memo.get(id(node))
-        if hit is None or hit[0] is not node:
-            hit = memo[id(node)] = (node, tuple(_ordered_children(node)))
-        return hit[1]
-    return _ordered_children(node)
+    facts = current_facts()
+    if facts is None or facts.module is None:
+        return _ordered_children(node)
+    memo = facts.children
+    hit = memo.get(id(node))
+    if hit is None or hit[0] is not node:
+        hit = memo[id(node)] = (node, tuple(_ordered_children(node)))
+    return hit[1]
 
 
 def remembered(kind: tuple, node: cst.CSTNode, make: Callable[[], T]) -> T:
-    """``make()``, remembered for ``node`` while the engine analyses a file (computed each time
-    outside an analysis). The entry holds its node, so a reused id is never answered from it."""
-    memo = _MEMO
-    if memo is None:
+    """``make()``, remembered for ``node`` while the engine analyses its file (computed each time
+    outside an analysis): kept in that file's SourceFacts, so it never outlives the file."""
+    facts = current_facts()
+    if facts is None or facts.module is None:
         return make()
-    key = kind + (id(node),)
-    hit = memo.get(key)  # type: ignore[call-overload]
-    if hit is None or hit[0] is not node:
-        hit = memo[key] = (node, make())  # type: ignore[index]
-    return hit[1]
+    return facts.about_node(kind, node, make)
 
 
 def ordered_children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -158,13 +140,13 @@ def _learn(node: cst.CSTNode, present: list[str], slow: list[cst.CSTNode]) -> tu
         return None
     order: list[str] = []
     for child in slow:
-        name = owner.get(id(child))
-        if name is None:
+        field_name = owner.get(id(child))
+        if field_name is None:
             return None
-        if not order or order[-1] != name:
-            if name in order:
+        if not order or order[-1] != field_name:
+            if field_name in order:
                 return None  # a field visited in two runs: not a plain field order
-            order.append(name)
+            order.append(field_name)
     return tuple(order) if set(order) == set(present) else None
 
 
@@ -189,22 +171,6 @@ class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
 # small module made of just those imports followed by every dotted name of the file rooted there.
 # Anything else (other bindings, star imports, uses before the import, text the engine did not
 # register) goes to the full analysis. tests/test_fast_names.py compares the two node by node.
-
-_SOURCE: list = [None, None, None, None]  # (module, text, table, ids in imports) of the module analysed
-
-
-@contextmanager
-def module_source(module: cst.Module, text: str) -> Iterator[None]:
-    """Tell the fast path the text ``module`` was parsed from (the engine does, per pass)."""
-    old = list(_SOURCE)
-    _SOURCE[:] = [module, text, None, None]
-    try:
-        yield
-    finally:
-        _SOURCE[:] = old
-
-
-
 
 def _in_imports(module: cst.Module) -> set[int]:
     """ids of the nodes inside import statements: a walk over statements only (expressions are not
@@ -337,7 +303,8 @@ def _resolve_small(head: str, names: list[str]) -> dict[str, frozenset]:
     scopes = wrapper.resolve(ScopeProvider)
     out = {}
     for stmt, name in zip(module.body[-len(names):], names):
-        expr = stmt.body[0].value  # type: ignore[attr-defined]
+        assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)  # a dotted name
+        expr = stmt.body[0].value
         scope = scopes.get(expr)
         out[name] = frozenset(scope.get_qualified_names_for(expr)) if scope is not None else frozenset()
     return out
@@ -346,40 +313,47 @@ def _resolve_small(head: str, names: list[str]) -> dict[str, frozenset]:
 def fast_qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> frozenset | None:
     """The qualified names of an attribute chain (``torch.nn.Linear``) whose root only module-level
     imports bind; None: ask the scope analysis."""
-    module, text = _SOURCE[0], _SOURCE[1]
-    if module is None or text is None or os.environ.get("TORCHOPT_SLOW_NAMES") == "1":
+    facts = _facts_of(visitor)
+    if facts is None or facts.module is None or os.environ.get("TORCHOPT_SLOW_NAMES") == "1":
         return None
     wrapper = getattr(visitor, "_wrapper", None)
-    if wrapper is None or wrapper.module is not module or ScopeProvider in getattr(wrapper, "_metadata", ()):
+    if wrapper is None or wrapper.module is not facts.module or ScopeProvider in getattr(wrapper, "_metadata", ()):
         return None  # (once a rule has paid for the full analysis, it answers)
     if not isinstance(node, cst.Attribute):
         return None  # a bare Name may be an attribute's or a keyword's own name: not an access
     parts = []
-    cur = node
+    cur: cst.BaseExpression = node
     while isinstance(cur, cst.Attribute):
         parts.append(cur.attr.value)
         cur = cur.value
     if not isinstance(cur, cst.Name):
         return None
     parts.append(cur.value)
-    table = _SOURCE[2]
-    if table is None:
-        try:
-            table = _import_table(text)
-        except Exception:  # anything unexpected: the full analysis answers
-            table = None
-        _SOURCE[2] = table = table if table is not None else {}
+    table = facts.derived("import-only names", lambda: _safe_import_table(facts.text))
     by_name = _answers(table, cur.value)
     if by_name is None:
         return None
     answer = by_name.get(".".join(reversed(parts)))
     if answer is None:
         return None
-    if _SOURCE[3] is None:
-        _SOURCE[3] = _in_imports(module)
-    if id(node) in _SOURCE[3]:
+    module = facts.module
+    if id(node) in facts.about_node(("nodes in imports",), module, lambda: _in_imports(module)):
         return None  # a name inside an import statement is not an access
     return answer
+
+
+def _facts_of(visitor: cst.MetadataDependent) -> SourceFacts | None:
+    """The facts of the file a rule is visiting (its context's), else the engine's current ones."""
+    facts = getattr(getattr(visitor, "ctx", None), "facts", None)
+    return facts if facts is not None else current_facts()
+
+
+def _safe_import_table(text: str) -> dict:
+    try:
+        table = _import_table(text)
+    except Exception:  # anything unexpected: the full analysis answers
+        table = None
+    return table if table is not None else {}
 
 
 def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[QualifiedName]:

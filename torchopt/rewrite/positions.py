@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
@@ -59,8 +59,11 @@ class _State(CodegenState):
         if key not in self.table:  # a syntactic position recorded already wins
             self.table[key] = (node, start[0], start[1], self.line, self.column)
 
-    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None,
-                                  end_node: cst.CSTNode | None = None) -> "_Syntactic":
+    # LibCST types this hook as returning its own generator-based context manager; its callers only
+    # enter and exit what it returns, which _Syntactic does without a generator.
+    def record_syntactic_position(  # type: ignore[override]  # a context manager all the same (above)
+        self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None, end_node: cst.CSTNode | None = None
+    ) -> "_Syntactic":
         return _Syntactic(self, node, start_node, end_node)
 
 
@@ -76,7 +79,7 @@ class _Syntactic:
     def __enter__(self) -> None:
         self.start = (self.state.line, self.state.column)
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         st = self.state
         table = st.table
         if self.start_node is not None:
@@ -129,7 +132,7 @@ class Ranges(Mapping):
         return len(self._table)
 
 
-def fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, CodeRange]:
+def fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, Any]:
     if type(self) is not PositionProvider:  # a subclass may compute something else
         return _ORIGINAL_GEN(self, wrapper)
     table: dict[int, tuple] = {}

@@ -1,23 +1,17 @@
 """CPython's AST of the text being processed, parsed once per text: the rules' cheap prefilters
-(torchopt/analysis/precheck) and the engine's syntax check of files no rule needs share it."""
+(torchopt/analysis/precheck) and the engine's syntax check of files no rule needs share it through
+the text's ``SourceFacts`` (torchopt/rewrite/facts.py)."""
 from __future__ import annotations
 
 import ast
 
-_MEMO: list = [None, None]  # (text, tree or the exception): the last text asked about
+from torchopt.rewrite.facts import facts_for
 
 
 def parse(text: str) -> ast.Module | BaseException:
     """The module's AST, or the exception ``ast.parse`` raised (SyntaxError, ValueError for NUL
     bytes, RecursionError/MemoryError for pathological nesting)."""
-    if _MEMO[0] is text:
-        return _MEMO[1]
-    try:
-        tree: ast.Module | BaseException = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
-        tree = exc
-    _MEMO[0], _MEMO[1] = text, tree
-    return tree
+    return facts_for(text).python_ast
 
 
 def tree(text: str) -> ast.Module | None:

@@ -5,15 +5,17 @@ The engine knows this protocol and nothing about any particular rule.
 from __future__ import annotations
 
 import enum
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 import libcst as cst
 from libcst._metadata_dependent import _UNDEFINED_DEFAULT
-from libcst.metadata import MetadataWrapper
+from libcst.metadata import BaseMetadataProvider, MetadataWrapper
 from libcst.metadata import PositionProvider, ScopeProvider
 
+from torchopt.rewrite.facts import SourceFacts, analysing, current_facts
 from torchopt.rewrite.metadata import ParentProvider
 
 
@@ -92,6 +94,11 @@ class ImportSpec:
     asname: str | None = None
 
 
+# What a fix puts in place of its node: a node, several statements, or nothing (a removed statement),
+# exactly what a LibCST transformer's leave method may return.
+Replacement = cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
+
+
 @dataclass
 class Finding:
     """One report of one rule on one node, kept in memory during a pass (holds CST nodes)."""
@@ -100,7 +107,7 @@ class Finding:
     node: cst.CSTNode
     message: str
     fix_title: str | None = None
-    replacement: cst.CSTNode | None = None
+    replacement: Replacement | None = None
     target: cst.CSTNode | None = None  # node the replacement stands in for (default: node)
     safety: Safety = Safety.DISPLAY
     tags: tuple[Tag, ...] = ()
@@ -119,10 +126,15 @@ class RuleContext:
     findings: list[Finding] = field(default_factory=list)
     # The source the module was parsed from: cheaper than `module.code`, which regenerates it.
     text: str = ""
+    # What is known about this text (CPython's parse, shared walks): one object per text, made by the
+    # engine and shared by every rule of the pass; a context made on its own gets its own.
+    facts: SourceFacts = None  # type: ignore[assignment]  # never None once made: __post_init__ fills it in
 
     def __post_init__(self) -> None:
         if not self.text:
             self.text = self.module.code
+        if self.facts is None:
+            self.facts = SourceFacts(self.text, self.module)
 
 
 class Rule(cst.BatchableCSTVisitor):
@@ -152,6 +164,14 @@ class Rule(cst.BatchableCSTVisitor):
     locality: ClassVar[str] = "component"
 
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
+    # Filled provider by provider on demand (get_metadata below), so a dict rather than LibCST's Mapping.
+    metadata: dict[type[BaseMetadataProvider[object]], Mapping[cst.CSTNode, object]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_test = cls.__dict__.get("could_match")
+        if isinstance(own_test, classmethod):
+            setattr(cls, "could_match", classmethod(_with_source_facts(own_test.__func__)))  # replaces the class's own
 
     def __init__(self, ctx: RuleContext) -> None:
         super().__init__()
@@ -171,7 +191,7 @@ class Rule(cst.BatchableCSTVisitor):
             self.metadata = {}
             self._wrapper = None
 
-    def get_metadata(self, key, node, default=_UNDEFINED_DEFAULT):  # type: ignore[override]
+    def get_metadata(self, key, node, default=_UNDEFINED_DEFAULT):
         if key not in self.metadata:
             if key not in self.get_inherited_dependencies():
                 raise KeyError(f"{key.__name__} is not declared in {type(self).__name__}.METADATA_DEPENDENCIES")
@@ -200,7 +220,7 @@ class Rule(cst.BatchableCSTVisitor):
         *,
         fmt: Mapping[str, str] | None = None,
         message: str | None = None,
-        replacement: cst.CSTNode | None = None,
+        replacement: Replacement | None = None,
         target: cst.CSTNode | None = None,
         safety: Safety | None = None,
         tags: Sequence[Tag] = (),
@@ -247,3 +267,19 @@ class Rule(cst.BatchableCSTVisitor):
             if line and not line.startswith("#"):
                 return line
         return cls.message
+
+
+def _with_source_facts(text_test: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
+    """A rule's ``could_match`` reads several facts of one CPython parse of the text and matches their
+    nodes by identity; called on its own (an audit, a test), it gets a SourceFacts for the text for
+    the length of the call. Inside the engine's analysis of that text, it uses the engine's."""
+
+    @functools.wraps(text_test)
+    def could_match(cls: Any, text: str) -> bool:
+        current = current_facts()
+        if current is not None and current.text is text:
+            return text_test(cls, text)
+        with analysing(text):
+            return text_test(cls, text)
+
+    return could_match

@@ -77,9 +77,9 @@ def render(rule: type[Rule]) -> str:
             lines += [how, "", _fence(e.after)]
         else:
             lines += ["(no automatic fix)", ""]
-    for e in valid:
-        note = f" {e.note}" if e.note else ""
-        lines += [f"Not flagged.{note}", "", _fence(e.src)]
+    for example in valid:
+        note = f" {example.note}" if example.note else ""
+        lines += [f"Not flagged.{note}", "", _fence(example.src)]
     lines += ["Suppress on one line with `# noqa: " + rule.code + "` or `# torchopt: ignore[" + rule.code + "]`.", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -116,7 +116,7 @@ def installed() -> tuple[str, ...]:
     return tuple(_UNDO)
 
 
-def worker_initializer() -> Callable[[], None] | None:
+def worker_initializer() -> Callable[[], object] | None:
     """For a process pool: what gives its workers the fast paths this process has (a worker started
     by spawn or forkserver does not inherit them); None when there are none."""
     return functools.partial(install, installed()) if _UNDO else None

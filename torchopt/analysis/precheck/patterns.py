@@ -20,8 +20,7 @@ from torchopt.analysis.precheck.tree import (
     ast_tree,
     nodes_of,
 )
-
-_STEP_LOOP_MEMO: list = [None, True]  # (text, answer): the rules of one file ask in a row
+from torchopt.rewrite.facts import facts_for
 
 
 def _step_loops_possible(index: dict[type, list]) -> bool:
@@ -88,8 +87,8 @@ def _step_loops_possible(index: dict[type, list]) -> bool:
                 hot.add(name)
                 changed = True
     for loop in loops:
-        direct, refs = scan(loop.body)
-        if direct or refs & hot:
+        hits, refs = scan(loop.body)
+        if hits or refs & hot:
             return True
     return False
 
@@ -98,15 +97,14 @@ def may_have_step_loops(text: str) -> bool:
     """Cheap necessary condition for ``sync._hot.HotMap.step_loops`` to be non-empty: the same
     over-approximation as ``HotMap._may_have_step_loops``, on CPython's ``ast`` (no LibCST parse).
     True when the text does not parse (the engine reports that)."""
-    if _STEP_LOOP_MEMO[0] is text:
-        return _STEP_LOOP_MEMO[1]
     if "for" not in text and "while" not in text:
-        answer = False
-    else:
-        index = ast_index(text)
-        answer = True if index is None else _step_loops_possible(index)
-    _STEP_LOOP_MEMO[0], _STEP_LOOP_MEMO[1] = text, answer
-    return answer
+        return False
+    return facts_for(text).derived("step loops possible", lambda: _step_loops_possible_in(text))
+
+
+def _step_loops_possible_in(text: str) -> bool:
+    index = ast_index(text)
+    return True if index is None else _step_loops_possible(index)
 
 
 def _ast_loop_under_context(tree: _ast.AST) -> bool:
@@ -147,7 +145,7 @@ def loop_under_context(text: str) -> bool:
                for i in w.items) and not any(f.decorator_list for f in
                                               nodes_of(index, _ast.FunctionDef, _ast.AsyncFunctionDef)):
         return False  # neither a `with <call>:` nor a decorator anywhere
-    return _ast_loop_under_context(ast_tree(text))  # type: ignore[arg-type]
+    return _ast_loop_under_context(tree) if (tree := ast_tree(text)) is not None else True
 
 
 def module_level_with(text: str) -> bool:
@@ -275,7 +273,8 @@ def embedding_and_head_in_init(text: str) -> bool:
         for init in cls.body:
             if not (isinstance(init, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and init.name == "__init__"):
                 continue
-            vocab, outs = set(), set()
+            vocab: set[str] = set()
+            outs: set[str] = set()
             for n in _ast.walk(init):
                 if isinstance(n, _ast.Call):
                     last = _ast_last_name(n.func)

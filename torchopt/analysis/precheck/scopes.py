@@ -4,16 +4,17 @@ from __future__ import annotations
 import ast as _ast
 
 from torchopt.analysis.precheck.tree import AST_SCOPES, ast_index, ast_tree, nodes_of
-
-_LOOP_CALLS_MEMO: list = [None, None]
+from torchopt.rewrite.facts import facts_for
 
 
 def ast_loop_calls(text: str) -> list[tuple[_ast.Call, _ast.AST]] | None:
     """(call, innermost loop) for every call in the body of a ``for``/``while`` loop of its own
     function (what ``in_loop`` finds: not crossing a function, class or lambda; a loop's ``else``,
     iterable and condition belong to the enclosing loop). None when the text does not parse."""
-    if _LOOP_CALLS_MEMO[0] is text:
-        return _LOOP_CALLS_MEMO[1]
+    return facts_for(text).derived("calls in loops", lambda: _loop_calls(text))
+
+
+def _loop_calls(text: str) -> list[tuple[_ast.Call, _ast.AST]] | None:
     index = ast_index(text)
     out: list[tuple[_ast.Call, _ast.AST]] | None = None
     if index is not None:
@@ -31,7 +32,6 @@ def ast_loop_calls(text: str) -> list[tuple[_ast.Call, _ast.AST]] | None:
                     if not isinstance(child, AST_SCOPES):
                         stack.append(child)
         out = list(found.values())
-    _LOOP_CALLS_MEMO[0], _LOOP_CALLS_MEMO[1] = text, out
     return out
 
 
@@ -40,11 +40,11 @@ _AST_SCOPE_TYPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda, _ast.C
 
 
 def _ast_pos(n: _ast.AST) -> tuple[int, int]:
-    return (n.lineno, n.col_offset)  # type: ignore[attr-defined]
+    return (n.lineno, n.col_offset)  # type: ignore[attr-defined]  # typeshed: positions are per node kind
 
 
 def _ast_end(n: _ast.AST) -> tuple[int, int]:
-    return (n.end_lineno, n.end_col_offset)  # type: ignore[attr-defined]
+    return (n.end_lineno, n.end_col_offset)  # type: ignore[attr-defined]  # typeshed: positions are per node kind
 
 
 def _ast_inside(node: _ast.AST, outer: _ast.AST) -> bool:
@@ -70,7 +70,7 @@ def ast_scope_chain(text: str, node: _ast.AST) -> list[_ast.AST] | None:
         elif isinstance(scope, _ast.Lambda):
             if not _ast_inside(node, scope.body):
                 continue
-        elif _ast_inside(node, scope.generators[0].iter):  # type: ignore[attr-defined]
+        elif _ast_inside(node, scope.generators[0].iter):
             continue
         chain.append(scope)
     chain.sort(key=lambda n: (_ast_pos(n), tuple(-x for x in _ast_end(n))), reverse=True)
@@ -100,6 +100,7 @@ def ast_reaching_values(text: str, name: _ast.Name) -> list | None:
 
 def _ast_scope_values(scope: _ast.AST, name: str):
     params: list = []
+    stack: list[_ast.AST]
     if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
         a = scope.args
         params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name]
@@ -107,12 +108,12 @@ def _ast_scope_values(scope: _ast.AST, name: str):
     elif isinstance(scope, _ast.ClassDef):
         stack = list(scope.body)
     elif isinstance(scope, (_ast.ListComp, _ast.SetComp, _ast.GeneratorExp, _ast.DictComp)):
-        stack = [g.target for g in scope.generators] + [x for g in scope.generators for x in g.ifs]
+        stack = [*[g.target for g in scope.generators], *[x for g in scope.generators for x in g.ifs]]
     else:
-        stack = list(scope.body) if isinstance(getattr(scope, "body", None), list) else []
+        stack = list(body) if isinstance(body := getattr(scope, "body", None), list) else []
     out: list = [None] * len(params)
     parent_of: dict[int, _ast.AST] = {}
-    nested = [x for x in stack if isinstance(x, _AST_SCOPE_TYPES)]
+    nested: list[_ast.AST] = [x for x in stack if isinstance(x, _AST_SCOPE_TYPES)]
     stack = [x for x in stack if not isinstance(x, _AST_SCOPE_TYPES)]
     for child in nested:  # a def or class directly in the scope binds its name here
         if isinstance(child, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)):

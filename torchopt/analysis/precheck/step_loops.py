@@ -11,6 +11,7 @@ from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES
 from torchopt.analysis.precheck.tree import ast_dotted
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
+from torchopt.rewrite.facts import facts_for
 
 
 _AFUNCS = (_ast.FunctionDef, _ast.AsyncFunctionDef)
@@ -51,14 +52,14 @@ class _Region:
         self.calls: list = []  # the interesting calls whose innermost region this is
 
 
-def _span(node: _ast.AST) -> tuple[tuple, tuple]:
+def _span(node: _ast.stmt) -> tuple[tuple, tuple]:
     start = (node.lineno, node.col_offset)
     for d in getattr(node, "decorator_list", ()):
         start = min(start, (d.lineno, d.col_offset - 1))
     return start, (node.end_lineno, node.end_col_offset)
 
 
-def _pos(node: _ast.AST) -> tuple:
+def _pos(node: _ast.stmt | _ast.expr) -> tuple:
     return (node.lineno, node.col_offset)
 
 
@@ -214,12 +215,12 @@ class AstHot:
 
     def region(self, node: _ast.AST) -> _Region | None:
         """The innermost def, class or loop body holding ``node`` (None: the module level)."""
-        p = (node.lineno, node.col_offset)
+        p = (node.lineno, node.col_offset)  # type: ignore[attr-defined]  # typeshed: positions are per node kind
         i = bisect_right(self._starts, p) - 1
         if i < 0:
             return None
         r: _Region | None = self.regions[i]
-        end = (getattr(node, "end_lineno", None) or node.lineno, getattr(node, "end_col_offset", None) or 0)
+        end = (getattr(node, "end_lineno", None) or node.lineno, getattr(node, "end_col_offset", None) or 0)  # type: ignore[attr-defined]  # typeshed: positions are per node kind
         while r is not None and not (r.start <= p and end <= r.end):
             r = r.parent
         if r is not None and r.node is node:
@@ -268,7 +269,7 @@ class AstHot:
     def enclosing_class(r: _Region | None) -> str | None:
         while r is not None and r.kind != "class":
             r = r.parent
-        return r.node.name if r is not None else None  # type: ignore[attr-defined]
+        return r.node.name if r is not None and isinstance(r.node, _ast.ClassDef) else None  # (a class region's node)
 
     @staticmethod
     def scope_of(r: _Region | None) -> _Region | None:
@@ -314,11 +315,11 @@ class AstHot:
         while changed:
             changed = False
             for fn in defs:
-                cur = ev[id(fn)]
+                known = ev[id(fn)]
                 for g in direct(self.region_of[id(fn)])[1]:
-                    extra = ev.get(id(g), set()) - cur
+                    extra = ev.get(id(g), set()) - known
                     if extra:
-                        cur |= extra
+                        known |= extra
                         changed = True
         for loop in self.loops:
             e, fns = direct(self.region_of[id(loop)])
@@ -335,7 +336,7 @@ class AstHot:
         by_scope: dict[int, list] = {}
         by_loop: dict[int, list] = {}
         for c, r in interesting:
-            cur = r
+            cur: _Region | None = r
             while cur is not None and cur.kind == "loop":
                 by_loop.setdefault(id(cur.node), []).append(c)
                 cur = cur.parent
@@ -476,7 +477,7 @@ class AstHot:
         return bool(returns) and all(r.value is not None and self.maybe_tensor(r.value, fn, depth + 1, pending)
                                      for r in returns)
 
-    def bindings(self, name: str, own) -> tuple[object, list] | None:
+    def bindings(self, name: str, own) -> tuple[_ast.AST | None, list] | None:
         """(scope, bindings) of ``name`` seen from def ``own`` (None: the module): the innermost def
         around that binds it, else the module; None when nothing binds it."""
         scope = own
@@ -529,7 +530,7 @@ class AstHot:
                     elif isinstance(t, (_ast.Tuple, _ast.List)):
                         same = isinstance(s.value, (_ast.Tuple, _ast.List)) and len(s.value.elts) == len(t.elts)
                         for i, el in enumerate(t.elts):
-                            v = s.value.elts[i] if same else None
+                            v = s.value.elts[i] if same and isinstance(s.value, (_ast.Tuple, _ast.List)) else None
                             if isinstance(el, _ast.Name) and v is not None and not isinstance(v, _ast.Starred):
                                 add(el.id, "value", v)
                             else:
@@ -561,9 +562,9 @@ class AstHot:
             elif isinstance(s, _ast.Match):
                 for case in s.cases:
                     for n in _ast.walk(case.pattern):
-                        nm = getattr(n, "name", None) or getattr(n, "rest", None)
-                        if isinstance(nm, str):
-                            add(nm, "other")
+                        bound = getattr(n, "name", None) or getattr(n, "rest", None)
+                        if isinstance(bound, str):
+                            add(bound, "other")
                     stack += case.body
             for attr in _STMT_LISTS:
                 sub = getattr(s, attr, None)
@@ -622,28 +623,23 @@ class AstHot:
 UNPARSED = object()  # ast_hot's answer for a text CPython cannot parse (a prefilter says True)
 
 
-_AST_HOT_MEMO: list = [None, None]
-
-
 def ast_hot(text: str):
-    """The AstHot of ``text`` (memoised for the last text); None when HotMap cannot find a step loop
-    in it; ``UNPARSED`` when CPython cannot parse it."""
-    if _AST_HOT_MEMO[0] is text:
-        return _AST_HOT_MEMO[1]
+    """The AstHot of ``text`` (once per text, in its SourceFacts); None when HotMap cannot find a step
+    loop in it; ``UNPARSED`` when CPython cannot parse it."""
+    if "for" not in text and "while" not in text:
+        return None
+    return facts_for(text).derived("ast hot", lambda: _ast_hot(text))
+
+
+def _ast_hot(text: str):
     from torchopt.analysis.precheck.torch_imports import torch_import_map
     from torchopt.analysis.precheck.tree import ast_index, ast_tree
 
-    result = None
-    if "for" in text or "while" in text:
-        tree = ast_tree(text)
-        if tree is None:
-            result = UNPARSED
-        else:
-            hot = AstHot(tree, ast_index(text) or {}, torch_import_map(text))
-            if hot.step_loops:
-                result = hot
-    _AST_HOT_MEMO[0], _AST_HOT_MEMO[1] = text, result
-    return result
+    tree = ast_tree(text)
+    if tree is None:
+        return UNPARSED
+    hot = AstHot(tree, ast_index(text) or {}, torch_import_map(text))
+    return hot if hot.step_loops else None
 
 
 def hot_check(text: str, test) -> bool:

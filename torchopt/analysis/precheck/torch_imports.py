@@ -5,8 +5,7 @@ import ast as _ast
 from typing import Iterable
 
 from torchopt.analysis.precheck.tree import ast_index
-
-_TORCH_IMPORT_MEMO: list = [None, None]
+from torchopt.rewrite.facts import facts_for
 
 
 def torch_import_map(text: str) -> dict[str, frozenset[str]] | None:
@@ -15,8 +14,10 @@ def torch_import_map(text: str) -> dict[str, frozenset[str]] | None:
     -> torch: {torch}; ``import torch.nn as nn`` / ``from torch import nn`` -> nn: {torch.nn};
     ``from torch.optim import SGD as S`` -> S: {torch.optim.SGD}. None when the text does not parse
     or has a ``from torch... import *`` (then any name may come from torch)."""
-    if _TORCH_IMPORT_MEMO[0] is text:
-        return _TORCH_IMPORT_MEMO[1]
+    return facts_for(text).derived("torch imports", lambda: _torch_import_map(text))
+
+
+def _torch_import_map(text: str) -> dict[str, frozenset[str]] | None:
     index = ast_index(text)
     out: dict[str, set[str]] | None = None
     if index is not None:
@@ -39,9 +40,7 @@ def torch_import_map(text: str) -> dict[str, frozenset[str]] | None:
                 out.setdefault(a.asname or a.name, set()).add(f"{imp.module}.{a.name}")
             if out is None:
                 break
-    result = None if out is None else {k: frozenset(v) for k, v in out.items()}
-    _TORCH_IMPORT_MEMO[0], _TORCH_IMPORT_MEMO[1] = text, result
-    return result
+    return None if out is None else {k: frozenset(v) for k, v in out.items()}
 
 
 def ast_torch_names(imports: dict[str, frozenset[str]], expr: _ast.AST | None) -> frozenset[str]:
@@ -63,15 +62,14 @@ def ast_torch_names(imports: dict[str, frozenset[str]], expr: _ast.AST | None) -
     return frozenset(r + tail for r in roots)
 
 
-_TORCH_CALLEES_MEMO: list = [None, None]
-
-
 def torch_callees(text: str) -> frozenset[str] | None:
     """Every torch-qualified name a call's callee (a plain Name/Attribute chain) can stand for in the
     file, resolved through its imports (``torch_import_map``): a superset of what ``callee`` finds.
     None when it cannot be told (the text does not parse, or a star import from torch)."""
-    if _TORCH_CALLEES_MEMO[0] is text:
-        return _TORCH_CALLEES_MEMO[1]
+    return facts_for(text).derived("torch callees", lambda: _torch_callees(text))
+
+
+def _torch_callees(text: str) -> frozenset[str] | None:
     imports = torch_import_map(text)
     result: frozenset[str] | None = None
     if imports is not None:
@@ -85,7 +83,6 @@ def torch_callees(text: str) -> frozenset[str] | None:
                 if isinstance(root, _ast.Name) and root.id in imports:
                     names |= ast_torch_names(imports, c.func)
         result = frozenset(names)
-    _TORCH_CALLEES_MEMO[0], _TORCH_CALLEES_MEMO[1] = text, result
     return result
 
 

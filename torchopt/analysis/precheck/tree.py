@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import ast as _ast
+from collections import deque
 from typing import Iterable
 
+from torchopt.rewrite.facts import facts_for
 from torchopt.rewrite.pyast import dotted_name
 
 AST_SCOPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)
@@ -24,25 +26,41 @@ def ast_calls(stmts: list) -> Iterable[_ast.Call]:
                 stack.append(child)
 
 
-_AST_MEMO: list = [None, None]
-
-
 def ast_index(text: str) -> dict[type, list] | None:
-    """The nodes of ``ast_tree(text)`` by type (one walk, shared by the pre-checks); None when the
-    text does not parse."""
-    if _INDEX_MEMO[0] is text:
-        return _INDEX_MEMO[1]
-    tree = ast_tree(text)
-    index: dict[type, list] | None = None
-    if tree is not None:
-        index = {}
-        for n in _ast.walk(tree):
-            index.setdefault(type(n), []).append(n)
-    _INDEX_MEMO[0], _INDEX_MEMO[1] = text, index
+    """The nodes of ``ast_tree(text)`` by type (one walk per text, shared by the pre-checks through
+    the text's SourceFacts); None when the text does not parse."""
+    return facts_for(text).derived("ast index", lambda: _index(ast_tree(text)))
+
+
+def _index(tree: _ast.Module | None) -> dict[type, list] | None:
+    if tree is None:
+        return None
+    # ast.walk's order (breadth first, fields in order) without its two generators per node: on a
+    # large file the walk cost more than the parse. The shared Load/Store and operator objects under
+    # `ctx`, `op` and `ops` are left out: no pre-check looks them up, and they are a third of the nodes.
+    index: dict[type, list] = {}
+    queue: deque[_ast.AST] = deque([tree])
+    pop, push, push_all = queue.popleft, queue.append, queue.extend
+    node_type = _ast.AST
+    while queue:
+        node = pop()
+        kind = type(node)
+        found = index.get(kind)
+        if found is None:
+            found = index[kind] = []
+        found.append(node)
+        for name in node._fields:
+            if name in _SKIPPED_FIELDS:
+                continue
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                push(value)
+            elif type(value) is list:
+                push_all([v for v in value if isinstance(v, node_type)])
     return index
 
 
-_INDEX_MEMO: list = [None, None]
+_SKIPPED_FIELDS = frozenset(("ctx", "op", "ops"))
 
 
 def nodes_of(index: dict[type, list], *types: type) -> list:
@@ -53,8 +71,8 @@ def nodes_of(index: dict[type, list], *types: type) -> list:
 
 
 def ast_tree(text: str) -> _ast.Module | None:
-    """CPython's AST of ``text`` (None when it does not parse), kept for the last text asked about:
-    the rules' ``could_match`` of one file share one parse."""
+    """CPython's AST of ``text`` (None when it does not parse): the rules' ``could_match`` of one file
+    share one parse (the text's SourceFacts)."""
     from torchopt.rewrite import pyast
 
     return pyast.tree(text)

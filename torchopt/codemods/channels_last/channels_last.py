@@ -1,6 +1,8 @@
 """TOP901: convert a CNN and its 4-D input batches to ``torch.channels_last``."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import qualified_names, torch_name, torch_ref
@@ -17,37 +19,6 @@ _NOTE = ("Outputs come back channels_last (not `is_contiguous()`); values agree 
          "`.view` on them fails, so `.view(` in `forward` becomes `.reshape(`. Checkpoints are unaffected: "
          "state_dict values are equal and load into either layout. 3-D inputs cannot be converted "
          "(only `.to(...)`/`.cuda()` batch copies passed straight to the model are).")
-
-_NET = '''import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.fc = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x):
-        x = torch.relu(self.conv(x))
-        return self.fc(x.{view}(x.size(0), -1))
-
-
-'''
-_LOOP = '''torch.manual_seed(0)
-device = "cpu"
-model = Net(){cl}
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
-    images = torch.randn(4, 3, 8, 8)
-    loss = model(images.to(device{mf})).logsumexp(1).mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-'''
-_SRC = _NET.format(view="view") + _LOOP.format(cl="", mf="")
-_AFTER = _NET.format(view="reshape") + _LOOP.format(cl=".to(memory_format=torch.channels_last)",
-                                                     mf=", memory_format=torch.channels_last")
 
 
 def _is_cnn(rule: Rule, module: cst.Module, base: cst.Call) -> bool:
@@ -148,17 +119,176 @@ class ChannelsLast(Rule):
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (1, 5)
     examples = (
-        Invalid(_SRC, after=_AFTER, unsafe="tolerance", runnable=True),
-        Invalid("import torch\nimport torchvision\n\nmodel = torchvision.models.resnet18().cuda()\n"
-                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader:\n    out = model(x.cuda())\n",
-                after="import torch\nimport torchvision\n\nmodel = torchvision.models.resnet18().cuda()"
-                ".to(memory_format=torch.channels_last)\n"
-                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader:\n"
-                "    out = model(x.cuda(memory_format=torch.channels_last))\n", unsafe="tolerance"),
-        Invalid(_SRC.replace("optimizer.step()\n", "optimizer.step()\nassert images.is_contiguous()\n"),
-                note="an is_contiguous() check: display-only"),
-        Valid(_AFTER, note="already converted"),
-        Valid(_SRC.replace("nn.Conv2d(3, 8, 3, padding=1)", "nn.Linear(3, 8)"), note="no convolution"),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+                    def forward(self, x):
+                        x = torch.relu(self.conv(x))
+                        return self.fc(x.view(x.size(0), -1))
+
+
+                torch.manual_seed(0)
+                device = "cpu"
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    images = torch.randn(4, 3, 8, 8)
+                    loss = model(images.to(device)).logsumexp(1).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+                    def forward(self, x):
+                        x = torch.relu(self.conv(x))
+                        return self.fc(x.reshape(x.size(0), -1))
+
+
+                torch.manual_seed(0)
+                device = "cpu"
+                model = Net().to(memory_format=torch.channels_last)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    images = torch.randn(4, 3, 8, 8)
+                    loss = model(images.to(device, memory_format=torch.channels_last)).logsumexp(1).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torchvision
+
+                model = torchvision.models.resnet18().cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x in loader:
+                    out = model(x.cuda())
+            """),
+            after=dedent("""\
+                import torch
+                import torchvision
+
+                model = torchvision.models.resnet18().cuda().to(memory_format=torch.channels_last)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x in loader:
+                    out = model(x.cuda(memory_format=torch.channels_last))
+            """),
+            unsafe="tolerance",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+                    def forward(self, x):
+                        x = torch.relu(self.conv(x))
+                        return self.fc(x.view(x.size(0), -1))
+
+
+                torch.manual_seed(0)
+                device = "cpu"
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    images = torch.randn(4, 3, 8, 8)
+                    loss = model(images.to(device)).logsumexp(1).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                assert images.is_contiguous()
+            """),
+            note="an is_contiguous() check: display-only",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+                    def forward(self, x):
+                        x = torch.relu(self.conv(x))
+                        return self.fc(x.reshape(x.size(0), -1))
+
+
+                torch.manual_seed(0)
+                device = "cpu"
+                model = Net().to(memory_format=torch.channels_last)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    images = torch.randn(4, 3, 8, 8)
+                    loss = model(images.to(device, memory_format=torch.channels_last)).logsumexp(1).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="already converted",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.conv = nn.Linear(3, 8)
+                        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+                    def forward(self, x):
+                        x = torch.relu(self.conv(x))
+                        return self.fc(x.view(x.size(0), -1))
+
+
+                torch.manual_seed(0)
+                device = "cpu"
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    images = torch.randn(4, 3, 8, 8)
+                    loss = model(images.to(device)).logsumexp(1).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="no convolution",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -173,7 +303,7 @@ class ChannelsLast(Rule):
         converted = False
         for m in models:
             first = m.assigns[0]
-            value = first.body[0].value  # type: ignore[attr-defined]
+            value = cst.ensure_type(first.body[0], cst.Assign).value  # (a model is built by an assignment)
             if "channels_last" in node.code_for_node(value):
                 converted = blocked is None  # converted already: views left in `forward` still fail
                 continue

@@ -2,6 +2,8 @@
 and wrapped."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import callee
@@ -22,43 +24,6 @@ RNG_NOTE = (
 )
 # Debugging set-ups under which compiling makes no sense: the rule leaves those scripts alone.
 _DEBUG = ("CUDA_LAUNCH_BLOCKING", "detect_anomaly", "set_detect_anomaly")
-
-_NET = '''import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-'''
-_SRC = _NET + '''torch.manual_seed(0)
-model = Net()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
-    loss = model(torch.randn(4, 8)).square().mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-'''
-_AFTER = _SRC.replace("model = Net()\n", "model = Net()\nmodel.compile()\n")
-_DDP_SRC = '''import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-from mynets import ResNet
-
-model = ResNet().cuda()
-model = DDP(model, device_ids=[0])
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for images, labels in loader:
-    loss = model(images.cuda()).logsumexp(1).mean()
-'''
-_DDP_AFTER = _DDP_SRC.replace("device_ids=[0])\n", "device_ids=[0])\nmodel.compile()\n")
 
 
 def already_compiled(module: cst.Module, rule: Rule, name: str) -> bool:
@@ -158,25 +123,216 @@ class CompileModel(Rule):
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
     min_torch = (2, 2)
     examples = (
-        Invalid(_SRC, after=_AFTER, unsafe="tolerance",
-                note="not runnable here: inductor on a loaded CPU box compiles for minutes"),
-        Invalid(_DDP_SRC, after=_DDP_AFTER, unsafe="tolerance",
-                note="after the DDP wrap: DDPOptimizer splits the graph at bucket boundaries"),
-        Invalid(_NET + "model = Net()\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
-                "print(model(torch.randn(1, 8)))\n",
-                after=_NET + "model = Net()\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
-                "model.compile()\nprint(model(torch.randn(1, 8)))\n", unsafe="tolerance",
-                note="state_dict keys are unchanged, so the load can come before or after"),
-        Invalid("import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(8, 8), nn.ReLU())\n"
-                "opt = torch.optim.Adam(model.parameters())\nloss = model(x).sum()\n",
-                note="built-in modules only: model.compile() would compile nothing; display-only"),
-        Valid(_AFTER, note="already compiled"),
-        Valid(_SRC.replace("model = Net()\n", "model = torch.compile(Net())\n"),
-              note="torch.compile in the file: left alone"),
-        Valid("import re\n\npattern = re.compile('a+')\nmodel = make()\nopt = make_opt(model.parameters())\n",
-              note="no torch.optim optimizer"),
-        Valid("import torch\n\ndef train(model):\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
-              note="the model is a parameter: where it is built is unknown"),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    loss = model(torch.randn(4, 8)).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                model = Net()
+                model.compile()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    loss = model(torch.randn(4, 8)).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            unsafe="tolerance",
+            note="not runnable here: inductor on a loaded CPU box compiles for minutes",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                from mynets import ResNet
+
+                model = ResNet().cuda()
+                model = DDP(model, device_ids=[0])
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for images, labels in loader:
+                    loss = model(images.cuda()).logsumexp(1).mean()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                from mynets import ResNet
+
+                model = ResNet().cuda()
+                model = DDP(model, device_ids=[0])
+                model.compile()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for images, labels in loader:
+                    loss = model(images.cuda()).logsumexp(1).mean()
+            """),
+            unsafe="tolerance",
+            note="after the DDP wrap: DDPOptimizer splits the graph at bucket boundaries",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                model = Net()
+                model.load_state_dict(torch.load('w.pt'))
+                model.eval()
+                print(model(torch.randn(1, 8)))
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                model = Net()
+                model.load_state_dict(torch.load('w.pt'))
+                model.eval()
+                model.compile()
+                print(model(torch.randn(1, 8)))
+            """),
+            unsafe="tolerance",
+            note="state_dict keys are unchanged, so the load can come before or after",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+                opt = torch.optim.Adam(model.parameters())
+                loss = model(x).sum()
+            """),
+            note="built-in modules only: model.compile() would compile nothing; display-only",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                model = Net()
+                model.compile()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    loss = model(torch.randn(4, 8)).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="already compiled",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(8, 16)
+                        self.fc2 = nn.Linear(16, 2)
+
+                    def forward(self, x):
+                        return self.fc2(torch.relu(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                model = torch.compile(Net())
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for step in range(3):
+                    loss = model(torch.randn(4, 8)).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="torch.compile in the file: left alone",
+        ),
+        Valid(
+            dedent("""\
+                import re
+
+                pattern = re.compile('a+')
+                model = make()
+                opt = make_opt(model.parameters())
+            """),
+            note="no torch.optim optimizer",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def train(model):
+                    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            """),
+            note="the model is a parameter: where it is built is unknown",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -194,8 +350,8 @@ class CompileModel(Rule):
                     "`{name}` could be compiled (`{name}.compile()`), but a debugging set-up is on "
                     "(CUDA_LAUNCH_BLOCKING / anomaly detection): compile once it is off").format(name=m.name))
                 continue
-            if any((callee(self, strip_chain(a.body[0].value)) or "").endswith(".DataParallel")  # type: ignore[attr-defined]
-                   for a in m.assigns):
+            if any(isinstance(built := strip_chain(cst.ensure_type(a.body[0], cst.Assign).value), cst.Call)
+                   and (callee(self, built) or "").endswith(".DataParallel") for a in m.assigns):
                 continue  # nn.DataParallel: TOP401 converts it to DDP first; compiling DP is not supported
             root = builtin_root(self, m)
             if root is not None:

@@ -1,6 +1,8 @@
 """TOP921 `cuda-graphs-reduce-overhead`: Adds `mode="reduce-overhead"` (CUDA graphs) to an existing model compile (opt-in)."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
@@ -37,29 +39,6 @@ _KEPT_NOTE = (
 
 _RNG_NOTE = ("Random ops inside the graph draw from inductor's generator: dropout masks differ from eager "
              "ones under the same seed unless `torch._inductor.config.fallback_random = True`.")
-
-_HEAD = '''import torch
-from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.fc(x)
-
-
-model = Net()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def predict(x):
-    return model(x)
-
-
-'''
 
 
 class CudaGraphsReduceOverhead(Rule):
@@ -124,24 +103,214 @@ class CudaGraphsReduceOverhead(Rule):
         return super().could_match(text) and models_possible(text)
     min_torch = (2, 0)
     examples = (
-        Invalid(_HEAD + "model.compile()\n", after=_HEAD + 'model.compile(mode="reduce-overhead")\n',
-                unsafe="tolerance"),
-        Invalid("import torch\n\nnet = torch.compile(make_net())\nopt = torch.optim.SGD(net.parameters())\ny = net(x)\n",
-                after='import torch\n\nnet = torch.compile(make_net(), mode="reduce-overhead")\n'
-                'opt = torch.optim.SGD(net.parameters())\ny = net(x)\n', unsafe="tolerance"),
-        Valid("import torch\n\nfast_gelu = torch.compile(gelu)\n", note="a compiled function, not a model"),
-        Invalid(_HEAD.replace("nn.Linear(8, 2)", "nn.Sequential(nn.Linear(8, 2), nn.Dropout(0.1))")
-                + "model.compile()\n",
-                after=_HEAD.replace("nn.Linear(8, 2)", "nn.Sequential(nn.Linear(8, 2), nn.Dropout(0.1))")
-                + 'model.compile(mode="reduce-overhead")\n', unsafe=("tolerance", "rng"),
-                note="dropout: the masks come from inductor's generator"),
-        Invalid(_HEAD + "model.compile()\nlosses = []\nfor x in data:\n    loss = model(x).sum()\n"
-                "    losses.append(loss)\n",
-                note="a kept output would be overwritten by the next replay: display-only"),
-        Valid(_HEAD + 'model.compile(mode="max-autotune")\n', note="a mode is chosen already"),
-        Valid("import torch\n\nnet = torch.compile(make_net(), backend='eager')\n"),
-        Valid("import re\n\nrx = re.compile('a')\n"),
-        Valid("import torch\n\nnet = torch.compile(make_net(), **kw)\n", note="keywords unknown"),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile()
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile(mode="reduce-overhead")
+            """),
+            unsafe="tolerance",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                net = torch.compile(make_net())
+                opt = torch.optim.SGD(net.parameters())
+                y = net(x)
+            """),
+            after=dedent("""\
+                import torch
+
+                net = torch.compile(make_net(), mode="reduce-overhead")
+                opt = torch.optim.SGD(net.parameters())
+                y = net(x)
+            """),
+            unsafe="tolerance",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                fast_gelu = torch.compile(gelu)
+            """),
+            note="a compiled function, not a model",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Sequential(nn.Linear(8, 2), nn.Dropout(0.1))
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile()
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Sequential(nn.Linear(8, 2), nn.Dropout(0.1))
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile(mode="reduce-overhead")
+            """),
+            unsafe=('tolerance', 'rng'),
+            note="dropout: the masks come from inductor's generator",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile()
+                losses = []
+                for x in data:
+                    loss = model(x).sum()
+                    losses.append(loss)
+            """),
+            note="a kept output would be overwritten by the next replay: display-only",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(8, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                model = Net()
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+                def predict(x):
+                    return model(x)
+
+
+                model.compile(mode="max-autotune")
+            """),
+            note="a mode is chosen already",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                net = torch.compile(make_net(), backend='eager')
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import re
+
+                rx = re.compile('a')
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                net = torch.compile(make_net(), **kw)
+            """),
+            note="keywords unknown",
+        ),
     )
 
     def _compiles_model(self, call: cst.Call, models: set[str]) -> bool:

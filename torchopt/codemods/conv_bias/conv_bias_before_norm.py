@@ -209,7 +209,7 @@ class ConvBiasBeforeNorm(Rule):
             return
         for first, second in zip(args, args[1:]):
             conv = self._conv(first)
-            if conv is not None and self._cancels(conv, second):
+            if conv is not None and isinstance(second, cst.Call) and self._cancels(conv, second):
                 self._flag(conv, second, key="<index>", attr=None)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:

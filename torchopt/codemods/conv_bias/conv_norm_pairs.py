@@ -100,7 +100,9 @@ def _could_match(text: str) -> bool:
     if not convs or not norms:
         return False
 
-    def cancels(conv: _ast.Call, norm: _ast.Call) -> bool:
+    def cancels(conv: _ast.expr, norm: _ast.expr) -> bool:
+        if not (isinstance(conv, _ast.Call) and isinstance(norm, _ast.Call)):
+            return False  # (only calls are in convs and norms)
         cname, nname = convs[id(conv)], norms[id(norm)]
         if _NORMS[nname] and _NORMS[nname] != _CONVS[cname]:
             return False
@@ -119,8 +121,8 @@ def _could_match(text: str) -> bool:
         methods = {s.name: s for s in cls.body if isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef))}
         if "__init__" not in methods or "forward" not in methods:
             continue
-        built = {n.targets[0].attr: n.value for n in _ast.walk(methods["__init__"]) if isinstance(n, _ast.Assign)
-                 and len(n.targets) == 1 and _ast_self_attr(n.targets[0]) is not None}
+        built = {attr: n.value for n in _ast.walk(methods["__init__"]) if isinstance(n, _ast.Assign)
+                 and len(n.targets) == 1 and (attr := _ast_self_attr(n.targets[0])) is not None}
         cs = {k: v for k, v in built.items() if id(v) in convs}
         ns = {k: v for k, v in built.items() if id(v) in norms}
         if not any(cancels(a, b) for a in cs.values() for b in ns.values()):
@@ -236,8 +238,8 @@ def _bias_reads(rule: Rule, conv_attr: str | None) -> cst.Attribute | None:
     module = rule.ctx.module
     hit = rule.__dict__.get("_bias_attrs_memo")
     if hit is None or hit[0] is not module:  # the file's `.bias` attributes, collected once per parse
-        hit = rule._bias_attrs_memo = (module, [n for n in walk(module, cross_scopes=True)
-                                               if isinstance(n, cst.Attribute) and n.attr.value == "bias"])
+        hit = rule.__dict__["_bias_attrs_memo"] = (module, [n for n in walk(module, cross_scopes=True)
+                                                          if isinstance(n, cst.Attribute) and n.attr.value == "bias"])
     for n in hit[1]:
         parent = rule.get_metadata(ParentProvider, n, None)
         if isinstance(parent, cst.Call) and parent.func is n:

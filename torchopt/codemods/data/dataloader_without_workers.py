@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+from textwrap import dedent
 
 from libcst.metadata import ScopeProvider
 import libcst as cst
@@ -15,7 +16,7 @@ from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
 from torchopt.codemods.data.loader_arguments import (
-    AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _H, _TDS, _loader_text, _replace_arg
+    AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _loader_text, _replace_arg
 )
 from torchopt.rewrite.rule import ImportSpec
 from torchopt.rewrite.rule import Invalid
@@ -94,55 +95,159 @@ class SingleProcessLoading(LoaderRule):
 
     examples = (
         Invalid(
-            _H + _TDS + "\n\ndef main():\n    loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
-            "    return [x.sum() for x, y in loader]\n\n\nif __name__ == \"__main__\":\n    out = main()\n",
-            after=_H.replace("\n\n", "\nimport os\n\n") + _TDS + "\n\ndef main():\n"
-            "    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=min(8, os.cpu_count() or 1))\n"
-            "    return [x.sum() for x, y in loader]\n\n\nif __name__ == \"__main__\":\n    out = main()\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader = DataLoader(ds, batch_size=4, shuffle=True)
+                    return [x.sum() for x, y in loader]
+
+
+                if __name__ == "__main__":
+                    out = main()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+                import os
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=min(8, os.cpu_count() or 1))
+                    return [x.sum() for x, y in loader]
+
+
+                if __name__ == "__main__":
+                    out = main()
+            """),
             unsafe="rng",
             runnable=True,
             note="TensorDataset is map-style: only random augmentation could change",
         ),
         Invalid(
-            "import os\nfrom torch.utils.data import DataLoader\n\n\ndef make_loader(ds):\n"
-            "    return DataLoader(ds, 32, True, None, None, 0)\n",
-            after="import os\nfrom torch.utils.data import DataLoader\n\n\ndef make_loader(ds):\n"
-            "    return DataLoader(ds, 32, True, None, None, min(8, os.cpu_count() or 1))\n",
-            unsafe=("rng", "semantics"),
+            dedent("""\
+                import os
+                from torch.utils.data import DataLoader
+
+
+                def make_loader(ds):
+                    return DataLoader(ds, 32, True, None, None, 0)
+            """),
+            after=dedent("""\
+                import os
+                from torch.utils.data import DataLoader
+
+
+                def make_loader(ds):
+                    return DataLoader(ds, 32, True, None, None, min(8, os.cpu_count() or 1))
+            """),
+            unsafe=('rng', 'semantics'),
             note="positional `num_workers=0`; the dataset's type is unknown (an IterableDataset would be duplicated)",
         ),
         Invalid(
-            "import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n\n"
-            "def make_loader(ds):\n    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=0)\n",
-            after="import torch.distributed as dist\nfrom torch.utils.data import DataLoader, DistributedSampler\nimport os\n\n\n"
-            "def make_loader(ds):\n    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), "
-            "num_workers=min(8, max(1, (os.cpu_count() or 1) // int(os.environ.get(\"LOCAL_WORLD_SIZE\", \"1\")))))\n",
-            unsafe=("rng", "semantics"),
+            dedent("""\
+                import torch.distributed as dist
+                from torch.utils.data import DataLoader, DistributedSampler
+
+
+                def make_loader(ds):
+                    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=0)
+            """),
+            after=dedent("""\
+                import torch.distributed as dist
+                from torch.utils.data import DataLoader, DistributedSampler
+                import os
+
+
+                def make_loader(ds):
+                    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=min(8, max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+            """),
+            unsafe=('rng', 'semantics'),
             note="one process per GPU: the CPUs are shared by the local ranks",
         ),
         Invalid(
-            _H + "class Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
-            "        return iter(range(8))\n\n\ndef main():\n    loader = DataLoader(Stream(), batch_size=2)\n"
-            "    return list(loader)\n\n\nif __name__ == \"__main__\":\n    main()\n",
-            after=None,
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                class Stream(torch.utils.data.IterableDataset):
+                    def __iter__(self):
+                        return iter(range(8))
+
+
+                def main():
+                    loader = DataLoader(Stream(), batch_size=2)
+                    return list(loader)
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
             note="an IterableDataset that does not shard: every worker would yield all 8 items",
         ),
         Invalid(
-            _H + _TDS + "loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: b)\n",
-            after=None,
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+                loader = DataLoader(ds, batch_size=4, collate_fn=lambda b: b)
+            """),
             note="no main guard and a lambda collate_fn: reported, not fixed",
         ),
         Invalid(
-            _H + "def make(x, y, device):\n    ds = TensorDataset(x.to(device), y.to(device))\n"
-            "    return DataLoader(ds, batch_size=4)\n",
-            after=None,
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                def make(x, y, device):
+                    ds = TensorDataset(x.to(device), y.to(device))
+                    return DataLoader(ds, batch_size=4)
+            """),
             note="device tensors in the dataset: CUDA cannot be used in forked workers",
         ),
-        Valid(_H + "def make(ds, args):\n    return DataLoader(ds, batch_size=4, num_workers=args.workers)\n"),
-        Valid(_H + "def make(ds, **kw):\n    return DataLoader(ds, batch_size=4, **kw)\n",
-              note="`**kw` may carry num_workers"),
-        Valid(_H + _TDS + "loader = DataLoader(ds, batch_size=4, num_workers=2)\n", runnable=True),
-        Valid("from mylib import DataLoader\n\nloader = DataLoader(ds)\n"),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                def make(ds, args):
+                    return DataLoader(ds, batch_size=4, num_workers=args.workers)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                def make(ds, **kw):
+                    return DataLoader(ds, batch_size=4, **kw)
+            """),
+            note="`**kw` may carry num_workers",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+                loader = DataLoader(ds, batch_size=4, num_workers=2)
+            """),
+            runnable=True,
+        ),
+        Valid(
+            dedent("""\
+                from mylib import DataLoader
+
+                loader = DataLoader(ds)
+            """),
+        ),
     )
 
     def analyse(self, infos: list[LoaderInfo]) -> None:

@@ -107,7 +107,7 @@ class LoaderRule(Rule):
     """Collects every `DataLoader(...)` call and every `for` loop; subclasses analyse them at the end
     of the module in :meth:`analyse`."""
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._calls: list[cst.Call] = []
         self._fors: list[cst.For] = []

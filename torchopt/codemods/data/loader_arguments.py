@@ -23,5 +23,3 @@ def _loader_text(rule: LoaderRule, call: cst.Call) -> str:
     return source(rule, call.func) + "(...)"
 
 
-_H = "import torch\nfrom torch.utils.data import DataLoader, Dataset, TensorDataset\n\n"
-_TDS = "ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))\n"

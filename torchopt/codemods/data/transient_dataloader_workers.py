@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+from textwrap import dedent
 
 import libcst as cst
 
@@ -15,7 +16,7 @@ from torchopt.codemods.data.loader_analysis import LoaderInfo
 from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
-from torchopt.codemods.data.loader_arguments import AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _H, _TDS, _loader_text
+from torchopt.codemods.data.loader_arguments import AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _loader_text
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -76,9 +77,9 @@ class TransientWorkers(LoaderRule):
     def could_match(cls, text: str) -> bool:
         # _check: num_workers given, not a literal <= 0, no persistent_workers keyword, and an epoch
         # loop around the loader's loop or a call it is passed to.
-        def test(a: dict) -> bool:
-            nw = a.get("num_workers")
-            if nw is None or "persistent_workers" in a:
+        def test(keywords: dict) -> bool:
+            nw = keywords.get("num_workers")
+            if nw is None or "persistent_workers" in keywords:
                 return False
             return not (isinstance(nw, ast.Constant) and type(nw.value) is int and nw.value <= 0)
 
@@ -86,52 +87,125 @@ class TransientWorkers(LoaderRule):
 
     examples = (
         Invalid(
-            _H + _TDS + "\n\ndef main():\n    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)\n"
-            "    seen = []\n    for epoch in range(2):\n        for x, y in loader:\n            seen.append(y)\n"
-            "    return seen\n\n\nif __name__ == \"__main__\":\n    seen = main()\n",
-            after=_H + _TDS + "\n\ndef main():\n    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, "
-            "persistent_workers=True)\n"
-            "    seen = []\n    for epoch in range(2):\n        for x, y in loader:\n            seen.append(y)\n"
-            "    return seen\n\n\nif __name__ == \"__main__\":\n    seen = main()\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+                    seen = []
+                    for epoch in range(2):
+                        for x, y in loader:
+                            seen.append(y)
+                    return seen
+
+
+                if __name__ == "__main__":
+                    seen = main()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+                    seen = []
+                    for epoch in range(2):
+                        for x, y in loader:
+                            seen.append(y)
+                    return seen
+
+
+                if __name__ == "__main__":
+                    seen = main()
+            """),
             unsafe="rng",
             runnable=True,
             note="the second epoch's shuffle order changes",
         ),
         Invalid(
-            "from torch.utils.data import DataLoader\n\n\ndef fit(model, ds, args):\n"
-            "    loader = DataLoader(ds, batch_size=32, num_workers=args.workers)\n"
-            "    for epoch in range(args.epochs):\n        train_one_epoch(model, loader)\n",
-            after="from torch.utils.data import DataLoader\n\n\ndef fit(model, ds, args):\n"
-            "    loader = DataLoader(ds, batch_size=32, num_workers=args.workers, persistent_workers=args.workers > 0)\n"
-            "    for epoch in range(args.epochs):\n        train_one_epoch(model, loader)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+
+                def fit(model, ds, args):
+                    loader = DataLoader(ds, batch_size=32, num_workers=args.workers)
+                    for epoch in range(args.epochs):
+                        train_one_epoch(model, loader)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+
+                def fit(model, ds, args):
+                    loader = DataLoader(ds, batch_size=32, num_workers=args.workers, persistent_workers=args.workers > 0)
+                    for epoch in range(args.epochs):
+                        train_one_epoch(model, loader)
+            """),
             unsafe="rng",
             note="a worker count from a variable: persistent only when it is positive",
         ),
         Invalid(
-            "from torch.utils.data import DataLoader\n\n\ndef fit(ds):\n"
-            "    loader = DataLoader(ds, batch_size=32, num_workers=4)\n"
-            "    for epoch in range(10):\n        ds.set_epoch(epoch)\n        for batch in loader:\n            step(batch)\n",
-            after=None,
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+
+                def fit(ds):
+                    loader = DataLoader(ds, batch_size=32, num_workers=4)
+                    for epoch in range(10):
+                        ds.set_epoch(epoch)
+                        for batch in loader:
+                            step(batch)
+            """),
             note="the dataset changes between epochs: reported at `ds.set_epoch(epoch)`",
         ),
         Valid(
-            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, num_workers=4)\n"
-            "for batch in loader:\n    step(batch)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, num_workers=4)
+                for batch in loader:
+                    step(batch)
+            """),
             note="one epoch",
         ),
         Valid(
-            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
-            "for epoch in range(3):\n    for batch in loader:\n        step(batch)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds)
+                for epoch in range(3):
+                    for batch in loader:
+                        step(batch)
+            """),
             note="no workers: TOP701's business",
         ),
         Valid(
-            "from torch.utils.data import DataLoader\n\nfor epoch in range(3):\n"
-            "    loader = DataLoader(ds, num_workers=4)\n    for batch in loader:\n        step(batch)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                for epoch in range(3):
+                    loader = DataLoader(ds, num_workers=4)
+                    for batch in loader:
+                        step(batch)
+            """),
             note="a new loader every epoch",
         ),
         Valid(
-            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, num_workers=4, persistent_workers=False)\n"
-            "for epoch in range(3):\n    for batch in loader:\n        step(batch)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, num_workers=4, persistent_workers=False)
+                for epoch in range(3):
+                    for batch in loader:
+                        step(batch)
+            """),
         ),
     )
 

@@ -1,6 +1,8 @@
 """TOP702 `unpinned-dataloader`: Flags a `DataLoader(...)` without `pin_memory` whose batches reach the device in a way TOP104."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
@@ -19,7 +21,7 @@ from torchopt.codemods.data.loader_analysis import Loop
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
 from torchopt.codemods.data.loader_analysis import names_in
-from torchopt.codemods.data.loader_arguments import _H, _TDS, _loader_text
+from torchopt.codemods.data.loader_arguments import _loader_text
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
@@ -76,50 +78,128 @@ class UnpinnedLoader(LoaderRule):
 
     examples = (
         Invalid(
-            _H + _TDS + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
-            "def run(loader, device):\n    total = torch.zeros(2, device=device)\n"
-            "    for x, y in loader:\n        total += x.to(device).sum(0)\n    return total\n\n\n"
-            "total = run(DataLoader(ds, batch_size=4), device)\n",
-            after=_H + _TDS + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
-            "def run(loader, device):\n    total = torch.zeros(2, device=device)\n"
-            "    for x, y in loader:\n        total += x.to(device).sum(0)\n    return total\n\n\n"
-            "total = run(DataLoader(ds, batch_size=4, pin_memory=torch.cuda.is_available()), device)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+                def run(loader, device):
+                    total = torch.zeros(2, device=device)
+                    for x, y in loader:
+                        total += x.to(device).sum(0)
+                    return total
+
+
+                total = run(DataLoader(ds, batch_size=4), device)
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+                def run(loader, device):
+                    total = torch.zeros(2, device=device)
+                    for x, y in loader:
+                        total += x.to(device).sum(0)
+                    return total
+
+
+                total = run(DataLoader(ds, batch_size=4, pin_memory=torch.cuda.is_available()), device)
+            """),
             runnable=True,
             note="the loop is in another function: TOP104 cannot see it",
         ),
         Invalid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=8)\n"
-            "for batch in loader:\n    batch = {k: v.cuda() for k, v in batch.items()}\n",
-            after="import torch\nfrom torch.utils.data import DataLoader\n\n"
-            "loader = DataLoader(ds, batch_size=8, pin_memory=True)\n"
-            "for batch in loader:\n    batch = {k: v.cuda() for k, v in batch.items()}\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, batch_size=8)
+                for batch in loader:
+                    batch = {k: v.cuda() for k, v in batch.items()}
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, batch_size=8, pin_memory=True)
+                for batch in loader:
+                    batch = {k: v.cuda() for k, v in batch.items()}
+            """),
         ),
         Invalid(
-            "from torch.utils.data import DataLoader\nfrom helpers import to_device\n\n\n"
-            "def train(ds, device):\n    loader = DataLoader(ds)\n    for batch in loader:\n"
-            "        batch = to_device(batch, device)\n",
-            after="from torch.utils.data import DataLoader\nfrom helpers import to_device\nimport torch\n\n\n"
-            "def train(ds, device):\n    loader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n"
-            "    for batch in loader:\n        batch = to_device(batch, device)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+                from helpers import to_device
+
+
+                def train(ds, device):
+                    loader = DataLoader(ds)
+                    for batch in loader:
+                        batch = to_device(batch, device)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+                from helpers import to_device
+                import torch
+
+
+                def train(ds, device):
+                    loader = DataLoader(ds, pin_memory=torch.cuda.is_available())
+                    for batch in loader:
+                        batch = to_device(batch, device)
+            """),
             note="a helper gets the batch and a device",
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
-            "for x, y in loader:\n    x = x.cuda()\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds)
+                for x, y in loader:
+                    x = x.cuda()
+            """),
             note="a direct copy of the batch: TOP104 pins this loader (and makes the copy asynchronous)",
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
-            "for x, y in loader:\n    x = x.float().to('cpu')\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds)
+                for x, y in loader:
+                    x = x.float().to('cpu')
+            """),
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\n\ndef f(ds, **kw):\n    loader = DataLoader(ds, **kw)\n"
-            "    for b in loader:\n        b = {k: v.cuda() for k, v in b.items()}\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+
+                def f(ds, **kw):
+                    loader = DataLoader(ds, **kw)
+                    for b in loader:
+                        b = {k: v.cuda() for k, v in b.items()}
+            """),
             note="`**kw` may already carry pin_memory",
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=False)\n"
-            "for b in loader:\n    b = {k: v.cuda() for k, v in b.items()}\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, pin_memory=False)
+                for b in loader:
+                    b = {k: v.cuda() for k, v in b.items()}
+            """),
         ),
     )
 
@@ -131,7 +211,7 @@ class UnpinnedLoader(LoaderRule):
             if len(positional(call)) > 7:
                 continue
             if any(not lp.via_parameter and info.binding is not None
-                   and loop_copies(self, lp.node, lp.target)[0]  # type: ignore[arg-type]
+                   and loop_copies(self, lp.node, lp.target)[0]
                    for lp in info.loops):
                 continue  # TOP104 pins this loader
             kinds: set[str] = set()

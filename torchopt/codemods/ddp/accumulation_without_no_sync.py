@@ -1,26 +1,18 @@
 """TOP404 `accumulation-without-no-sync`: In a gradient-accumulation loop of a DistributedDataParallel model (`backward()` every."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.syntax import walk
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, body_list, fresh_name, statement
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DDP
-from torchopt.codemods.ddp.program_analysis import Edits
-from torchopt.codemods.ddp.program_analysis import Refusal
-from torchopt.codemods.ddp.program_analysis import Rewrite
-from torchopt.codemods.ddp.program_analysis import body_list
 from torchopt.codemods.ddp.program_analysis import calls
 from torchopt.codemods.ddp.program_analysis import dotted
-from torchopt.codemods.ddp.program_analysis import fresh
 from torchopt.codemods.ddp.program_analysis import is_backward
-from torchopt.codemods.ddp.program_analysis import stmt
-from torchopt.codemods.ddp.example_programs import ACC_AFTER
-from torchopt.codemods.ddp.example_programs import ACC_DONE
-from torchopt.codemods.ddp.example_programs import ACC_MAYBE_AFTER
-from torchopt.codemods.ddp.example_programs import ACC_MAYBE_SRC
-from torchopt.codemods.ddp.example_programs import ACC_SRC
 from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -89,12 +81,137 @@ class NoSyncAccumulation(Rule):
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(ACC_SRC, after=ACC_AFTER, unsafe="tolerance", runnable=True),
-        Invalid(ACC_MAYBE_SRC, after=ACC_MAYBE_AFTER, unsafe="tolerance",
-                note="DDP on some paths only: getattr(model, 'no_sync', nullcontext); the extra end-of-loader "
-                     "condition is kept in the predicate"),
-        Valid(ACC_DONE),
-        Valid(ACC_AFTER),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                if not dist.is_initialized():
+                    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+                torch.manual_seed(0)
+                model = DDP(nn.Linear(4, 2))
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                data = torch.randn(4, 3, 4)
+                for i in range(4):
+                    loss = model(data[i]).pow(2).mean() / 2
+                    loss.backward()
+                    if (i + 1) % 2 == 0:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                import contextlib
+
+                if not dist.is_initialized():
+                    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+                torch.manual_seed(0)
+                model = DDP(nn.Linear(4, 2))
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                data = torch.randn(4, 3, 4)
+                for i in range(4):
+                    sync_grads = (i + 1) % 2 == 0
+                    with (contextlib.nullcontext() if sync_grads else model.no_sync()):
+                        loss = model(data[i]).pow(2).mean() / 2
+                        loss.backward()
+                    if sync_grads:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = nn.Linear(4, 2)
+                model = DDP(model) if dist.is_initialized() else model
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for i, (x, y) in enumerate(batches):
+                    loss = (model(x) - y).pow(2).mean()
+                    loss.backward()
+                    if (i + 1) % 4 == 0 or i == len(batches) - 1:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                import contextlib
+
+                model = nn.Linear(4, 2)
+                model = DDP(model) if dist.is_initialized() else model
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for i, (x, y) in enumerate(batches):
+                    sync_grads = (i + 1) % 4 == 0 or i == len(batches) - 1
+                    with (contextlib.nullcontext() if sync_grads else getattr(model, "no_sync", contextlib.nullcontext)()):
+                        loss = (model(x) - y).pow(2).mean()
+                        loss.backward()
+                    if sync_grads:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+            unsafe="tolerance",
+            note="DDP on some paths only: getattr(model, 'no_sync', nullcontext); the extra end-of-loader "
+                 "condition is kept in the predicate",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                if not dist.is_initialized():
+                    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+                torch.manual_seed(0)
+                model = DDP(nn.Linear(4, 2))
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                data = torch.randn(4, 3, 4)
+                for i in range(4):
+                    with model.no_sync():
+                        loss = model(data[i]).pow(2).mean() / 2
+                        loss.backward()
+                    if (i + 1) % 2 == 0:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                import contextlib
+
+                if not dist.is_initialized():
+                    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+                torch.manual_seed(0)
+                model = DDP(nn.Linear(4, 2))
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                data = torch.randn(4, 3, 4)
+                for i in range(4):
+                    sync_grads = (i + 1) % 2 == 0
+                    with (contextlib.nullcontext() if sync_grads else model.no_sync()):
+                        loss = model(data[i]).pow(2).mean() / 2
+                        loss.backward()
+                    if sync_grads:
+                        optimizer.step()
+                        optimizer.zero_grad()
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -106,10 +223,10 @@ class NoSyncAccumulation(Rule):
                 try:
                     self._loop(a, n)
                 except Refusal as r:
-                    self.report(r.node, fmt={"model": "model"},
+                    self.report(r.node or a.module, fmt={"model": "model"},
                                 message=f"gradient accumulation on a DDP model not put under `no_sync()`: {r.reason}")
 
-    def _loop(self, a: Analysis, loop: cst.For) -> None:
+    def _loop(self, analysis: Analysis, loop: cst.For) -> None:
         body = list(body_list(loop.body) or [])
         if any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "no_sync" for c in calls(loop, True)):
             return
@@ -122,18 +239,18 @@ class NoSyncAccumulation(Rule):
         step_if = None
         for j in range(b + 1, len(body)):
             s = body[j]
-            if isinstance(s, cst.If) and s.orelse is None and self._steps(a, s):
+            if isinstance(s, cst.If) and s.orelse is None and self._steps(analysis, s):
                 step_if = j
                 break
         if step_if is None:
             return
-        models = [m for m in a.ddp if any(dotted(c.func) == m for s in body[:b + 1] for c in calls(s))]
+        models = [m for m in analysis.ddp if any(dotted(c.func) == m for s in body[:b + 1] for c in calls(s))]
         if not models:
             return
         start = next(i for i in range(b + 1) if any(dotted(c.func) in models for c in calls(body[i])))
         if len(models) > 1:
             raise Refusal(body[b], "several DDP models in one step (enter each `no_sync()` with an ExitStack)")
-        cond = body[step_if].test  # type: ignore[attr-defined]
+        cond = cst.ensure_type(body[step_if], cst.If).test
         for c in calls(cond):
             if not (isinstance(c.func, cst.Name) and c.func.value == "len"):
                 raise Refusal(cond, "the step condition calls a function")
@@ -146,29 +263,29 @@ class NoSyncAccumulation(Rule):
                     assigned |= {x.value for x in walk(tgt) if isinstance(x, cst.Name)}
         if read & assigned:
             raise Refusal(cond, f"the step condition reads `{sorted(read & assigned)[0]}`, assigned by the step")
-        ctxlib = a.plain_import("contextlib")
+        ctxlib = analysis.plain_import("contextlib")
         if ctxlib is None:
             raise Refusal(cond, "`contextlib` is bound to something else")
         cl, imports = ctxlib
         model = models[0]
-        sync = fresh(set(a.names), "sync_grads")
-        ctx = (f"{model}.no_sync()" if a.ddp_sure(model)
+        sync = fresh_name(set(analysis.names), "sync_grads")
+        ctx = (f"{model}.no_sync()" if analysis.ddp_sure(model)
                else f'getattr({model}, "no_sync", {cl}.nullcontext)()')
         e = Edits()
-        e.add_before(body[start], [stmt(f"{sync} = {a.module.code_for_node(cond)}\n")])
-        w = cst.parse_statement(f"with ({cl}.nullcontext() if {sync} else {ctx}):\n    pass\n")
-        e.wraps[id(body[start])] = (w, b - start + 1)  # type: ignore[assignment]
-        e.exprs[id(cond)] = lambda upd: cst.Name(sync)
-        self.report(body[b], fmt={"model": model}, replacement=a.module.visit(Rewrite(e)), target=a.module,
+        e.add_before(body[start], [statement(f"{sync} = {analysis.module.code_for_node(cond)}\n")])
+        w = cst.ensure_type(cst.parse_statement(f"with ({cl}.nullcontext() if {sync} else {ctx}):\n    pass\n"), cst.With)
+        e.wrap(body[start:b + 1], w)
+        e.replace_node(cond, cst.Name(sync))
+        self.report(body[b], fmt={"model": model}, replacement=analysis.module.visit(ApplyEdits(e)), target=analysis.module,
                     tags=[Tag.TOLERANCE], imports=imports,
                     note="gradients are all-reduced once per optimizer step instead of every micro-batch "
                          "(equal up to rounding)")
 
     @staticmethod
-    def _steps(a: Analysis, s: cst.If) -> bool:
+    def _steps(analysis: Analysis, s: cst.If) -> bool:
         for c in calls(s.body):
             if isinstance(c.func, cst.Attribute) and c.func.attr.value == "step":
                 recv = dotted(c.func.value)
-                if recv in a.optimizers or any(dotted(x.value) in a.optimizers for x in c.args):
+                if recv in analysis.optimizers or any(dotted(x.value) in analysis.optimizers for x in c.args):
                     return True
         return False

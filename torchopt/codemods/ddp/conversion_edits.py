@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import libcst as cst
 
@@ -13,24 +14,20 @@ from torchopt.analysis.names import torch_ref
 from torchopt.analysis.values import int_value, string_value
 from torchopt.analysis.arguments import has_star, keyword, keywords, positional, set_kwarg
 from torchopt.analysis.syntax import walk
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
 from torchopt.codemods.ddp.program_analysis import (
     LAUNCH_NOTE,
     MODULE_METHODS,
     TQDM,
     WRITERS,
     Analysis,
-    Rewrite,
-    Edits,
-    Refusal,
     calls,
     collective_free,
     dotted,
-    fresh,
     has_backward,
     is_docstring,
     is_import,
     side_effects,
-    stmt,
 )
 from torchopt.rewrite.rule import ImportSpec
 
@@ -50,18 +47,18 @@ class Names:
     imports: list[ImportSpec] = field(default_factory=list)
 
 
-def need(found, node: cst.CSTNode, what: str):  # type: ignore[no-untyped-def]
+def need(found, node: cst.CSTNode, what: str):
     if found is None:
         raise Refusal(node, f"the name `{what}` is bound to something else in this file")
     return found
 
 
-def base_names(rule, a: Analysis, node: cst.CSTNode) -> Names:  # type: ignore[no-untyped-def]
+def base_names(rule, analysis: Analysis, node: cst.CSTNode) -> Names:
     ref = torch_ref(rule)
     if ref is None:
         raise Refusal(node, "`torch` is bound to something else in this file")
-    dist, imp1 = need(a.dist_alias(), node, "dist")
-    os_, imp2 = need(a.plain_import("os"), node, "os")
+    dist, imp1 = need(analysis.dist_alias(), node, "dist")
+    os_, imp2 = need(analysis.plain_import("os"), node, "os")
     return Names(ref.name, dist, os_, imports=list(ref.imports) + list(imp1) + list(imp2))
 
 
@@ -89,9 +86,9 @@ def setup_def(fn: str, n: Names) -> cst.BaseStatement:
 class Context:
     """Where the rank and world size can be read from in generated code."""
 
-    def __init__(self, a: Analysis, dist: str, scope: cst.CSTNode | None = None, rank: str | None = None,
+    def __init__(self, analysis: Analysis, dist: str, scope: cst.CSTNode | None = None, rank: str | None = None,
                  world: str | None = None) -> None:
-        self.a, self.dist, self.scope, self.rank, self.world = a, dist, scope, rank, world
+        self.a, self.dist, self.scope, self.rank, self.world = analysis, dist, scope, rank, world
 
     def visible(self, node: cst.CSTNode) -> bool:
         if self.scope is None or self.rank is None:
@@ -103,7 +100,7 @@ class Context:
         return any(anc is self.scope for anc in self.a.ancestors(node))
 
     def rank_expr(self, node: cst.CSTNode) -> str:
-        return self.rank if self.visible(node) else f"{self.dist}.get_rank()"  # type: ignore[return-value]
+        return self.rank if self.visible(node) and self.rank is not None else f"{self.dist}.get_rank()"
 
     def rank0(self, node: cst.CSTNode) -> str:
         return f"{self.rank_expr(node)} == 0"
@@ -112,7 +109,7 @@ class Context:
         return f"{self.rank_expr(node)} != 0"
 
     def world_expr(self, node: cst.CSTNode) -> str:
-        return self.world if self.visible(node) else f"{self.dist}.get_world_size()"  # type: ignore[return-value]
+        return self.world if self.visible(node) and self.world is not None else f"{self.dist}.get_world_size()"
 
     block: cst.CSTNode | None = None  # the `if __name__ == "__main__":` that holds the set-up
 
@@ -126,35 +123,35 @@ class Context:
         return not isinstance(owner, cst.Module)
 
 
-def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
+def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
     """Rank-0 guards for output side effects. Returns how many statements were guarded."""
     n = 0
-    for se in side_effects(a):
+    for se in side_effects(analysis):
         s = se.stmt
-        if a.under_rank_guard(s) or a.only_called_on_rank(s) or not ctx.may_edit(s):
+        if analysis.under_rank_guard(s) or analysis.only_called_on_rank(s) or not ctx.may_edit(s):
             continue
-        why = collective_free(a, s, ctx.dist)
+        why = collective_free(analysis, s, ctx.dist)
         if why is not None:
-            skipped.append(f"line {a.pos(s)[0]}: {se.what} calls {why}; not guarded")
+            skipped.append(f"line {analysis.pos(s)[0]}: {se.what} calls {why}; not guarded")
             continue
-        e.guards[id(s)] = ctx.rank0(s)
+        e.guard(s, ctx.rank0(s))
         n += 1
         if se.path is not None:
-            n += _follow_written_file(a, e, ctx, s, se.path)
-    for c in calls(a.module, True):
+            n += _follow_written_file(analysis, e, ctx, s, se.path)
+    for c in calls(analysis.module, True):
         if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue
-        q = a.call_name(c)
-        if q in TQDM and keyword(c, "disable") is None and not has_star(c) and not a.under_rank_guard(c):
+        q = analysis.call_name(c)
+        if q in TQDM and keyword(c, "disable") is None and not has_star(c) and not analysis.under_rank_guard(c):
             test = ctx.not_rank0(c)
-            e.exprs[id(c)] = lambda upd, test=test: set_kwarg(upd, "disable", cst.parse_expression(test))
+            e.replace_node(c, lambda upd, test=test: set_kwarg(upd, "disable", cst.parse_expression(test)))  # type: ignore[misc]  # mypy infers no lambda with a default, which binds this call's test
             n += 1
-        elif q in WRITERS and not a.under_rank_guard(c):
-            parent = a.parent(c)
+        elif q in WRITERS and not analysis.under_rank_guard(c):
+            parent = analysis.parent(c)
             if isinstance(parent, cst.Assign) and parent.value is c:
                 test = ctx.rank0(c)
-                e.exprs[id(c)] = lambda upd, test=test: cst.IfExp(
-                    test=cst.parse_expression(test), body=upd, orelse=cst.Name("None"))
+                e.replace_node(c, lambda upd, test=test: cst.IfExp(  # type: ignore[misc]  # mypy infers no lambda with a default (above)
+                    test=cst.parse_expression(test), body=upd, orelse=cst.Name("None")))
                 n += 1
     return n
 
@@ -162,34 +159,34 @@ def guard_edits(a: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
 _FILE_READS = {"torch.load", "builtins.open", "open", "torch.jit.load", "numpy.load", "json.load", "pickle.load"}
 
 
-def _follow_written_file(a: Analysis, e: Edits, ctx: Context, write: cst.BaseStatement,
+def _follow_written_file(analysis: Analysis, e: Edits, ctx: Context, write: cst.BaseStatement,
                          path: cst.BaseExpression) -> int:
     """Statements after a guarded file write, in the same block, that name the written path: a
     copy, move or upload of the file runs on rank 0 with the write (same guard); a read of it by
     every process waits for the write (``barrier()`` before it). Returns how many were guarded."""
     names = {x.value for x in walk(path) if isinstance(x, cst.Name)}
-    text = a.module.code_for_node(path)
-    block = a.parent(write)
+    text = analysis.module.code_for_node(path)
+    block = analysis.parent(write)
     body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
     n = 0
     for later in body[body.index(write) + 1:] if write in body else []:
-        mentioned = text in a.module.code_for_node(later) or any(
+        mentioned = text in analysis.module.code_for_node(later) or any(
             isinstance(x, cst.Name) and x.value in names for x in walk(later, True))
         if not mentioned or id(later) in e.guards:
             continue
-        reads = any((a.call_name(c) or dotted(c.func) or "") in _FILE_READS for c in calls(later, True)
+        reads = any((analysis.call_name(c) or dotted(c.func) or "") in _FILE_READS for c in calls(later, True)
                     if isinstance(c.func, (cst.Name, cst.Attribute)))
         binds = isinstance(later, cst.SimpleStatementLine) and any(
             isinstance(b, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for b in later.body)
-        if reads or binds or collective_free(a, later, ctx.dist) is not None:
-            e.add_before(later, [stmt(f"{ctx.dist}.barrier()  # the file is written by rank 0 only\n")])
+        if reads or binds or collective_free(analysis, later, ctx.dist) is not None:
+            e.add_before(later, [statement(f"{ctx.dist}.barrier()  # the file is written by rank 0 only\n")])
             return n
-        e.guards[id(later)] = e.guards[id(write)]
+        e.guard(later, e.guards[id(write)])
         n += 1
     return n
 
 
-def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | None,
+def checkpoint_edits(analysis: Analysis, e: Edits, models: set[str], consume: str | None,
                      saves: bool = True, loads: bool = True,
                      wraps: dict[str, list[cst.CSTNode]] | None = None) -> tuple[int, int]:
     """``M.state_dict()`` -> ``M.module.state_dict()``; ``M.load_state_dict(x)`` ->
@@ -197,20 +194,20 @@ def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | Non
     ``M`` surely holds the wrapper (``wraps``: the statements that wrap each model, default its DDP
     bindings)."""
     n_save = n_load = 0
-    taken = set(a.names)
-    for c in calls(a.module, True):
+    taken = set(analysis.names)
+    for c in calls(analysis.module, True):
         if not isinstance(c.func, cst.Attribute):
             continue
         recv = dotted(c.func.value)
-        if recv not in models or not a.wrapped_at(recv, c, None if wraps is None else wraps.get(recv, [])):
+        if recv not in models or not analysis.wrapped_at(recv, c, None if wraps is None else wraps.get(recv, [])):
             continue
         meth = c.func.attr.value
         if meth == "state_dict" and saves:
-            e.exprs[id(c.func)] = lambda upd: upd.with_changes(
-                value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            e.replace_node(c.func, lambda upd: upd.with_changes(
+                value=cst.Attribute(value=upd.value, attr=cst.Name("module"))))
             n_save += 1
         elif meth == "load_state_dict" and loads and consume is not None:
-            s = a.statement(c)
+            s = analysis.statement(c)
             if not isinstance(s, cst.SimpleStatementLine) or len(s.body) != 1 or has_star(c) or not c.args:
                 continue
             small = s.body[0]
@@ -220,27 +217,27 @@ def checkpoint_edits(a: Analysis, e: Edits, models: set[str], consume: str | Non
             arg = c.args[0]
             if arg.keyword is not None and arg.keyword.value != "state_dict":
                 continue
-            code = a.module.code_for_node(arg.value)
+            code = analysis.module.code_for_node(arg.value)
             pre: list[cst.BaseStatement] = []
             if not isinstance(arg.value, (cst.Name, cst.Attribute, cst.Subscript)):
-                var = fresh(taken, "state_dict")
-                pre.append(stmt(f"{var} = {code}\n"))
+                var = fresh_name(taken, "state_dict")
+                pre.append(statement(f"{var} = {code}\n"))
                 code = var
-                e.exprs[id(arg.value)] = lambda upd, var=var: cst.Name(var)
-            pre.append(stmt(f'{consume}({code}, "module.")  # also load checkpoints saved from the wrapper\n'))
+                e.replace_node(arg.value, cst.Name(var))
+            pre.append(statement(f'{consume}({code}, "module.")  # also load checkpoints saved from the wrapper\n'))
             e.add_before(s, pre)
-            e.exprs[id(c.func)] = lambda upd: upd.with_changes(
-                value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            e.replace_node(c.func, lambda upd: upd.with_changes(
+                value=cst.Attribute(value=upd.value, attr=cst.Name("module"))))
             n_load += 1
     return n_save, n_load
 
 
-def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list[str]) -> int:
+def set_epoch_edits(analysis: Analysis, e: Edits, samplers: dict[str, str], notes: list[str]) -> int:
     """``sampler.set_epoch(epoch)`` first in the epoch loop around each training loop.
     ``samplers``: loader name -> code of its sampler (``None``-able when it ends in ``?``)."""
     done: set[tuple[int, str]] = set()
     n = 0
-    for loop in a.training_loops():
+    for loop in analysis.training_loops():
         code = samplers.get(loop.loader)
         if code is None:
             continue
@@ -248,7 +245,7 @@ def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list
         if ep is None:
             continue
         if isinstance(ep, cst.While) or not isinstance(ep.target, cst.Name):
-            notes.append(f"line {a.pos(ep)[0]}: no epoch counter to pass to `set_epoch`: add one")
+            notes.append(f"line {analysis.pos(ep)[0]}: no epoch counter to pass to `set_epoch`: add one")
             continue
         key = (id(ep), code)
         if key in done:
@@ -260,9 +257,9 @@ def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list
         epoch = ep.target.value
         if code.endswith("?"):
             s = code[:-1]
-            new = stmt(f"if {s} is not None:\n    {s}.set_epoch({epoch})  # a new shuffle every epoch\n")
+            new = statement(f"if {s} is not None:\n    {s}.set_epoch({epoch})  # a new shuffle every epoch\n")
         else:
-            new = stmt(f"{code}.set_epoch({epoch})  # a new shuffle every epoch\n")
+            new = statement(f"{code}.set_epoch({epoch})  # a new shuffle every epoch\n")
         e.add_before(body[0], [new])
         n += 1
     return n
@@ -271,8 +268,8 @@ def set_epoch_edits(a: Analysis, e: Edits, samplers: dict[str, str], notes: list
 # --------------------------------------------------------------------------- the conversion
 
 
-def _hardcoded_device(a: Analysis) -> cst.CSTNode | None:
-    for n in walk(a.module, True):
+def _hardcoded_device(analysis: Analysis) -> cst.CSTNode | None:
+    for n in walk(analysis.module, True):
         s = string_value(n) if isinstance(n, (cst.SimpleString, cst.ConcatenatedString)) else None
         if s is not None and _CUDA_INDEX.match(s):
             return n
@@ -281,33 +278,33 @@ def _hardcoded_device(a: Analysis) -> cst.CSTNode | None:
             if pos and int_value(pos[0].value) is not None:
                 return n
         if isinstance(n, cst.Call) and isinstance(n.func, (cst.Name, cst.Attribute)) \
-                and a.call_name(n) == "torch.device" and len(positional(n)) > 1:
+                and analysis.call_name(n) == "torch.device" and len(positional(n)) > 1:
             return n
     return None
 
 
-def _sum_reduction(a: Analysis) -> cst.CSTNode | None:
+def _sum_reduction(analysis: Analysis) -> cst.CSTNode | None:
     """A `reduction="sum"` loss where gradients are taken (a loop or function that calls backward)."""
-    for c in calls(a.module, True):
+    for c in calls(analysis.module, True):
         r = keyword(c, "reduction")
         if r is None or string_value(r.value) != "sum":
             continue
-        loop = a.enclosing_loop(c)
-        owner = a.scope_owner(c)
+        loop = analysis.enclosing_loop(c)
+        owner = analysis.scope_owner(c)
         if (loop is not None and has_backward(loop.body)) or (
                 not isinstance(owner, cst.Module) and has_backward(owner)):
             return c
     return None
 
 
-def _setup_scope(a: Analysis, anchors: list[cst.CSTNode]) -> cst.CSTNode:
-    owners = {id(a.scope_owner(x)): a.scope_owner(x) for x in anchors}
+def _setup_scope(analysis: Analysis, anchors: list[cst.CSTNode]) -> cst.CSTNode:
+    owners = {id(analysis.scope_owner(x)): analysis.scope_owner(x) for x in anchors}
     if len(owners) != 1:
         raise Refusal(anchors[0], "the models are created in different functions")
     owner = next(iter(owners.values()))
     if isinstance(owner, cst.Module):
         return owner
-    if not isinstance(owner, cst.FunctionDef) or not isinstance(a.parent(owner), cst.Module):
+    if not isinstance(owner, cst.FunctionDef) or not isinstance(analysis.parent(owner), cst.Module):
         raise Refusal(anchors[0], "the model is created in a nested function or a class")
     return owner
 
@@ -319,7 +316,7 @@ def _is_main_guard(s: cst.If) -> bool:
             and string_value(t.comparisons[0].comparator) == "__main__")
 
 
-def _first_exec(body, skip_defs: bool):  # type: ignore[no-untyped-def]
+def _first_exec(body, skip_defs: bool):
     for s in body:
         if is_docstring(s) or is_import(s):
             continue
@@ -332,90 +329,90 @@ def _first_exec(body, skip_defs: bool):  # type: ignore[no-untyped-def]
     return None
 
 
-def _gpu_count_gate(a: Analysis, s: cst.BaseStatement) -> cst.If | None:
+def _gpu_count_gate(analysis: Analysis, s: cst.BaseStatement) -> cst.If | None:
     """The ``if torch.cuda.device_count() > 1:`` (no ``else``) whose body holds the wrap ``s``.
     DDP runs one process per device, so its wrap must not depend on the GPUs one process sees."""
-    block = a.parent(s)
-    gate = a.parent(block) if isinstance(block, cst.IndentedBlock) else None
-    if isinstance(gate, cst.If) and gate.orelse is None and "device_count" in a.module.code_for_node(gate.test):
+    block = analysis.parent(s)
+    gate = analysis.parent(block) if isinstance(block, cst.IndentedBlock) else None
+    if isinstance(gate, cst.If) and gate.orelse is None and "device_count" in analysis.module.code_for_node(gate.test):
         return gate
     return None
 
 
 def _hoist_out_of_gate(e: Edits, gate: cst.If, s: cst.BaseStatement, new: list[cst.BaseStatement]) -> None:
     """Replace ``gate`` by its other statements (still gated) followed by the unconditional wrap."""
-    index = list(gate.body.body).index(s)  # type: ignore[union-attr]
+    index = list(gate.body.body).index(s)
 
     def rep(upd: cst.If) -> list[cst.BaseStatement]:
-        rest = [x for i, x in enumerate(upd.body.body) if i != index]  # type: ignore[union-attr]
+        rest = [x for i, x in enumerate(upd.body.body) if i != index]
         head = [upd.with_changes(body=upd.body.with_changes(body=rest))] if rest else []
         out = head + list(new)
         if not head:
             out[0] = out[0].with_changes(leading_lines=upd.leading_lines)
         return out
-    e.replace[id(gate)] = rep  # type: ignore[assignment]
+    e.replace_statement(gate, rep)  # type: ignore[arg-type]  # gate is an If, so its rewritten form is one too
 
 
-def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],  # type: ignore[no-untyped-def]
+def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],
             node: cst.CSTNode, mode: str):
     """Build the converted module. ``wraps``: (statement, model name, wrapped expression) — for
     DataParallel the statement is replaced; for a single-process script (expression None) the wrap
     is inserted before the statement. Returns (module, imports, note). Raises Refusal."""
-    if a.inits:
-        raise Refusal(a.inits[0], "the program already initialises a process group (no second set-up is "
+    if analysis.inits:
+        raise Refusal(analysis.inits[0], "the program already initialises a process group (no second set-up is "
                                   "added); wrap the model in DistributedDataParallel by hand")
-    bad = _hardcoded_device(a)
+    bad = _hardcoded_device(analysis)
     if bad is not None:
-        raise Refusal(bad, f"`{' '.join(a.module.code_for_node(bad).split())[:40]}` names a fixed device index: "
+        raise Refusal(bad, f"`{' '.join(analysis.module.code_for_node(bad).split())[:40]}` names a fixed device index: "
                            "under DDP every process must use its own GPU (`cuda` after "
                            "`torch.cuda.set_device(local_rank)`); use the device variable")
-    for c in calls(a.module, True):
-        if isinstance(c.func, (cst.Name, cst.Attribute)) and (a.call_name(c) or "").startswith("torch.nn.Lazy"):
+    for c in calls(analysis.module, True):
+        if isinstance(c.func, (cst.Name, cst.Attribute)) and (analysis.call_name(c) or "").startswith("torch.nn.Lazy"):
             raise Refusal(c, "a lazy module creates its parameters at the first forward, after DDP has registered "
                              "them: run one forward before wrapping, then convert")
-    bad = _sum_reduction(a)
+    bad = _sum_reduction(analysis)
     if bad is not None:
         raise Refusal(bad, "a loss with reduction='sum': DDP averages gradients over processes, so they would "
                            "be world_size times smaller (multiply the loss by the world size, or use 'mean')")
-    n = base_names(rule, a, node)
-    n.ddp, imp = need(a.import_name("torch.nn.parallel", "DistributedDataParallel"), node, "DistributedDataParallel")
+    n = base_names(rule, analysis, node)
+    n.ddp, imp = need(analysis.import_name("torch.nn.parallel", "DistributedDataParallel"), node, "DistributedDataParallel")
     n.imports += imp
-    n.sampler, imp = need(a.import_name("torch.utils.data.distributed", "DistributedSampler"), node,
+    n.sampler, imp = need(analysis.import_name("torch.utils.data.distributed", "DistributedSampler"), node,
                           "DistributedSampler")
     n.imports += imp
-    scope = _setup_scope(a, [w[0] for w in wraps])
-    loops = a.training_loops()
+    scope = _setup_scope(analysis, [w[0] for w in wraps])
+    loops = analysis.training_loops()
     if not loops:
         raise Refusal(node, "no training loop over a `DataLoader` was found, so the data could not be sharded "
                             "across processes")
-    taken = set(a.names)
-    fn = fresh(taken, "setup_distributed")
-    lr, rank, world = fresh(taken, "local_rank"), fresh(taken, "rank"), fresh(taken, "world_size")
-    ctx = Context(a, n.dist, scope, rank, world)
+    taken = set(analysis.names)
+    fn = fresh_name(taken, "setup_distributed")
+    lr, rank, world = fresh_name(taken, "local_rank"), fresh_name(taken, "rank"), fresh_name(taken, "world_size")
+    ctx = Context(analysis, n.dist, scope, rank, world)
     e = Edits()
     notes: list[str] = []
     # set-up: the helper after the imports, its call first in the scope that builds the model
-    top = _first_exec(a.module.body, skip_defs=False)
+    top = _first_exec(analysis.module.body, skip_defs=False)
     if top is None:
         raise Refusal(node, "nothing to insert the set-up before")
     helper = setup_def(fn, n).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     comment = cst.EmptyLine(comment=cst.Comment(
         "# launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` "
         "runs one process"))
-    call = stmt(f"{lr}, {rank}, {world} = {fn}()\n")
+    call = statement(f"{lr}, {rank}, {world} = {fn}()\n")
     if isinstance(scope, cst.Module):
-        first = _first_exec(a.module.body, skip_defs=True)
+        first = _first_exec(analysis.module.body, skip_defs=True)
         if first is None:
             raise Refusal(node, "no module-level code to set the process group up for")
     else:
-        body = scope.body.body if isinstance(scope.body, cst.IndentedBlock) else []
+        body = suite.body if isinstance(suite := getattr(scope, "body", None), cst.IndentedBlock) else []
         first = next((s for s in body if not is_docstring(s)), None)
         if first is None:
             raise Refusal(node, "empty function")
     main_block = None
     if isinstance(scope, cst.Module) and isinstance(first, cst.If) and _is_main_guard(first) \
             and isinstance(first.body, cst.IndentedBlock) \
-            and all(any(anc is first for anc in a.ancestors(w[0])) for w in wraps):
+            and all(any(anc is first for anc in analysis.ancestors(w[0])) for w in wraps):
         main_block = first
         ctx.block = first
         first = first.body.body[0]
@@ -423,29 +420,29 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         e.add_before(top, [helper, call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment])])
     else:
         e.add_before(top, [helper])
-        e.replace[id(top)] = lambda upd: [upd.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [
-            ll for ll in upd.leading_lines if ll.comment is not None])]
+        e.replace_statement(top, lambda upd: [upd.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [
+            ll for ll in upd.leading_lines if ll.comment is not None])])
         e.add_before(first, [call.with_changes(leading_lines=[comment])])
     # the model wraps
     anchors: dict[str, list[cst.CSTNode]] = {}
     for s, name, expr in wraps:
         wrap_src = (f"{name} = {n.ddp}({name}, device_ids=[{lr}] if next({name}.parameters()).is_cuda else None)\n")
         if expr is None:  # single-process script: wrap before the optimizer is built
-            e.add_before(s, [stmt(wrap_src)])
+            e.add_before(s, [statement(wrap_src)])
             anchors.setdefault(name, []).append(s)
         else:
             pre = [] if isinstance(expr, cst.Name) and expr.value == name else [
-                stmt(f"{name} = {a.module.code_for_node(expr)}\n")]
-            new = pre + [stmt(wrap_src)]
-            gate = _gpu_count_gate(a, s)
+                statement(f"{name} = {analysis.module.code_for_node(expr)}\n")]
+            new = pre + [statement(wrap_src)]
+            gate = _gpu_count_gate(analysis, s)
             if gate is not None:
                 _hoist_out_of_gate(e, gate, s, new)
                 anchors.setdefault(name, []).append(gate)
                 continue
 
-            def rep(upd, new=new):  # type: ignore[no-untyped-def]
+            def rep(upd, new=new):
                 return [new[0].with_changes(leading_lines=upd.leading_lines)] + new[1:]
-            e.replace[id(s)] = rep
+            e.replace_statement(s, rep)
             anchors.setdefault(name, []).append(s)
     # the training loaders
     samplers: dict[str, str] = {}
@@ -455,7 +452,7 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         if L in seen:
             continue
         seen.add(L)
-        bindings = a.loaders[L]
+        bindings = analysis.loaders[L]
         if len(bindings) != 1:
             raise Refusal(loop.node, f"`{L}` is bound to more than one DataLoader")
         ls, lc = bindings[0]
@@ -472,21 +469,21 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
         shuffle = kws["shuffle"].value if "shuffle" in kws else (pos[2].value if len(pos) > 2 else None)
         bs_arg = kws.get("batch_size") or (pos[1] if len(pos) > 1 else None)
         base = L[:-len("loader")] if L.endswith("loader") else f"{L}_"
-        sname = fresh(taken, f"{base}sampler")
+        sname = fresh_name(taken, f"{base}sampler")
         ws = ctx.world_expr(ls)
-        ds_code = a.module.code_for_node(ds)
-        sh_code = a.module.code_for_node(shuffle) if shuffle is not None else "False"
+        ds_code = analysis.module.code_for_node(ds)
+        sh_code = analysis.module.code_for_node(shuffle) if shuffle is not None else "False"
         pre = []
         if bs_arg is not None:
-            bcode = a.module.code_for_node(bs_arg.value)
+            bcode = analysis.module.code_for_node(bs_arg.value)
             atom = isinstance(bs_arg.value, (cst.Name, cst.Attribute, cst.Integer))
-            pre.append(stmt(f'assert {bcode if atom else "(" + bcode + ")"} % {ws} == 0, '
+            pre.append(statement(f'assert {bcode if atom else "(" + bcode + ")"} % {ws} == 0, '
                             f'"the global batch size must divide by the number of processes"\n'))
-        pre.append(stmt(f"{sname} = {n.sampler}({ds_code}, shuffle={sh_code}) if {ws} > 1 else None\n"))
+        pre.append(statement(f"{sname} = {n.sampler}({ds_code}, shuffle={sh_code}) if {ws} > 1 else None\n"))
         pre[0] = pre[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
             "# each process loads its own shard; batch_size is per process"))])
 
-        def fix_loader(upd: cst.Call, bs_arg=bs_arg, shuffle=shuffle, sname=sname, ws=ws) -> cst.Call:  # type: ignore[no-untyped-def]
+        def fix_loader(upd: cst.Call, bs_arg=bs_arg, shuffle=shuffle, sname=sname, ws=ws) -> cst.Call:
             args = list(upd.args)
             orig_pos = [x for x in args if x.keyword is None]
             for i, x in enumerate(args):
@@ -507,65 +504,65 @@ def convert(rule, a: Analysis, wraps: list[tuple[cst.SimpleStatementLine, str, c
                     elif isinstance(v, cst.Name) and v.value == "False":
                         nv = v
                     else:
-                        nv = cst.parse_expression(f"({a.module.code_for_node(shuffle)}) and {sname} is None")
+                        nv = cst.parse_expression(f"({analysis.module.code_for_node(shuffle)}) and {sname} is None")
                     args[i] = x.with_changes(value=nv)
             out = upd.with_changes(args=args)
             return set_kwarg(out, "sampler", cst.Name(sname))
-        e.exprs[id(lc)] = fix_loader
+        e.replace_node(lc, fix_loader)
         e.add_before(ls, pre)
         samplers[L] = sname + "?"
-    set_epoch_edits(a, e, samplers, notes)
-    others = sorted(set(a.loaders) - seen)
+    set_epoch_edits(analysis, e, samplers, notes)
+    others = sorted(set(analysis.loaders) - seen)
     if others:
         notes.append(f"{', '.join(f'`{x}`' for x in others)} left alone (not a training loader): every process "
                      "iterates all of it")
-    workers = [L for L in seen if any(keyword(c, "num_workers") is not None for _, c in a.loaders[L])]
+    workers = [L for L in seen if any(keyword(c, "num_workers") is not None for _, c in analysis.loaders[L])]
     if workers:
         notes.append("with NCCL and DataLoader workers, consider `multiprocessing_context=\"forkserver\"` "
                      "(NCCL is not fork-safe)")
     # per-rank side effects and checkpoints
     skipped: list[str] = []
-    guard_edits(a, e, ctx, skipped)
+    guard_edits(analysis, e, ctx, skipped)
     models = {w[1] for w in wraps}
     uses_load = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict"
-                    and dotted(c.func.value) in models for c in calls(a.module, True))
+                    and dotted(c.func.value) in models for c in calls(analysis.module, True))
     consume = None
     if uses_load:
-        consume, imp = need(a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
+        consume, imp = need(analysis.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
                             node, "consume_prefix_in_state_dict_if_present")
         n.imports += imp
-    checkpoint_edits(a, e, models, consume, wraps=anchors)
-    names = {a.call_name(c) for c in calls(a.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))}
+    checkpoint_edits(analysis, e, models, consume, wraps=anchors)
+    names = {analysis.call_name(c) for c in calls(analysis.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))}
     if "torch.save" in names and "torch.load" in names:
         notes.append(f"if other ranks read a checkpoint that rank 0 writes in the same run, call "
                      f"`{n.dist}.barrier()` after the save")
     # leave the process group on the way out
-    destroy = stmt(f"{n.dist}.destroy_process_group()\n")
+    destroy = statement(f"{n.dist}.destroy_process_group()\n")
     if isinstance(scope, cst.FunctionDef):
         returns = [r for r in walk(scope.body) if isinstance(r, cst.Return)]
-        body = scope.body.body  # type: ignore[union-attr]
+        body = scope.body.body if isinstance(scope.body, cst.IndentedBlock) else []  # (a one-line body has no return)
         last_ret = body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return)
         if len(returns) > (1 if last_ret else 0):
             notes.append(f"`{scope.name.value}` returns early: call `{n.dist}.destroy_process_group()` before exit")
         else:
-            e.body_end[id(scope)] = [destroy]
+            e.append_to_body(scope, [destroy])
     elif main_block is not None:
-        e.body_end[id(main_block.body)] = [destroy]
+        e.append_to_body(main_block.body, [destroy])
     else:
-        e.body_end[id(scope)] = [destroy.with_changes(leading_lines=[cst.EmptyLine()])]
-    new = a.module.visit(Rewrite(e))
+        e.append_to_body(scope, [destroy.with_changes(leading_lines=[cst.EmptyLine()])])
+    converted = analysis.module.visit(ApplyEdits(e))
     fname = os.path.basename(rule.ctx.path) if rule.ctx.path not in ("<string>", "<stdin>", "-") else "train.py"
     note = LAUNCH_NOTE.format(file=fname)
     extra = notes + skipped
     if extra:
         note += "; " + "; ".join(extra)
-    return new, n.imports, note
+    return converted, n.imports, note
 
 
-def single_model(a: Analysis, node: cst.CSTNode) -> tuple[cst.SimpleStatementLine, str]:
+def single_model(analysis: Analysis, node: cst.CSTNode) -> tuple[cst.SimpleStatementLine, str]:
     """The one model of a single-process script and the statement that builds its optimizer."""
     opts = []
-    for oname, s in a.optimizers.items():
+    for oname, s in analysis.optimizers.items():
         for c in calls(s):
             if isinstance(c.func, cst.Attribute) and c.func.attr.value in ("parameters", "named_parameters"):
                 m = dotted(c.func.value)
@@ -577,11 +574,11 @@ def single_model(a: Analysis, node: cst.CSTNode) -> tuple[cst.SimpleStatementLin
     if len(ms) != 1 or len(opts) != 1:
         raise Refusal(node, "more than one model or optimizer: wrap each in DistributedDataParallel by hand")
     s, m = opts[0]
-    if m not in a.models or a.bindings.get(m, 0) > 3:
+    if m not in analysis.models or analysis.bindings.get(m, 0) > 3:
         raise Refusal(node, f"`{m}` is not built from a torch.nn module in this file")
-    if a.scope_owner(a.models[m]) is not a.scope_owner(s):
+    if analysis.scope_owner(analysis.models[m]) is not analysis.scope_owner(s):
         raise Refusal(node, f"`{m}` and its optimizer are built in different scopes")
-    for n in walk(a.module, True):
+    for n in walk(analysis.module, True):
         if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == m \
                 and n.attr.value not in MODULE_METHODS:
             raise Refusal(n, f"`{m}.{n.attr.value}` reads an attribute of the model; on the DDP wrapper it is "

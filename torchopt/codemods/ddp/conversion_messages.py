@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from torchopt.codemods.ddp.program_analysis import Refusal
+from torchopt.analysis.statement_edits import Refusal
 from torchopt.rewrite.rule import Rule
 
 _SEMANTICS_DOC = """
@@ -30,4 +30,4 @@ _SEMANTICS_DOC = """
 
 
 def _report_refusal(rule: Rule, r: Refusal, what: str) -> None:
-    rule.report(r.node, message=f"{what} not converted to DistributedDataParallel: {r.reason}")
+    rule.report(r.node or rule.ctx.module, message=f"{what} not converted to DistributedDataParallel: {r.reason}")

@@ -1,23 +1,22 @@
 """TOP401 `data-parallel`: Replaces `nn.DataParallel(model)` with `DistributedDataParallel` launched by `torchrun`: a."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 from libcst.metadata import PositionProvider
 from libcst.metadata import ScopeProvider
 import libcst as cst
 
+from torchopt.analysis.names import callee
+from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DP
 from torchopt.codemods.ddp.program_analysis import FUNCTIONAL_DP
-from torchopt.codemods.ddp.program_analysis import Refusal
 from torchopt.codemods.ddp.program_analysis import calls
 from torchopt.codemods.ddp.program_analysis import dotted
 from torchopt.codemods.ddp.data_parallel_inference import data_parallel_for_inference
 from torchopt.codemods.ddp.conversion_edits import convert
-from torchopt.codemods.ddp.example_programs import DP_AFTER
-from torchopt.codemods.ddp.example_programs import DP_INIT
-from torchopt.codemods.ddp.example_programs import DP_SRC
-from torchopt.codemods.ddp.example_programs import DP_SUM
 from torchopt.codemods.ddp.conversion_messages import _SEMANTICS_DOC, _report_refusal
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -103,18 +102,197 @@ class DataParallelToDDP(Rule):
         return super().could_match(text) and may_call_torch(text, DP | FUNCTIONAL_DP)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
-        Invalid(DP_SRC, after=DP_AFTER, unsafe="semantics", runnable=True),
-        Invalid(DP_SUM, after=None, note="reduction='sum': DDP's averaged gradients would be world_size times "
-                                         "smaller; refused with a diagnostic"),
-        Invalid(DP_INIT, after=None, note="the program already initialises a process group: no second set-up"),
-        Valid(DP_AFTER, note="the rewrite's own output"),
-        Valid("import torch.nn as nn\nmodel = mylib.DataParallel(nn.Linear(2, 2))\n"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.DataParallel(nn.Linear(4, 2).to(device))
+                loader = DataLoader(train_ds, batch_size=8, shuffle=True)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    print(epoch, loss.item())
+                torch.save(model.module.state_dict(), 'ckpt.pt')
+            """),
+            after=dedent('''\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+                import os
+                import torch.distributed as dist
+                from torch.nn.parallel import DistributedDataParallel
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def setup_distributed():
+                    """Join the process group that torchrun describes in the environment (RANK,
+                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""
+                    if not dist.is_initialized():
+                        backend = "nccl" if torch.cuda.is_available() else "gloo"
+                        if "WORLD_SIZE" in os.environ:
+                            dist.init_process_group(backend=backend)
+                        else:
+                            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+                    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                    if torch.cuda.is_available():
+                        torch.cuda.set_device(local_rank)  # before any CUDA allocation
+                    return local_rank, dist.get_rank(), dist.get_world_size()
+
+
+                # launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process
+                local_rank, rank, world_size = setup_distributed()
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.Linear(4, 2).to(device)
+                model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
+                # each process loads its own shard; batch_size is per process
+                assert 8 % world_size == 0, "the global batch size must divide by the number of processes"
+                sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None
+                loader = DataLoader(train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    if sampler is not None:
+                        sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    if rank == 0:
+                        print(epoch, loss.item())
+                if rank == 0:
+                    torch.save(model.module.state_dict(), 'ckpt.pt')
+
+                dist.destroy_process_group()
+            '''),
+            unsafe="semantics",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.DataParallel(nn.Linear(4, 2).to(device))
+                loader = DataLoader(train_ds, batch_size=8, shuffle=True)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device), reduction='sum')
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    print(epoch, loss.item())
+                torch.save(model.module.state_dict(), 'ckpt.pt')
+            """),
+            after=None,
+            note="reduction='sum': DDP's averaged gradients would be world_size times "
+                 "smaller; refused with a diagnostic",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+
+                torch.distributed.init_process_group('gloo')
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.DataParallel(nn.Linear(4, 2).to(device))
+                loader = DataLoader(train_ds, batch_size=8, shuffle=True)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    print(epoch, loss.item())
+                torch.save(model.module.state_dict(), 'ckpt.pt')
+            """),
+            after=None,
+            note="the program already initialises a process group: no second set-up",
+        ),
+        Valid(
+            dedent('''\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+                import os
+                import torch.distributed as dist
+                from torch.nn.parallel import DistributedDataParallel
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def setup_distributed():
+                    """Join the process group that torchrun describes in the environment (RANK,
+                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""
+                    if not dist.is_initialized():
+                        backend = "nccl" if torch.cuda.is_available() else "gloo"
+                        if "WORLD_SIZE" in os.environ:
+                            dist.init_process_group(backend=backend)
+                        else:
+                            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+                    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                    if torch.cuda.is_available():
+                        torch.cuda.set_device(local_rank)  # before any CUDA allocation
+                    return local_rank, dist.get_rank(), dist.get_world_size()
+
+
+                # launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process
+                local_rank, rank, world_size = setup_distributed()
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.Linear(4, 2).to(device)
+                model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
+                # each process loads its own shard; batch_size is per process
+                assert 8 % world_size == 0, "the global batch size must divide by the number of processes"
+                sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None
+                loader = DataLoader(train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    if sampler is not None:
+                        sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    if rank == 0:
+                        print(epoch, loss.item())
+                if rank == 0:
+                    torch.save(model.module.state_dict(), 'ckpt.pt')
+
+                dist.destroy_process_group()
+            '''),
+            note="the rewrite's own output",
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+                model = mylib.DataParallel(nn.Linear(2, 2))
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
         a = Analysis.of(self)
         for c in calls(a.module, True):
-            if isinstance(c.func, (cst.Name, cst.Attribute)) and a.call_name(c) in FUNCTIONAL_DP:
+            # (a torch name: `callee` alone answers, without resolving the file's other callees)
+            if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(self, c) in FUNCTIONAL_DP:
                 self.report(c, message=self.functional_message)
         if not (a.dp or a.dp_other):
             return
@@ -132,7 +310,7 @@ class DataParallelToDDP(Rule):
             return
         self.report(first, replacement=new, target=a.module, tags=[Tag.SEMANTICS], imports=imports, note=note)
 
-    def _wrap(self, a: Analysis, s: cst.SimpleStatementLine, name: str,
+    def _wrap(self, analysis: Analysis, s: cst.SimpleStatementLine, name: str,
               c: cst.Call) -> tuple[cst.SimpleStatementLine, str, cst.BaseExpression]:
         """The model expression DDP wraps: the DataParallel's module, with any ``.cuda()`` /
         ``.to(...)`` that followed the DataParallel applied to it instead (DDP needs the model on
@@ -145,14 +323,14 @@ class DataParallelToDDP(Rule):
         if not pos and not mods:
             raise Refusal(c, "DataParallel without a module")
         mod = pos[0].value if pos else mods[0]
-        value = s.body[0].value  # type: ignore[union-attr]
+        value = cst.ensure_type(s.body[0], cst.Assign).value  # (a.dp holds `name = ...` statements only)
         expr = mod if value is c else value.deep_replace(c, mod)
-        owner = a.scope_owner(s)
-        for later in calls(a.module, True):
+        owner = analysis.scope_owner(s)
+        for later in calls(analysis.module, True):
             if (isinstance(later.func, cst.Attribute) and later.func.attr.value in ("cuda", "to")
-                    and dotted(later.func.value) == name and a.scope_owner(later) is owner
-                    and a.pos(later) > a.pos(s)):
+                    and dotted(later.func.value) == name and analysis.scope_owner(later) is owner
+                    and analysis.pos(later) > analysis.pos(s)):
                 raise Refusal(later, f"`{name}.{later.func.attr.value}(...)` moves the model after it is wrapped; "
                                      "DistributedDataParallel needs it on its device first: move it before "
                                      "`nn.DataParallel`")
-        return s, name, expr  # type: ignore[return-value]
+        return s, name, expr

@@ -162,6 +162,19 @@ class DataParallelInference(Rule):
             import torch
             from torch import nn
 
+
+            class Predictor:
+                def __init__(self, net):
+                    self.model = nn.DataParallel(net).cuda().eval()
+
+                @torch.no_grad()
+                def predict(self, batches):
+                    return [self.model(b.cuda()) for b in batches]
+        """), note="in a method: the wrapper held in an attribute, used under `no_grad`"),
+        Invalid(dedent("""\
+            import torch
+            from torch import nn
+
             net = nn.Linear(16, 4)
             opt = torch.optim.SGD(net.parameters(), lr=0.1)
             for x in data:

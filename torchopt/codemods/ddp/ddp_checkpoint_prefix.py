@@ -1,20 +1,17 @@
 """TOP406 `ddp-checkpoint-prefix`: For a model bound to `DistributedDataParallel(...)`: saves its inner module,."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
+from torchopt.analysis.statement_edits import ApplyEdits, Edits
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DDP
-from torchopt.codemods.ddp.program_analysis import Edits
-from torchopt.codemods.ddp.program_analysis import Rewrite
 from torchopt.codemods.ddp.program_analysis import calls
 from torchopt.codemods.ddp.program_analysis import dotted
 from torchopt.codemods.ddp.conversion_edits import checkpoint_edits
-from torchopt.codemods.ddp.example_programs import LOAD_AFTER
-from torchopt.codemods.ddp.example_programs import LOAD_SRC
-from torchopt.codemods.ddp.example_programs import SAVE_AFTER
-from torchopt.codemods.ddp.example_programs import SAVE_SRC
 from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -75,9 +72,61 @@ class CheckpointPortability(Rule):
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(SAVE_SRC, after=SAVE_AFTER, unsafe="semantics"),
-        Invalid(LOAD_SRC, after=LOAD_AFTER),
-        Valid(SAVE_AFTER.replace("model.load_state_dict", "model.module.load_state_dict")),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(nn.Linear(4, 2))
+                torch.save(model.state_dict(), "ckpt.pt")
+            """),
+            after=dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(nn.Linear(4, 2))
+                torch.save(model.module.state_dict(), "ckpt.pt")
+            """),
+            unsafe="semantics",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(nn.Linear(4, 2))
+                model.load_state_dict(torch.load("ckpt.pt"))
+            """),
+            after=dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+                model = DDP(nn.Linear(4, 2))
+                state_dict = torch.load("ckpt.pt")
+                consume_prefix_in_state_dict_if_present(state_dict, "module.")  # also load checkpoints saved from the wrapper
+                model.module.load_state_dict(state_dict)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(nn.Linear(4, 2))
+                torch.save(model.module.state_dict(), "ckpt.pt")
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -87,15 +136,14 @@ class CheckpointPortability(Rule):
             return
         for c in calls(a.module, True):
             if isinstance(c.func, cst.Attribute) and c.func.attr.value == "state_dict" \
-                    and dotted(c.func.value) in models and not c.args and a.wrapped_at(dotted(c.func.value), c):
-                m = dotted(c.func.value)
+                    and (m := dotted(c.func.value)) in models and not c.args and a.wrapped_at(m, c):
                 new = c.with_changes(func=c.func.with_changes(value=cst.Attribute(value=c.func.value,
                                                                                   attr=cst.Name("module"))))
                 self.report(c, fmt={"what": f"{m}.state_dict()", "model": m}, replacement=new,
                             tags=[Tag.SEMANTICS], note="saved checkpoints lose the `module.` key prefix")
         loads = [c for c in calls(a.module, True) if isinstance(c.func, cst.Attribute)
-                 and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models
-                 and a.wrapped_at(dotted(c.func.value), c)]
+                 and c.func.attr.value == "load_state_dict" and (m := dotted(c.func.value)) in models
+                 and a.wrapped_at(m, c)]
         if not loads:
             return
         found = a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")
@@ -105,6 +153,6 @@ class CheckpointPortability(Rule):
         e = Edits()
         _, n = checkpoint_edits(a, e, models, consume, saves=False)
         if n:
-            m = dotted(loads[0].func.value)  # type: ignore[union-attr]
+            m = dotted(cst.ensure_type(loads[0].func, cst.Attribute).value) or ""  # (a model's name: in models)
             self.report(loads[0], fmt={"what": f"{m}.load_state_dict(...)", "model": m},
-                        replacement=a.module.visit(Rewrite(e)), target=a.module, imports=imports)
+                        replacement=a.module.visit(ApplyEdits(e)), target=a.module, imports=imports)

@@ -1,12 +1,14 @@
 """TOP407 `ddp-find-unused-parameters`: Flags `DistributedDataParallel(..., find_unused_parameters=True)`."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import keyword
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import DDP
-from torchopt.codemods.ddp.advice_examples import _DEPS, _H
+from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -58,9 +60,33 @@ class FindUnusedParameters(Rule):
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Call: a DDP call
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(_H + "model = DDP(model, find_unused_parameters=True)\n"),
-        Valid(_H + "model = DDP(model, static_graph=True)\n"),
-        Valid(_H + "model = DDP(model, find_unused_parameters=False)\n"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                model = DDP(model, find_unused_parameters=True)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                model = DDP(model, static_graph=True)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                model = DDP(model, find_unused_parameters=False)
+            """),
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -1,6 +1,8 @@
 """TOP408 `ddp-load-balance`: Flags padding of variable-length sequences (`pad_sequence`, `pack_padded_sequence`) in a."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.codemods.ddp import FAMILY
@@ -8,7 +10,7 @@ from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DDP
 from torchopt.codemods.ddp.program_analysis import DP
 from torchopt.codemods.ddp.program_analysis import calls
-from torchopt.codemods.ddp.advice_examples import _DEPS, _H
+from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -54,9 +56,24 @@ class LoadBalance(Rule):
             text, ("torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"))
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(_H + "from torch.nn.utils.rnn import pad_sequence\nmodel = DDP(model)\n"
-                     "batch = pad_sequence(seqs, batch_first=True)\n"),
-        Valid("import torch\nfrom torch.nn.utils.rnn import pad_sequence\nbatch = pad_sequence(seqs)\n"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                from torch.nn.utils.rnn import pad_sequence
+                model = DDP(model)
+                batch = pad_sequence(seqs, batch_first=True)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.nn.utils.rnn import pad_sequence
+                batch = pad_sequence(seqs)
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

@@ -1,6 +1,8 @@
 """TOP409 `ddp-scheduler-length`: In a program that uses DistributedDataParallel or DataParallel, flags learning-rate schedulers."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import keyword
@@ -10,7 +12,7 @@ from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DDP
 from torchopt.codemods.ddp.program_analysis import DP
 from torchopt.codemods.ddp.program_analysis import calls
-from torchopt.codemods.ddp.advice_examples import _DEPS, _H
+from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -68,10 +70,28 @@ class SchedulerAfterDDP(Rule):
             text, [f"torch.optim.lr_scheduler.{s}" for s in _SCHEDULERS])
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(_H + "model = DDP(model)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                     "sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=1000)\n"),
-        Valid(_H + "model = DDP(model)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                   "sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=3 * len(loader))\n"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                model = DDP(model)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=1000)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+                model = nn.Linear(4, 2)
+                model = DDP(model)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=3 * len(loader))
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

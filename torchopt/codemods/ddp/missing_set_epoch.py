@@ -1,18 +1,17 @@
 """TOP403 `missing-set-epoch`: Inserts `sampler.set_epoch(epoch)` as the first statement of the epoch loop around a training."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import keyword
+from torchopt.analysis.statement_edits import ApplyEdits, Edits
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import DSAMPLERS
-from torchopt.codemods.ddp.program_analysis import Edits
 from torchopt.codemods.ddp.program_analysis import LOADERS
-from torchopt.codemods.ddp.program_analysis import Rewrite
 from torchopt.codemods.ddp.conversion_edits import set_epoch_edits
-from torchopt.codemods.ddp.example_programs import EPOCH_AFTER
-from torchopt.codemods.ddp.example_programs import EPOCH_SRC
 from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -71,8 +70,52 @@ class MissingSetEpoch(Rule):
         return super().could_match(text) and may_call_torch(text, DSAMPLERS) and may_call_torch(text, LOADERS)
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(EPOCH_SRC, after=EPOCH_AFTER, unsafe="semantics"),
-        Valid(EPOCH_AFTER),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+                from torch.utils.data.distributed import DistributedSampler
+
+                sampler = DistributedSampler(train_ds)
+                loader = DataLoader(train_ds, batch_size=8, sampler=sampler)
+                for epoch in range(3):
+                    for x, y in loader:
+                        loss = model(x).mean()
+                        loss.backward()
+                        optimizer.step()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+                from torch.utils.data.distributed import DistributedSampler
+
+                sampler = DistributedSampler(train_ds)
+                loader = DataLoader(train_ds, batch_size=8, sampler=sampler)
+                for epoch in range(3):
+                    sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = model(x).mean()
+                        loss.backward()
+                        optimizer.step()
+            """),
+            unsafe="semantics",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+                from torch.utils.data.distributed import DistributedSampler
+
+                sampler = DistributedSampler(train_ds)
+                loader = DataLoader(train_ds, batch_size=8, sampler=sampler)
+                for epoch in range(3):
+                    sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = model(x).mean()
+                        loss.backward()
+                        optimizer.step()
+            """),
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -103,5 +146,5 @@ class MissingSetEpoch(Rule):
         if n == 0:
             self.report(loops[0].node, message=self.message + " (no `for epoch in ...` loop: add a counter)")
             return
-        self.report(loops[0].node, replacement=a.module.visit(Rewrite(e)), target=a.module,
+        self.report(loops[0].node, replacement=a.module.visit(ApplyEdits(e)), target=a.module,
                     tags=[Tag.SEMANTICS], note="the data order of each epoch after the first changes")

@@ -1,18 +1,19 @@
-"""Shared analysis and editing for the DDP rules: what a file holds (DataParallel/DDP models, data
-loaders, samplers, side effects) and a transformer that applies statement-level edits keyed by the
-identity of original nodes. Rules in this family build one whole-module replacement per fix."""
+"""Shared analysis for the DDP rules: what a file holds (DataParallel/DDP models, data loaders,
+samplers, side effects). Rules in this family edit statements with ``torchopt.analysis.statement_edits``
+and build one whole-module replacement per fix."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Iterable
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from torchopt.analysis.names import dotted, callee, qualified_names, torch_name
+from torchopt.analysis.names import dotted, callee, qualified_names
 from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import keyword, positional
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Rule
@@ -42,15 +43,6 @@ LAUNCH_NOTE = ("launch with `torchrun --standalone --nproc_per_node=N {file}` on
                "`batch_size` is now per process (B // world_size keeps the global batch B)")
 
 
-class Refusal(Exception):
-    def __init__(self, node: cst.CSTNode, reason: str) -> None:
-        super().__init__(reason)
-        self.node = node
-        self.reason = reason
-
-
-
-
 def calls(node: cst.CSTNode, cross: bool = False) -> Iterable[cst.Call]:
     for n in walk(node, cross):
         if isinstance(n, cst.Call):
@@ -65,23 +57,6 @@ def has_backward(node: cst.CSTNode) -> bool:
     return any(is_backward(c) for c in calls(node))
 
 
-def body_list(block: cst.BaseSuite) -> Sequence[cst.BaseStatement] | None:
-    return block.body if isinstance(block, cst.IndentedBlock) else None
-
-
-def stmt(text: str) -> cst.BaseStatement:
-    return cst.parse_statement(text)
-
-
-def fresh(taken: set[str], base: str) -> str:
-    name, i = base, 1
-    while name in taken:
-        name = f"{base}_{i}"
-        i += 1
-    taken.add(name)
-    return name
-
-
 def is_docstring(s: cst.CSTNode) -> bool:
     return (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Expr)
             and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
@@ -89,103 +64,6 @@ def is_docstring(s: cst.CSTNode) -> bool:
 
 def is_import(s: cst.CSTNode) -> bool:
     return isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, (cst.Import, cst.ImportFrom)) for b in s.body)
-
-
-# --------------------------------------------------------------------------- edits
-
-
-@dataclass
-class Edits:
-    """Statement-level edits to the original module, keyed by original node identity."""
-
-    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    replace: dict[int, Callable[[cst.BaseStatement], list[cst.BaseStatement]]] = field(default_factory=dict)
-    exprs: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
-    guards: dict[int, str] = field(default_factory=dict)
-    body_end: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    wraps: dict[int, tuple[cst.With, int]] = field(default_factory=dict)  # id(first stmt) -> (with, count)
-
-    def add_before(self, s: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
-        self.before.setdefault(id(s), []).extend(new)
-
-    def add_after(self, s: cst.CSTNode, new: Sequence[cst.BaseStatement]) -> None:
-        self.after.setdefault(id(s), []).extend(new)
-
-    def empty(self) -> bool:
-        return not (self.before or self.after or self.replace or self.exprs or self.guards or self.body_end
-                    or self.wraps)
-
-
-class Rewrite(cst.CSTTransformer):
-    def __init__(self, e: Edits) -> None:
-        super().__init__()
-        self.e = e
-
-    def on_leave(self, original_node, updated_node):  # type: ignore[override]
-        updated = super().on_leave(original_node, updated_node)
-        fn = self.e.exprs.get(id(original_node))
-        return fn(updated) if fn is not None else updated  # type: ignore[arg-type]
-
-    def _rebuild(self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement]) -> list:
-        e = self.e
-        out: list[cst.BaseStatement] = []
-        i = 0
-        while i < len(orig):
-            o = orig[i]
-            out.extend(e.before.get(id(o), []))
-            wrap = e.wraps.get(id(o))
-            if wrap is not None:
-                w, k = wrap
-                inner = list(upd[i:i + k])
-                lead = inner[0].leading_lines
-                inner[0] = inner[0].with_changes(leading_lines=())
-                out.append(w.with_changes(body=cst.IndentedBlock(body=inner), leading_lines=lead))
-                for j in range(i, i + k):
-                    out.extend(e.after.get(id(orig[j]), []))
-                i += k
-                continue
-            test = e.guards.get(id(o))
-            if test is not None:
-                group = [upd[i]]
-                j = i + 1
-                while (j < len(orig) and e.guards.get(id(orig[j])) == test and not e.before.get(id(orig[j]))
-                       and not e.after.get(id(orig[j - 1])) and id(orig[j]) not in e.replace):
-                    group.append(upd[j])
-                    j += 1
-                lead = group[0].leading_lines
-                group[0] = group[0].with_changes(leading_lines=())
-                out.append(cst.If(test=cst.parse_expression(test), body=cst.IndentedBlock(body=group),
-                                  leading_lines=lead))
-                out.extend(e.after.get(id(orig[j - 1]), []))
-                i = j
-                continue
-            rep = e.replace.get(id(o))
-            out.extend(rep(upd[i]) if rep is not None else [upd[i]])
-            out.extend(e.after.get(id(o), []))
-            i += 1
-        return out
-
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock):
-        body = self._rebuild(original_node.body, updated_node.body)
-        body.extend(self.e.body_end.get(id(original_node), []))
-        return updated_node.with_changes(body=body)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef):
-        tail = self.e.body_end.get(id(original_node))
-        if tail and isinstance(updated_node.body, cst.IndentedBlock):
-            body = list(updated_node.body.body)
-            if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[0], cst.Return):
-                body[-1:-1] = tail
-            else:
-                body.extend(tail)
-            return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
-        return updated_node
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module):
-        body = self._rebuild(original_node.body, updated_node.body)
-        body.extend(self.e.body_end.get(id(original_node), []))
-        return updated_node.with_changes(body=body)
 
 
 # --------------------------------------------------------------------------- the file
@@ -198,22 +76,12 @@ class Loop:
     epoch: cst.For | cst.While | None  # the loop around it that runs once per epoch
 
 
-_CACHE: dict[int, tuple[cst.Module, "Analysis"]] = {}
-
-
 class Analysis:
     @classmethod
     def of(cls, rule: Rule) -> "Analysis":
         """One analysis per parse, shared by the rules of the family that run in the same pass
         (metadata comes from the pass's shared MetadataWrapper, whichever rule asks)."""
-        module = rule.ctx.module
-        hit = _CACHE.get(id(module))
-        if hit is not None and hit[0] is module:
-            return hit[1]
-        a = cls(rule)
-        _CACHE.clear()
-        _CACHE[id(module)] = (module, a)
-        return a
+        return rule.ctx.facts.about_node(("ddp analysis",), rule.ctx.module, lambda: cls(rule))
 
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
@@ -248,7 +116,7 @@ class Analysis:
         cur: cst.CSTNode | None = node
         while cur is not None and not isinstance(cur, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             cur = self.parent(cur)
-        return cur  # type: ignore[return-value]
+        return cur
 
     def scope_owner(self, node: cst.CSTNode) -> cst.CSTNode:
         cur = self.parent(node)
@@ -285,7 +153,6 @@ class Analysis:
     # -- collection
     def _collect(self) -> None:
         rule = self.rule
-        classes = []
         attrs: set[int] = set()
         for n in walk(self.module, True):
             if isinstance(n, cst.Attribute):
@@ -294,20 +161,7 @@ class Analysis:
                 self.names.add(n.value)
             elif isinstance(n, cst.FunctionDef):
                 self.functions.setdefault(n.name.value, n)
-            elif isinstance(n, cst.ClassDef):
-                classes.append(n)
-        changed = True
-        while changed:
-            changed = False
-            for c in classes:
-                if c.name.value in self.module_classes:
-                    continue
-                for b in c.bases:
-                    q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
-                    if (q and q.startswith("torch.nn.")) or dotted(b.value) in self.module_classes:
-                        self.module_classes.add(c.name.value)
-                        changed = True
-                        break
+        self.module_classes = set(nn_module_classes(rule))
         for n in walk(self.module, True):
             if isinstance(n, cst.Call) and isinstance(n.func, (cst.Name, cst.Attribute)):
                 name = callee(rule, n)
@@ -320,7 +174,7 @@ class Analysis:
                     small = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
                     if (isinstance(small, cst.Assign) and self._moved(n) is small.value and len(small.targets) == 1
                             and isinstance(small.targets[0].target, cst.Name)):
-                        self.dp.append((stmt_, small.targets[0].target.value, n))  # type: ignore[arg-type]
+                        self.dp.append((cst.ensure_type(stmt_, cst.SimpleStatementLine), small.targets[0].target.value, n))
                     else:
                         self.dp_other.append(n)
             if not isinstance(n, cst.SimpleStatementLine):
@@ -359,7 +213,11 @@ class Analysis:
             return
         if not isinstance(base, cst.Call):
             return
-        q = self.call_name(base)
+        # Only torch names and the writer/logger below matter here: resolving every other callee
+        # (`self.x(...)`, helpers of other packages) would cost the whole file's scope analysis.
+        q = callee(self.rule, base)
+        if q is None and any(word in self.rule.ctx.text for word in ("SummaryWriter", "getLogger")):
+            q = self.call_name(base)
         if q in DDP:
             self.ddp.setdefault(target, []).append(base is value)
             self.ddp_stmts.setdefault(target, []).append(s)
@@ -380,7 +238,7 @@ class Analysis:
 
     # -- queries
     def ddp_sure(self, name: str) -> bool:
-        b = self.ddp.get(name)
+        b = self.ddp.get(name) or []
         return bool(b) and all(b) and self.bindings.get(name, 0) <= len(b) + 2
 
     def wrapped_at(self, name: str, node: cst.CSTNode, wraps: Iterable[cst.CSTNode] | None = None) -> bool:
@@ -472,8 +330,8 @@ class Analysis:
         for n in walk(self.module, True):
             if isinstance(n, cst.Import):
                 for al in n.names:
-                    if dotted(al.name) == "torch.distributed" and al.asname is not None:
-                        return al.asname.name.value, ()  # type: ignore[union-attr]
+                    if dotted(al.name) == "torch.distributed" and (alias := al.evaluated_alias) is not None:
+                        return alias, ()
         if "dist" in self.names:
             return None
         return "dist", (ImportSpec("torch.distributed", None, "dist"),)
@@ -484,8 +342,8 @@ class Analysis:
             if isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar) and n.module is not None \
                     and dotted(n.module) == module:
                 for al in n.names:
-                    if al.name.value == obj:  # type: ignore[union-attr]
-                        return (al.asname.name.value if al.asname else obj), ()  # type: ignore[union-attr]
+                    if al.name.value == obj:
+                        return (al.evaluated_alias or obj), ()
         if obj in self.names:
             return None
         return obj, (ImportSpec(module, obj),)
@@ -520,41 +378,41 @@ class SideEffect:
     path: cst.BaseExpression | None = None  # the file written, when known
 
 
-def collective_free(a: Analysis, node: cst.CSTNode, dist_name: str | None) -> str | None:
+def collective_free(analysis: Analysis, node: cst.CSTNode, dist_name: str | None) -> str | None:
     """Why ``node`` may take part in a collective (None when it surely does not)."""
     for c in calls(node, True):
         if is_backward(c):
             return "backward()"
         d = dotted(c.func) or ""
         head = d.split(".")[0]
-        nets = set(a.ddp) | set(a.models) | {name for _, name, _ in a.dp}
+        nets = set(analysis.ddp) | set(analysis.models) | {name for _, name, _ in analysis.dp}
         if d in nets or (head in nets and d.endswith(".forward")):
             return f"`{d}` (a DDP forward is a collective)"
         if dist_name and head == dist_name:
             return f"`{d}`"
-        q = a.call_name(c) or ""
+        q = analysis.call_name(c) or ""
         if q.startswith("torch.distributed"):
             return f"`{d}`"
-        if isinstance(c.func, cst.Name) and c.func.value in a.functions:
+        if isinstance(c.func, cst.Name) and c.func.value in analysis.functions:
             return f"`{d}` (a function of this file, which may run collectives)"
         if d.rsplit(".", 1)[-1] in ("all_reduce", "barrier", "all_gather", "broadcast", "reduce"):
             return f"`{d}`"
     return None
 
 
-def side_effects(a: Analysis) -> list[SideEffect]:
+def side_effects(analysis: Analysis) -> list[SideEffect]:
     """Statements whose effect is output (prints, logs, files, checkpoints, TensorBoard, wandb)."""
     out: list[SideEffect] = []
-    for n in walk(a.module, True):
+    for n in walk(analysis.module, True):
         if isinstance(n, cst.SimpleStatementLine) and len(n.body) == 1:
             small = n.body[0]
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-                what = _effect_call(a, small.value)
+                what = _effect_call(analysis, small.value)
                 if what:
                     out.append(SideEffect(n, what, _saved_path(small.value) if what == "torch.save" else None))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
             c = n.items[0].item
-            if isinstance(c.func, cst.Name) and c.func.value == "open" and a.q(c.func) in (None, "builtins.open"):
+            if isinstance(c.func, cst.Name) and c.func.value == "open" and analysis.q(c.func) in (None, "builtins.open"):
                 mode = keyword(c, "mode")
                 pos = positional(c)
                 m = string_value(mode.value if mode else (pos[1].value if len(pos) > 1 else None)) or ""
@@ -570,11 +428,11 @@ def _saved_path(c: cst.Call) -> cst.BaseExpression | None:
     return f.value if f is not None else (pos[1].value if len(pos) > 1 else None)
 
 
-def _effect_call(a: Analysis, c: cst.Call) -> str | None:
-    if isinstance(c.func, cst.Name) and c.func.value == "print" and "print" not in a.functions:
-        if a.q(c.func) in (None, "builtins.print"):
+def _effect_call(analysis: Analysis, c: cst.Call) -> str | None:
+    if isinstance(c.func, cst.Name) and c.func.value == "print" and "print" not in analysis.functions:
+        if analysis.q(c.func) in (None, "builtins.print"):
             return "print"
-    name = a.call_name(c) or ""
+    name = analysis.call_name(c) or ""
     if name == "torch.save":
         return "torch.save"
     if name.startswith("logging.") and name.rsplit(".", 1)[1] in LOG_METHODS:
@@ -588,8 +446,8 @@ def _effect_call(a: Analysis, c: cst.Call) -> str | None:
     if isinstance(c.func, cst.Attribute):
         recv = dotted(c.func.value)
         meth = c.func.attr.value
-        if recv in a.loggers and meth in LOG_METHODS:
+        if recv in analysis.loggers and meth in LOG_METHODS:
             return f"{recv}.{meth}"
-        if recv in a.writers and (meth.startswith("add_") or meth in ("flush", "close")):
+        if recv in analysis.writers and (meth.startswith("add_") or meth in ("flush", "close")):
             return f"{recv}.{meth}"
     return None

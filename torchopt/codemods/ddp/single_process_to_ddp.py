@@ -1,19 +1,18 @@
 """TOP402 `single-process-to-ddp`: Opt-in (`--select TOP402`; not part of `ALL`): converts a single-process training script to."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 from libcst.metadata import PositionProvider
 from libcst.metadata import ScopeProvider
 import libcst as cst
 
+from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
 from torchopt.codemods.ddp.program_analysis import LOADERS
-from torchopt.codemods.ddp.program_analysis import Refusal
 from torchopt.codemods.ddp.conversion_edits import convert
 from torchopt.codemods.ddp.conversion_edits import single_model
-from torchopt.codemods.ddp.example_programs import DP_SRC
-from torchopt.codemods.ddp.example_programs import SINGLE_AFTER
-from torchopt.codemods.ddp.example_programs import SINGLE_SRC
 from torchopt.codemods.ddp.conversion_messages import _SEMANTICS_DOC, _report_refusal
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -81,9 +80,158 @@ class SingleProcessToDDP(Rule):
         return callees is None or any(q.startswith("torch.optim.") for q in callees)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
-        Invalid(SINGLE_SRC, after=SINGLE_AFTER, unsafe="semantics", runnable=True),
-        Valid(SINGLE_AFTER, note="the rewrite's own output"),
-        Valid(DP_SRC, note="DataParallel scripts are TOP401's"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.Linear(4, 2).to(device)
+                loader = DataLoader(train_ds, batch_size=8, shuffle=True)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    print(epoch, loss.item())
+                torch.save(model.state_dict(), 'ckpt.pt')
+            """),
+            after=dedent('''\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+                import os
+                import torch.distributed as dist
+                from torch.nn.parallel import DistributedDataParallel
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def setup_distributed():
+                    """Join the process group that torchrun describes in the environment (RANK,
+                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""
+                    if not dist.is_initialized():
+                        backend = "nccl" if torch.cuda.is_available() else "gloo"
+                        if "WORLD_SIZE" in os.environ:
+                            dist.init_process_group(backend=backend)
+                        else:
+                            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+                    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                    if torch.cuda.is_available():
+                        torch.cuda.set_device(local_rank)  # before any CUDA allocation
+                    return local_rank, dist.get_rank(), dist.get_world_size()
+
+
+                # launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process
+                local_rank, rank, world_size = setup_distributed()
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.Linear(4, 2).to(device)
+                # each process loads its own shard; batch_size is per process
+                assert 8 % world_size == 0, "the global batch size must divide by the number of processes"
+                sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None
+                loader = DataLoader(train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler)
+                model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    if sampler is not None:
+                        sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    if rank == 0:
+                        print(epoch, loss.item())
+                if rank == 0:
+                    torch.save(model.module.state_dict(), 'ckpt.pt')
+
+                dist.destroy_process_group()
+            '''),
+            unsafe="semantics",
+            runnable=True,
+        ),
+        Valid(
+            dedent('''\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+                import os
+                import torch.distributed as dist
+                from torch.nn.parallel import DistributedDataParallel
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def setup_distributed():
+                    """Join the process group that torchrun describes in the environment (RANK,
+                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""
+                    if not dist.is_initialized():
+                        backend = "nccl" if torch.cuda.is_available() else "gloo"
+                        if "WORLD_SIZE" in os.environ:
+                            dist.init_process_group(backend=backend)
+                        else:
+                            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+                    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                    if torch.cuda.is_available():
+                        torch.cuda.set_device(local_rank)  # before any CUDA allocation
+                    return local_rank, dist.get_rank(), dist.get_world_size()
+
+
+                # launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process
+                local_rank, rank, world_size = setup_distributed()
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.Linear(4, 2).to(device)
+                # each process loads its own shard; batch_size is per process
+                assert 8 % world_size == 0, "the global batch size must divide by the number of processes"
+                sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None
+                loader = DataLoader(train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler)
+                model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    if sampler is not None:
+                        sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    if rank == 0:
+                        print(epoch, loss.item())
+                if rank == 0:
+                    torch.save(model.module.state_dict(), 'ckpt.pt')
+
+                dist.destroy_process_group()
+            '''),
+            note="the rewrite's own output",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
+                model = nn.DataParallel(nn.Linear(4, 2).to(device))
+                loader = DataLoader(train_ds, batch_size=8, shuffle=True)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for epoch in range(2):
+                    for x, y in loader:
+                        loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                    print(epoch, loss.item())
+                torch.save(model.module.state_dict(), 'ckpt.pt')
+            """),
+            note="DataParallel scripts are TOP401's",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

@@ -1,18 +1,17 @@
 """TOP405 `unguarded-side-effect`: In a program that calls `init_process_group`, guards output side effects with."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.syntax import walk
+from torchopt.analysis.statement_edits import ApplyEdits, Edits
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
-from torchopt.codemods.ddp.program_analysis import Edits
 from torchopt.codemods.ddp.program_analysis import INITS
-from torchopt.codemods.ddp.program_analysis import Rewrite
 from torchopt.codemods.ddp.conversion_edits import Context
 from torchopt.codemods.ddp.conversion_edits import guard_edits
-from torchopt.codemods.ddp.example_programs import GUARD_AFTER
-from torchopt.codemods.ddp.example_programs import GUARD_SRC
 from torchopt.codemods.ddp.step_checks import _DEPS
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -76,9 +75,63 @@ class RankZeroGuards(Rule):
         return super().could_match(text) and may_call_torch(text, INITS)  # visit_Module: a.inits
     METADATA_DEPENDENCIES = _DEPS
     examples = (
-        Invalid(GUARD_SRC, after=GUARD_AFTER, unsafe="semantics"),
-        Valid(GUARD_AFTER),
-        Valid("import torch\nprint(torch.zeros(2))\ntorch.save({}, 'x.pt')\n", note="not a distributed program"),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                dist.init_process_group("gloo")
+                model = DDP(nn.Linear(4, 2))
+                for epoch in range(2):
+                    loss = model(torch.randn(3, 4)).mean()
+                    loss.backward()
+                    print(f"epoch {epoch}: {loss.item():.4f}")
+                    torch.save(model.module.state_dict(), "ckpt.pt")
+            """),
+            after=dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                dist.init_process_group("gloo")
+                model = DDP(nn.Linear(4, 2))
+                for epoch in range(2):
+                    loss = model(torch.randn(3, 4)).mean()
+                    loss.backward()
+                    if dist.get_rank() == 0:
+                        print(f"epoch {epoch}: {loss.item():.4f}")
+                        torch.save(model.module.state_dict(), "ckpt.pt")
+            """),
+            unsafe="semantics",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                dist.init_process_group("gloo")
+                model = DDP(nn.Linear(4, 2))
+                for epoch in range(2):
+                    loss = model(torch.randn(3, 4)).mean()
+                    loss.backward()
+                    if dist.get_rank() == 0:
+                        print(f"epoch {epoch}: {loss.item():.4f}")
+                        torch.save(model.module.state_dict(), "ckpt.pt")
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                print(torch.zeros(2))
+                torch.save({}, 'x.pt')
+            """),
+            note="not a distributed program",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -99,7 +152,7 @@ class RankZeroGuards(Rule):
         safe = f"(not {dist}.is_initialized() or {dist}.get_rank() == 0)"
 
         class _Ctx(Context):
-            def may_edit(self, node: cst.CSTNode) -> bool:  # type: ignore[override]
+            def may_edit(self, node: cst.CSTNode) -> bool:
                 owner = a.scope_owner(node)
                 if owner is anchor_scope:
                     return a.pos(node) > apos
@@ -108,10 +161,10 @@ class RankZeroGuards(Rule):
             def _sure(self, node: cst.CSTNode) -> bool:
                 return unconditional and a.scope_owner(node) is anchor_scope
 
-            def rank0(self, node: cst.CSTNode) -> str:  # type: ignore[override]
+            def rank0(self, node: cst.CSTNode) -> str:
                 return f"{dist}.get_rank() == 0" if self._sure(node) else safe[1:-1]
 
-            def not_rank0(self, node: cst.CSTNode) -> str:  # type: ignore[override]
+            def not_rank0(self, node: cst.CSTNode) -> str:
                 return f"{dist}.get_rank() != 0" if self._sure(node) else f"not {safe}"
 
         e = Edits()
@@ -119,7 +172,7 @@ class RankZeroGuards(Rule):
         n = guard_edits(a, e, _Ctx(a, dist), skipped)
         if n == 0:
             return
-        first = min((x for x in walk(a.module, True) if id(x) in e.guards or id(x) in e.exprs), key=a.pos)
-        self.report(first, replacement=a.module.visit(Rewrite(e)), target=a.module, tags=[Tag.SEMANTICS],
+        first = min((x for x in walk(a.module, True) if id(x) in e.guards or id(x) in e.nodes), key=a.pos)
+        self.report(first, replacement=a.module.visit(ApplyEdits(e)), target=a.module, tags=[Tag.SEMANTICS],
                     imports=imports, note="processes other than rank 0 no longer print, log or write files"
                     + ("; " + "; ".join(skipped) if skipped else ""))

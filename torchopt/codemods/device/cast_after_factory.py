@@ -1,6 +1,8 @@
 """TOP102 `cast-after-factory`: Flags a tensor factory whose result is cast at once, e.g. `torch.zeros(n).half()` or."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import keyword
@@ -138,95 +140,505 @@ class CastAfterFactory(_FactoryRule):
         self.report(node, fmt=fmt, replacement=new, safety=Safety.UNSAFE if tags else Safety.SAFE,
                     tags=tuple(tags), note="; ".join(notes), imports=imports)
 
-    examples = ()  # filled below
+    examples = (
+        # --- the casts that fold into the factory
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).half()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.half)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.ones(3).to(torch.float16)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.ones(3, dtype=torch.float16)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.arange(5).float()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.arange(5, dtype=torch.float32)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tensor([1, 2]).float()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.tensor([1, 2], dtype=torch.float32)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.full((2,), 7.0).half()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.full((2,), 7.0, dtype=torch.half)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.arange(0, 1, 0.1).double()
+            """),
+            note="0.30000001192092896 vs 0.30000000000000004",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.linspace(0, 1, 7).double()
+            """),
+            note="rounds to float32 first",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.full((2,), 0.1).double()
+            """),
+            note="rounds to float32 first",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tensor([0.1]).double()
+            """),
+            note="rounds to float32 first",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                vals = [0.1, 0.2, 1 / 3]
+                x = torch.tensor(vals).half()
+            """),
+            after=dedent("""\
+                import torch
+                vals = [0.1, 0.2, 1 / 3]
+                x = torch.tensor(vals, dtype=torch.half)
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                vals = [0.1, 0.2, 1 / 3]
+                x = torch.tensor(vals).bfloat16()
+            """),
+            after=dedent("""\
+                import torch
+                vals = [0.1, 0.2, 1 / 3]
+                x = torch.tensor(vals, dtype=torch.bfloat16)
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.rand(4).double()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.rand(4, dtype=torch.float64)
+            """),
+            unsafe="rng",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.randn(100).half()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.randn(100, dtype=torch.half)
+            """),
+            unsafe="rng",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.randint(0, 10, (3,)).to(torch.int32)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.randint(0, 10, (3,), dtype=torch.int32)
+            """),
+            unsafe="rng",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.randperm(8).to(torch.int32)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.randperm(8, dtype=torch.int32)
+            """),
+            unsafe="rng",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3, requires_grad=True).double()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+            """),
+            unsafe="semantics",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.long).float()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.float32)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.arange(5, dtype=torch.long).double()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.arange(5, dtype=torch.float64)
+            """),
+            runnable=True,
+        ),
+        # --- more value-preserving folds
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).to(dtype=torch.float64)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.float64)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.eye(3).bool()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.eye(3, dtype=torch.bool)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tensor([True, False]).float()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.tensor([True, False], dtype=torch.float32)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tril_indices(3, 3).int()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.tril_indices(3, 3, dtype=torch.int32)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.rand(3).float()
+                y = torch.rand(2)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.rand(3, dtype=torch.float32)
+                y = torch.rand(2)
+            """),
+            runnable=True,
+            note="a no-op cast: same generator calls",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                t = torch.ones(4)
+                x = torch.arange(len(t)).double()
+                y = torch.zeros_like(t).long()
+            """),
+            after=dedent("""\
+                import torch
+                t = torch.ones(4)
+                x = torch.arange(len(t), dtype=torch.float64)
+                y = torch.zeros_like(t, dtype=torch.long)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                t = torch.ones(4)
+                x = torch.arange(len(t)).float()
+            """),
+            after=dedent("""\
+                import torch
+                t = torch.ones(4)
+                x = torch.arange(len(t), dtype=torch.float32)
+            """),
+            unsafe="tolerance",
+            runnable=True,
+            note="exact only below 2**24",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.full((2,), 0.1).half()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.full((2,), 0.1, dtype=torch.half)
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.linspace(0, 1, 5).half()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.linspace(0, 1, 5, dtype=torch.half)
+            """),
+            unsafe="tolerance",
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch as T
+                x = T.zeros(3).half()
+            """),
+            after=dedent("""\
+                import torch as T
+                x = T.zeros(3, dtype=T.half)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                from torch import zeros
+                x = zeros(3).half()
+            """),
+            after=dedent("""\
+                from torch import zeros
+                import torch
 
+                x = zeros(3, dtype=torch.half)
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.ones(
+                    2,
+                    3,
+                ).to(torch.float16, non_blocking=True)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.ones(
+                    2,
+                    3,
+                    dtype=torch.float16,
+                )
+            """),
+            runnable=True,
+        ),
+        # --- not folded (display-only)
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tensor([0.5]).long()
+            """),
+            note="float data to an integer dtype",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.full((2,), 1e6).half()
+            """),
+            note="overflows float16",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.rand(3).long()
+            """),
+            note="rand cannot generate integers",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.tensor([0.1], dtype=torch.float32).double()
+            """),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
 
-CastAfterFactory.examples = (
-    # --- the casts that fold into the factory
-    Invalid("import torch\nx = torch.zeros(3).half()\n",
-            after="import torch\nx = torch.zeros(3, dtype=torch.half)\n", runnable=True),
-    Invalid("import torch\nx = torch.ones(3).to(torch.float16)\n",
-            after="import torch\nx = torch.ones(3, dtype=torch.float16)\n", runnable=True),
-    Invalid("import torch\nx = torch.arange(5).float()\n",
-            after="import torch\nx = torch.arange(5, dtype=torch.float32)\n", runnable=True),
-    Invalid("import torch\nx = torch.tensor([1, 2]).float()\n",
-            after="import torch\nx = torch.tensor([1, 2], dtype=torch.float32)\n", runnable=True),
-    Invalid("import torch\nx = torch.full((2,), 7.0).half()\n",
-            after="import torch\nx = torch.full((2,), 7.0, dtype=torch.half)\n", runnable=True),
-    Invalid("import torch\nx = torch.arange(0, 1, 0.1).double()\n", note="0.30000001192092896 vs 0.30000000000000004"),
-    Invalid("import torch\nx = torch.linspace(0, 1, 7).double()\n", note="rounds to float32 first"),
-    Invalid("import torch\nx = torch.full((2,), 0.1).double()\n", note="rounds to float32 first"),
-    Invalid("import torch\nx = torch.tensor([0.1]).double()\n", note="rounds to float32 first"),
-    Invalid("import torch\nvals = [0.1, 0.2, 1 / 3]\nx = torch.tensor(vals).half()\n",
-            after="import torch\nvals = [0.1, 0.2, 1 / 3]\nx = torch.tensor(vals, dtype=torch.half)\n",
-            unsafe="tolerance", runnable=True),
-    Invalid("import torch\nvals = [0.1, 0.2, 1 / 3]\nx = torch.tensor(vals).bfloat16()\n",
-            after="import torch\nvals = [0.1, 0.2, 1 / 3]\nx = torch.tensor(vals, dtype=torch.bfloat16)\n",
-            unsafe="tolerance", runnable=True),
-    Invalid("import torch\nx = torch.rand(4).double()\n",
-            after="import torch\nx = torch.rand(4, dtype=torch.float64)\n", unsafe="rng", runnable=True),
-    Invalid("import torch\nx = torch.randn(100).half()\n",
-            after="import torch\nx = torch.randn(100, dtype=torch.half)\n", unsafe="rng", runnable=True),
-    Invalid("import torch\nx = torch.randint(0, 10, (3,)).to(torch.int32)\n",
-            after="import torch\nx = torch.randint(0, 10, (3,), dtype=torch.int32)\n", unsafe="rng", runnable=True),
-    Invalid("import torch\nx = torch.randperm(8).to(torch.int32)\n",
-            after="import torch\nx = torch.randperm(8, dtype=torch.int32)\n", unsafe="rng", runnable=True),
-    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).double()\n",
-            after="import torch\nx = torch.zeros(3, dtype=torch.float64, requires_grad=True)\n",
-            unsafe="semantics", runnable=True),
-    Invalid("import torch\nx = torch.zeros(3, dtype=torch.long).float()\n",
-            after="import torch\nx = torch.zeros(3, dtype=torch.float32)\n", runnable=True),
-    Invalid("import torch\nx = torch.arange(5, dtype=torch.long).double()\n",
-            after="import torch\nx = torch.arange(5, dtype=torch.float64)\n", runnable=True),
-    # --- more value-preserving folds
-    Invalid("import torch\nx = torch.zeros(3).to(dtype=torch.float64)\n",
-            after="import torch\nx = torch.zeros(3, dtype=torch.float64)\n", runnable=True),
-    Invalid("import torch\nx = torch.eye(3).bool()\n",
-            after="import torch\nx = torch.eye(3, dtype=torch.bool)\n", runnable=True),
-    Invalid("import torch\nx = torch.tensor([True, False]).float()\n",
-            after="import torch\nx = torch.tensor([True, False], dtype=torch.float32)\n", runnable=True),
-    Invalid("import torch\nx = torch.tril_indices(3, 3).int()\n",
-            after="import torch\nx = torch.tril_indices(3, 3, dtype=torch.int32)\n", runnable=True),
-    Invalid("import torch\nx = torch.rand(3).float()\ny = torch.rand(2)\n",
-            after="import torch\nx = torch.rand(3, dtype=torch.float32)\ny = torch.rand(2)\n", runnable=True,
-            note="a no-op cast: same generator calls"),
-    Invalid("import torch\nt = torch.ones(4)\nx = torch.arange(len(t)).double()\ny = torch.zeros_like(t).long()\n",
-            after="import torch\nt = torch.ones(4)\nx = torch.arange(len(t), dtype=torch.float64)\n"
-                  "y = torch.zeros_like(t, dtype=torch.long)\n", runnable=True),
-    Invalid("import torch\nt = torch.ones(4)\nx = torch.arange(len(t)).float()\n",
-            after="import torch\nt = torch.ones(4)\nx = torch.arange(len(t), dtype=torch.float32)\n",
-            unsafe="tolerance", runnable=True, note="exact only below 2**24"),
-    Invalid("import torch\nx = torch.full((2,), 0.1).half()\n",
-            after="import torch\nx = torch.full((2,), 0.1, dtype=torch.half)\n", unsafe="tolerance", runnable=True),
-    Invalid("import torch\nx = torch.linspace(0, 1, 5).half()\n",
-            after="import torch\nx = torch.linspace(0, 1, 5, dtype=torch.half)\n", unsafe="tolerance", runnable=True),
-    Invalid("import torch as T\nx = T.zeros(3).half()\n",
-            after="import torch as T\nx = T.zeros(3, dtype=T.half)\n", runnable=True),
-    Invalid("from torch import zeros\nx = zeros(3).half()\n",
-            after="from torch import zeros\nimport torch\n\nx = zeros(3, dtype=torch.half)\n", runnable=True),
-    Invalid("import torch\nx = torch.ones(\n    2,\n    3,\n).to(torch.float16, non_blocking=True)\n",
-            after="import torch\nx = torch.ones(\n    2,\n    3,\n    dtype=torch.float16,\n)\n", runnable=True),
-    # --- not folded (display-only)
-    Invalid("import torch\nx = torch.tensor([0.5]).long()\n", note="float data to an integer dtype"),
-    Invalid("import torch\nx = torch.full((2,), 1e6).half()\n", note="overflows float16"),
-    Invalid("import torch\nx = torch.rand(3).long()\n", note="rand cannot generate integers"),
-    Invalid("import torch\nx = torch.tensor([0.1], dtype=torch.float32).double()\n"),
-    Invalid("import torch\n\ndef f(t):\n    return torch.full_like(t, 7).half()\n", note="t's dtype is unknown"),
-    Invalid("import torch\ntorch.set_default_dtype(torch.float64)\nx = torch.tensor([1.5]).half()\n",
-            note="default dtype unknown"),
-    Invalid("import torch\ntorch.set_default_dtype(torch.float64)\nx = torch.zeros(3).half()\n",
-            after="import torch\ntorch.set_default_dtype(torch.float64)\nx = torch.zeros(3, dtype=torch.half)\n",
-            note="zeros fold whatever the default dtype"),
-    Invalid("import torch\nx = torch.zeros(3).half(  # fp16\n)\n", note="a comment would be lost"),
-    Valid("import torch\nx = torch.zeros(3, dtype=torch.half)\ny = torch.zeros(3).to('cpu')\n", runnable=True),
-    Valid("import mylib\nx = mylib.zeros(3).half()\n"),
-    Valid("import torch\n\ndef f(torch):\n    return torch.zeros(3).half()\n"),
-    Valid("import torch\n\ndef f(x):\n    return x.float()\n"),
-    Valid("import torch\nx = torch.zeros(3).cuda().half()\n", note="with TOP101 selected too this chain folds"),
-    Valid("import torch\n\ndef f(x):\n    return torch.zeros(3).to(x)\n", note="TOP101 reports it"),
-    Invalid("import torch\n\ndef f(x):\n    return torch.arange(4).to(x.dtype)\n", note="the target dtype is not known"),
-    Valid("import torch\nx = torch.zeros(3).to('cuda', torch.half)\n", note="TOP101's"),
-    Valid("import torch\n\ndef f(s):\n    return torch.zeros(*s).half()\n"),
-    Valid("import torch\nx = torch.zeros(3).half(memory_format=torch.preserve_format)\n"),
-    Valid("import torch\n\ndef f(a):\n    return torch.from_numpy(a).float()\n", note="from_numpy takes no dtype="),
-)
+                def f(t):
+                    return torch.full_like(t, 7).half()
+            """),
+            note="t's dtype is unknown",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                torch.set_default_dtype(torch.float64)
+                x = torch.tensor([1.5]).half()
+            """),
+            note="default dtype unknown",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                torch.set_default_dtype(torch.float64)
+                x = torch.zeros(3).half()
+            """),
+            after=dedent("""\
+                import torch
+                torch.set_default_dtype(torch.float64)
+                x = torch.zeros(3, dtype=torch.half)
+            """),
+            note="zeros fold whatever the default dtype",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).half(  # fp16
+                )
+            """),
+            note="a comment would be lost",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3, dtype=torch.half)
+                y = torch.zeros(3).to('cpu')
+            """),
+            runnable=True,
+        ),
+        Valid(
+            dedent("""\
+                import mylib
+                x = mylib.zeros(3).half()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(torch):
+                    return torch.zeros(3).half()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(x):
+                    return x.float()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).cuda().half()
+            """),
+            note="with TOP101 selected too this chain folds",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(x):
+                    return torch.zeros(3).to(x)
+            """),
+            note="TOP101 reports it",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def f(x):
+                    return torch.arange(4).to(x.dtype)
+            """),
+            note="the target dtype is not known",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).to('cuda', torch.half)
+            """),
+            note="TOP101's",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(s):
+                    return torch.zeros(*s).half()
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                x = torch.zeros(3).half(memory_format=torch.preserve_format)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(a):
+                    return torch.from_numpy(a).float()
+            """),
+            note="from_numpy takes no dtype=",
+        ),
+    )

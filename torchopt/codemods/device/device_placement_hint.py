@@ -154,7 +154,7 @@ class DevicePlacementHint(Rule):
         mv = move_device(self, node)
         if mv is None:
             return
-        recv = node.func.value  # type: ignore[union-attr]
+        recv = cst.ensure_type(node.func, cst.Attribute).value  # (visit_Call sends only method calls)
         loop = None
         if isinstance(recv, cst.Name):
             loop = in_loop(self, node)
@@ -252,7 +252,7 @@ class DevicePlacementHint(Rule):
         dtype = _LEGACY_TYPES.get(q[len("torch.cuda."):])
         if dtype is None:
             return
-        recv = node.func.value  # type: ignore[union-attr]
+        recv = cst.ensure_type(node.func, cst.Attribute).value  # (visit_Call sends only method calls)
         if torch_name(self, recv) is not None:  # torch.cuda.FloatTensor.type(...) etc.
             return
         ref = torch_ref(self)

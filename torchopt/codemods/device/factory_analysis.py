@@ -60,7 +60,7 @@ LEGACY = {
     "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32", "ShortTensor": "int16",
     "CharTensor": "int8", "ByteTensor": "uint8", "BoolTensor": "bool",
 }
-CUDA_LEGACY = {k: v for k, v in LEGACY.items() if k != "Tensor"}
+CUDA_LEGACY = {k: v for k, v in LEGACY.items() if v is not None}  # all but the dtype-less "Tensor"
 
 INT_RANGE = {
     "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
@@ -79,6 +79,9 @@ SPELLING = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", 
             "bool": "bool"}
 
 _SETS_DEFAULT_DTYPE = ("set_default_dtype", "set_default_tensor_type")
+
+
+_FACTORY_NAMES = FACTORIES | set(LEGACY) | {"from_numpy"}  # the last names factory_of can answer for
 
 
 def factory_kind(qname: str | None) -> str | None:
@@ -180,7 +183,9 @@ def literal_number(expr: cst.BaseExpression) -> int | float | bool | None:
     if (isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, (cst.Minus, cst.Plus))
             and isinstance(expr.expression, (cst.Integer, cst.Float))):
         v = literal_number(expr.expression)
-        return -v if isinstance(expr.operator, cst.Minus) else v  # type: ignore[operator]
+        if v is None:
+            return None
+        return -v if isinstance(expr.operator, cst.Minus) else v
     return None
 
 
@@ -243,7 +248,7 @@ def int_looking(rule: Rule, expr: cst.BaseExpression, depth: int = 0) -> bool:
     if isinstance(expr, cst.Name) and depth < 3:
         if param_annotation(rule, expr) == "int":
             return True
-        values = reaching_values(rule, expr)
+        values = reaching_values(rule, expr) or []
         return bool(values) and all(v is not None and int_looking(rule, v, depth + 1) for v in values)
     return False
 
@@ -262,7 +267,7 @@ def int_typed(rule: Rule, expr: cst.BaseExpression, depth: int = 0) -> bool:
     if isinstance(expr, cst.Name) and depth < 3:
         if param_annotation(rule, expr) == "int":
             return True
-        values = reaching_values(rule, expr)
+        values = reaching_values(rule, expr) or []
         return bool(values) and all(v is not None and int_typed(rule, v, depth + 1) for v in values)
     return False
 
@@ -307,14 +312,15 @@ def _literal_int_span(call: cst.Call) -> tuple[int, int] | None | str:
     if bounds is None:
         return None
     nums = [literal_number(b) for b in bounds]
-    if any(n is None or isinstance(n, (bool, float)) for n in nums):
+    ints = [n for n in nums if isinstance(n, int) and not isinstance(n, bool)]
+    if len(ints) != len(nums):
         return None
-    if len(nums) == 1:
-        start, end, step = 0, nums[0], 1
-    elif len(nums) == 2:
-        (start, end), step = nums, 1
+    if len(ints) == 1:
+        start, end, step = 0, ints[0], 1
+    elif len(ints) == 2:
+        (start, end), step = ints, 1
     else:
-        start, end, step = nums
+        start, end, step = ints
     if step == 0:
         return None
     n = -((start - end) // step)  # ceil((end - start) / step)
@@ -406,6 +412,7 @@ def fold_verdict(data: Data, dst: str | None) -> Fold:
         return Fold(False, reason="this file changes the default dtype, so the factory's dtype is not known")
     src_float = src in FLOAT_DTYPES
     if k == "values":
+        assert src is not None  # (only host data may come without a dtype, above)
         if src_float and dst not in FLOAT_DTYPES:
             return Fold(False, reason="float data converted to an integer dtype")
         if not all(in_range(v, dst) for v in data.values):
@@ -416,6 +423,7 @@ def fold_verdict(data: Data, dst: str | None) -> Fold:
             return Fold(True, (Tag.TOLERANCE,), f"values are rounded once to {dst} instead of through {src}")
         return Fold(False, reason=f"not equivalent: the values are rounded to {src} first, then converted to {dst}")
     if k == "intspan":
+        assert src is not None
         if src_float:
             if not (_int_span_exact(data.lo, data.hi, src) and _int_span_exact(data.lo, data.hi, dst)):
                 return Fold(False, reason=f"not equivalent: values computed in {src} are rounded, then converted")
@@ -480,6 +488,8 @@ class _FactoryRule(Rule):
 
     def factory_of(self, inner: cst.Call) -> tuple[str, str] | None:
         """(kind, qualified name) of the factory ``inner`` calls, if we handle it."""
+        if isinstance(inner.func, cst.Attribute) and inner.func.attr.value not in _FACTORY_NAMES:
+            return None  # `a.b.c(...)` is named by its last part: skip resolving it (the file's scope analysis)
         q = callee(self, inner)
         if q is None:
             return None

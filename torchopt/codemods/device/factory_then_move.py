@@ -1,6 +1,8 @@
 """TOP101 `factory-then-move`: Flags a tensor factory whose result is moved to a device at once, e.g. `torch.zeros(n).cuda()`."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import drop_kwarg
@@ -113,6 +115,8 @@ class FactoryThenMove(_FactoryRule):
             inner, meth = mc
             self._trailing(node, inner, meth)
             return
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CUDA_LEGACY:
+            return  # resolving `a.b.c(...)` can cost the file's scope analysis; its last name must match
         q = callee(self, node)
         if q is not None and q.startswith("torch.cuda.") and q[len("torch.cuda."):] in CUDA_LEGACY:
             self._bare_cuda_ctor(node, q[len("torch.cuda."):])
@@ -131,7 +135,7 @@ class FactoryThenMove(_FactoryRule):
             self.report(node, fmt=fmt, message=msg)
             return
         new = node.with_changes(func=ref.attr("empty"))
-        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))  # type: ignore[index]
+        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))
         new = set_kwarg(new, "device", cst.SimpleString("'cuda'"))
         self.report(node, fmt={**fmt, "new": f"{ref.name}.empty"}, message=msg, replacement=new,
                     imports=ref.imports, fix_title="Use `{new}(..., dtype=..., device={device})`")
@@ -198,6 +202,7 @@ class FactoryThenMove(_FactoryRule):
                     return
                 dev_expr = tr.device
         else:
+            assert tr.device is not None  # (a `.to` without a device returned above)
             dev_kind = classify_device(self, tr.device)
             dev_expr = tr.device
             if not dev_kind.is_device and not tr.forced:
@@ -207,7 +212,7 @@ class FactoryThenMove(_FactoryRule):
                 return
         assert dev_expr is not None
         if dev_kind is not None and dev_kind.kind is DeviceKind.CONVENTION and not tr.forced:
-            assumption = f" (assuming `{source(self, tr.device)}` is a torch.device)"  # type: ignore[arg-type]
+            assumption = f" (assuming `{source(self, tr.device or dev_expr)}` is a torch.device)"
         device_text = " ".join(self.ctx.module.code_for_node(dev_expr).split())
         new_name = factory
         if (kind == "from_numpy" or kind in LEGACY) and ref is not None:
@@ -276,7 +281,7 @@ class FactoryThenMove(_FactoryRule):
         drop_pin = pin is not None and not same_device
         if (_removed_has_comments(node) or (existing is not None and has_comments(existing.value))
                 or (drop_pin and has_comments(pin)) or ((kind in LEGACY or kind == "from_numpy") and has_comments(inner.func))
-                or (dtype_expr is not None and keyword(inner, "dtype") is not None and has_comments(keyword(inner, "dtype").value))):  # type: ignore[union-attr]
+                or (dtype_expr is not None and (dtype_kw := keyword(inner, "dtype")) is not None and has_comments(dtype_kw.value))):
             self.report(node, fmt=fmt, message=self.message + "; not fixed automatically: a comment would be lost")
             return
 
@@ -289,8 +294,8 @@ class FactoryThenMove(_FactoryRule):
                 return
             imports = ref.imports
             new = new.with_changes(func=ref.attr("as_tensor" if kind == "from_numpy" else "empty"))
-            if kind in LEGACY and LEGACY[kind] is not None:
-                new = set_kwarg(new, "dtype", ref.attr(SPELLING[LEGACY[kind]]))  # type: ignore[index]
+            if kind in LEGACY and (legacy_dtype := LEGACY[kind]) is not None:
+                new = set_kwarg(new, "dtype", ref.attr(SPELLING[legacy_dtype]))
         if isinstance(dev_expr, cst.Call) and dev_expr is not tr.device and ref is not None:
             imports = ref.imports
         if drop_pin:
@@ -327,134 +332,222 @@ class FactoryThenMove(_FactoryRule):
         pos = positional(call)
         return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
 
-    examples = ()  # filled below
+    examples = (
+        # --- the factories that take a device
+        Invalid("import torch\nx = torch.zeros(3, 4).cuda()\n",
+                after="import torch\nx = torch.zeros(3, 4, device='cuda')\n"),
+        Invalid("import torch as T\nx = T.ones(2).cuda(1)\n",
+                after="import torch as T\nx = T.ones(2, device='cuda:1')\n"),
+        Invalid('from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long).to("cuda:0", non_blocking=True)\n',
+                after='from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long, device="cuda:0")\n'),
+        Invalid("import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0).to(device=dev, dtype=torch.float16)\n",
+                after="import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0, device=dev, dtype=torch.float16)\n"),
+        Invalid("import torch\n\ndef train(model, device, loader):\n    return torch.arange(10).to(device)\n",
+                after="import torch\n\ndef train(model, device, loader):\n    return torch.arange(10, device=device)\n",
+                note="device-names convention: `device` is assumed to be a torch.device"),
+        Invalid("import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t).to(t2.device)\n",
+                after="import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t, device=t2.device)\n"),
+        Invalid("import torch\nx = torch.zeros(3, pin_memory=True).cuda(non_blocking=True)\n",
+                after="import torch\nx = torch.zeros(3, device='cuda')\n"),
+        Invalid("import torch\n\ndef f(n, rank: int):\n    return torch.ones(n).cuda(rank)\n",
+                after="import torch\n\ndef f(n, rank: int):\n    return torch.ones(n, device=torch.device('cuda', rank))\n"),
+        Invalid("import torch\nx = torch.rand(5).cuda()\n",
+                after="import torch\nx = torch.rand(5, device='cuda')\n", unsafe="rng"),
+        Invalid('import torch\nx = torch.randn(2, 2, device="cpu").to(torch.device("cuda", 0))\n',
+                after='import torch\nx = torch.randn(2, 2, device=torch.device("cuda", 0))\n', unsafe="rng"),
+        Invalid("import torch\nx = torch.zeros(3, requires_grad=True).cuda()\n",
+                after="import torch\nx = torch.zeros(3, device='cuda', requires_grad=True)\n", unsafe="semantics"),
+        Invalid("import torch\n\ndef f(x):\n    return torch.empty(3).to(x)\n",
+                note="x may be a device, a dtype or a tensor: display-only"),
+        Invalid("import torch\n\ndef f(a):\n    return torch.from_numpy(a).cuda()\n",
+                after="import torch\n\ndef f(a):\n    return torch.as_tensor(a, device='cuda')\n"),
+        Invalid("import torch\nx = torch.Tensor(2, 3).cuda()\n",
+                after="import torch\nx = torch.empty(2, 3, device='cuda')\n"),
+        Invalid("import torch\nx = torch.cuda.FloatTensor(2, 3)\n",
+                after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
+        Invalid("import torch\nx = torch.cuda.LongTensor(4)\n",
+                after="import torch\nx = torch.empty(4, dtype=torch.int64, device='cuda')\n"),
+        Invalid("import torch\nx = torch.FloatTensor(2, 3).cuda()\n",
+                after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
+        # --- aliases and imports
+        Invalid("import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n).cuda(rank)\n",
+                after="import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n, device=T.device('cuda', rank))\n"),
+        Invalid(
+            dedent("""\
+                from torch import ones
 
+                def f(n):
+                    rank = int(2)
+                    return ones(n).cuda(rank)
+            """),
+            after=dedent("""\
+                from torch import ones
+                import torch
 
-FactoryThenMove.examples = (
-    # --- the factories that take a device
-    Invalid("import torch\nx = torch.zeros(3, 4).cuda()\n",
-            after="import torch\nx = torch.zeros(3, 4, device='cuda')\n"),
-    Invalid("import torch as T\nx = T.ones(2).cuda(1)\n",
-            after="import torch as T\nx = T.ones(2, device='cuda:1')\n"),
-    Invalid('from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long).to("cuda:0", non_blocking=True)\n',
-            after='from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long, device="cuda:0")\n'),
-    Invalid("import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0).to(device=dev, dtype=torch.float16)\n",
-            after="import torch\n\ndef f(dev):\n    return torch.full((2,), 7.0, device=dev, dtype=torch.float16)\n"),
-    Invalid("import torch\n\ndef train(model, device, loader):\n    return torch.arange(10).to(device)\n",
-            after="import torch\n\ndef train(model, device, loader):\n    return torch.arange(10, device=device)\n",
-            note="device-names convention: `device` is assumed to be a torch.device"),
-    Invalid("import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t).to(t2.device)\n",
-            after="import torch\n\ndef f(t, t2):\n    return torch.zeros_like(t, device=t2.device)\n"),
-    Invalid("import torch\nx = torch.zeros(3, pin_memory=True).cuda(non_blocking=True)\n",
-            after="import torch\nx = torch.zeros(3, device='cuda')\n"),
-    Invalid("import torch\n\ndef f(n, rank: int):\n    return torch.ones(n).cuda(rank)\n",
-            after="import torch\n\ndef f(n, rank: int):\n    return torch.ones(n, device=torch.device('cuda', rank))\n"),
-    Invalid("import torch\nx = torch.rand(5).cuda()\n",
-            after="import torch\nx = torch.rand(5, device='cuda')\n", unsafe="rng"),
-    Invalid('import torch\nx = torch.randn(2, 2, device="cpu").to(torch.device("cuda", 0))\n',
-            after='import torch\nx = torch.randn(2, 2, device=torch.device("cuda", 0))\n', unsafe="rng"),
-    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).cuda()\n",
-            after="import torch\nx = torch.zeros(3, device='cuda', requires_grad=True)\n", unsafe="semantics"),
-    Invalid("import torch\n\ndef f(x):\n    return torch.empty(3).to(x)\n",
-            note="x may be a device, a dtype or a tensor: display-only"),
-    Invalid("import torch\n\ndef f(a):\n    return torch.from_numpy(a).cuda()\n",
-            after="import torch\n\ndef f(a):\n    return torch.as_tensor(a, device='cuda')\n"),
-    Invalid("import torch\nx = torch.Tensor(2, 3).cuda()\n",
-            after="import torch\nx = torch.empty(2, 3, device='cuda')\n"),
-    Invalid("import torch\nx = torch.cuda.FloatTensor(2, 3)\n",
-            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
-    Invalid("import torch\nx = torch.cuda.LongTensor(4)\n",
-            after="import torch\nx = torch.empty(4, dtype=torch.int64, device='cuda')\n"),
-    Invalid("import torch\nx = torch.FloatTensor(2, 3).cuda()\n",
-            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n"),
-    # --- aliases and imports
-    Invalid("import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n).cuda(rank)\n",
-            after="import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n, device=T.device('cuda', rank))\n"),
-    Invalid("from torch import ones\n\ndef f(n):\n    rank = int(2)\n    return ones(n).cuda(rank)\n",
-            after="from torch import ones\nimport torch\n\ndef f(n):\n    rank = int(2)\n    return ones(n, device=torch.device('cuda', rank))\n"),
-    Invalid("from torch import rand as R\nx = R(3).cuda()\n",
-            after="from torch import rand as R\nx = R(3, device='cuda')\n", unsafe="rng"),
-    Invalid("import torch\nimport torch.distributed as dist\nx = torch.zeros(3).cuda(dist.get_rank())\n",
-            after="import torch\nimport torch.distributed as dist\nx = torch.zeros(3, device=torch.device('cuda', dist.get_rank()))\n"),
-    Invalid("import torch\nx = torch.zeros(3).cuda(device=1)\n",
-            after="import torch\nx = torch.zeros(3, device='cuda:1')\n"),
-    Invalid("import torch\n\ndef f(target_device):\n    return torch.ones(3).to(device=target_device)\n",
-            after="import torch\n\ndef f(target_device):\n    return torch.ones(3, device=target_device)\n"),
-    # --- device-computed and random factories
-    Invalid("import torch\nx = torch.linspace(0, 1, 5).cuda()\n",
-            after="import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n", unsafe="tolerance"),
-    Invalid("import torch\nx = torch.arange(0, 1, 0.1).cuda()\n",
-            after="import torch\nx = torch.arange(0, 1, 0.1, device='cuda')\n", unsafe="tolerance"),
-    Invalid("import torch\nx = torch.hann_window(8).cuda()\n",
-            after="import torch\nx = torch.hann_window(8, device='cuda')\n", unsafe="tolerance"),
-    Invalid("import torch\n\ndef f(x):\n    return torch.arange(x.size(0)).cuda()\n",
-            after="import torch\n\ndef f(x):\n    return torch.arange(x.size(0), device='cuda')\n"),
-    Invalid("import torch\nx = torch.randint(0, 10, (3,)).to('cuda', torch.int32)\n",
-            after="import torch\nx = torch.randint(0, 10, (3,), device='cuda', dtype=torch.int32)\n", unsafe="rng"),
-    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cuda', torch.float64)\n",
-            after="import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64, requires_grad=True)\n",
-            unsafe="semantics"),
-    Invalid("import torch\nx = torch.normal(0.0, 1.0, size=(3,)).cuda()\n",
-            after="import torch\nx = torch.normal(0.0, 1.0, size=(3,), device='cuda')\n", unsafe="rng"),
-    # --- layout: multi-line calls, existing device=, parentheses
-    Invalid("import torch\nx = torch.zeros(\n    3,\n    4,\n).cuda()\n",
-            after="import torch\nx = torch.zeros(\n    3,\n    4,\n    device='cuda',\n)\n"),
-    Invalid("import torch\nx = torch.zeros(\n    3,\n).cuda()\n",
-            after="import torch\nx = torch.zeros(\n    3,\n    device='cuda',\n)\n"),
-    Invalid("import torch\nx = torch.zeros(3, device='cpu').cuda()\n",
-            after="import torch\nx = torch.zeros(3, device='cuda')\n"),
-    Invalid("import torch\nx = (torch.zeros(3)).cuda()\n",
-            after="import torch\nx = (torch.zeros(3, device='cuda'))\n"),
-    # --- display-only
-    Invalid("import torch\n\ndef f(args):\n    return torch.zeros(3).cuda(args.local_rank)\n",
-            note="type of args.local_rank unknown"),
-    Invalid("import torch\nx = torch.zeros(3).cuda(  # on the GPU\n)\n", note="a comment would be lost"),
-    Invalid("import torch\n\ndef f(device):\n    return torch.linspace(0, 1, 5).to(device, torch.float64)\n",
-            note="the float64 fold is not value-preserving"),
-    Invalid("import torch\nt = torch.ones(3)\nx = torch.tensor(t).cuda()\n", note="copy-construct from a tensor"),
-    Invalid("from torch import zeros\ntorch = None\n\ndef f(rank: int):\n    return zeros(3).cuda(rank)\n",
-            note="`torch` is bound to something else: no generated torch reference"),
-    # --- runnable on the CPU (bitwise equal, RNG state included)
-    Invalid("import torch\nx = torch.zeros(3, 4).to('cpu')\n",
-            after="import torch\nx = torch.zeros(3, 4, device='cpu')\n", runnable=True),
-    Invalid("import torch\nx = torch.rand(3).to('cpu')\ny = torch.randn(2)\n",
-            after="import torch\nx = torch.rand(3, device='cpu')\ny = torch.randn(2)\n", runnable=True,
-            note="same device: the same CPU generator is used"),
-    Invalid("import torch\ndevice = 'cpu'\nx = torch.arange(10).to(device)\ny = torch.linspace(0, 1, 7).to(device)\n",
-            after="import torch\ndevice = 'cpu'\nx = torch.arange(10, device=device)\ny = torch.linspace(0, 1, 7, device=device)\n",
-            runnable=True),
-    Invalid("import torch\nx = torch.tensor([1.0, 2.0]).to('cpu', torch.float64)\n",
-            after="import torch\nx = torch.tensor([1.0, 2.0], device='cpu', dtype=torch.float64)\n", runnable=True),
-    Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cpu')\n",
-            after="import torch\nx = torch.zeros(3, device='cpu', requires_grad=True)\n", runnable=True),
-    Invalid("import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.from_numpy(a).to('cpu')\n",
-            after="import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.as_tensor(a, device='cpu')\n",
-            runnable=True),
-    Invalid("import torch\nx = torch.full(\n    (2, 2),\n    7,\n    dtype=torch.long,\n).to(device='cpu', non_blocking=True)\n",
-            after="import torch\nx = torch.full(\n    (2, 2),\n    7,\n    dtype=torch.long,\n    device='cpu',\n)\n",
-            runnable=True),
-    Valid("import torch\nx = torch.zeros(3, device='cpu')\ny = torch.arange(4).to(torch.float16)\n", runnable=True),
-    Valid("import torch\n\ndef k(torch):\n    return torch.rand(3).cuda()\n", note="parameter named torch"),
-    Valid("import mylib\nx = mylib.zeros(3).cuda()\n"),
-    Valid("import torch\n\ndef zeros(n):\n    return torch.ones(n)\n\nx = zeros(3).cuda()\n"),
-    Valid("import torch\n\ndef f(shape):\n    return torch.zeros(*shape).cuda()\n"),
-    Valid("import torch\n\ndef f(kw):\n    return torch.zeros(3).cuda(**kw)\n"),
-    Valid("import torch\n\ndef f(o):\n    return torch.zeros(3, out=o).cuda()\n"),
-    Valid("import torch\nx = torch.ones(3).cuda(memory_format=torch.contiguous_format)\n"),
-    Valid("import torch\nx = torch.arange(10).to('cpu', copy=True)\n", runnable=True),
-    Valid("import torch\nx = torch.ones(3).to(torch.float16)\n", note="a dtype cast alone is TOP102's"),
-    Valid("import torch\n\ndef f(a):\n    return a.new_zeros(3).cuda()\n", note="receiver type unknown"),
-    Valid("import torch\n\ndef f(x, dtype):\n    return torch.arange(4).to(x.dtype) + torch.arange(4).to(dtype)\n",
-          note="a cast by name: TOP102's"),
-    Invalid("from x import is_torch_available\nif is_torch_available():\n    import torch\n\ndef f(a, rank: int):\n"
-            "    return torch.zeros(3).cuda(rank)\n",
-            after="from x import is_torch_available\nif is_torch_available():\n    import torch\n\ndef f(a, rank: int):\n"
-                  "    return torch.zeros(3, device=torch.device('cuda', rank))\n",
-            note="a guarded `import torch` is reused; no top-level import is added"),
-    Valid("import torch\n\ndef f(data):\n    return torch.Tensor(data).cuda()\n", note="torch.Tensor is overloaded"),
-    Valid("import torch\n\ndef f(mean, std):\n    return torch.normal(mean, std).cuda()\n"),
-    Valid("import torch\n\ndef f(g):\n    return torch.rand(3, generator=g).cuda()\n", note="a CPU generator"),
-    Valid("import torch\n\ndef f(x):\n    return torch.as_tensor(x, torch.float32).cuda()\n"),
-    Valid("import torch\n\ndef f(x):\n    return torch.bernoulli(x).cuda()\n", note="no device= parameter"),
-    Valid("import torch\n\ndef f(x):\n    return x.type(torch.cuda.FloatTensor)\n", note="TOP105's"),
-)
+                def f(n):
+                    rank = int(2)
+                    return ones(n, device=torch.device('cuda', rank))
+            """),
+        ),
+        Invalid("from torch import rand as R\nx = R(3).cuda()\n",
+                after="from torch import rand as R\nx = R(3, device='cuda')\n", unsafe="rng"),
+        Invalid("import torch\nimport torch.distributed as dist\nx = torch.zeros(3).cuda(dist.get_rank())\n",
+                after="import torch\nimport torch.distributed as dist\nx = torch.zeros(3, device=torch.device('cuda', dist.get_rank()))\n"),
+        Invalid("import torch\nx = torch.zeros(3).cuda(device=1)\n",
+                after="import torch\nx = torch.zeros(3, device='cuda:1')\n"),
+        Invalid("import torch\n\ndef f(target_device):\n    return torch.ones(3).to(device=target_device)\n",
+                after="import torch\n\ndef f(target_device):\n    return torch.ones(3, device=target_device)\n"),
+        # --- device-computed and random factories
+        Invalid("import torch\nx = torch.linspace(0, 1, 5).cuda()\n",
+                after="import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n", unsafe="tolerance"),
+        Invalid("import torch\nx = torch.arange(0, 1, 0.1).cuda()\n",
+                after="import torch\nx = torch.arange(0, 1, 0.1, device='cuda')\n", unsafe="tolerance"),
+        Invalid("import torch\nx = torch.hann_window(8).cuda()\n",
+                after="import torch\nx = torch.hann_window(8, device='cuda')\n", unsafe="tolerance"),
+        Invalid("import torch\n\ndef f(x):\n    return torch.arange(x.size(0)).cuda()\n",
+                after="import torch\n\ndef f(x):\n    return torch.arange(x.size(0), device='cuda')\n"),
+        Invalid("import torch\nx = torch.randint(0, 10, (3,)).to('cuda', torch.int32)\n",
+                after="import torch\nx = torch.randint(0, 10, (3,), device='cuda', dtype=torch.int32)\n", unsafe="rng"),
+        Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cuda', torch.float64)\n",
+                after="import torch\nx = torch.zeros(3, device='cuda', dtype=torch.float64, requires_grad=True)\n",
+                unsafe="semantics"),
+        Invalid("import torch\nx = torch.normal(0.0, 1.0, size=(3,)).cuda()\n",
+                after="import torch\nx = torch.normal(0.0, 1.0, size=(3,), device='cuda')\n", unsafe="rng"),
+        # --- layout: multi-line calls, existing device=, parentheses
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(
+                    3,
+                    4,
+                ).cuda()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(
+                    3,
+                    4,
+                    device='cuda',
+                )
+            """),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.zeros(
+                    3,
+                ).cuda()
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.zeros(
+                    3,
+                    device='cuda',
+                )
+            """),
+        ),
+        Invalid("import torch\nx = torch.zeros(3, device='cpu').cuda()\n",
+                after="import torch\nx = torch.zeros(3, device='cuda')\n"),
+        Invalid("import torch\nx = (torch.zeros(3)).cuda()\n",
+                after="import torch\nx = (torch.zeros(3, device='cuda'))\n"),
+        # --- display-only
+        Invalid("import torch\n\ndef f(args):\n    return torch.zeros(3).cuda(args.local_rank)\n",
+                note="type of args.local_rank unknown"),
+        Invalid("import torch\nx = torch.zeros(3).cuda(  # on the GPU\n)\n", note="a comment would be lost"),
+        Invalid("import torch\n\ndef f(device):\n    return torch.linspace(0, 1, 5).to(device, torch.float64)\n",
+                note="the float64 fold is not value-preserving"),
+        Invalid("import torch\nt = torch.ones(3)\nx = torch.tensor(t).cuda()\n", note="copy-construct from a tensor"),
+        Invalid(
+            dedent("""\
+                from torch import zeros
+                torch = None
+
+                def f(rank: int):
+                    return zeros(3).cuda(rank)
+            """),
+            note="`torch` is bound to something else: no generated torch reference",
+        ),
+        # --- runnable on the CPU (bitwise equal, RNG state included)
+        Invalid("import torch\nx = torch.zeros(3, 4).to('cpu')\n",
+                after="import torch\nx = torch.zeros(3, 4, device='cpu')\n", runnable=True),
+        Invalid("import torch\nx = torch.rand(3).to('cpu')\ny = torch.randn(2)\n",
+                after="import torch\nx = torch.rand(3, device='cpu')\ny = torch.randn(2)\n", runnable=True,
+                note="same device: the same CPU generator is used"),
+        Invalid("import torch\ndevice = 'cpu'\nx = torch.arange(10).to(device)\ny = torch.linspace(0, 1, 7).to(device)\n",
+                after="import torch\ndevice = 'cpu'\nx = torch.arange(10, device=device)\ny = torch.linspace(0, 1, 7, device=device)\n",
+                runnable=True),
+        Invalid("import torch\nx = torch.tensor([1.0, 2.0]).to('cpu', torch.float64)\n",
+                after="import torch\nx = torch.tensor([1.0, 2.0], device='cpu', dtype=torch.float64)\n", runnable=True),
+        Invalid("import torch\nx = torch.zeros(3, requires_grad=True).to('cpu')\n",
+                after="import torch\nx = torch.zeros(3, device='cpu', requires_grad=True)\n", runnable=True),
+        Invalid("import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.from_numpy(a).to('cpu')\n",
+                after="import numpy as np\nimport torch\na = np.arange(6.0)\nx = torch.as_tensor(a, device='cpu')\n",
+                runnable=True),
+        Invalid(
+            dedent("""\
+                import torch
+                x = torch.full(
+                    (2, 2),
+                    7,
+                    dtype=torch.long,
+                ).to(device='cpu', non_blocking=True)
+            """),
+            after=dedent("""\
+                import torch
+                x = torch.full(
+                    (2, 2),
+                    7,
+                    dtype=torch.long,
+                    device='cpu',
+                )
+            """),
+            runnable=True,
+        ),
+        Valid("import torch\nx = torch.zeros(3, device='cpu')\ny = torch.arange(4).to(torch.float16)\n", runnable=True),
+        Valid("import torch\n\ndef k(torch):\n    return torch.rand(3).cuda()\n", note="parameter named torch"),
+        Valid("import mylib\nx = mylib.zeros(3).cuda()\n"),
+        Valid(
+            dedent("""\
+                import torch
+
+                def zeros(n):
+                    return torch.ones(n)
+
+                x = zeros(3).cuda()
+            """),
+        ),
+        Valid("import torch\n\ndef f(shape):\n    return torch.zeros(*shape).cuda()\n"),
+        Valid("import torch\n\ndef f(kw):\n    return torch.zeros(3).cuda(**kw)\n"),
+        Valid("import torch\n\ndef f(o):\n    return torch.zeros(3, out=o).cuda()\n"),
+        Valid("import torch\nx = torch.ones(3).cuda(memory_format=torch.contiguous_format)\n"),
+        Valid("import torch\nx = torch.arange(10).to('cpu', copy=True)\n", runnable=True),
+        Valid("import torch\nx = torch.ones(3).to(torch.float16)\n", note="a dtype cast alone is TOP102's"),
+        Valid("import torch\n\ndef f(a):\n    return a.new_zeros(3).cuda()\n", note="receiver type unknown"),
+        Valid("import torch\n\ndef f(x, dtype):\n    return torch.arange(4).to(x.dtype) + torch.arange(4).to(dtype)\n",
+              note="a cast by name: TOP102's"),
+        Invalid(
+            dedent("""\
+                from x import is_torch_available
+                if is_torch_available():
+                    import torch
+
+                def f(a, rank: int):
+                    return torch.zeros(3).cuda(rank)
+            """),
+            after=dedent("""\
+                from x import is_torch_available
+                if is_torch_available():
+                    import torch
+
+                def f(a, rank: int):
+                    return torch.zeros(3, device=torch.device('cuda', rank))
+            """),
+            note="a guarded `import torch` is reused; no top-level import is added",
+        ),
+        Valid("import torch\n\ndef f(data):\n    return torch.Tensor(data).cuda()\n", note="torch.Tensor is overloaded"),
+        Valid("import torch\n\ndef f(mean, std):\n    return torch.normal(mean, std).cuda()\n"),
+        Valid("import torch\n\ndef f(g):\n    return torch.rand(3, generator=g).cuda()\n", note="a CPU generator"),
+        Valid("import torch\n\ndef f(x):\n    return torch.as_tensor(x, torch.float32).cuda()\n"),
+        Valid("import torch\n\ndef f(x):\n    return torch.bernoulli(x).cuda()\n", note="no device= parameter"),
+        Valid("import torch\n\ndef f(x):\n    return x.type(torch.cuda.FloatTensor)\n", note="TOP105's"),
+    )

@@ -109,7 +109,7 @@ def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
         params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name]
     stores: list[_ast.Name] = []
     parents: dict[int, _ast.AST] = {}
-    stack = list(_ast.iter_child_nodes(scope)) if not isinstance(scope, _ast.Module) else list(scope.body)
+    stack: list[_ast.AST] = list(_ast.iter_child_nodes(scope)) if not isinstance(scope, _ast.Module) else list(scope.body)
     if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
         stack = list(scope.body) if isinstance(scope.body, list) else [scope.body]
     while stack:
@@ -215,7 +215,7 @@ def _ast_maybe_device(imports: dict, expr: _ast.AST) -> bool:
 def _ast_maybe_move(imports: dict, call: _ast.Call) -> bool:
     """move_device may return a host→device move for ``call`` (``.cuda(...)``/``.to(...)``)."""
     pos = call.args
-    if call.func.attr == "cuda":  # type: ignore[attr-defined]
+    if isinstance(call.func, _ast.Attribute) and call.func.attr == "cuda":  # (callers pass method calls)
         return len(pos) <= 1
     if len(pos) > 2:
         return False
@@ -259,7 +259,7 @@ def _ast_mutated_names(loop: _ast.AST) -> set[str]:
             if attr.endswith("_") and not attr.startswith("_"):
                 b = _ast_base_name(cur.func.value)
         elif isinstance(cur, _ast.AugAssign):
-            t = cur.target
+            t: _ast.expr = cur.target
             b = _ast_base_name(t.value if isinstance(t, _ast.Attribute) else t)
         elif isinstance(cur, _ast.Assign):
             for t in cur.targets:

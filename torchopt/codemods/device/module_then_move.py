@@ -8,7 +8,7 @@ from torchopt.analysis.values import CAST_METHODS, FLOAT_DTYPES, DeviceKind, cla
 from torchopt.analysis.arguments import has_star, keyword, positional, set_kwarg
 from torchopt.analysis.syntax import has_comments, source
 from torchopt.codemods.device import FAMILY
-from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
+from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Tag, Valid
 
 # Built-in modules that take ``device=``/``dtype=`` (factory kwargs), with how many positional
 # arguments precede ``device`` in their signature (more positionals than that: skip).
@@ -211,7 +211,7 @@ class ModuleThenMove(Rule):
         if device is not None:
             new = set_kwarg(new, "device", device, before=("dtype",))
             kwargs.append(f"device={self.ctx.module.code_for_node(device)}")
-        imports = ()
+        imports: tuple[ImportSpec, ...] = ()
         if dtype is not None:
             new = set_kwarg(new, "dtype", dtype)
             kwargs.append(f"dtype={self.ctx.module.code_for_node(dtype)}")
@@ -223,7 +223,7 @@ class ModuleThenMove(Rule):
         fmt = {"ctor": ctor, "move": move if len(move) <= 60 else f".{meth}(...)", "kwargs": ", ".join(kwargs)}
 
         # The part the fix removes: `.meth(...)` after the inner call.
-        removed = node.with_changes(func=node.func.with_changes(value=cst.Name("_")))  # type: ignore[union-attr]
+        removed = node.with_changes(func=node.func.with_changes(value=cst.Name("_")))
         if has_comments(removed) or new is inner:
             self.report(node, fmt=fmt)
             return

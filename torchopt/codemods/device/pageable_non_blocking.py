@@ -41,6 +41,13 @@ _SAME_MEMORY_METHODS = {
 # Host reads of a tensor: the copy must have arrived.
 _HOST_READ_METHODS = {"numpy", "tolist", "item", "__array__"}
 _HOST_READ_FUNCTIONS = {"print", "float", "int", "bool", "str", "list", "len", "repr", "format"}
+# Methods of a host tensor that touch only its metadata or make a view, or queue a copy back to a
+# device behind the pending one on the same stream: calling them on an unfinished copy reads nothing.
+# Any other method (`.sum()`, `.argmax()`, `.clone()`) computes on the host at once from its data.
+_NO_READ_METHODS = {
+    "to", "cuda", "view", "reshape", "unsqueeze", "squeeze", "permute", "transpose", "t", "flatten",
+    "detach", "size", "dim", "numel", "element_size", "is_contiguous", "requires_grad_",
+}
 # Calls that wait for the queued device work (the copy included) before returning.
 _WAITS = {"synchronize", "item", "tolist", "cpu"}
 # Marker for a name met again while following its own assignments (``x = x.float()``).
@@ -172,6 +179,25 @@ class PageableNonBlocking(Rule):
             def show(t):
                 print(t.to("cpu").numpy())
             '''), note="read in the same expression"),
+        Invalid(dedent('''\
+            import torch as T
+
+            class Meter:
+                def update(self, logits):
+                    self.total += float(logits.to(T.device("cpu"), non_blocking=True).sum())
+            '''), after=dedent('''\
+            import torch as T
+
+            class Meter:
+                def update(self, logits):
+                    self.total += float(logits.to(T.device("cpu")).sum())
+            '''), note="an aliased import, in a method: a reduction computed on the host at once"),
+        Valid(dedent('''\
+            import torch
+
+            def fetch(t):
+                return t.to("cpu", non_blocking=True).view(-1)
+            '''), note="a view of the copy reads nothing: whoever reads it must wait"),
         Valid(dedent('''\
             import torch
 
@@ -210,7 +236,7 @@ class PageableNonBlocking(Rule):
             '''), note="the source is a parameter: where it was made is not known"),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._copy: cst.Call | None = None  # the copy whose source is being followed
 
@@ -267,7 +293,7 @@ class PageableNonBlocking(Rule):
             parent = self.get_metadata(ParentProvider, a.node, None)
             stmt = self.get_metadata(ParentProvider, parent, None) if isinstance(parent, cst.AssignTarget) else parent
             if isinstance(stmt, (cst.Assign, cst.AnnAssign)) and stmt.value is not None and (
-                    isinstance(parent, cst.AssignTarget) or stmt.target is a.node):
+                    isinstance(parent, cst.AssignTarget) or (isinstance(stmt, cst.AnnAssign) and stmt.target is a.node)):
                 if self._copy is not None and inside(self, self._copy, stmt):
                     continue
                 origin = self._pageable(stmt.value, seen, depth + 1)
@@ -331,7 +357,7 @@ class PageableNonBlocking(Rule):
     # ------------------------------------------------------------------ device→host read too early
 
     def _to_host(self, call: cst.Call) -> bool:
-        if call.func.attr.value != "to" or has_star(call):  # type: ignore[union-attr]
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value != "to" or has_star(call):
             return False
         dev = keyword(call, "device")
         pos = positional(call)
@@ -357,9 +383,13 @@ class PageableNonBlocking(Rule):
                         message=self.early_read_message, replacement=drop_kwarg(call, "non_blocking"))
 
     def _read_in_place(self, call: cst.Call, parent: cst.CSTNode | None) -> bool:
-        """``t.to("cpu", non_blocking=True).numpy()`` or ``print(t.to(...))``: read at once."""
+        """``t.to("cpu", non_blocking=True).numpy()``, ``.sum()`` or ``print(t.to(...))``: read at once."""
         if isinstance(parent, cst.Attribute) and parent.value is call:
-            return parent.attr.value in _HOST_READ_METHODS
+            if parent.attr.value in _HOST_READ_METHODS:
+                return True
+            method_call = self.get_metadata(ParentProvider, parent, None)
+            return (isinstance(method_call, cst.Call) and method_call.func is parent
+                    and parent.attr.value not in _NO_READ_METHODS)
         if isinstance(parent, cst.Arg):
             outer = self.get_metadata(ParentProvider, parent, None)
             return (isinstance(outer, cst.Call) and isinstance(outer.func, cst.Name)

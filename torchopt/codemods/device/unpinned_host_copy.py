@@ -28,6 +28,7 @@ from torchopt.codemods.device.loader_sources import int_device_attribute
 from torchopt.codemods.device.loader_sources import loader_calls
 from torchopt.codemods.device.loop_prechecks import _LoaderUse
 from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import ImportSpec
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -102,178 +103,291 @@ class UnpinnedHostCopy(Rule):
         return loop_calls is None or any(
             isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls)
 
-    _HEAD = "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
-    _DS = "ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))\n"
     examples = (
         Invalid(
-            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4)\n"
-            "for x, y in loader:\n    x, y = x.cuda(), y.cuda()\n",
-            after=_HEAD + _DS + "loader = DataLoader(ds, batch_size=2, num_workers=4, pin_memory=True)\n"
-            "for x, y in loader:\n    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+                loader = DataLoader(ds, batch_size=2, num_workers=4)
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+                loader = DataLoader(ds, batch_size=2, num_workers=4, pin_memory=True)
+                for x, y in loader:
+                    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            """),
         ),
         Invalid(
-            _HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
-            + "loader = DataLoader(ds, batch_size=2)\nseen = []\n"
-            "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n    seen.append(x.sum(0) + y)\n",
-            after=_HEAD + "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n" + _DS
-            + "loader = DataLoader(ds, batch_size=2, pin_memory=torch.cuda.is_available())\nseen = []\n"
-            "for x, y in loader:\n    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)\n"
-            "    seen.append(x.sum(0) + y)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+                loader = DataLoader(ds, batch_size=2)
+                seen = []
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    seen.append(x.sum(0) + y)
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+                loader = DataLoader(ds, batch_size=2, pin_memory=torch.cuda.is_available())
+                seen = []
+                for x, y in loader:
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    seen.append(x.sum(0) + y)
+            """),
             runnable=True,
         ),
         Invalid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\n"
-            "def train(model, ds, device):\n"
-            "    loader = DataLoader(ds, batch_size=32, shuffle=True)\n"
-            "    for step, (images, labels) in enumerate(loader):\n"
-            "        out = model(images.to(device))\n"
-            "        loss = (out - labels.to(device, torch.float32)).pow(2).mean()\n",
-            after="import torch\nfrom torch.utils.data import DataLoader\n\n"
-            "def train(model, ds, device):\n"
-            "    loader = DataLoader(ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available())\n"
-            "    for step, (images, labels) in enumerate(loader):\n"
-            "        out = model(images.to(device, non_blocking=True))\n"
-            "        loss = (out - labels.to(device, torch.float32, non_blocking=True)).pow(2).mean()\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                def train(model, ds, device):
+                    loader = DataLoader(ds, batch_size=32, shuffle=True)
+                    for step, (images, labels) in enumerate(loader):
+                        out = model(images.to(device))
+                        loss = (out - labels.to(device, torch.float32)).pow(2).mean()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                def train(model, ds, device):
+                    loader = DataLoader(ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available())
+                    for step, (images, labels) in enumerate(loader):
+                        out = model(images.to(device, non_blocking=True))
+                        loss = (out - labels.to(device, torch.float32, non_blocking=True)).pow(2).mean()
+            """),
         ),
         Invalid(
-            "import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
-            "for batch in loader:\n    batch = batch.cuda()\n",
-            after="import torch\n\nloader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
-            "for batch in loader:\n    batch = batch.cuda(non_blocking=True)\n",
+            dedent("""\
+                import torch
+
+                loader = torch.utils.data.DataLoader(ds, pin_memory=True)
+                for batch in loader:
+                    batch = batch.cuda()
+            """),
+            after=dedent("""\
+                import torch
+
+                loader = torch.utils.data.DataLoader(ds, pin_memory=True)
+                for batch in loader:
+                    batch = batch.cuda(non_blocking=True)
+            """),
             note="the loader already pins: only the copy changes",
         ),
         Invalid(
-            "from torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
-            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
-            after="from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
-            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, pin_memory=True)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
             note="the copies are already asynchronous: only the loader changes",
         ),
         Valid(
-            _HEAD + _DS + "loader = DataLoader(ds, batch_size=2)\n"
-            "for x, y in loader:\n    x = x.to('cpu')\n", runnable=True,
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(8.0).reshape(4, 2), torch.arange(4))
+                loader = DataLoader(ds, batch_size=2)
+                for x, y in loader:
+                    x = x.to('cpu')
+            """),
+            runnable=True,
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=False)\n"
-            "for x, y in loader:\n    x = x.cuda(non_blocking=True)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, pin_memory=False)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\n"
-            "def make(ds, **kw):\n    loader = DataLoader(ds, **kw)\n"
-            "    for x, y in loader:\n        x = x.cuda(non_blocking=True)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                def make(ds, **kw):
+                    loader = DataLoader(ds, **kw)
+                    for x, y in loader:
+                        x = x.cuda(non_blocking=True)
+            """),
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, pin_memory=True)\n"
-            "for x, y in loader:\n    p = model(x.cuda(non_blocking=True)).cpu()\n    q = p.to('cpu')\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, pin_memory=True)
+                for x, y in loader:
+                    p = model(x.cuda(non_blocking=True)).cpu()
+                    q = p.to('cpu')
+            """),
             note="device→host copies never get non_blocking",
         ),
         Valid(
-            "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
-            "for x, y in loader:\n    x = x.to(other)\n",
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds)
+                for x, y in loader:
+                    x = x.to(other)
+            """),
             note="`other` may be a tensor or a dtype",
         ),
         Valid(
-            "from torch.utils.data import DataLoader\n\ndef build(ds):\n    loader = DataLoader(ds)\n    return loader\n\n"
-            "def train(loader):\n    for x, y in loader:\n        x = x.cuda()\n",
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                def build(ds):
+                    loader = DataLoader(ds)
+                    return loader
+
+                def train(loader):
+                    for x, y in loader:
+                        x = x.cuda()
+            """),
             note="the loop's loader is a parameter, not the DataLoader built elsewhere",
         ),
-        Invalid(dedent('''\
-            import torch
-            import torch.utils.data as tud
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.utils.data as tud
 
-            def train(model, device, train_loader):
-                for batch_idx, (data, target) in enumerate(train_loader):
-                    data, target = data.to(device), target.to(device)
+                def train(model, device, train_loader):
+                    for batch_idx, (data, target) in enumerate(train_loader):
+                        data, target = data.to(device), target.to(device)
 
-            def main(ds, model):
-                device = torch.device("cuda")
-                kwargs = {"batch_size": 8, "pin_memory": True}
-                loader = tud.DataLoader(ds, **kwargs)
-                for epoch in range(2):
-                    train(model, device, loader)
-            '''), after=dedent('''\
-            import torch
-            import torch.utils.data as tud
+                def main(ds, model):
+                    device = torch.device("cuda")
+                    kwargs = {"batch_size": 8, "pin_memory": True}
+                    loader = tud.DataLoader(ds, **kwargs)
+                    for epoch in range(2):
+                        train(model, device, loader)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.utils.data as tud
 
-            def train(model, device, train_loader):
-                for batch_idx, (data, target) in enumerate(train_loader):
-                    data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+                def train(model, device, train_loader):
+                    for batch_idx, (data, target) in enumerate(train_loader):
+                        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
 
-            def main(ds, model):
-                device = torch.device("cuda")
-                kwargs = {"batch_size": 8, "pin_memory": True}
-                loader = tud.DataLoader(ds, **kwargs)
-                for epoch in range(2):
-                    train(model, device, loader)
-            '''), note="the copy is in a function that every call in the file gives a DataLoader"),
-        Invalid(dedent('''\
-            from torch.utils.data import DataLoader
-
-
-            class Trainer:
-                def __init__(self, model, train_data: DataLoader, gpu_id: int):
-                    self.gpu_id = gpu_id
-                    self.train_data = train_data
-
-                def run_epoch(self):
-                    for source, targets in self.train_data:
-                        source = source.to(self.gpu_id)
+                def main(ds, model):
+                    device = torch.device("cuda")
+                    kwargs = {"batch_size": 8, "pin_memory": True}
+                    loader = tud.DataLoader(ds, **kwargs)
+                    for epoch in range(2):
+                        train(model, device, loader)
+            """),
+            note="the copy is in a function that every call in the file gives a DataLoader",
+        ),
+        Invalid(
+            dedent("""\
+                from torch.utils.data import DataLoader
 
 
-            def prepare(ds):
-                return DataLoader(ds, batch_size=32, pin_memory=True)
+                class Trainer:
+                    def __init__(self, model, train_data: DataLoader, gpu_id: int):
+                        self.gpu_id = gpu_id
+                        self.train_data = train_data
+
+                    def run_epoch(self):
+                        for source, targets in self.train_data:
+                            source = source.to(self.gpu_id)
 
 
-            Trainer(None, prepare(ds), 0).run_epoch()
-            '''), after=dedent('''\
-            from torch.utils.data import DataLoader
+                def prepare(ds):
+                    return DataLoader(ds, batch_size=32, pin_memory=True)
 
 
-            class Trainer:
-                def __init__(self, model, train_data: DataLoader, gpu_id: int):
-                    self.gpu_id = gpu_id
-                    self.train_data = train_data
-
-                def run_epoch(self):
-                    for source, targets in self.train_data:
-                        source = source.to(self.gpu_id, non_blocking=True)
+                Trainer(None, prepare(ds), 0).run_epoch()
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
 
 
-            def prepare(ds):
-                return DataLoader(ds, batch_size=32, pin_memory=True)
+                class Trainer:
+                    def __init__(self, model, train_data: DataLoader, gpu_id: int):
+                        self.gpu_id = gpu_id
+                        self.train_data = train_data
+
+                    def run_epoch(self):
+                        for source, targets in self.train_data:
+                            source = source.to(self.gpu_id, non_blocking=True)
 
 
-            Trainer(None, prepare(ds), 0).run_epoch()
-            '''), note="a trainer method: the loader comes through `__init__`, the device is an `int` GPU index"),
-        Valid(dedent('''\
-            from torch.utils.data import DataLoader
-
-            def train(loader, device):
-                for x in loader:
-                    x = x.to(device)
-
-            train(DataLoader(ds), "cuda")
-            train(prefetcher, "cuda")
-            '''), note="one call passes something else: a prefetcher may reuse its pinned buffers"),
-        Valid(dedent('''\
-            from torch.utils.data import DataLoader
+                def prepare(ds):
+                    return DataLoader(ds, batch_size=32, pin_memory=True)
 
 
-            class Trainer:
-                def __init__(self, data, gpu_id):
-                    self.gpu_id = gpu_id
-                    self.data = data
+                Trainer(None, prepare(ds), 0).run_epoch()
+            """),
+            note="a trainer method: the loader comes through `__init__`, the device is an `int` GPU index",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
 
-                def run(self):
-                    for x in self.data:
-                        x = x.to(self.gpu_id)
+                def train(loader, device):
+                    for x in loader:
+                        x = x.to(device)
+
+                train(DataLoader(ds), "cuda")
+                train(prefetcher, "cuda")
+            """),
+            note="one call passes something else: a prefetcher may reuse its pinned buffers",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
 
 
-            Trainer(DataLoader(ds), 0).run()
-            '''), note="`gpu_id` is not known to be a GPU index (no `int` annotation)"),
+                class Trainer:
+                    def __init__(self, data, gpu_id):
+                        self.gpu_id = gpu_id
+                        self.data = data
+
+                    def run(self):
+                        for x in self.data:
+                            x = x.to(self.gpu_id)
+
+
+                Trainer(DataLoader(ds), 0).run()
+            """),
+            note="`gpu_id` is not known to be a GPU index (no `int` annotation)",
+        ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._loaders: dict[int, cst.Call] = {}  # id(binding Name) -> DataLoader call
         self._fors: list[cst.For] = []
@@ -331,7 +445,7 @@ class UnpinnedHostCopy(Rule):
             return
         if use.kinds == {"cuda"}:
             value: cst.BaseExpression = cst.Name("True")
-            imports = ()
+            imports: tuple[ImportSpec, ...] = ()
         else:
             ref = torch_ref(self)
             if ref is None:

@@ -16,7 +16,6 @@ from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 # the device for the program (Lightning/transformers trainers, accelerate, `device_map=`).
 _ACCEL = re.compile(r"cuda|\bmps\b|xpu|[aA]ccelerator|\bTrainer\b|\bgpus?\b|device_map")
 _CPU = re.compile(r"""['"]cpu['"]""")
-_MAIN = 'if __name__ == "__main__":\n    main()\n'
 
 
 def _line(rule: Rule, node: cst.CSTNode) -> int:
@@ -138,52 +137,113 @@ class CpuLauncherAdvice(Rule):
         return super().could_match(text) and not (_ACCEL.search(text) and not _CPU.search(text))
 
     examples = (
-        Invalid("import torch\n\ndef main():\n    print(torch.ones(2).sum())\n\n\n" + _MAIN,
-                note="nothing selects an accelerator"),
-        Invalid(dedent("""\
-            import argparse
-            import torch
+        Invalid(
+            dedent("""\
+                import torch
 
-            def main():
-                parser = argparse.ArgumentParser()
-                parser.add_argument("--device", default="cpu", help="cpu or cuda")
-                args = parser.parse_args()
-                x = torch.ones(2, device=args.device)
+                def main():
+                    print(torch.ones(2).sum())
 
 
-            if __name__ == "__main__":
-                main()
-            """), note="the device option defaults to the CPU"),
-        Invalid("import torch\n\ndef main():\n    m = torch.jit.trace(net, x)\n\n\n" + _MAIN,
-                note="traced model: oneDNN Graph fusion is suggested too"),
-        Valid("import torch\n\ndef main():\n    x = torch.ones(2, device='cuda')\n\n\n" + _MAIN,
-              note="a GPU script"),
-        Valid("import torch\n\ndef main():\n    device = 'cuda' if torch.cuda.is_available() else 'cpu'\n\n\n"
-              + _MAIN, note="the GPU by default; the CPU is only a fallback"),
-        Valid(dedent("""\
-            import torch as T
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="nothing selects an accelerator",
+        ),
+        Invalid(
+            dedent("""\
+                import argparse
+                import torch
 
-            def main():
-                device = T.accelerator.current_accelerator() if T.accelerator.is_available() else T.device("cpu")
-                net = T.nn.Linear(2, 2).to(device)
-
-
-            if __name__ == "__main__":
-                main()
-            """), note="the device comes from torch.accelerator"),
-        Valid(dedent("""\
-            import torch as th
-            from . import dist_util
-
-            def main():
-                model = th.load("m.pt", map_location="cpu")
-                model.to(dist_util.dev())
+                def main():
+                    parser = argparse.ArgumentParser()
+                    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+                    args = parser.parse_args()
+                    x = torch.ones(2, device=args.device)
 
 
-            if __name__ == "__main__":
-                main()
-            """), note="the device is chosen by a helper"),
-        Valid("import torch\n\ndef helper():\n    return torch.ones(2)\n", note="a library module, not a script"),
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="the device option defaults to the CPU",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def main():
+                    m = torch.jit.trace(net, x)
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="traced model: oneDNN Graph fusion is suggested too",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def main():
+                    x = torch.ones(2, device='cuda')
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="a GPU script",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def main():
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="the GPU by default; the CPU is only a fallback",
+        ),
+        Valid(
+            dedent("""\
+                import torch as T
+
+                def main():
+                    device = T.accelerator.current_accelerator() if T.accelerator.is_available() else T.device("cpu")
+                    net = T.nn.Linear(2, 2).to(device)
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="the device comes from torch.accelerator",
+        ),
+        Valid(
+            dedent("""\
+                import torch as th
+                from . import dist_util
+
+                def main():
+                    model = th.load("m.pt", map_location="cpu")
+                    model.to(dist_util.dev())
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="the device is chosen by a helper",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def helper():
+                    return torch.ones(2)
+            """),
+            note="a library module, not a script",
+        ),
     )
 
     def visit_If(self, node: cst.If) -> None:

@@ -1,8 +1,6 @@
-"""Example scripts and shared page text of the backend-switch rules (cuDNN auto-tuner, TF32 matmuls,
+"""Page text shared by the backend-switch rules (cuDNN auto-tuner, TF32 matmuls,
 determinism switches). The analysis of the file is in ``program_flags.py``."""
 from __future__ import annotations
-
-
 
 _ENTRY_DOC = """\
     **Entry script.** A global switch belongs to the program, not to a library, so it is only
@@ -18,31 +16,4 @@ _ENTRY_DOC = """\
     A CUDA program is one that names `cuda`, calls `torch.accelerator`, or moves to a device index
     (`.to(0)`, `.to(gpu_id)`, `.to(local_rank)`)."""
 
-_CONV_SCRIPT = '''\
-import torch
-import torch.nn as nn
 
-model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(10):
-    loss = model(torch.randn(16, 3, 32, 32, device="cuda")).mean()
-    loss.backward()
-    opt.step()
-'''
-
-_MAIN_SCRIPT = '''\
-import torch
-from torch import nn
-
-
-def main():
-    """Train."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    net = nn.Conv1d(4, 4, 3).to(device)
-    for _ in range(3):
-        net(torch.randn(2, 4, 16, device=device)).sum().backward()
-
-
-if __name__ == "__main__":
-    main()
-'''

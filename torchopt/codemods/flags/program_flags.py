@@ -107,24 +107,15 @@ class Program:
     entry: str = ""  # how the entry was recognised, in words
 
 
-_CACHE: dict[int, tuple[cst.Module, Program]] = {}
-
-
 def program(rule: Rule) -> Program:
+    """The file's program facts, worked out once per parse and shared by the flag rules."""
     module = rule.ctx.module
-    hit = _CACHE.get(id(module))
-    if hit is not None and hit[0] is module:
-        return hit[1]
-    prog = _analyse(rule, module)
-    if len(_CACHE) > 32:
-        _CACHE.clear()
-    _CACHE[id(module)] = (module, prog)
-    return prog
+    return rule.ctx.facts.about_node(("flags program",), module, lambda: _analyse(rule, module))
 
 
 def _imported_roots(module: cst.Module) -> set[str]:
     """Top-level package names the file imports (cheap test before resolving names)."""
-    roots = set()
+    roots: set[str] = set()
     for n in walk(module, cross_scopes=True):
         if isinstance(n, cst.Import):
             roots.update((cst.helpers.get_full_name_for_node(a.name) or "").split(".")[0] for a in n.names)
@@ -205,7 +196,8 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
             if q in _VARLEN:
                 prog.variable_shapes.append((node, f"`{q}` pads variable-length sequences"))
         elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            targets: list[cst.BaseExpression] = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
             value = node.value
             for t in list(targets):
                 if isinstance(t, (cst.Tuple, cst.List)):

@@ -9,7 +9,7 @@ import libcst as cst
 from torchopt.analysis.names import callee, dotted
 from torchopt.analysis.arguments import has_star, positional
 from torchopt.analysis.syntax import walk
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
 from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
 
@@ -36,10 +36,7 @@ class EvalRule(Rule):
             if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "generate"):
                 func = func.value
             d = dotted(func)
-            if d is None or callee(self, n) is not None:
-                continue
-            last = d.rsplit(".", 1)[-1]
-            if not model_name(last):
+            if d is None or not model_name(d.rsplit(".", 1)[-1]) or callee(self, n) is not None:
                 continue
             if isinstance(func, cst.Name) and self._is_function_name(func):
                 continue
@@ -124,13 +121,17 @@ class EvalRule(Rule):
     def trains_anywhere(self) -> bool:
         """Whether the file trains anything: a backward pass, an optimizer, gradients asked for, a
         model put in training mode, or a call of a training routine (``train_one_epoch(...)``,
-        ``trainer.fit(...)``) whose body may live in another file."""
-        for n in walk(self.ctx.module, cross_scopes=True):
+        ``trainer.fit(...)``) whose body may live in another file. One answer per file, shared by
+        the rules that ask."""
+        module = self.ctx.module
+        return remembered(("trains-anywhere",), module, lambda: self._trains_anywhere(module))
+
+    def _trains_anywhere(self, module: cst.Module) -> bool:
+        nodes = walk(module, cross_scopes=True)
+        calls = []
+        for n in nodes:  # the syntactic signs first: they need no name resolution
             if isinstance(n, cst.Call):
-                q = callee(self, n)
-                if q and (q.startswith("torch.optim.") or q in ("torch.autograd.grad", "torch.autograd.backward",
-                                                               "torch.enable_grad", "torch.set_grad_enabled")):
-                    return True
+                calls.append(n)
                 func = n.func
                 if isinstance(func, cst.Attribute) and func.attr.value in ("backward", "requires_grad_",
                                                                            "zero_grad", "retain_grad"):
@@ -142,6 +143,15 @@ class EvalRule(Rule):
                 if _TRAINING_ROUTINE.match(last):
                     return True
             elif isinstance(n, cst.Attribute) and n.attr.value in ("grad", "grad_fn"):
+                return True
+        # A call can only resolve to `torch.optim.*` or one of these if the text names them somewhere
+        # (an import, or the dotted call itself): resolving every call of a model file costs more than the rest.
+        if not any(tok in self.ctx.text for tok in ("optim", "autograd", "enable_grad", "set_grad_enabled")):
+            return False
+        for n in calls:
+            q = callee(self, n)
+            if q and (q.startswith("torch.optim.") or q in ("torch.autograd.grad", "torch.autograd.backward",
+                                                           "torch.enable_grad", "torch.set_grad_enabled")):
                 return True
         return False
 

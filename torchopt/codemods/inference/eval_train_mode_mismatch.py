@@ -16,6 +16,12 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
+def _receiver_root(call: cst.Call) -> str:
+    """The first name of what a ``.eval()``/``.train()`` call is called on (``model`` for ``model.enc.eval()``)."""
+    func = call.func
+    return (dotted(func.value) or "").split(".")[0] if isinstance(func, cst.Attribute) else ""
+
+
 class EvalTrainModeMismatch(EvalRule):
     """## What it does
     Reports two mode mistakes around evaluation:
@@ -113,7 +119,7 @@ class EvalTrainModeMismatch(EvalRule):
         ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._fns: list[cst.FunctionDef] = []
         self._loops: list[cst.For | cst.While] = []
@@ -175,7 +181,7 @@ class EvalTrainModeMismatch(EvalRule):
         scope = self.scope_body(node)
         pos = self.get_metadata_pos(node)
         if any(self.get_metadata_pos(c) < pos for c in self._mode_calls(scope, "eval")
-               if root is None or (dotted(c.func.value) or "").split(".")[0] == root):
+               if root is None or _receiver_root(c) == root):
             return True
         # A call, before ``node``, of a function of this file that switches its argument to eval mode.
         fns = {f.name.value: f for f in self._fns}
@@ -225,7 +231,7 @@ class EvalTrainModeMismatch(EvalRule):
                     and self._has_backward(fns[n.func.value].body):
                 trained |= {a.value.value for a in n.args if isinstance(a.value, cst.Name)}
         evals: list[cst.CSTNode] = [c for c in self._mode_calls(body, "eval")
-                                    if (dotted(c.func.value) or "").split(".")[0] in trained]  # type: ignore[union-attr]
+                                    if _receiver_root(c) in trained]
         for n in walk(body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
                     and self._mode_calls(fns[n.func.value].body, "eval") \

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+from textwrap import dedent
+from typing import Sequence
 
 import libcst as cst
 
@@ -30,7 +32,30 @@ def _is_main_guard(stmt: cst.CSTNode) -> bool:
             and "__name__" in cst.Module([]).code_for_node(stmt.test))
 
 
-_NO_GRAD_EXAMPLE = "import torch\nfrom torch import nn\n\nmodel = nn.Linear(4, 3)\nval_loader = [(torch.randn(2, 4), torch.tensor([0, 2]))]\n"
+def _script_possible(text: str) -> bool:
+    """Cheap necessary condition for the inference-script unit of `leave_Module`: the text loads
+    weights and, at top level, defines `main()` or has a statement (in the module, or in the body
+    of a top-level `if`) that calls something named like a model. True when it does not parse."""
+    import ast
+
+    from torchopt.analysis.precheck.patterns import ast_model_call
+    from torchopt.analysis.precheck.tree import ast_tree
+
+    if _LOADS_WEIGHTS.search(text) is None:
+        return False
+    tree = ast_tree(text)
+    if tree is None:
+        return True
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    statements = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "main":
+            return True
+        if isinstance(stmt, ast.If):
+            statements += [s for s in stmt.body if not isinstance(s, (*defs, ast.If))]
+        elif not isinstance(stmt, defs):
+            statements.append(stmt)
+    return ast_model_call(statements)
 
 
 class EvalWithoutNoGrad(EvalRule):
@@ -90,84 +115,227 @@ class EvalWithoutNoGrad(EvalRule):
         from torchopt.codemods.inference.eval_code import eval_units_possible
 
         return (super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
-            text, asynchronous=False, mode_calls=False)) or _LOADS_WEIGHTS.search(text) is not None
+            text, asynchronous=False, mode_calls=False)) or _script_possible(text)
 
     examples = (
         Invalid(
-            _NO_GRAD_EXAMPLE + "correct = 0\nfor x, y in val_loader:\n"
-            "    correct += (model(x).argmax(1) == y).sum().item()\n",
-            after=_NO_GRAD_EXAMPLE + "correct = 0\nwith torch.no_grad():\n    for x, y in val_loader:\n"
-            "        correct += (model(x).argmax(1) == y).sum().item()\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Linear(4, 3)
+                val_loader = [(torch.randn(2, 4), torch.tensor([0, 2]))]
+                correct = 0
+                for x, y in val_loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Linear(4, 3)
+                val_loader = [(torch.randn(2, 4), torch.tensor([0, 2]))]
+                correct = 0
+                with torch.no_grad():
+                    for x, y in val_loader:
+                        correct += (model(x).argmax(1) == y).sum().item()
+            """),
             runnable=True,
         ),
         Invalid(
-            "import torch\n\n\ndef evaluate(model, loader):\n    model.eval()\n    total = 0.0\n"
-            "    for x, y in loader:\n        total += torch.nn.functional.mse_loss(model(x), y).item()\n"
-            "    return total / len(loader)\n",
-            after="import torch\n\n\n@torch.no_grad()\ndef evaluate(model, loader):\n    model.eval()\n    total = 0.0\n"
-            "    for x, y in loader:\n        total += torch.nn.functional.mse_loss(model(x), y).item()\n"
-            "    return total / len(loader)\n",
+            dedent("""\
+                import torch
+
+
+                def evaluate(model, loader):
+                    model.eval()
+                    total = 0.0
+                    for x, y in loader:
+                        total += torch.nn.functional.mse_loss(model(x), y).item()
+                    return total / len(loader)
+            """),
+            after=dedent("""\
+                import torch
+
+
+                @torch.no_grad()
+                def evaluate(model, loader):
+                    model.eval()
+                    total = 0.0
+                    for x, y in loader:
+                        total += torch.nn.functional.mse_loss(model(x), y).item()
+                    return total / len(loader)
+            """),
         ),
         Invalid(
-            "import torch\n\n\ndef predict(model, x):\n    return model(x).softmax(-1)\n",
-            after="import torch\n\n\n@torch.no_grad()\ndef predict(model, x):\n    return model(x).softmax(-1)\n",
+            dedent("""\
+                import torch
+
+
+                def predict(model, x):
+                    return model(x).softmax(-1)
+            """),
+            after=dedent("""\
+                import torch
+
+
+                @torch.no_grad()
+                def predict(model, x):
+                    return model(x).softmax(-1)
+            """),
             unsafe="semantics",
             note="the returned probabilities no longer require grad",
         ),
         Valid(
-            "import torch\n\n\ndef validate(model, loader, opt):\n    for x, y in loader:\n"
-            "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n",
+            dedent("""\
+                import torch
+
+
+                def validate(model, loader, opt):
+                    for x, y in loader:
+                        loss = model(x).sum()
+                        loss.backward()
+                        opt.step()
+            """),
             note="trains",
         ),
         Valid(
-            "import torch\n\n\n@torch.no_grad()\ndef evaluate(model, loader):\n"
-            "    return [model(x) for x, y in loader]\n",
+            dedent("""\
+                import torch
+
+
+                @torch.no_grad()
+                def evaluate(model, loader):
+                    return [model(x) for x, y in loader]
+            """),
         ),
         Valid(
-            _NO_GRAD_EXAMPLE + "with torch.inference_mode():\n    for x, y in val_loader:\n        out = model(x)\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Linear(4, 3)
+                val_loader = [(torch.randn(2, 4), torch.tensor([0, 2]))]
+                with torch.inference_mode():
+                    for x, y in val_loader:
+                        out = model(x)
+            """),
             runnable=True,
         ),
         Valid(
-            "import torch\n\n\ndef distill(teacher, student, val_loader):\n    for x, y in val_loader:\n"
-            "        soft = teacher(x)\n        loss = (student(x) - soft).pow(2).mean()\n        loss.backward()\n",
+            dedent("""\
+                import torch
+
+
+                def distill(teacher, student, val_loader):
+                    for x, y in val_loader:
+                        soft = teacher(x)
+                        loss = (student(x) - soft).pow(2).mean()
+                        loss.backward()
+            """),
         ),
         Valid(
-            "import torch\n\n\ndef predict(model, x):\n    return model(x)\n\n\n"
-            "def train_step(model, x):\n    out = predict(model, x)\n    out.sum().backward()\n",
+            dedent("""\
+                import torch
+
+
+                def predict(model, x):
+                    return model(x)
+
+
+                def train_step(model, x):
+                    out = predict(model, x)
+                    out.sum().backward()
+            """),
             note="the prediction feeds a backward in the same file",
         ),
-        Valid("def evaluate(results):\n    return sum(r.score for r in results)\n", note="no model call"),
+        Valid(
+            dedent("""\
+                def evaluate(results):
+                    return sum(r.score for r in results)
+            """),
+            note="no model call",
+        ),
         Invalid(
-            "import torch\n\n\nclass Trainer:\n    def evaluate(self):\n        total = 0\n"
-            "        for x, y in self.val_data:\n            total += (self.model(x).argmax(1) == y).sum().item()\n"
-            "        return total\n",
-            after="import torch\n\n\nclass Trainer:\n    @torch.no_grad()\n    def evaluate(self):\n        total = 0\n"
-            "        for x, y in self.val_data:\n            total += (self.model(x).argmax(1) == y).sum().item()\n"
-            "        return total\n",
+            dedent("""\
+                import torch
+
+
+                class Trainer:
+                    def evaluate(self):
+                        total = 0
+                        for x, y in self.val_data:
+                            total += (self.model(x).argmax(1) == y).sum().item()
+                        return total
+            """),
+            after=dedent("""\
+                import torch
+
+
+                class Trainer:
+                    @torch.no_grad()
+                    def evaluate(self):
+                        total = 0
+                        for x, y in self.val_data:
+                            total += (self.model(x).argmax(1) == y).sum().item()
+                        return total
+            """),
             note="a trainer's method (not a torch module's)",
         ),
         Invalid(
-            "import torch\n\nmodel = torch.nn.Linear(4, 2)\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
-            "out = model(torch.load('inputs.pt'))\ntorch.save(out, 'out.pt')\n",
-            after="import torch\n\nmodel = torch.nn.Linear(4, 2)\nmodel.load_state_dict(torch.load('w.pt'))\nmodel.eval()\n"
-            "with torch.no_grad():\n    out = model(torch.load('inputs.pt'))\ntorch.save(out, 'out.pt')\n",
+            dedent("""\
+                import torch
+
+                model = torch.nn.Linear(4, 2)
+                model.load_state_dict(torch.load('w.pt'))
+                model.eval()
+                out = model(torch.load('inputs.pt'))
+                torch.save(out, 'out.pt')
+            """),
+            after=dedent("""\
+                import torch
+
+                model = torch.nn.Linear(4, 2)
+                model.load_state_dict(torch.load('w.pt'))
+                model.eval()
+                with torch.no_grad():
+                    out = model(torch.load('inputs.pt'))
+                torch.save(out, 'out.pt')
+            """),
             unsafe="semantics",
             note="a plain inference script: load weights, call the model, save the output",
         ),
         Valid(
-            "import torch\n\n\ndef main(model, eval_dataloader):\n    model.eval()\n"
-            "    for batch in eval_dataloader:\n        with torch.no_grad():\n            outputs = model(batch)\n"
-            "        print(outputs.argmax(-1))\n",
+            dedent("""\
+                import torch
+
+
+                def main(model, eval_dataloader):
+                    model.eval()
+                    for batch in eval_dataloader:
+                        with torch.no_grad():
+                            outputs = model(batch)
+                        print(outputs.argmax(-1))
+            """),
             note="the model call already runs under `no_grad` inside the loop",
         ),
         Valid(
-            "import torch\n\n\nclass Segmenter(torch.nn.Module):\n    def predict(self, h):\n        return self.mask_head(h)\n\n"
-            "    def forward(self, x):\n        return self.predict(self.backbone(x))\n",
+            dedent("""\
+                import torch
+
+
+                class Segmenter(torch.nn.Module):
+                    def predict(self, h):
+                        return self.mask_head(h)
+
+                    def forward(self, x):
+                        return self.predict(self.backbone(x))
+            """),
             note="a method of a module is part of its forward (gradients must flow through it)",
         ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._fns: list[cst.FunctionDef] = []
         self._loops: list[cst.For] = []
@@ -183,10 +351,12 @@ class EvalWithoutNoGrad(EvalRule):
                 self._loops.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        script = _LOADS_WEIGHTS.search(original_node.code) is not None and not self.trains_anywhere()
+        mains = [fn for fn in original_node.body if isinstance(fn, cst.FunctionDef)
+                 and fn.name.value == "main" and fn not in self._fns]
+        script = _LOADS_WEIGHTS.search(self.ctx.text) is not None and (
+            bool(mains) or self._top_level_forwards(original_node)) and not self.trains_anywhere()
         if script:  # an inference script's `main()` is its evaluation unit
-            self._fns.extend(fn for fn in original_node.body if isinstance(fn, cst.FunctionDef)
-                             and fn.name.value == "main" and fn not in self._fns)
+            self._fns.extend(mains)
         if not (self._fns or self._loops or script):
             return
         gf = _GradFree(self)
@@ -199,6 +369,16 @@ class EvalWithoutNoGrad(EvalRule):
             guard = next((s for s in original_node.body if _is_main_guard(s)), None)
             if guard is not None and isinstance(guard.body, cst.IndentedBlock):
                 self._script_block(guard.body)
+
+    def _top_level_forwards(self, module: cst.Module) -> bool:
+        """Whether a statement `_script_block` looks at calls a model: without a `main()` and such a
+        statement, being an inference script changes nothing, and asking costs a walk of the file."""
+        guard = next((s for s in module.body if _is_main_guard(s)), None)
+        blocks: list[Sequence[cst.BaseStatement]] = [module.body]
+        if guard is not None and isinstance(guard.body, cst.IndentedBlock):
+            blocks.append(guard.body.body)
+        return any(not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If)) and self.forward_calls(st)
+                   for block in blocks for st in block)
 
     def _script_block(self, block: cst.Module | cst.IndentedBlock) -> None:
         """Top-level statements of an inference script (load weights, call the model, save the
@@ -219,6 +399,7 @@ class EvalWithoutNoGrad(EvalRule):
         if ref is None:
             return
         first = span[0]
+        assert isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement))  # as every statement is
         inner = [first.with_changes(leading_lines=())] + span[1:]
         wrapped = cst.With(items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
                            body=cst.IndentedBlock(body=inner), leading_lines=first.leading_lines)
@@ -271,7 +452,7 @@ class EvalWithoutNoGrad(EvalRule):
         if not isinstance(parent, (cst.IndentedBlock, cst.Module)):
             return
         escaping = self.assigned_names(loop.body) - {x.value for x in walk(loop.target) if isinstance(x, cst.Name)}
-        collected = []
+        collected: list[cst.BaseExpression] = []
         for n in walk(loop.body):
             if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and \
                     n.func.attr.value in ("append", "extend", "add", "update", "insert", "__setitem__"):
@@ -304,7 +485,7 @@ class EvalWithoutNoGrad(EvalRule):
         return False
 
     def _report(self, node: cst.CSTNode, target: cst.CSTNode, replacement: cst.CSTNode, free: bool,
-                imports, fmt) -> None:  # type: ignore[no-untyped-def]
+                imports, fmt) -> None:
         if free:
             self.report(node, fmt=fmt, replacement=replacement, target=target, imports=imports)
         else:

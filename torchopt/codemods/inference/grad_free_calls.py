@@ -27,7 +27,8 @@ class _GradFree:
         self.rule = rule
         self._names: dict[int, bool] = {}
 
-    def expr(self, e: cst.BaseExpression | None, depth: int = 0) -> bool:
+    def expr(self, e: cst.BaseExpression | cst.From | None, depth: int = 0) -> bool:
+        """Whether ``e`` never requires grad; a ``yield from`` (From) is not known not to."""
         if e is None or depth > 6:
             return e is None
         if isinstance(e, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,

@@ -1,6 +1,8 @@
 """TOP802 `no-grad-instead-of-inference-mode`: In a script that never trains (no `backward`, `torch.autograd.grad`, optimizer, or."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import callee
@@ -15,10 +17,6 @@ from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
-
-
-_PURE = ("import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
-         "model.eval()\nx = torch.randn(3, 4)\n")
 
 
 class NoGradInPureInference(EvalRule):
@@ -74,46 +72,136 @@ class NoGradInPureInference(EvalRule):
 
     examples = (
         Invalid(
-            _PURE + "with torch.no_grad():\n    probs = model(x).softmax(-1)\nprint(probs.argmax(-1).tolist())\n",
-            after=_PURE + "with torch.inference_mode():\n    probs = model(x).softmax(-1)\nprint(probs.argmax(-1).tolist())\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                model.eval()
+                x = torch.randn(3, 4)
+                with torch.no_grad():
+                    probs = model(x).softmax(-1)
+                print(probs.argmax(-1).tolist())
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                model.eval()
+                x = torch.randn(3, 4)
+                with torch.inference_mode():
+                    probs = model(x).softmax(-1)
+                print(probs.argmax(-1).tolist())
+            """),
             unsafe="semantics",
             runnable=True,
         ),
         Invalid(
-            "import torch\n\n\n@torch.no_grad()\ndef predict(model, batch):\n    return model(batch).argmax(-1)\n\n\n"
-            "if __name__ == \"__main__\":\n    print(predict(torch.nn.Linear(3, 2), torch.ones(1, 3)))\n",
-            after="import torch\n\n\n@torch.inference_mode()\ndef predict(model, batch):\n    return model(batch).argmax(-1)\n\n\n"
-            "if __name__ == \"__main__\":\n    print(predict(torch.nn.Linear(3, 2), torch.ones(1, 3)))\n",
+            dedent("""\
+                import torch
+
+
+                @torch.no_grad()
+                def predict(model, batch):
+                    return model(batch).argmax(-1)
+
+
+                if __name__ == "__main__":
+                    print(predict(torch.nn.Linear(3, 2), torch.ones(1, 3)))
+            """),
+            after=dedent("""\
+                import torch
+
+
+                @torch.inference_mode()
+                def predict(model, batch):
+                    return model(batch).argmax(-1)
+
+
+                if __name__ == "__main__":
+                    print(predict(torch.nn.Linear(3, 2), torch.ones(1, 3)))
+            """),
             unsafe="semantics",
         ),
         Invalid(
-            "from torch import no_grad\nimport torch as T\n\nwith no_grad():\n    y = net(x)\n",
-            after="from torch import no_grad\nimport torch as T\n\nwith T.inference_mode():\n    y = net(x)\n",
+            dedent("""\
+                from torch import no_grad
+                import torch as T
+
+                with no_grad():
+                    y = net(x)
+            """),
+            after=dedent("""\
+                from torch import no_grad
+                import torch as T
+
+                with T.inference_mode():
+                    y = net(x)
+            """),
             unsafe="semantics",
         ),
         Valid(
-            _PURE + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nwith torch.no_grad():\n    ref = model(x)\n"
-            "loss = (model(x) - ref).pow(2).sum()\nloss.backward()\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                model.eval()
+                x = torch.randn(3, 4)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                with torch.no_grad():
+                    ref = model(x)
+                loss = (model(x) - ref).pow(2).sum()
+                loss.backward()
+            """),
             note="the script trains: tensors made in inference mode cannot be saved for backward",
             runnable=True,
         ),
         Valid(
-            _PURE + "with torch.no_grad():\n    feats = model[0](x)\nfeats += 1\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                model.eval()
+                x = torch.randn(3, 4)
+                with torch.no_grad():
+                    feats = model[0](x)
+                feats += 1
+            """),
             note="an in-place update outside inference mode would raise",
             runnable=True,
         ),
         Valid(
-            "import torch\n\n\n@torch.no_grad()\ndef fuse(conv, bn):\n    return conv.weight * bn.weight.view(-1, 1, 1, 1)\n",
+            dedent("""\
+                import torch
+
+
+                @torch.no_grad()
+                def fuse(conv, bn):
+                    return conv.weight * bn.weight.view(-1, 1, 1, 1)
+            """),
             note="a library function: its result may become a parameter that is trained later",
         ),
         Valid(
-            _PURE + "with torch.no_grad():\n    feats = model[0](x)\nout = model[2](feats)\n",
+            dedent("""\
+                import torch
+                from torch import nn
+
+                model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                model.eval()
+                x = torch.randn(3, 4)
+                with torch.no_grad():
+                    feats = model[0](x)
+                out = model[2](feats)
+            """),
             note="used by a forward with autograd on (the parameters require grad): would raise",
             runnable=True,
         ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._sites: list[tuple[cst.Call, cst.CSTNode]] = []  # (no_grad call, the with or the def)
 
@@ -190,7 +278,7 @@ class NoGradInPureInference(EvalRule):
             if self.inside_node(n, region):
                 continue
             if isinstance(n, cst.AugAssign):
-                base = n.target
+                base: cst.BaseExpression = n.target
                 while isinstance(base, (cst.Subscript, cst.Attribute)):
                     base = base.value
                 if isinstance(base, cst.Name) and base.value in names:

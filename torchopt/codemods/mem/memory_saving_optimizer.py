@@ -32,12 +32,12 @@ def _literal_sizes(node: cst.BaseExpression) -> dict[str, int]:
     out: dict[str, int] = {}
     if isinstance(node, cst.Call):
         for a in node.args:
-            if a.keyword is not None and int_value(a.value) is not None:
-                out[a.keyword.value] = int_value(a.value)  # type: ignore[assignment]
+            if a.keyword is not None and (size := int_value(a.value)) is not None:
+                out[a.keyword.value] = size
     elif isinstance(node, cst.Dict):
         for el in node.elements:
-            if isinstance(el, cst.DictElement) and string_value(el.key) and int_value(el.value) is not None:
-                out[string_value(el.key)] = int_value(el.value)  # type: ignore[index,assignment]
+            if isinstance(el, cst.DictElement) and (key := string_value(el.key)) and (size := int_value(el.value)) is not None:
+                out[key] = size
     return out
 
 
@@ -110,6 +110,16 @@ class MemorySavingOptimizer(Rule):
                 net.to(device)
                 return O.Adam(net.parameters(), lr=1e-4)
         """), note="in a function, `from torch import optim as O`, a dict config"),
+        Invalid(dedent("""\
+            import torch
+            from model import GPT, GPTConfig
+
+
+            class Trainer:
+                def __init__(self, device):
+                    self.model = GPT(GPTConfig(n_layer=48, n_head=25, n_embd=1600)).to(device)
+                    self.optimizer = torch.optim.Adam(self.model.parameters(), lr=3e-4)
+        """), note="in a method: the model held in an attribute"),
         Valid(dedent("""\
             import torch
             from model import GPT, GPTConfig

@@ -51,27 +51,6 @@ def _self_attr(node: cst.CSTNode, self_name: str) -> str | None:
     return None
 
 
-_FFN = '''import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class FeedForward(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 100)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(100, 32)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-torch.manual_seed(0)
-out = FeedForward()(torch.randn(3, 32))
-'''
-
-
 def _ast_int_const(text: str, expr, depth: int = 0) -> int | None:
     """pad._common.int_const on CPython's ast (names through ast_reaching_values)."""
     import ast as _ast

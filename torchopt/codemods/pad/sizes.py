@@ -6,6 +6,7 @@ import libcst as cst
 from torchopt.analysis.names import callee, reaching_values
 from torchopt.analysis.arguments import keyword, positional
 from torchopt.analysis.syntax import walk
+from torchopt.rewrite.metadata import remembered
 from torchopt.rewrite.rule import Option, Rule
 
 OPTION_MULTIPLE = Option("multiple", int, 8, "pad sizes to a multiple of this (8 for fp16/bf16 Tensor Cores, "
@@ -82,16 +83,14 @@ def int_const(rule: Rule, expr: cst.BaseExpression | None, depth: int = 0) -> in
     return None
 
 
-_INT_NAMES: dict[int, tuple[cst.Module, frozenset[str]]] = {}
-
-
 def int_names(module: cst.Module) -> frozenset[str]:
     """Names assigned somewhere in the file to an integer-looking expression: an over-approximation
     of the names ``int_const`` can evaluate, found without scope analysis (which costs seconds on
-    a large file)."""
-    hit = _INT_NAMES.get(id(module))
-    if hit is not None and hit[0] is module:
-        return hit[1]
+    a large file). Worked out once per parse while the engine analyses the file."""
+    return remembered(("int names",), module, lambda: _int_names(module))
+
+
+def _int_names(module: cst.Module) -> frozenset[str]:
     out: set[str] = set()
     for n in walk(module, cross_scopes=True):
         if isinstance(n, cst.Assign) and _int_looking(n.value, None):
@@ -100,11 +99,7 @@ def int_names(module: cst.Module) -> frozenset[str]:
                     out.add(t.target.value)
         elif isinstance(n, cst.AnnAssign) and isinstance(n.target, cst.Name) and _int_looking(n.value, None):
             out.add(n.target.value)
-    if len(_INT_NAMES) > 64:
-        _INT_NAMES.clear()
-    result = frozenset(out)
-    _INT_NAMES[id(module)] = (module, result)
-    return result
+    return frozenset(out)
 
 
 def _int_looking(expr: cst.BaseExpression | None, names: frozenset[str] | None) -> bool:

@@ -20,7 +20,7 @@ from torchopt.codemods.pad.sizes import pad_formula
 from torchopt.codemods.pad.sizes import padded
 from torchopt.codemods.pad.gemm_layers import (
     CONVS, DROPOUT, DROPOUT_FN, LAYERS, MIN_SIZE, NO_ARGS_ONLY, ZERO_PRESERVING, ZERO_PRESERVING_FN,
-    ZERO_PRESERVING_METHODS, _FFN, _bad_size_possible, _self_attr
+    ZERO_PRESERVING_METHODS, _bad_size_possible, _self_attr
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -32,37 +32,12 @@ from torchopt.rewrite.rule import Valid
 
 _MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "eval", "requires_grad_"}
 
-_MLP = '''import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-mlp = nn.Sequential(
-    nn.Linear(16, 100),
-    nn.ReLU(),
-    nn.Linear(100, 24),
-)
-out = mlp(torch.randn(4, 16))
-'''
-
 
 _LAYER_NAMES = frozenset(LAYERS)
 _CONV_NAMES = frozenset(CONVS)
 # Layers chained in a Sequential whose hidden width can be padded: the next one must be the same kind.
 _CHAINABLE = {"Linear": ("in_features", "out_features"),
               **{c: ("in_channels", "out_channels") for c in CONVS}}
-_CNN = '''import torch
-from torch import nn as tnn
-
-torch.manual_seed(0)
-features = tnn.Sequential(
-    tnn.Conv2d(3, 20, 3, padding=1),
-    tnn.ReLU(),
-    tnn.Conv2d(20, 30, 3),
-    tnn.Tanh(),
-    tnn.Conv2d(30, 16, 1),
-)
-out = features(torch.randn(2, 3, 8, 8))
-'''
 
 
 class PadGemmDims(Rule):
@@ -140,42 +115,228 @@ class PadGemmDims(Rule):
     options = (OPTION_MULTIPLE,)
 
     examples = (
-        Invalid(_MLP, after=_MLP.replace("100", "104"), unsafe=("semantics", "rng", "tolerance"), runnable=True),
         Invalid(
-            "import torch.nn as nn\n\nH = 50\nnet = nn.Sequential(nn.Linear(32, H), nn.GELU(), nn.Dropout(0.1), nn.Linear(H, 8))\n",
-            after="import torch.nn as nn\n\nH = 50\nnet = nn.Sequential(nn.Linear(32, ((H + 7) // 8) * 8), nn.GELU(), "
-                  "nn.Dropout(0.1), nn.Linear(((H + 7) // 8) * 8, 8))\n",
-            unsafe=("semantics", "rng", "tolerance"),
-        ),
-        Invalid(_FFN, after=_FFN.replace("100", "104"), unsafe=("semantics", "rng", "tolerance"), runnable=True,
-                note="two layers of one module, joined by an activation held in an attribute"),
-        Invalid(_FFN.replace("self.fc2(self.act(self.fc1(x)))", "self.fc2(self.act(self.fc1(x))) + self.fc1(x).sum()"),
-                after=None, note="the hidden features are used twice: reported, not fixed"),
-        Invalid("import torch.nn as nn\n\nhead = nn.Linear(64, 10)\n", after=None,
-                note="an output size: reported, never padded"),
-        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.LayerNorm(30), nn.ReLU(), nn.Linear(30, 8))\n",
-                after=None, note="LayerNorm reduces over the hidden size"),
-        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.Sigmoid(), nn.Linear(30, 8))\n",
-                after=None, note="sigmoid(0) = 0.5: the pad units would learn"),
-        Invalid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(8, 30), nn.ReLU(), nn.Linear(30, 8))\n"
-                "features = net[:2]\n", after=None, note="the hidden features are used directly"),
-        Invalid("import torch.nn as nn\n\nattn = nn.MultiheadAttention(100, 4)\n", after=None),
-        Valid("import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))\n",
-              runnable=True),
-        Valid("import torch.nn as nn\n\ndef build(n):\n    return nn.Linear(n, 3 * n)\n", note="sizes not known"),
-        Valid("import torch.nn as nn\n\nconv = nn.Conv2d(3, 17, 3)\n", note="convolutions are not reported"),
-        Invalid(_CNN, after=_CNN.replace("20", "24").replace("30", "32"), unsafe=("semantics", "rng", "tolerance"),
-                runnable=True, note="a convolution chain, aliased import: channels 20 and 30 padded, 3 and 16 kept"),
-        Valid(dedent('''\
-            import torch.nn as nn
+            dedent("""\
+                import torch
+                import torch.nn as nn
 
-            net = nn.Sequential(nn.Conv2d(3, 20, 3), nn.BatchNorm2d(20), nn.ReLU(), nn.Conv2d(20, 16, 3))
-            dw = nn.Sequential(nn.Conv2d(20, 20, 3, groups=20), nn.ReLU(), nn.Conv2d(20, 16, 1))
-            gate = nn.Sequential(nn.Conv2d(3, 20, 3), nn.Sigmoid(), nn.Conv2d(20, 16, 3))
-            '''), note="a norm, a grouped convolution, sigmoid(0) = 0.5: convolution channels left alone"),
+                torch.manual_seed(0)
+                mlp = nn.Sequential(
+                    nn.Linear(16, 100),
+                    nn.ReLU(),
+                    nn.Linear(100, 24),
+                )
+                out = mlp(torch.randn(4, 16))
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                torch.manual_seed(0)
+                mlp = nn.Sequential(
+                    nn.Linear(16, 104),
+                    nn.ReLU(),
+                    nn.Linear(104, 24),
+                )
+                out = mlp(torch.randn(4, 16))
+            """),
+            unsafe=('semantics', 'rng', 'tolerance'),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                H = 50
+                net = nn.Sequential(nn.Linear(32, H), nn.GELU(), nn.Dropout(0.1), nn.Linear(H, 8))
+            """),
+            after=dedent("""\
+                import torch.nn as nn
+
+                H = 50
+                net = nn.Sequential(nn.Linear(32, ((H + 7) // 8) * 8), nn.GELU(), nn.Dropout(0.1), nn.Linear(((H + 7) // 8) * 8, 8))
+            """),
+            unsafe=('semantics', 'rng', 'tolerance'),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class FeedForward(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(32, 100)
+                        self.act = nn.GELU()
+                        self.fc2 = nn.Linear(100, 32)
+
+                    def forward(self, x):
+                        return self.fc2(self.act(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                out = FeedForward()(torch.randn(3, 32))
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class FeedForward(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(32, 104)
+                        self.act = nn.GELU()
+                        self.fc2 = nn.Linear(104, 32)
+
+                    def forward(self, x):
+                        return self.fc2(self.act(self.fc1(x)))
+
+
+                torch.manual_seed(0)
+                out = FeedForward()(torch.randn(3, 32))
+            """),
+            unsafe=('semantics', 'rng', 'tolerance'),
+            runnable=True,
+            note="two layers of one module, joined by an activation held in an attribute",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class FeedForward(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(32, 100)
+                        self.act = nn.GELU()
+                        self.fc2 = nn.Linear(100, 32)
+
+                    def forward(self, x):
+                        return self.fc2(self.act(self.fc1(x))) + self.fc1(x).sum()
+
+
+                torch.manual_seed(0)
+                out = FeedForward()(torch.randn(3, 32))
+            """),
+            note="the hidden features are used twice: reported, not fixed",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                head = nn.Linear(64, 10)
+            """),
+            note="an output size: reported, never padded",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                net = nn.Sequential(nn.Linear(8, 30), nn.LayerNorm(30), nn.ReLU(), nn.Linear(30, 8))
+            """),
+            note="LayerNorm reduces over the hidden size",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                net = nn.Sequential(nn.Linear(8, 30), nn.Sigmoid(), nn.Linear(30, 8))
+            """),
+            note="sigmoid(0) = 0.5: the pad units would learn",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                net = nn.Sequential(nn.Linear(8, 30), nn.ReLU(), nn.Linear(30, 8))
+                features = net[:2]
+            """),
+            note="the hidden features are used directly",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                attn = nn.MultiheadAttention(100, 4)
+            """),
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+                net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+            """),
+            runnable=True,
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+                def build(n):
+                    return nn.Linear(n, 3 * n)
+            """),
+            note="sizes not known",
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+                conv = nn.Conv2d(3, 17, 3)
+            """),
+            note="convolutions are not reported",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn as tnn
+
+                torch.manual_seed(0)
+                features = tnn.Sequential(
+                    tnn.Conv2d(3, 20, 3, padding=1),
+                    tnn.ReLU(),
+                    tnn.Conv2d(20, 30, 3),
+                    tnn.Tanh(),
+                    tnn.Conv2d(30, 16, 1),
+                )
+                out = features(torch.randn(2, 3, 8, 8))
+            """),
+            after=dedent("""\
+                import torch
+                from torch import nn as tnn
+
+                torch.manual_seed(0)
+                features = tnn.Sequential(
+                    tnn.Conv2d(3, 24, 3, padding=1),
+                    tnn.ReLU(),
+                    tnn.Conv2d(24, 32, 3),
+                    tnn.Tanh(),
+                    tnn.Conv2d(32, 16, 1),
+                )
+                out = features(torch.randn(2, 3, 8, 8))
+            """),
+            unsafe=('semantics', 'rng', 'tolerance'),
+            runnable=True,
+            note="a convolution chain, aliased import: channels 20 and 30 padded, 3 and 16 kept",
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+                net = nn.Sequential(nn.Conv2d(3, 20, 3), nn.BatchNorm2d(20), nn.ReLU(), nn.Conv2d(20, 16, 3))
+                dw = nn.Sequential(nn.Conv2d(20, 20, 3, groups=20), nn.ReLU(), nn.Conv2d(20, 16, 1))
+                gate = nn.Sequential(nn.Conv2d(3, 20, 3), nn.Sigmoid(), nn.Conv2d(20, 16, 3))
+            """),
+            note="a norm, a grouped convolution, sigmoid(0) = 0.5: convolution channels left alone",
+        ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._multiple = int(self.option("multiple"))
         self._vocab_keys: set[str] | None = None
@@ -284,7 +445,7 @@ class PadGemmDims(Rule):
             self._vocab_keys = keys
         return self._vocab_keys
 
-    def _sequential_fix(self, linear: cst.Call):  # type: ignore[no-untyped-def]
+    def _sequential_fix(self, linear: cst.Call):
         """(Sequential call, its padded replacement, first hidden size, its padded size, dropout?) when
         ``linear`` takes part in a paddable hidden dimension of an nn.Sequential; else None."""
         parent = self.get_metadata(ParentProvider, linear, None)
@@ -301,7 +462,7 @@ class PadGemmDims(Rule):
         dropout = False
         for i, item in enumerate(items):
             kind = self._chain_link(item)
-            if kind is None:
+            if kind is None or not isinstance(item, cst.Call):  # (a link is a call)
                 continue
             in_name, out_name = _CHAINABLE[kind]
             out = arg(item, 1, out_name)
@@ -326,7 +487,7 @@ class PadGemmDims(Rule):
             if j >= len(items):
                 continue
             nxt = items[j]
-            if self._chain_link(nxt) != kind:
+            if self._chain_link(nxt) != kind or not isinstance(nxt, cst.Call):
                 continue
             inp = arg(nxt, 0, in_name)
             if inp is None or int_const(self, inp.value) != h:
@@ -357,7 +518,7 @@ class PadGemmDims(Rule):
 
     # ------------------------------------------------------------------ two Linear layers of one module
 
-    def _module_fix(self, linear: cst.Call):  # type: ignore[no-untyped-def]
+    def _module_fix(self, linear: cst.Call):
         """Like _sequential_fix, for ``self.a = nn.Linear(i, H)`` / ``self.b = nn.Linear(H, o)`` of one
         class whose only use is ``self.b(act(self.a(x)))`` (activations: zero-preserving modules held
         in attributes, their functional forms, ``.relu()``/``.tanh()``, dropout)."""
@@ -388,7 +549,7 @@ class PadGemmDims(Rule):
         h = mine[0][2]
         return fn, fn.visit(_Edit()), str(h), str(padded(h, m)), any(p[3] for p in pairs)
 
-    def _enclosing_init(self, node: cst.CSTNode):  # type: ignore[no-untyped-def]
+    def _enclosing_init(self, node: cst.CSTNode):
         fn = None
         cur = self.get_metadata(ParentProvider, node, None)
         while cur is not None:

@@ -1,10 +1,13 @@
 """TOP301 `unpadded-vocabulary`: Flags a language model whose token embedding (`nn.Embedding(V, d)`) and output projection."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.names import callee
+from torchopt.analysis.statement_edits import ApplyEdits
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import dtype_of
 from torchopt.analysis.values import string_value
@@ -20,7 +23,7 @@ from torchopt.codemods.pad.sizes import nn_class
 from torchopt.codemods.pad.sizes import reaching_values
 from torchopt.codemods.pad.sizes import self_attr
 from torchopt.codemods.pad.vocab_models import (
-    PADDED, _CONST, _GPT, _Plan, _Rewrite, _bound_names, _free_names, _instance_of, _target_names, vocab_defaults
+    PADDED, _Plan, _bound_names, _free_names, _instance_of, _target_names, vocab_defaults, vocab_edits
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -40,28 +43,6 @@ _SIZE_ATTRS = {"num_embeddings", "out_features"}
 
 
 _SIMPLE = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation)
-
-
-_GPT_AFTER = _GPT.replace(
-    "        self.embed = nn.Embedding(vocab_size, d_model)\n"
-    "        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)\n",
-    "        self.vocab_size = vocab_size\n"
-    "        padded_vocab = ((vocab_size + 7) // 8) * 8  # a multiple of 8 for Tensor Cores\n"
-    "        self.embed = nn.Embedding(padded_vocab, d_model)\n"
-    "        self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)\n",
-).replace(
-    "        logits = self.lm_head(torch.tanh(self.embed(idx)))\n"
-    "        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))\n",
-    "        logits = self.lm_head(torch.tanh(self.embed(idx)))[..., : self.vocab_size]\n"
-    "        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.view(-1))\n",
-)
-
-
-_CONST_AFTER = _CONST.replace(
-    "        self.tok = nn.Embedding(VOCAB, 64)\n        self.head = nn.Linear(64, VOCAB)\n",
-    "        padded_vocab = ((VOCAB + 7) // 8) * 8  # a multiple of 8 for Tensor Cores\n"
-    "        self.tok = nn.Embedding(padded_vocab, 64)\n        self.head = nn.Linear(64, padded_vocab)\n",
-).replace("self.head(self.tok(idx)).argmax(-1)", "self.head(self.tok(idx))[..., : self.n_vocab].argmax(-1)")
 
 
 class PadVocabulary(Rule):
@@ -154,36 +135,214 @@ class PadVocabulary(Rule):
     options = (OPTION_MULTIPLE,)
 
     examples = (
-        Invalid(_GPT, after=_GPT_AFTER, unsafe=("semantics", "rng"), runnable=True),
-        Invalid(_CONST, after=_CONST_AFTER, unsafe=("semantics", "rng"),
-                note="an existing attribute holding the size is reused"),
         Invalid(
-            _CONST + "\n\ndef load(state):\n    model = LM()\n    model.load_state_dict(state)\n",
-            after=None,
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class GPT(nn.Module):
+                    def __init__(self, vocab_size, d_model):
+                        super().__init__()
+                        self.embed = nn.Embedding(vocab_size, d_model)
+                        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+                        self.lm_head.weight = self.embed.weight
+
+                    def forward(self, idx, targets):
+                        logits = self.lm_head(torch.tanh(self.embed(idx)))
+                        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+                        return logits, loss
+
+
+                torch.manual_seed(0)
+                model = GPT(37, 8)
+                idx = torch.randint(0, 37, (2, 5))
+                logits, loss = model(idx, idx)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class GPT(nn.Module):
+                    def __init__(self, vocab_size, d_model):
+                        super().__init__()
+                        self.vocab_size = vocab_size
+                        padded_vocab = ((vocab_size + 7) // 8) * 8  # a multiple of 8 for Tensor Cores
+                        self.embed = nn.Embedding(padded_vocab, d_model)
+                        self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)
+                        self.lm_head.weight = self.embed.weight
+
+                    def forward(self, idx, targets):
+                        logits = self.lm_head(torch.tanh(self.embed(idx)))[..., : self.vocab_size]
+                        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.view(-1))
+                        return logits, loss
+
+
+                torch.manual_seed(0)
+                model = GPT(37, 8)
+                idx = torch.randint(0, 37, (2, 5))
+                logits, loss = model(idx, idx)
+            """),
+            unsafe=('semantics', 'rng'),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                VOCAB = 1001
+
+
+                class LM(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.n_vocab = VOCAB
+                        self.tok = nn.Embedding(VOCAB, 64)
+                        self.head = nn.Linear(64, VOCAB)
+
+                    def forward(self, idx):
+                        return self.head(self.tok(idx)).argmax(-1)
+            """),
+            after=dedent("""\
+                import torch.nn as nn
+
+                VOCAB = 1001
+
+
+                class LM(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.n_vocab = VOCAB
+                        padded_vocab = ((VOCAB + 7) // 8) * 8  # a multiple of 8 for Tensor Cores
+                        self.tok = nn.Embedding(padded_vocab, 64)
+                        self.head = nn.Linear(64, padded_vocab)
+
+                    def forward(self, idx):
+                        return self.head(self.tok(idx))[..., : self.n_vocab].argmax(-1)
+            """),
+            unsafe=('semantics', 'rng'),
+            note="an existing attribute holding the size is reused",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+
+                VOCAB = 1001
+
+
+                class LM(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.n_vocab = VOCAB
+                        self.tok = nn.Embedding(VOCAB, 64)
+                        self.head = nn.Linear(64, VOCAB)
+
+                    def forward(self, idx):
+                        return self.head(self.tok(idx)).argmax(-1)
+
+
+                def load(state):
+                    model = LM()
+                    model.load_state_dict(state)
+            """),
             note="the file loads a checkpoint, whose shapes would no longer match: reported, not fixed",
         ),
         Invalid(
-            "import torch.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self, cfg):\n"
-            "        super().__init__()\n        self.wte = nn.Embedding(cfg.vocab, cfg.dim)\n"
-            "        self.out = nn.Linear(cfg.dim, cfg.vocab)\n\n    def forward(self, x):\n"
-            "        return self.out(self.wte(x)), self.out.out_features\n",
-            after=None,
+            dedent("""\
+                import torch.nn as nn
+
+
+                class LM(nn.Module):
+                    def __init__(self, cfg):
+                        super().__init__()
+                        self.wte = nn.Embedding(cfg.vocab, cfg.dim)
+                        self.out = nn.Linear(cfg.dim, cfg.vocab)
+
+                    def forward(self, x):
+                        return self.out(self.wte(x)), self.out.out_features
+            """),
             note="the class reads `out_features`, which would report the padded size",
         ),
-        Valid("import torch.nn as nn\n\nVOCAB = 40\n\n\nclass LM(nn.Module):\n    def __init__(self):\n"
-              "        super().__init__()\n        self.tok = nn.Embedding(VOCAB, 64)\n        self.head = nn.Linear(64, VOCAB)\n\n"
-              "    def forward(self, idx):\n        return self.head(self.tok(idx))\n",
-              note="the vocabulary is known to be a multiple of 8"),
-        Valid(_GPT_AFTER, note="already padded", runnable=True),
-        Valid("import torch.nn as nn\n\n\nclass Tagger(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
-              "        self.emb = nn.Embedding(n, 16)\n        self.cls = nn.Linear(16, 5)\n",
-              note="no output projection over the vocabulary"),
-        Valid("import mylib.nn as nn\n\n\nclass LM(nn.Module):\n    def __init__(self, v):\n        super().__init__()\n"
-              "        self.e = nn.Embedding(v, 16)\n        self.h = nn.Linear(16, v)\n",
-              note="not torch.nn"),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+                VOCAB = 40
+
+
+                class LM(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.tok = nn.Embedding(VOCAB, 64)
+                        self.head = nn.Linear(64, VOCAB)
+
+                    def forward(self, idx):
+                        return self.head(self.tok(idx))
+            """),
+            note="the vocabulary is known to be a multiple of 8",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class GPT(nn.Module):
+                    def __init__(self, vocab_size, d_model):
+                        super().__init__()
+                        self.vocab_size = vocab_size
+                        padded_vocab = ((vocab_size + 7) // 8) * 8  # a multiple of 8 for Tensor Cores
+                        self.embed = nn.Embedding(padded_vocab, d_model)
+                        self.lm_head = nn.Linear(d_model, padded_vocab, bias=False)
+                        self.lm_head.weight = self.embed.weight
+
+                    def forward(self, idx, targets):
+                        logits = self.lm_head(torch.tanh(self.embed(idx)))[..., : self.vocab_size]
+                        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.view(-1))
+                        return logits, loss
+
+
+                torch.manual_seed(0)
+                model = GPT(37, 8)
+                idx = torch.randint(0, 37, (2, 5))
+                logits, loss = model(idx, idx)
+            """),
+            note="already padded",
+            runnable=True,
+        ),
+        Valid(
+            dedent("""\
+                import torch.nn as nn
+
+
+                class Tagger(nn.Module):
+                    def __init__(self, n):
+                        super().__init__()
+                        self.emb = nn.Embedding(n, 16)
+                        self.cls = nn.Linear(16, 5)
+            """),
+            note="no output projection over the vocabulary",
+        ),
+        Valid(
+            dedent("""\
+                import mylib.nn as nn
+
+
+                class LM(nn.Module):
+                    def __init__(self, v):
+                        super().__init__()
+                        self.e = nn.Embedding(v, 16)
+                        self.h = nn.Linear(16, v)
+            """),
+            note="not torch.nn",
+        ),
     )
 
-    def __init__(self, ctx) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._multiple = int(self.option("multiple"))
 
@@ -253,7 +412,7 @@ class PadVocabulary(Rule):
             fmt["why"] = f" (no automatic fix: {why})"
             self.report(embeds[0], fmt=fmt)
             return
-        new = cls.visit(_Rewrite(self, init, plan, m))
+        new = cls.visit(ApplyEdits(vocab_edits(self, init, plan, m)))
         self.report(embeds[0], fmt=fmt, replacement=new, target=cls, safety=Safety.UNSAFE,
                     tags=(Tag.SEMANTICS, Tag.RNG),
                     note=("parameter shapes change (old checkpoints need the first V rows copied in); the "
@@ -262,7 +421,7 @@ class PadVocabulary(Rule):
         # The model's logits are now a non-contiguous slice: `.view` on them in this file becomes
         # `.reshape` (the same result wherever `.view` worked).
         for view in self._outside_views(cls):
-            reshape = view.with_changes(func=view.func.with_changes(attr=cst.Name("reshape")))  # type: ignore[union-attr]
+            reshape = view.with_changes(func=view.func.with_changes(attr=cst.Name("reshape")))
             self.report(view, message=_VIEW_MESSAGE, fmt={"model": cls.name.value}, replacement=reshape,
                         fix_title="Use `.reshape(...)`", safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
                         note="part of the vocabulary padding of the same class; `.reshape` equals `.view` "
@@ -349,9 +508,9 @@ class PadVocabulary(Rule):
             return "the layers are built in an unusual place"
         later: set[str] = set()
         later_attrs: set[str] = set()
-        for stmt in body[index:]:
-            later |= _bound_names(stmt)
-            later_attrs |= {code(self, n.target) for n in walk(stmt)
+        for later_stmt in body[index:]:
+            later |= _bound_names(later_stmt)
+            later_attrs |= {code(self, n.target) for n in walk(later_stmt)
                             if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Attribute)}
         used_attrs = {code(self, n) for n in walk(plan.vocab, cross_scopes=True) if isinstance(n, cst.Attribute)}
         if _free_names(plan.vocab) & later or used_attrs & later_attrs:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.statement_edits import Edits, NodeEdit, statement
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad.sizes import (
     arg,
@@ -16,47 +17,6 @@ from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 PADDED = "padded_vocab"
-
-_GPT = '''import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab_size, d_model):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, d_model)
-        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        self.lm_head.weight = self.embed.weight
-
-    def forward(self, idx, targets):
-        logits = self.lm_head(torch.tanh(self.embed(idx)))
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
-
-
-torch.manual_seed(0)
-model = GPT(37, 8)
-idx = torch.randint(0, 37, (2, 5))
-logits, loss = model(idx, idx)
-'''
-
-
-_CONST = '''import torch.nn as nn
-
-VOCAB = 1001
-
-
-class LM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.n_vocab = VOCAB
-        self.tok = nn.Embedding(VOCAB, 64)
-        self.head = nn.Linear(64, VOCAB)
-
-    def forward(self, idx):
-        return self.head(self.tok(idx)).argmax(-1)
-'''
 
 
 @dataclass
@@ -118,52 +78,45 @@ def _bound_names(stmt: cst.CSTNode) -> set[str]:
         elif isinstance(n, cst.NamedExpr):
             out |= _target_names(n.target)
         elif isinstance(n, cst.AsName):
-            out |= _target_names(n.name)  # type: ignore[arg-type]
+            out |= _target_names(n.name)
     return out
 
 
-class _Rewrite(cst.CSTTransformer):
-    """Applies a _Plan to the class it was made for."""
+def vocab_edits(rule: Rule, init: cst.FunctionDef, plan: _Plan, multiple: int) -> Edits:
+    """The edits a _Plan makes to its class: the layers take the padded size, computed in ``__init__``
+    before the first of them is built; the head's output is sliced back to the vocabulary, and ``.view``
+    on it becomes ``.reshape`` (the slice is not contiguous)."""
+    vcode = code(rule, plan.vocab)
+    e = Edits()
+    sizes = [arg(x, 0, "num_embeddings") for x in plan.embeds] + [arg(h, 1, "out_features") for h in plan.heads]
+    for size in sizes:
+        if size is not None:
+            e.replace_node(size, lambda updated: updated.with_changes(value=cst.Name(PADDED)))
+    views = {id(v) for v in plan.views}
+    heads = {id(c) for c in plan.calls}
+    for call in {id(c): c for c in plan.views + plan.calls}.values():
+        e.replace_node(call, _head_edit(plan.vattr, reshape=id(call) in views, slice_back=id(call) in heads))
+    new = []
+    if plan.insert_attr:
+        new.append(statement(f"self.{plan.vattr} = {vcode}\n"))
+    new.append(statement(f"{PADDED} = {pad_formula(vcode, multiple)}  # a multiple of 8 for Tensor Cores\n"))
+    e.add_before(cst.ensure_type(init.body, cst.IndentedBlock).body[plan.index], new)  # (planned on that block)
+    return e
 
-    def __init__(self, rule: Rule, init: cst.FunctionDef, plan: _Plan, multiple: int) -> None:
-        super().__init__()
-        self.init_body = init.body
-        self.plan = plan
-        self.multiple = multiple
-        self.vcode = code(rule, plan.vocab)
-        self.size_args = {id(arg(e, 0, "num_embeddings")) for e in plan.embeds}
-        self.size_args |= {id(arg(h, 1, "out_features")) for h in plan.heads}
-        self.calls = {id(c) for c in plan.calls}
-        self.views = {id(v) for v in plan.views}
 
-    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-        if id(original_node) in self.size_args:
-            return updated_node.with_changes(value=cst.Name(PADDED))
-        return updated_node
+def _head_edit(vattr: str, reshape: bool, slice_back: bool) -> NodeEdit:
+    """The edit of one use of the head: its rewritten call (still a call) goes through _sliced_head."""
+    return lambda updated: _sliced_head(cst.ensure_type(updated, cst.Call), vattr, reshape, slice_back)
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if id(original_node) in self.views:
-            updated_node = updated_node.with_changes(
-                func=updated_node.func.with_changes(attr=cst.Name("reshape")))  # type: ignore[union-attr]
-        if id(original_node) in self.calls:
-            sliced = cst.parse_expression(f"_[..., : self.{self.plan.vattr}]")
-            assert isinstance(sliced, cst.Subscript)
-            return sliced.with_changes(value=updated_node.with_changes(lpar=(), rpar=()),
-                                       lpar=updated_node.lpar, rpar=updated_node.rpar)
-        return updated_node
 
-    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
-                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        if original_node is not self.init_body:
-            return updated_node
-        new = []
-        if self.plan.insert_attr:
-            new.append(cst.parse_statement(f"self.{self.plan.vattr} = {self.vcode}\n"))
-        new.append(cst.parse_statement(
-            f"{PADDED} = {pad_formula(self.vcode, self.multiple)}  # a multiple of 8 for Tensor Cores\n"))
-        body = list(updated_node.body)
-        body[self.plan.index:self.plan.index] = new
-        return updated_node.with_changes(body=body)
+def _sliced_head(call: cst.Call, vattr: str, reshape: bool, slice_back: bool) -> cst.BaseExpression:
+    if reshape:
+        call = call.with_changes(func=call.func.with_changes(attr=cst.Name("reshape")))
+    if not slice_back:
+        return call
+    sliced = cst.parse_expression(f"_[..., : self.{vattr}]")
+    assert isinstance(sliced, cst.Subscript)
+    return sliced.with_changes(value=call.with_changes(lpar=(), rpar=()), lpar=call.lpar, rpar=call.rpar)
 
 
 def _literal(expr: cst.BaseExpression | None) -> list[int]:

@@ -7,6 +7,8 @@ from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import keyword
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
+from torchopt.analysis.names import plainly_assigned
+from torchopt.analysis.names import reaching_values
 from torchopt.analysis.step_loops import Tensors
 from torchopt.analysis.step_loops import dotted
 from torchopt.analysis.step_loops import hot_map
@@ -114,21 +116,23 @@ class DataDependentShape(Rule):
             return
         tz = Tensors(self, hm)
         for n in walk(node, True):
-            advice = None
+            advice = where = None
             if isinstance(n, cst.Call):
                 advice = self._call(n)
             elif isinstance(n, cst.Subscript):
-                advice = self._mask_index(n, tz)
+                # Where first: proving a mask and a tensor follows names through the whole file.
+                where = hm.where(n)
+                advice = self._mask_index(n, tz) if where is not None else None
             if advice is None:
                 continue
-            where = hm.where(n)
+            where = where or hm.where(n)
             if where is not None:
                 self.report(n, fmt={"expr": source(self, n), "where": where.text, "advice": advice})
 
     def _call(self, c: cst.Call) -> str | None:
         q = callee(self, c)
         meth = c.func.attr.value if isinstance(c.func, cst.Attribute) else None
-        if q is None and meth is not None and (dotted(c.func.value) or "").split(".")[0] in ("np", "numpy"):
+        if q is None and isinstance(c.func, cst.Attribute) and (dotted(c.func.value) or "").split(".")[0] in ("np", "numpy"):
             return None
         name = q.rsplit(".", 1)[1] if q and q.startswith("torch.") and q.count(".") == 1 else None
         if name in ("nonzero", "argwhere") or (q is None and meth in ("nonzero", "argwhere")):
@@ -149,38 +153,36 @@ class DataDependentShape(Rule):
             return "pass `output_size=` (the total length) when it is known"
         return None
 
-    def _mask_index(self, s: cst.Subscript, tz: Tensors) -> str | None:
+    def _mask_index(self, s: cst.Subscript, tensors: Tensors) -> str | None:
         if len(s.slice) != 1 or not isinstance(s.slice[0].slice, cst.Index):
             return None
         idx = s.slice[0].slice.value
-        if not self._is_mask(idx, tz):
+        if not self._is_mask(idx, tensors):
             return None
         parent = self.get_metadata(ParentProvider, s, None)
         if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.AugAssign) and parent.target is s):
             return None  # `x[mask] = v` is an in-place masked fill: no host round trip
-        if not tz.is_tensor(s.value):
+        if not tensors.is_tensor(s.value):
             return None
         return ("use `torch.where(mask, x, 0)` and reduce (for a mean divide by `mask.sum()`), keeping the shape "
                 "static")
 
-    def _is_mask(self, e: cst.BaseExpression, tz: Tensors, depth: int = 0) -> bool:
+    def _is_mask(self, e: cst.BaseExpression, tensors: Tensors, depth: int = 0) -> bool:
         if isinstance(e, cst.Comparison):
-            return tz.is_tensor(e)
+            return tensors.is_tensor(e)
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.BitInvert):
-            return self._is_mask(e.expression, tz, depth)
+            return self._is_mask(e.expression, tensors, depth)
         if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):
-            return self._is_mask(e.left, tz, depth) and self._is_mask(e.right, tz, depth)
+            return self._is_mask(e.left, tensors, depth) and self._is_mask(e.right, tensors, depth)
         if isinstance(e, cst.Call):
             q = callee(self, e)
             if q and q.startswith("torch.") and q.rsplit(".", 1)[1] in _BOOL_FUNCS:
                 return True
             if isinstance(e.func, cst.Attribute) and e.func.attr.value in _BOOL_FUNCS | {"bool"} \
-                    and tz.is_tensor(e.func.value):
+                    and tensors.is_tensor(e.func.value):
                 return True
             return False
-        if isinstance(e, cst.Name) and depth < 3:
-            from torchopt.analysis.names import reaching_values
-
-            values = reaching_values(self, e)
-            return bool(values) and all(v is not None and self._is_mask(v, tz, depth + 1) for v in values)
+        if isinstance(e, cst.Name) and depth < 3 and plainly_assigned(self, e):
+            values = reaching_values(self, e) or []
+            return bool(values) and all(v is not None and self._is_mask(v, tensors, depth + 1) for v in values)
         return False

@@ -103,7 +103,7 @@ class DeviceToHostCopyInLoop(Rule):
                 pass
             elif meth == "to" and len(n.args) >= 1 and (
                     (positional(n) and classify_device(self, positional(n)[0].value).is_cpu)
-                    or (keyword(n, "device") is not None and classify_device(self, keyword(n, "device").value).is_cpu)):
+                    or ((dev_kw := keyword(n, "device")) is not None and classify_device(self, dev_kw.value).is_cpu)):
                 pass
             else:
                 continue

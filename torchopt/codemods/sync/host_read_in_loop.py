@@ -1,6 +1,8 @@
 """TOP601 `host-read-in-loop`: Flags reads of tensor values on the host inside a training or evaluation step: `t.item()`,."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.names import torch_ref
@@ -15,7 +17,8 @@ from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
 from torchopt.codemods.sync.host_values import is_cpu_tensor, is_host_value
 from torchopt.codemods.sync.step_frequency import not_every_step
-from torchopt.codemods.sync.host_read_planning import Plan, Refused, _Apply, _Planner, grad_norm_names, host_read
+from torchopt.analysis.statement_edits import Refusal
+from torchopt.codemods.sync.host_read_planning import Plan, _Apply, _Planner, grad_norm_names, host_read
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -116,72 +119,163 @@ class HostReadInLoop(Rule):
         # The trigger in a step: a superset of HotMap.where on CPython's ast (sync._hot.may_host_read).
         return super().could_match(text) and hot_check(text, may_host_read)
 
-    _HEAD = ("import torch\n\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-             "crit = torch.nn.MSELoss()\ndata = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]\n")
     examples = (
         Invalid(
-            _HEAD + "def train():\n    running = 0.0\n    logged = []\n    for i, (x, y) in enumerate(data):\n"
-            "        loss = crit(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
-            "        running += loss.item()\n        if i % 3 == 2:\n            logged.append(running / 3)\n"
-            "            running = 0.0\n    return logged\n\nlogged = train()\n",
-            after=_HEAD + "def train():\n    running = torch.zeros((), dtype=torch.float64)\n    logged = []\n"
-            "    for i, (x, y) in enumerate(data):\n"
-            "        loss = crit(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
-            "        running += loss.detach()\n        if i % 3 == 2:\n            logged.append(running.item() / 3)\n"
-            "            running.zero_()\n    return logged\n\nlogged = train()\n",
+            dedent("""\
+                import torch
+
+                model = torch.nn.Linear(4, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                crit = torch.nn.MSELoss()
+                data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+                def train():
+                    running = 0.0
+                    logged = []
+                    for i, (x, y) in enumerate(data):
+                        loss = crit(model(x), y)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                        running += loss.item()
+                        if i % 3 == 2:
+                            logged.append(running / 3)
+                            running = 0.0
+                    return logged
+
+                logged = train()
+            """),
+            after=dedent("""\
+                import torch
+
+                model = torch.nn.Linear(4, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                crit = torch.nn.MSELoss()
+                data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+                def train():
+                    running = torch.zeros((), dtype=torch.float64)
+                    logged = []
+                    for i, (x, y) in enumerate(data):
+                        loss = crit(model(x), y)
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                        running += loss.detach()
+                        if i % 3 == 2:
+                            logged.append(running.item() / 3)
+                            running.zero_()
+                    return logged
+
+                logged = train()
+            """),
             runnable=True,
             note="no device in the file: the accumulator lives on the CPU like the loss",
         ),
         Invalid(
-            "import torch\nimport torch.nn.functional as F\n\n"
-            "def train(model, loader, opt, device):\n    total = 0.0\n    for x, y in loader:\n"
-            "        x, y = x.to(device), y.to(device)\n        loss = F.cross_entropy(model(x), y)\n"
-            "        loss.backward()\n        opt.step()\n        total += loss.item() * x.size(0)\n"
-            "    return total / len(loader.dataset)\n",
-            after="import torch\nimport torch.nn.functional as F\n\n"
-            "def train(model, loader, opt, device):\n    total = torch.zeros((), dtype=torch.float64, device=device)\n"
-            "    for x, y in loader:\n"
-            "        x, y = x.to(device), y.to(device)\n        loss = F.cross_entropy(model(x), y)\n"
-            "        loss.backward()\n        opt.step()\n        total += loss.detach().double() * x.size(0)\n"
-            "    return total.item() / len(loader.dataset)\n",
+            dedent("""\
+                import torch
+                import torch.nn.functional as F
+
+                def train(model, loader, opt, device):
+                    total = 0.0
+                    for x, y in loader:
+                        x, y = x.to(device), y.to(device)
+                        loss = F.cross_entropy(model(x), y)
+                        loss.backward()
+                        opt.step()
+                        total += loss.item() * x.size(0)
+                    return total / len(loader.dataset)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn.functional as F
+
+                def train(model, loader, opt, device):
+                    total = torch.zeros((), dtype=torch.float64, device=device)
+                    for x, y in loader:
+                        x, y = x.to(device), y.to(device)
+                        loss = F.cross_entropy(model(x), y)
+                        loss.backward()
+                        opt.step()
+                        total += loss.detach().double() * x.size(0)
+                    return total.item() / len(loader.dataset)
+            """),
             note="weighted sum: a double multiplication on the device as in Python",
         ),
         Invalid(
-            "import torch\n\ndef train(model, loader, opt, crit, device):\n    hist = []\n"
-            "    for x, y in loader:\n        loss = crit(model(x.to(device)), y.to(device))\n"
-            "        loss.backward()\n        opt.step()\n        hist.append(loss.item())\n",
-            after=None,
+            dedent("""\
+                import torch
+
+                def train(model, loader, opt, crit, device):
+                    hist = []
+                    for x, y in loader:
+                        loss = crit(model(x.to(device)), y.to(device))
+                        loss.backward()
+                        opt.step()
+                        hist.append(loss.item())
+            """),
             note="appended every step: reported with advice, not rewritten",
         ),
         Invalid(
-            "import torch\n\ndef train(model, loader, opt, crit):\n    for x, y in loader:\n"
-            "        loss = crit(model(x), y)\n        loss.backward()\n"
-            "        if float(loss) > 100:\n            break\n        opt.step()\n",
-            after=None,
+            dedent("""\
+                import torch
+
+                def train(model, loader, opt, crit):
+                    for x, y in loader:
+                        loss = crit(model(x), y)
+                        loss.backward()
+                        if float(loss) > 100:
+                            break
+                        opt.step()
+            """),
             note="control flow on a host value: reported, never rewritten",
         ),
         Invalid(
-            "import torch\n\ndef train(model, loader, opt, crit, device):\n    running = 0.0\n"
-            "    for x, y in loader:\n        loss = crit(model(x.to(device)), y.to(device))\n"
-            "        loss.backward()\n        running += loss.item()\n        print(running)\n",
-            after=None,
+            dedent("""\
+                import torch
+
+                def train(model, loader, opt, crit, device):
+                    running = 0.0
+                    for x, y in loader:
+                        loss = crit(model(x.to(device)), y.to(device))
+                        loss.backward()
+                        running += loss.item()
+                        print(running)
+            """),
             note="read on every step: the rewrite would save nothing; `crit` is not provably a tensor function",
         ),
         Valid(
-            "import torch\n\nx = torch.randn(3)\nvals = [x.sum().item() for _ in range(3)]\n"
-            "print(float(x.mean()))\n",
-            runnable=True,
+            dedent("""\
+                import torch
+
+                x = torch.randn(3)
+                vals = [x.sum().item() for _ in range(3)]
+                print(float(x.mean()))
+            """),
             note="not in a training or forward-pass loop",
+            runnable=True,
         ),
         Valid(
-            "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
-            "        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n"
-            "    print(loss.item())\n",
+            dedent("""\
+                import torch
+
+                def train(model, loader, opt):
+                    for x, y in loader:
+                        loss = model(x).sum()
+                        loss.backward()
+                        opt.step()
+                    print(loss.item())
+            """),
             note="after the loop: once",
         ),
         Valid(
-            "import torch\n\nfor epoch in range(3):\n    for x in data:\n        model(x).sum().backward()\n"
-            "    print(float(torch.ones(1).sum()), n.item())\n",
+            dedent("""\
+                import torch
+
+                for epoch in range(3):
+                    for x in data:
+                        model(x).sum().backward()
+                    print(float(torch.ones(1).sum()), n.item())
+            """),
             note="per-epoch code of the outer loop is not a step",
         ),
     )
@@ -201,8 +295,8 @@ class HostReadInLoop(Rule):
                 if key not in plans:
                     try:
                         plans[key] = planner.plan(n)
-                    except Refused as exc:
-                        plans[key] = str(exc)
+                    except Refusal as exc:
+                        plans[key] = exc.reason
                 for c in calls_in(n.value):
                     item_plan[id(c)] = key
         done: set[tuple[int, str]] = set()
@@ -230,10 +324,10 @@ class HostReadInLoop(Rule):
             inner = n.func.value if isinstance(n.func, cst.Attribute) else n.args[0].value
             fmt = {"expr": source(self, n), "where": where.text, "why": _WHY[kind.strip(".()")],
                    "advice": self._advice(n, kind, where), "acc": ""}
-            key = item_plan.get(id(n))
-            plan = plans.get(key) if key is not None else None
-            if isinstance(plan, Plan) and key not in done and ref is not None:
-                done.add(key)
+            plan_key = item_plan.get(id(n))
+            plan = plans.get(plan_key) if plan_key is not None else None
+            if isinstance(plan, Plan) and plan_key is not None and plan_key not in done and ref is not None:
+                done.add(plan_key)
                 fmt["acc"] = plan.name
                 fmt["advice"] = "; keep the running sum on the device and read it when it is logged"
                 new = plan.owner.visit(_Apply(plan, ref.name))
@@ -242,7 +336,7 @@ class HostReadInLoop(Rule):
             if isinstance(plan, Plan):
                 self.report(n, fmt=fmt)
                 continue
-            if isinstance(plan, str) and key is not None:
+            if isinstance(plan, str) and plan_key is not None:
                 fmt["advice"] += f" (not rewritten: {plan})"
             del inner
             self.report(n, fmt=fmt)

@@ -13,6 +13,7 @@ from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
 from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.statement_edits import Refusal
 from torchopt.analysis.syntax import source, walk
 from torchopt.analysis.step_loops import (
     HOST_READS,
@@ -30,10 +31,10 @@ _CLIP = ("clip_grad_norm_", "clip_grad_norm", "get_total_norm")
 _BUILTIN_CASTS = ("float", "int", "bool")
 
 
-def grad_norm_names(hm: HotMap) -> set[str]:
+def grad_norm_names(hot: HotMap) -> set[str]:
     """Names bound to the result of ``clip_grad_norm_(...)`` (TOP607 reports their reads)."""
     out = set()
-    for n in walk(hm.rule.ctx.module, True):
+    for n in walk(hot.rule.ctx.module, True):
         if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call):
             d = dotted(n.value.func) or ""
             if d.rsplit(".", 1)[-1] in _CLIP and isinstance(n.targets[0].target, cst.Name):
@@ -52,7 +53,7 @@ def builtin_unbound(rule: Rule, name: cst.Name) -> bool:
     return not any(isinstance(a, Assignment) for a in scope[name.value])
 
 
-def host_read(hm: HotMap, tz: Tensors, c: cst.Call) -> str | None:
+def host_read(hot: HotMap, tensors: Tensors, c: cst.Call) -> str | None:
     """The kind of host read ``c`` is (``.item()``...), or None."""
     if isinstance(c.func, cst.Attribute) and c.func.attr.value in HOST_READS and not c.args:
         recv = c.func.value
@@ -63,16 +64,12 @@ def host_read(hm: HotMap, tz: Tensors, c: cst.Call) -> str | None:
         return f".{c.func.attr.value}()"
     if isinstance(c.func, cst.Name) and c.func.value in _BUILTIN_CASTS and len(c.args) == 1 \
             and not c.args[0].star and c.args[0].keyword is None:
-        if tz.is_tensor(c.args[0].value) and builtin_unbound(hm.rule, c.func):
+        if tensors.is_tensor(c.args[0].value) and builtin_unbound(hot.rule, c.func):
             return f"{c.func.value}()"
     return None
 
 
 # --------------------------------------------------------------------------- the accumulator fix
-
-
-class Refused(Exception):
-    pass
 
 
 @dataclass
@@ -97,8 +94,8 @@ def _zero_literal(v: cst.BaseExpression) -> str | None:
 
 
 class _Planner:
-    def __init__(self, rule: Rule, hm: HotMap, tz: Tensors) -> None:
-        self.rule, self.hm, self.tz = rule, hm, tz
+    def __init__(self, rule: Rule, hot: HotMap, tensors: Tensors) -> None:
+        self.rule, self.hm, self.tz = rule, hot, tensors
 
     def pos(self, node: cst.CSTNode) -> tuple[int, int]:
         r = self.rule.get_metadata(PositionProvider, node)
@@ -123,48 +120,48 @@ class _Planner:
 
     def rhs_items(self, expr: cst.BaseExpression) -> list[cst.Call]:
         """``.item()`` leaves of an arithmetic (+ - * /) expression whose other leaves are Python
-        numbers; raises Refused otherwise."""
+        numbers; raises Refusal otherwise."""
         if isinstance(expr, cst.BinaryOperation) and isinstance(
                 expr.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)):
             return self.rhs_items(expr.left) + self.rhs_items(expr.right)
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "item" \
                 and not expr.args:
             if not self.tz.is_tensor(expr.func.value, strict=True):
-                raise Refused(f"`{source(self.rule, expr.func.value)}` is not provably a tensor")
+                raise Refusal(None, f"`{source(self.rule, expr.func.value)}` is not provably a tensor")
             return [expr]
         if self.tz.number(expr):
             return []
-        raise Refused(f"`{source(self.rule, expr)}` is not a Python number")
+        raise Refusal(None, f"`{source(self.rule, expr)}` is not a Python number")
 
     def plan(self, aug: cst.AugAssign) -> Plan:
         if not isinstance(aug.target, cst.Name) or not isinstance(aug.operator, cst.AddAssign):
-            raise Refused("not a `name += ...` accumulation")
+            raise Refusal(None, "not a `name += ...` accumulation")
         name = aug.target
         loop = self.hm.step_loop_of(aug)
         if loop is None:
-            raise Refused("not in the body of the loop")
+            raise Refusal(None, "not in the body of the loop")
         try:
             scope = self.rule.get_metadata(ScopeProvider, name)
         except KeyError:
-            raise Refused("no scope") from None
+            raise Refusal(None, "no scope") from None
         if scope is None:
-            raise Refused("no scope")
+            raise Refusal(None, "no scope")
         plan = Plan(name.value, loop, self.owner(aug))
         kinds = set()
         assignments = list(scope[name.value])
         for a in assignments:
             if not isinstance(a, Assignment) or a.scope is not scope:
-                raise Refused(f"`{name.value}` is bound outside this function or by a non-assignment")
+                raise Refusal(None, f"`{name.value}` is bound outside this function or by a non-assignment")
             node = a.node
             parent = self.parent(node)
             if isinstance(parent, cst.AugAssign) and parent.target is node:
                 if not isinstance(parent.operator, cst.AddAssign):
-                    raise Refused(f"`{name.value}` is updated by another operator than `+=`")
+                    raise Refusal(None, f"`{name.value}` is updated by another operator than `+=`")
                 if self.hm.step_loop_of(parent) is not loop:
-                    raise Refused(f"`{name.value}` is accumulated outside the loop too")
+                    raise Refusal(None, f"`{name.value}` is accumulated outside the loop too")
                 items = self.rhs_items(parent.value)
                 if not items:
-                    raise Refused(f"`{name.value}` accumulates a value that is not read from a tensor")
+                    raise Refusal(None, f"`{name.value}` accumulates a value that is not read from a tensor")
                 plan.augs.append(parent)
                 plan.items.extend(items)
                 continue
@@ -173,18 +170,18 @@ class _Planner:
                 if isinstance(stmt, cst.Assign) and len(stmt.targets) == 1:
                     kind = _zero_literal(stmt.value)
                     if kind is None:
-                        raise Refused(f"`{name.value}` is assigned something other than 0")
+                        raise Refusal(None, f"`{name.value}` is assigned something other than 0")
                     kinds.add(kind)
-                    if self.inside(stmt, loop.node.body):  # type: ignore[attr-defined]
+                    if self.inside(stmt, loop.node.body):
                         plan.resets.append(stmt)
                     else:
                         plan.inits.append(stmt)
                     continue
-            raise Refused(f"`{name.value}` is bound in a way the rewrite cannot follow")
+            raise Refusal(None, f"`{name.value}` is bound in a way the rewrite cannot follow")
         if not plan.inits or not any(self.pos(i) < self.pos(loop.node) for i in plan.inits):
-            raise Refused(f"`{name.value}` is not initialised before the loop")
+            raise Refusal(None, f"`{name.value}` is not initialised before the loop")
         if any(self.owner(s) is not plan.owner for s in plan.inits + plan.resets):
-            raise Refused("different scopes")
+            raise Refusal(None, "different scopes")
         aug_targets = {id(a.target) for a in plan.augs}
         for a in assignments:
             for ref in a.references:
@@ -192,7 +189,7 @@ class _Planner:
                 if id(node) in aug_targets or any(node is r for r in plan.reads):
                     continue
                 if ref.scope is not scope or not isinstance(node, cst.Name):
-                    raise Refused(f"`{name.value}` is read from a nested function or comprehension")
+                    raise Refusal(None, f"`{name.value}` is read from a nested function or comprehension")
                 self._check_read(node, plan, "int" in kinds)
                 plan.reads.append(node)
         plan.device = self.device(plan)
@@ -201,20 +198,20 @@ class _Planner:
     def _check_read(self, node: cst.Name, plan: Plan, int_mode: bool) -> None:
         parent = self.parent(node)
         if isinstance(parent, (cst.Attribute, cst.Subscript)) and parent.value is node:
-            raise Refused(f"`{plan.name}` is used as an object, not a number")
+            raise Refusal(None, f"`{plan.name}` is used as an object, not a number")
         if isinstance(parent, cst.Del):
-            raise Refused(f"`{plan.name}` is deleted")
+            raise Refusal(None, f"`{plan.name}` is deleted")
         if int_mode and not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide)
                              and parent.left is node):
-            raise Refused(f"`{plan.name}` starts as the int 0 and is read other than as `{plan.name} / ...`")
-        body = plan.loop.node.body  # type: ignore[attr-defined]
+            raise Refusal(None, f"`{plan.name}` starts as the int 0 and is read other than as `{plan.name} / ...`")
+        body = plan.loop.node.body
         if self.inside(node, body):
             cur = self.parent(node)
             while cur is not None and cur is not body:
                 if isinstance(cur, (cst.If, cst.IfExp, cst.For, cst.While, cst.BooleanOperation)):
                     return
                 cur = self.parent(cur)
-            raise Refused(f"`{plan.name}` is read on every step")
+            raise Refusal(None, f"`{plan.name}` is read on every step")
 
     def device(self, plan: Plan) -> str | None:
         """The device expression (code) the accumulator is created on; None: the default (CPU).
@@ -222,23 +219,23 @@ class _Planner:
         A module-level accumulator is fine: its loop is at module level too, so the file is a
         script someone runs, not a library whose float another module imports."""
         found: set[str] = set()
-        for c in calls_in(plan.loop.node.body):  # type: ignore[attr-defined]
+        for c in calls_in(plan.loop.node.body):
             d = self._move_target(c)
             if d is not None:
                 found.add(d)
         if not found:
             found = set(self._module_moves())
         if len(found) > 1:
-            raise Refused("the loop moves data to more than one device")
+            raise Refusal(None, "the loop moves data to more than one device")
         if not found:
             if self._mentions_device():
-                raise Refused("cannot tell which device the loss is on")
+                raise Refusal(None, "cannot tell which device the loss is on")
             return None
         dev = found.pop()
         if dev.strip("'\"").split(":")[0] == "mps":
-            raise Refused("MPS has no float64")
+            raise Refusal(None, "MPS has no float64")
         if not dev.startswith('"') and self._may_pick_mps():
-            raise Refused(f"`{dev}` is chosen at run time and may be Apple MPS, which has no float64")
+            raise Refusal(None, f"`{dev}` is chosen at run time and may be Apple MPS, which has no float64")
         self._check_visible(dev, plan)
         return dev
 
@@ -286,8 +283,8 @@ class _Planner:
         dev = classify_device(self.rule, expr)
         if not dev.is_device or dev.is_cpu or dev.text == "meta":
             return None
-        if string_value(expr) is not None:
-            return '"' + string_value(expr) + '"'  # type: ignore[operator]
+        if (text := string_value(expr)) is not None:
+            return '"' + text + '"'
         if isinstance(expr, (cst.Name, cst.Attribute)):
             return self.rule.ctx.module.code_for_node(expr)
         return None
@@ -301,9 +298,9 @@ class _Planner:
         try:
             scope = self.rule.get_metadata(ScopeProvider, target)
         except KeyError:
-            raise Refused("no scope") from None
+            raise Refusal(None, "no scope") from None
         if scope is None or root not in scope:
-            raise Refused(f"`{root}` is not visible where `{plan.name}` is initialised")
+            raise Refusal(None, f"`{root}` is not visible where `{plan.name}` is initialised")
         for a in scope[root]:
             node = getattr(a, "node", None)
             if isinstance(node, cst.Param):
@@ -311,7 +308,7 @@ class _Planner:
             if a.scope is not scope and not isinstance(plan.owner, cst.Module):
                 continue  # a global read by a function: bound when the function runs
             if node is None or not isinstance(a, Assignment) or self.pos(node) >= self.pos(first):
-                raise Refused(f"`{root}` is bound after `{plan.name}` is initialised")
+                raise Refusal(None, f"`{root}` is bound after `{plan.name}` is initialised")
 
 
 class _Apply(cst.CSTTransformer):
@@ -327,24 +324,24 @@ class _Apply(cst.CSTTransformer):
         self.items = {id(c) for c in plan.items}
         self.simple = {id(a.value) for a in plan.augs if any(a.value is c for c in plan.items)}
 
-    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign):  # type: ignore[override]
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign):
         if id(original_node) in self.inits:
             return updated_node.with_changes(value=self.zeros)
         if id(original_node) in self.resets:
             return cst.Expr(cst.parse_expression(f"{self.plan.name}.zero_()"), semicolon=updated_node.semicolon)
         return updated_node
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):  # type: ignore[override]
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):
         if id(original_node) in self.reads:
             return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("item")),
                             lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else \
                 cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("item")))
         return updated_node
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call):  # type: ignore[override]
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call):
         if id(original_node) not in self.items:
             return updated_node
-        recv = updated_node.func.value  # type: ignore[union-attr]
+        recv = cst.ensure_type(updated_node.func, cst.Attribute).value  # (the planned reads are method calls)
         new: cst.BaseExpression = cst.Call(func=cst.Attribute(value=recv, attr=cst.Name("detach")))
         if id(original_node) not in self.simple:
             new = cst.Call(func=cst.Attribute(value=new, attr=cst.Name("double")))

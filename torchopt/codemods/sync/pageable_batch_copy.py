@@ -93,7 +93,8 @@ class PageableBatchCopy(Rule):
         for loop in hm.step_loops.values():
             if not isinstance(loop.node, cst.For):
                 continue
-            it, target = loop.node.iter, loop.node.target
+            it: cst.BaseExpression = loop.node.iter
+            target: cst.BaseExpression = loop.node.target
             for _ in range(3):
                 if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.args and \
                         it.func.value in ("enumerate", "tqdm", "iter"):

@@ -100,25 +100,25 @@ class PrintTensorInLoop(Rule):
                     if where is not None:
                         self.report(n, fmt={"expr": source(self, n), "where": where.text})
 
-    def _formats_tensor(self, c: cst.Call, tz: Tensors) -> bool:
+    def _formats_tensor(self, c: cst.Call, tensors: Tensors) -> bool:
         f = c.func
         args = [a.value for a in c.args if not a.star]
         if isinstance(f, cst.Name) and f.value in ("print", "str", "repr") and builtin_unbound(self, f):
-            return any(self._text_of_tensor(a, tz) for a in args)
+            return any(self._text_of_tensor(a, tensors) for a in args)
         if isinstance(f, cst.Attribute) and f.attr.value == "format" and isinstance(
                 f.value, (cst.SimpleString, cst.ConcatenatedString)):
-            return any(self._device_value(a, tz) for a in args)
+            return any(self._device_value(a, tensors) for a in args)
         if isinstance(f, cst.Attribute) and f.attr.value in LOG_METHODS and dotted(f.value) in LOGGER_NAMES:
-            return any(self._text_of_tensor(a, tz) for a in args)
+            return any(self._text_of_tensor(a, tensors) for a in args)
         return False
 
-    def _text_of_tensor(self, a: cst.BaseExpression, tz: Tensors) -> bool:
-        if isinstance(a, cst.FormattedString):
-            return any(isinstance(p, cst.FormattedStringExpression) and self._device_value(p.expression, tz)
-                       for p in a.parts)
-        return self._device_value(a, tz)
+    def _text_of_tensor(self, expr: cst.BaseExpression, tensors: Tensors) -> bool:
+        if isinstance(expr, cst.FormattedString):
+            return any(isinstance(p, cst.FormattedStringExpression) and self._device_value(p.expression, tensors)
+                       for p in expr.parts)
+        return self._device_value(expr, tensors)
 
-    def _device_value(self, e: cst.BaseExpression, tz: Tensors) -> bool:
+    def _device_value(self, e: cst.BaseExpression, tensors: Tensors) -> bool:
         """A tensor that may live on the device: Python numbers (a loop counter from
         `itertools.count()`, a reward summed from `.item()`) print without a sync."""
-        return tz.is_tensor(e) and not is_host_value(self, e)
+        return tensors.is_tensor(e) and not is_host_value(self, e)

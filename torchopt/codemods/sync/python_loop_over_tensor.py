@@ -12,7 +12,6 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source, walk
 from torchopt.codemods.sync import FAMILY
 from torchopt.codemods.sync.host_values import is_host_value
-from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
 # Tensor methods and attributes whose result is a Python value (no tensor, so no device work).
@@ -28,6 +27,8 @@ _TENSOR_METHODS = {"size", "shape", "dim", "view", "reshape", "unsqueeze", "sque
 # torch functions that return no tensor, or a tuple of them.
 _NOT_TENSOR = {"is_tensor", "numel", "is_floating_point", "is_complex", "is_grad_enabled", "split", "chunk",
                "unbind", "is_autocast_enabled", "is_nonzero"}
+# Methods and torch functions that cut a tensor into a few pieces (not `unbind`, whose pieces are its rows).
+_SPLITS = {"chunk", "split", "tensor_split", "hsplit", "vsplit", "dsplit"}
 _NOT_TENSOR_ANNOTATION = re.compile(r"\b(int|float|bool|str|List|list|Tuple|tuple|Dict|dict|Sequence|Iterable|"
                                     r"Callable|Mapping|Module)\b")
 # Reductions over every element: summing per-row terms of one is not the same reduction of the batch.
@@ -43,6 +44,7 @@ class _Scope:
     fn: cst.FunctionDef
     where: str
     loss_module: bool
+    method: bool = False  # defined directly in a class body: its first parameter is `self`
     tensors: set[str] = field(default_factory=set)  # names that may hold a tensor
     sure: set[str] = field(default_factory=set)  # names that surely hold one (annotated, used as one)
 
@@ -132,9 +134,10 @@ class PythonLoopOverTensor(Rule):
         # A row loop needs a header `_row_header` can read; a loss module's branch an `if`, `while` or `assert`.
         if not super().could_match(text):
             return False
-        if "for " in text and _HEADER_TEXT.search(text) is not None:
-            return True
-        return "Loss" in text and any(tok in text for tok in ("if ", "while ", "assert "))
+        if not ("for " in text and _HEADER_TEXT.search(text) is not None) and not (
+                "Loss" in text and any(tok in text for tok in ("if ", "while ", "assert "))):
+            return False
+        return _reports_possible(text)
 
     examples = (
         Invalid(dedent("""\
@@ -192,6 +195,29 @@ class PythonLoopOverTensor(Rule):
                         return (err ** 2).mean()
                     return err.mean()
             """), note="a branch on a tensor value in a loss module's forward"),
+        Invalid(dedent("""\
+            import torch.nn as tnn
+
+
+            class TopKLoss(tnn.Module):
+                def forward(self, scores, target):
+                    total = 0.0
+                    for i in range(scores.size(0)):
+                        total += scores[i, target[i]].item()
+                    return total
+            """), note="aliased `torch.nn`: a per-element `.item()` in a loss module's forward"),
+        Invalid(dedent("""\
+            import torch as T
+            from torch import nn
+
+
+            class MarginLoss(nn.Module):
+                def forward(self, pred, target):
+                    gap = (pred - target).abs()
+                    if T.max(gap) > 1.0:
+                        return gap.square().mean()
+                    return gap.mean()
+            """), note="`import torch as T`: a branch on a tensor value in a loss module's forward"),
         Valid(dedent("""\
             import torch.nn as nn
 
@@ -250,8 +276,27 @@ class PythonLoopOverTensor(Rule):
             """), note="not a torch module"),
     )
 
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        # Classes and functions the walk is inside, innermost last: the parent map would cost a
+        # whole pass over the file just to tell a method from a function.
+        self._defs: list[cst.ClassDef | cst.FunctionDef] = []
+        self._torch_modules: dict[tuple[int, int], bool] = {}  # (id(ClassDef), depth) -> subclass of torch.nn
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._defs.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._defs.pop()
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._defs.pop()
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        scope = self._scope(node)
+        outer = self._defs[-1] if self._defs else None
+        self._defs.append(node)
+        cls = outer if isinstance(outer, cst.ClassDef) and any(s is node for s in outer.body.body) else None
+        scope = self._scope(node, cls)
         if scope is None:
             return
         _collect_tensors(self, scope)
@@ -279,28 +324,31 @@ class PythonLoopOverTensor(Rule):
 
     # ------------------------------------------------------------------------------ where to look
 
-    def _scope(self, fn: cst.FunctionDef) -> _Scope | None:
+    def _scope(self, fn: cst.FunctionDef, cls: cst.ClassDef | None) -> _Scope | None:
+        """The function as a place the rule reads (``cls``: the class whose body defines it)."""
         if "torch" not in self.ctx.text:
             return None  # names alone (`PairLoss`, `my_loss`) say nothing about tensors in a file without torch
-        cls = self._enclosing_class(fn)
         name = fn.name.value
+        method = cls is not None
         if cls is not None and name in ("forward", "__call__"):
-            module = self._is_torch_module(cls, 0)
             loss = cls.name.value.endswith("Loss")
-            if (module and name == "forward") or loss:
-                return _Scope(fn, f"`{cls.name.value}.{name}`", loss_module=loss)
+            if loss or (name == "forward" and self._is_torch_module(cls, 0)):
+                return _Scope(fn, f"`{cls.name.value}.{name}`", loss_module=loss, method=method)
         if any(word in name.lower() for word in ("loss", "criterion")):
             owner = f"{cls.name.value}." if cls is not None else ""
-            return _Scope(fn, f"the loss function `{owner}{name}`", loss_module=False)
+            return _Scope(fn, f"the loss function `{owner}{name}`", loss_module=False, method=method)
         return None
 
-    def _enclosing_class(self, fn: cst.FunctionDef) -> cst.ClassDef | None:
-        block = self.get_metadata(ParentProvider, fn, None)
-        cls = self.get_metadata(ParentProvider, block, None) if block is not None else None
-        return cls if isinstance(cls, cst.ClassDef) else None
-
     def _is_torch_module(self, cls: cst.ClassDef, depth: int) -> bool:
-        """A subclass of a torch.nn class, directly or through classes of this file."""
+        """A subclass of a torch.nn class, directly or through classes of this file (answered once
+        per class: every `forward` of a file asks about the same few bases)."""
+        key = (id(cls), depth)
+        known = self._torch_modules.get(key)
+        if known is None:
+            known = self._torch_modules[key] = self._subclasses_torch_nn(cls, depth)
+        return known
+
+    def _subclasses_torch_nn(self, cls: cst.ClassDef, depth: int) -> bool:
         for base in cls.bases:
             qualified = torch_name(self, base.value)
             if qualified is not None and qualified.startswith("torch.nn."):
@@ -372,6 +420,112 @@ class PythonLoopOverTensor(Rule):
         self.report(call, fmt={"loop": loop, "tensor": tensor, "where": scope.where, "advice": advice})
 
 
+# ---------------------------------------------------------------------------------- prefilter
+
+
+def _reports_possible(text: str) -> bool:
+    """Cheap necessary condition on CPython's ast for a report: a function the rule reads (a
+    `forward`/`__call__` defined in a class body, or a function named like a loss) that holds a loop
+    or `sum(...)` generator with a row header `_row_header` could accept (a loop over a bare name
+    also needs a sign that the name holds a tensor), or, in a `__call__`/`forward` of a class named
+    `...Loss`, any branch. True when the text does not parse."""
+    import ast
+
+    from torchopt.analysis.precheck.tree import ast_index, nodes_of
+
+    index = ast_index(text)
+    if index is None:
+        return True
+    classes = index.get(ast.ClassDef, ())
+    if not any(c.name.endswith("Loss") for c in classes):
+        # First over the whole file, taking every name for a tensor: most files end here.
+        sums = [c for c in index.get(ast.Call, ()) if isinstance(c.func, ast.Name) and c.func.id == "sum"
+                and isinstance(_only_arg(c), ast.GeneratorExp)]
+        if not any(_ast_row_header(n.iter, n.target, None, n.body) for n in nodes_of(index, ast.For, ast.AsyncFor)) \
+                and not any(_ast_row_header(g.iter, g.target, None, None)
+                            for g in (_only_arg(c).generators[0] for c in sums)):
+            return False
+    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for cls in classes:
+        for fn in cls.body:
+            if isinstance(fn, funcs) and fn.name in ("forward", "__call__") and (
+                    fn.name == "forward" or cls.name.endswith("Loss")) and \
+                    _row_code_possible(fn, loss_module=cls.name.endswith("Loss")):
+                return True
+    return any(any(w in fn.name.lower() for w in ("loss", "criterion")) and _row_code_possible(fn, loss_module=False)
+               for fn in nodes_of(index, *funcs))
+
+
+def _row_code_possible(fn, loss_module: bool) -> bool:
+    import ast
+
+    nodes = list(ast.walk(fn))
+    if loss_module and any(isinstance(n, (ast.If, ast.While, ast.IfExp, ast.Assert)) for n in nodes):
+        return True
+    # Names that may surely hold a tensor: annotated `Tensor`, assigned, or used with a tensor method.
+    sure = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    sure |= {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg) and a.annotation is not None
+             and "Tensor" in ast.unparse(a.annotation)}
+    sure |= {n.value.id for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+             and n.attr in _TENSOR_METHODS}
+    for n in nodes:
+        if isinstance(n, (ast.For, ast.AsyncFor)):
+            if _ast_row_header(n.iter, n.target, sure, n.body):
+                return True
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "sum" \
+                and isinstance(_only_arg(n), ast.GeneratorExp):
+            gen = _only_arg(n).generators[0]
+            if _ast_row_header(gen.iter, gen.target, sure, None):
+                return True
+    return False
+
+
+def _only_arg(call):
+    """The value of a call's one argument however it is passed (LibCST counts keywords and stars
+    as arguments too), else None."""
+    import ast
+
+    if len(call.args) + len(call.keywords) != 1:
+        return None
+    value = call.args[0] if call.args else call.keywords[0].value
+    return value.value if isinstance(value, ast.Starred) else value
+
+
+def _ast_row_header(it, target, sure: set[str] | None, body) -> bool:
+    """`_row_header` and `_row_loop` on CPython's ast, looser: no tensor facts beyond ``sure``
+    (None: any name may hold a tensor)."""
+    import ast
+
+    def indexes(index: str) -> bool:  # `t[index]` / `t[index, ...]` in the loop body
+        if body is None:
+            return True
+        for n in (x for stmt in body for x in ast.walk(stmt)):
+            if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name):
+                first = n.slice.elts[0] if isinstance(n.slice, ast.Tuple) and n.slice.elts else n.slice
+                if isinstance(first, ast.Name) and first.id == index:
+                    return True
+        return False
+
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" \
+            and _only_arg(it) is not None and isinstance(target, ast.Name):
+        bound = _only_arg(it)
+        sized = isinstance(bound, ast.Call) and isinstance(bound.func, ast.Attribute) and bound.func.attr == "size" \
+            and isinstance(bound.func.value, ast.Name)
+        shaped = isinstance(bound, ast.Subscript) and isinstance(bound.value, ast.Attribute) \
+            and bound.value.attr == "shape" and isinstance(bound.value.value, ast.Name)
+        counted = isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name) and bound.func.id == "len" \
+            and len(bound.args) == 1 and isinstance(bound.args[0], ast.Name) \
+            and (sure is None or bound.args[0].id in sure)
+        return (sized or shaped or counted) and indexes(target.id)
+    if isinstance(it, ast.Name) and (sure is None or it.id in sure) and isinstance(target, ast.Name):
+        return True
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "enumerate" \
+            and isinstance(_only_arg(it), ast.Name) and (sure is None or _only_arg(it).id in sure) \
+            and isinstance(target, (ast.Tuple, ast.List)) and len(target.elts) == 2:
+        return True
+    return False
+
+
 # ---------------------------------------------------------------------------------- tensors
 
 
@@ -379,7 +533,7 @@ def _collect_tensors(rule: Rule, scope: _Scope) -> None:
     """Parameters (not `self`, not Python-typed or defaulted to a Python literal) and the locals
     computed from them with tensor operations; `sure` adds the evidence that they are tensors."""
     params = list(scope.fn.params.params) + list(scope.fn.params.kwonly_params)
-    if _enclosing_is_class(rule, scope.fn) and params:
+    if scope.method and params:
         params = params[1:]
     for p in params:
         ann = rule.ctx.module.code_for_node(p.annotation.annotation) if p.annotation else ""
@@ -401,11 +555,18 @@ def _collect_tensors(rule: Rule, scope: _Scope) -> None:
         if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.attr.value in _TENSOR_METHODS \
                 and n.value.value in scope.tensors:
             scope.sure.add(n.value.value)
+    # A name rebound to the pieces of a split (`out = out.chunk(n)`) holds a tuple of tensors: a loop
+    # over it visits a few pieces, each a whole batch, not the rows of one tensor.
+    for n in body:
+        if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
+                and isinstance(n.value, cst.Call) and isinstance(n.value.func, (cst.Attribute, cst.Name)) \
+                and _called_name(n.value.func) in _SPLITS:
+            scope.tensors.discard(n.targets[0].target.value)
+            scope.sure.discard(n.targets[0].target.value)
 
 
-def _enclosing_is_class(rule: Rule, fn: cst.FunctionDef) -> bool:
-    block = rule.get_metadata(ParentProvider, fn, None)
-    return isinstance(rule.get_metadata(ParentProvider, block, None) if block is not None else None, cst.ClassDef)
+def _called_name(func: cst.Attribute | cst.Name) -> str:
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value
 
 
 def _tensor_valued(rule: Rule, e: cst.BaseExpression, scope: _Scope) -> bool:
@@ -461,7 +622,7 @@ def _row_header(rule: Rule, it: cst.BaseExpression, target: cst.BaseExpression,
             and len(it.args) == 1 and isinstance(it.args[0].value, cst.Name) and it.args[0].value.value in scope.sure \
             and isinstance(target, cst.Tuple) and len(target.elements) == 2 \
             and all(isinstance(e.value, cst.Name) for e in target.elements):
-        index, row = (e.value.value for e in target.elements)  # type: ignore[attr-defined]
+        index, row = (e.value.value for e in target.elements if isinstance(e.value, cst.Name))
         return it.args[0].value.value, index, row
     return None
 
@@ -535,7 +696,8 @@ def _vectorised(rule: Rule, term: cst.BaseExpression, index: str | None, row: st
         atom = isinstance(replaced, (cst.Name, cst.Attribute, cst.Subscript, cst.Call)) and not replaced.lpar
         return f"{text}.sum(0)" if atom else f"({text}).sum(0)"
     outer = replaced
-    if len(reductions) == 1 and reductions[0] is outer and outer.func.attr.value == "sum":  # type: ignore[attr-defined]
+    if len(reductions) == 1 and reductions[0] is outer and isinstance(outer, cst.Call) \
+            and isinstance(outer.func, cst.Attribute) and outer.func.attr.value == "sum":
         return text
     return None
 

@@ -42,8 +42,8 @@ def _last(func: _ast.AST) -> str | None:
 def _has_cpu_literal(hot: AstHot) -> bool:
     hit = hot.__dict__.get("_cpu_literal")
     if hit is None:
-        hit = hot._cpu_literal = any(isinstance(n.value, str) and n.value.split(":")[0] == "cpu"
-                                     for n in hot.index.get(_ast.Constant, ()))
+        hit = hot.__dict__["_cpu_literal"] = any(isinstance(n.value, str) and n.value.split(":")[0] == "cpu"
+                                                 for n in hot.index.get(_ast.Constant, ()))
     return hit
 
 
@@ -61,10 +61,10 @@ def may_host_read(hot: AstHot) -> bool:
     return False
 
 
-def _text_of_tensor(hot: AstHot, a: _ast.AST, own) -> bool:
-    if isinstance(a, _ast.JoinedStr):
-        return any(isinstance(p, _ast.FormattedValue) and hot.maybe_tensor(p.value, own) for p in a.values)
-    return hot.maybe_tensor(a, own)
+def _text_of_tensor(hot: AstHot, expr: _ast.AST, own) -> bool:
+    if isinstance(expr, _ast.JoinedStr):
+        return any(isinstance(p, _ast.FormattedValue) and hot.maybe_tensor(p.value, own) for p in expr.values)
+    return hot.maybe_tensor(expr, own)
 
 
 def may_print_tensor(hot: AstHot) -> bool:

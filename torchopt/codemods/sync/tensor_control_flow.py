@@ -1,6 +1,8 @@
 """TOP605 `tensor-control-flow`: Python control flow on tensor values inside a training or evaluation step."""
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.step_loops import Tensors
@@ -94,6 +96,50 @@ class TensorControlFlow(Rule):
             "        loss = model(x).sum()\n        if loss.item() > 10:\n            continue\n        loss.backward()\n",
             note="the `.item()` is TOP601's finding",
         ),
+        Invalid(dedent("""\
+            import torch as T
+            from torch import nn as tnn
+
+
+            class ClippedLoss(tnn.Module):
+                def forward(self, pred, target):
+                    err = (pred - target).abs()
+                    if err.max() > 1.0:
+                        err = err.clamp(max=1.0)
+                    return err.mean()
+
+
+            criterion = ClippedLoss()
+            for x, y in loader:
+                loss = criterion(model(x), y)
+                if T.isnan(loss):
+                    continue
+                loss.backward()
+            """), note="aliased imports: a loss module the loop calls, and a NaN check in the loop"),
+        Invalid(dedent("""\
+            import torch
+            import torch.nn as nn
+
+
+            class RobustLoss(nn.Module):
+                def forward(self, pred, target):
+                    err = (pred - target).abs()
+                    if err.max() > 1.0:
+                        return (err ** 2).mean()
+                    return err.mean()
+
+
+            class Trainer:
+                def __init__(self, model, opt):
+                    self.model, self.opt = model, opt
+                    self.criterion = RobustLoss()
+
+                def fit(self, loader):
+                    for x, y in loader:
+                        loss = self.criterion(self.model(x), y)
+                        loss.backward()
+                        self.opt.step()
+            """), note="the step in a method calls a loss module held in an attribute"),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -121,14 +167,14 @@ class TensorControlFlow(Rule):
                           "data-dependent branches under torch.compile")
             self.report(test, fmt={"expr": source(self, test), "where": where.text, "advice": advice})
 
-    def _tensor_truth(self, e: cst.BaseExpression, tz: Tensors) -> bool:
+    def _tensor_truth(self, e: cst.BaseExpression, tensors: Tensors) -> bool:
         if _on_host(self, e):
             return False
         if isinstance(e, cst.BooleanOperation):
-            return self._tensor_truth(e.left, tz) or self._tensor_truth(e.right, tz)
+            return self._tensor_truth(e.left, tensors) or self._tensor_truth(e.right, tensors)
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
-            return self._tensor_truth(e.expression, tz)
-        return tz.is_tensor(e)
+            return self._tensor_truth(e.expression, tensors)
+        return tensors.is_tensor(e)
 
 
 def _on_host(rule: Rule, e: cst.BaseExpression) -> bool:

@@ -1,9 +1,12 @@
 """What a receiver of ``.zero_grad()`` / ``.parameters()`` is, and where a file reads ``.grad``."""
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import libcst as cst
 
-from torchopt.analysis.names import callee, qualified_names, reaching_values, torch_name
+from torchopt.analysis.names import callee, qualified_names, reaching_values
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
@@ -14,7 +17,6 @@ OTHER = "other"  # resolved to something that is not a torch optimizer or module
 UNKNOWN = "unknown"
 
 _CHAIN = {"to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16", "requires_grad_"}
-_MODULE_BASES = {"torch.nn.Module", "torch.nn.modules.module.Module"}
 
 
 def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -26,22 +28,9 @@ def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def module_classes(rule: Rule) -> set[str]:
-    """Names of classes defined in the file that derive (transitively, in the file) from nn.Module."""
-    classes = [n for n in walk(rule.ctx.module, cross_scopes=True) if isinstance(n, cst.ClassDef)]
-    found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for c in classes:
-            if c.name.value in found:
-                continue
-            for base in c.bases:
-                b = base.value
-                if torch_name(rule, b) in _MODULE_BASES or (isinstance(b, cst.Name) and b.value in found):
-                    found.add(c.name.value)
-                    changed = True
-                    break
-    return found
+    """Names of classes defined in the file that derive (transitively, in the file) from a torch.nn
+    class: ``nn.Module`` or any of its subclasses (``nn.Sequential``, ``nn.Linear``...)."""
+    return set(nn_module_classes(rule))
 
 
 def _value_kind(rule: Rule, value: cst.BaseExpression | None, modules: set[str]) -> str:
@@ -106,7 +95,7 @@ def receiver_kind(rule: Rule, expr: cst.BaseExpression, modules: set[str]) -> st
     return kinds.pop() if len(kinds) == 1 else UNKNOWN
 
 
-def _is_none_test(node: cst.CSTNode) -> bool:
+def _is_none_test(node: cst.CSTNode) -> TypeGuard[cst.Comparison]:
     return (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
             and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
             and isinstance(node.comparisons[0].comparator, cst.Name)
@@ -132,13 +121,13 @@ def _guarded(rule: Rule, attr: cst.Attribute) -> bool:
             while comp is not None:
                 for cond in comp.ifs:
                     t = cond.test
-                    if (_is_none_test(t) and isinstance(t.comparisons[0].operator, cst.IsNot)  # type: ignore[union-attr]
-                            and rule.ctx.module.code_for_node(t.left) == code):  # type: ignore[union-attr]
+                    if (_is_none_test(t) and isinstance(t.comparisons[0].operator, cst.IsNot)
+                            and rule.ctx.module.code_for_node(t.left) == code):
                         return True
                 comp = comp.inner_for_in
         if isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And) \
                 and cur is parent.right and _is_none_test(parent.left):
-            if rule.ctx.module.code_for_node(parent.left.left) == code:  # type: ignore[union-attr]
+            if rule.ctx.module.code_for_node(parent.left.left) == code:
                 return True
         cur = parent
 

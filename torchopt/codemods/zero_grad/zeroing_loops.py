@@ -97,10 +97,9 @@ def _zeroing_loop_possible(text: str) -> bool:
             else None
 
     def zeroing(stmt, var: str) -> str | None:
-        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Attribute)):
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
             return None
-        call = stmt.value
         meth = call.func.attr
         if meth not in _ZERO_METHODS:
             return None
@@ -148,9 +147,10 @@ def _zeroing_loop_possible(text: str) -> bool:
                 and len(loop.body) == 1 and isinstance(loop.body[0], ast.For):
             inner = loop.body[0]
             ivar = var_of(inner)
-            sl = inner.iter.slice if isinstance(inner.iter, ast.Subscript) else None
-            if ivar is not None and sl is not None and isinstance(inner.iter.value, ast.Name) \
-                    and inner.iter.value.id == var \
-                    and isinstance(sl, ast.Constant) and sl.value == "params" and zeroing_body(inner.body, ivar):
+            sub = inner.iter if isinstance(inner.iter, ast.Subscript) else None
+            if ivar is not None and sub is not None and isinstance(sub.value, ast.Name) \
+                    and sub.value.id == var \
+                    and isinstance(sub.slice, ast.Constant) and sub.slice.value == "params" \
+                    and zeroing_body(inner.body, ivar):
                 return True
     return False
