@@ -1,6 +1,7 @@
 """The driver of `torchopt migrate`: repositories in, tasks out to an executor, and as each result
 comes back its patch is written, the state file updated (atomically, for --resume) and, at the end,
 the roll-up report written in Markdown and JSON."""
+
 from __future__ import annotations
 
 import hashlib
@@ -75,8 +76,10 @@ def read_repos_file(path: str) -> list[str]:
 
 def unique_names(paths: Sequence[str]) -> dict[str, str]:
     """Absolute path -> a file-name-safe name, the folder's name unless two repositories share it."""
+
     def clean(s: str) -> str:
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in s).strip(".") or "repo"
+
     base = {p: clean(os.path.basename(p.rstrip(os.sep))) for p in paths}
     counts: dict[str, int] = {}
     for n in base.values():
@@ -89,8 +92,9 @@ def _state_key(pin: Pin, options: Options) -> dict:
 
 
 def _foreign(path: str) -> MigrateError:
-    return MigrateError(f"{path}: exists and was not written by torchopt migrate; it is left alone "
-                        "(move it, or choose another --out)")
+    return MigrateError(
+        f"{path}: exists and was not written by torchopt migrate; it is left alone (move it, or choose another --out)"
+    )
 
 
 def read_state(out: str) -> dict | None:
@@ -140,10 +144,14 @@ def load_state(out: str, pin: Pin, options: Options, state: dict | None = None) 
     if state is None:
         return {}
     if state.get("key") != _state_key(pin, options):
-        raise MigrateError(f"--resume: {os.path.join(out, STATE_FILE)} was written by a run with another selection, "
-                           "torchopt version or options; use the same ones, another --out, or drop --resume to "
-                           "start again")
-    return {p: r for p, r in state["repos"].items() if isinstance(r, dict) and r.get("status") in ("changed", "unchanged")}
+        raise MigrateError(
+            f"--resume: {os.path.join(out, STATE_FILE)} was written by a run with another selection, "
+            "torchopt version or options; use the same ones, another --out, or drop --resume to "
+            "start again"
+        )
+    return {
+        p: r for p, r in state["repos"].items() if isinstance(r, dict) and r.get("status") in ("changed", "unchanged")
+    }
 
 
 def _patches_written(state: dict | None) -> set[str]:
@@ -177,78 +185,140 @@ def _write(path: str, data: bytes) -> None:
         raise MigrateError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
-def migrate(repos: Sequence[str], out: str, pin: Pin, options: Options, *, jobs: int | None = None,
-            resume: bool = False, executor: str = "local", ray_address: str | None = None,
-            on_progress: Callable[[RepoResult], None] | None = None) -> Outcome:
-    paths = list(dict.fromkeys(os.path.abspath(os.path.expanduser(r)) for r in repos))
-    real_out = os.path.realpath(out)
-    for p in paths:
-        if os.path.isdir(p) and (real_out + os.sep).startswith(os.path.realpath(p) + os.sep):
-            raise MigrateError(f"--out {out} is inside the repository {p}: choose a folder outside the "
-                               "repositories (their working trees are not written to)")
+def migrate(
+    repos: Sequence[str],
+    out: str,
+    pin: Pin,
+    options: Options,
+    *,
+    jobs: int | None = None,
+    resume: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
+    on_progress: Callable[[RepoResult], None] | None = None,
+) -> Outcome:
+    paths = _repository_paths(repos, out)
     _prepare_out(out)
     previous = read_state(out)
     _check_reports_are_ours(out)
     names = unique_names(paths)
     earlier = load_state(out, pin, options, previous) if resume else {}
-    done: dict[str, RepoResult] = {p: RepoResult.from_json(earlier[p]) for p in paths if p in earlier}
-    resumed = len(done)
-    written = _patches_written(previous)
-    tasks = [RepoTask(path=p, name=names[p], pin=pin, options=options, patch_blocked=_blocked(out, names[p], written))
-             for p in paths if p not in done]
+    run = RunState(out, _state_key(pin, options), earlier, _patches_written(previous), on_progress)
+    run.done.update((p, RepoResult.from_json(earlier[p])) for p in paths if p in earlier)
+    resumed = len(run.done)
+    tasks = [
+        RepoTask(path=p, name=names[p], pin=pin, options=options, patch_blocked=_blocked(out, names[p], run.written))
+        for p in paths
+        if p not in run.done
+    ]
     unfinished = [p for p in (previous or {}).get("pending", []) if p not in earlier] if resume else []
-    state: dict[str, Any] = {
-        "version": STATE_VERSION, "key": _state_key(pin, options),
-        "repos": dict(earlier),  # done ones, also of repositories not named this time
-        "pending": [t.path for t in tasks],  # what a run killed before its end had not finished
-        "written": sorted(written),  # the patches in --out that are ours to replace or remove
-    }
-    state_path = os.path.join(out, STATE_FILE)
-
-    def save_state() -> None:
-        state["written"] = sorted(written)
-        _write(state_path, json.dumps(state, indent=1).encode())
-
-    save_state()
-    patches: list[str] = []
-
-    def on_result(res: RepoResult) -> None:
-        patch_name = f"{res.name}.patch"
-        patch_path = os.path.join(out, patch_name)
-        if res.status == CHANGED and res.patch:
-            if os.path.lexists(patch_path) and patch_name not in written:
-                res.status, res.reason = FAILED, str(_foreign(patch_path))
-                res.files_changed = []
-            else:
-                written.add(patch_name)
-                save_state()  # claimed before it exists: a run killed in between still knows it is ours
-                _write(patch_path, res.patch)
-                res.patch_file = patch_name
-                patches.append(patch_path)
-        elif patch_name in written and os.path.lexists(patch_path):  # ours, from an earlier run: no longer true
-            os.unlink(patch_path)
-            written.discard(patch_name)
-        res.patch = b""
-        done[res.path] = res
-        state["repos"][res.path] = res.to_json()
-        state["pending"] = [p for p in state["pending"] if p != res.path]
-        save_state()
-        if on_progress:
-            on_progress(res)
-
+    run.start([t.path for t in tasks])
     t0 = time.monotonic()
     if tasks:
         if executor == "ray":
-            run_ray(tasks, jobs, on_result, ray_address)
+            run_ray(tasks, jobs, run.record, ray_address)
         else:
-            run_local(tasks, jobs, on_result)
-    results = [done[p] for p in paths]
-    meta = {"out": os.path.abspath(out), "executor": executor, "seconds": round(time.monotonic() - t0, 2),
-            "resumed": resumed, "interrupted_earlier": unfinished,
-            "python": sys.version.split()[0]}
+            run_local(tasks, jobs, run.record)
+    results = [run.done[p] for p in paths]
+    meta = {
+        "out": os.path.abspath(out),
+        "executor": executor,
+        "seconds": round(time.monotonic() - t0, 2),
+        "resumed": resumed,
+        "interrupted_earlier": unfinished,
+        "python": sys.version.split()[0],
+    }
+    doc, md = _write_reports(out, results, pin, options, meta)
+    return Outcome(
+        results=results,
+        resumed=resumed,
+        report_md=md,
+        report_json=json.dumps(doc),
+        patches=run.patches,
+        unfinished=unfinished,
+    )
+
+
+def _repository_paths(repos: Sequence[str], out: str) -> list[str]:
+    """The repositories, absolute and each once; --out inside one of them is refused, since their
+    working trees are never written to."""
+    paths = list(dict.fromkeys(os.path.abspath(os.path.expanduser(r)) for r in repos))
+    real_out = os.path.realpath(out)
+    for p in paths:
+        if os.path.isdir(p) and (real_out + os.sep).startswith(os.path.realpath(p) + os.sep):
+            raise MigrateError(
+                f"--out {out} is inside the repository {p}: choose a folder outside the "
+                "repositories (their working trees are not written to)"
+            )
+    return paths
+
+
+class RunState:
+    """What one run keeps in --out as results come back: the patches, and the state file that
+    --resume reads, saved after every change so that a run killed at any moment leaves it true."""
+
+    def __init__(
+        self,
+        out: str,
+        key: dict,
+        earlier: dict[str, dict],
+        written: set[str],
+        on_progress: Callable[[RepoResult], None] | None,
+    ) -> None:
+        self.out = out
+        self.written = written  # the patches in --out that are ours to replace or remove
+        self.done: dict[str, RepoResult] = {}
+        self.patches: list[str] = []  # written by this run
+        self.on_progress = on_progress
+        self.state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "key": key,
+            "repos": dict(earlier),  # done ones, also of repositories not named this time
+            "pending": [],  # what a run killed before its end had not finished
+            "written": sorted(written),
+        }
+
+    def start(self, pending: list[str]) -> None:
+        self.state["pending"] = pending
+        self.save()
+
+    def save(self) -> None:
+        self.state["written"] = sorted(self.written)
+        _write(os.path.join(self.out, STATE_FILE), json.dumps(self.state, indent=1).encode())
+
+    def record(self, res: RepoResult) -> None:
+        """One repository's result: its patch written (or an outdated one of ours removed), the
+        state saved."""
+        self._place_patch(res)
+        res.patch = b""
+        self.done[res.path] = res
+        self.state["repos"][res.path] = res.to_json()
+        self.state["pending"] = [p for p in self.state["pending"] if p != res.path]
+        self.save()
+        if self.on_progress:
+            self.on_progress(res)
+
+    def _place_patch(self, res: RepoResult) -> None:
+        patch_name = f"{res.name}.patch"
+        patch_path = os.path.join(self.out, patch_name)
+        if res.status == CHANGED and res.patch:
+            if os.path.lexists(patch_path) and patch_name not in self.written:
+                res.status, res.reason = FAILED, str(_foreign(patch_path))
+                res.files_changed = []
+            else:
+                self.written.add(patch_name)
+                self.save()  # claimed before it exists: a run killed in between still knows it is ours
+                _write(patch_path, res.patch)
+                res.patch_file = patch_name
+                self.patches.append(patch_path)
+        elif patch_name in self.written and os.path.lexists(patch_path):  # ours, from an earlier run: no longer true
+            os.unlink(patch_path)
+            self.written.discard(patch_name)
+
+
+def _write_reports(out: str, results: list[RepoResult], pin: Pin, options: Options, meta: dict) -> tuple[dict, str]:
     doc = report.to_json(results, pin, options, meta)
     md = report.to_markdown(results, pin, options, meta)
     _write(os.path.join(out, "report.json"), (json.dumps(doc, indent=2) + "\n").encode())
     _write(os.path.join(out, "report.md"), md.encode())
-    return Outcome(results=results, resumed=resumed, report_md=md,
-                   report_json=json.dumps(doc), patches=patches, unfinished=unfinished)
+    return doc, md

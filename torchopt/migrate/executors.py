@@ -4,10 +4,11 @@ finishes, in the calling thread."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Sequence
 
+from torchopt.migrate.pool import run_in_pool
 from torchopt.migrate.task import FAILED, RepoResult, RepoTask, ResultCallback, migrate_repo
+from torchopt.rewrite import interrupt
 
 EXECUTORS = ("local", "ray")
 
@@ -21,20 +22,28 @@ def _lost(task: RepoTask, why: str) -> RepoResult:
 
 
 def run_local(tasks: Sequence[RepoTask], jobs: int | None, on_result: ResultCallback) -> None:
+    """Here, one repository after the other, or a process pool over them. On Ctrl-C or SIGTERM:
+    no repository starts, those under way stop (a commit under way finishes), and Interrupted is
+    raised; what is not done stays pending for --resume."""
     jobs = jobs or os.cpu_count() or 1
     if jobs <= 1 or len(tasks) == 1:  # one repository: its files share the processes instead
         for t in tasks:
             on_result(migrate_repo(t, file_jobs=jobs))
+            signum = interrupt.stop_requested()  # noted while a commit was being made
+            if signum is not None:
+                raise interrupt.Interrupted(signum)
         return
-    jobs = min(jobs, len(tasks))
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(migrate_repo, t): t for t in tasks}
-        for fut in as_completed(futures):
-            try:
-                res = fut.result()
-            except Exception as exc:  # the worker died (out of memory, killed)
-                res = _lost(futures[fut], f"worker failed: {type(exc).__name__}: {exc}")
-            on_result(res)
+
+    def on_done(index: int, res: RepoResult | None, error: BaseException | None) -> None:
+        if error is not None:  # the worker died (out of memory, killed)
+            res = _lost(tasks[index], f"worker failed: {type(error).__name__}: {error}")
+        assert res is not None
+        if interrupt.stop_requested() is not None and not res.done:
+            return  # cut short by the stop (its git was interrupted too): left for --resume
+        on_result(res)
+
+    # Repositories' workers start programs (git, --validate's runs): no address-space cap
+    run_in_pool(migrate_repo, tasks, min(jobs, len(tasks)), on_done, memory=0)
 
 
 def import_ray():

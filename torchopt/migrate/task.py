@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from torchopt.migrate import git
 from torchopt.migrate.patch import file_patch
-from torchopt.rewrite import source
+from torchopt.rewrite import interrupt, source
 from torchopt.rewrite.config import ConfigError, Overrides, Settings, load_file
 
 # Repository outcomes. `changed`/`unchanged` are done (skipped by --resume); the others are retried.
@@ -240,8 +240,9 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
     res.status = CHANGED if changes else UNCHANGED
     if task.options.commit and changes:
         assert res.head is not None and modes is not None
-        sha = git.commit_files(task.path, res.head, changes, modes, commit_message(task, res))
-        git.create_branch(task.path, task.options.branch, sha)
+        with interrupt.writing():  # after a stop none starts; one under way is let finish
+            sha = git.commit_files(task.path, res.head, changes, modes, commit_message(task, res))
+            git.create_branch(task.path, task.options.branch, sha)
         res.branch, res.commit = task.options.branch, sha
 
 
@@ -269,12 +270,20 @@ def _fix_all(items: list, jobs: int) -> list:
     """Fix every file, in a process pool over files when ``jobs`` > 1 (one big repository)."""
     if jobs <= 1 or len(items) < 8:
         return _fix_chunk(items)
-    from concurrent.futures import ProcessPoolExecutor
+    from torchopt.migrate.pool import run_in_pool
+    from torchopt.rewrite import budget
 
     size = max(1, min(16, len(items) // (jobs * 4)))
     chunks = [items[i:i + size] for i in range(0, len(items), size)]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return [r for part in pool.map(_fix_chunk, chunks) for r in part]
+    outcomes: list[list] = [[] for _ in chunks]
+
+    def on_done(index: int, fixed: list | None, error: BaseException | None) -> None:
+        if error is not None:  # a worker died (out of memory, a crash in the parser): the repository fails
+            raise error
+        outcomes[index] = fixed or []
+
+    run_in_pool(_fix_chunk, chunks, jobs, on_done, memory=budget.memory_budget(jobs))
+    return [r for part in outcomes for r in part]
 
 
 def _record(rel: str, src: source.SourceText, outcome, res: RepoResult) -> bytes | None:

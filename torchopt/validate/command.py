@@ -2,6 +2,7 @@
 
 One file: the program against the rewrite torchopt would make of it, in memory. Two files: as given.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,9 @@ from torchopt.rewrite.engine import Diagnostic, fix_source
 
 if TYPE_CHECKING:
     from torchopt.validate.bench import BenchOptions
+    from torchopt.validate.compare import Comparison
     from torchopt.validate.runner import RunOptions, Version
+    from torchopt.validate.tolerance import Tolerance
 
 
 @dataclass
@@ -41,8 +44,7 @@ def fix_key(d: Diagnostic) -> tuple[str, str, int, int]:
     return (d.path, d.code, d.line, d.column)
 
 
-def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
-                 keys: frozenset | None = None) -> Plan:
+def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool, keys: frozenset | None = None) -> Plan:
     """The rewrite of ``text`` with random-stream sites wrapped for record/replay;
     with ``keys`` (see ``fix_key``), only those fixes. The original text (wrapped) does not depend
     on ``keys``, so one run of it serves every selection."""
@@ -54,9 +56,14 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
     first = fix_source(text, settings, path, unsafe=unsafe)
     if first.text == text:
         return Plan(before=text, after=text)
-    rng_sites = [d for d in check_source(text, settings, path).diagnostics
-                 if d.fix is not None and "rng" in d.fix.tags and (unsafe or d.fix.safety == "safe")
-                 and d.code not in TRANSPLANTED]  # padding: the weight transplant aligns the streams
+    rng_sites = [
+        d
+        for d in check_source(text, settings, path).diagnostics
+        if d.fix is not None
+        and "rng" in d.fix.tags
+        and (unsafe or d.fix.safety == "safe")
+        and d.code not in TRANSPLANTED
+    ]  # padding: the weight transplant aligns the streams
     if not rng_sites:
         if keys is not None:
             first = fix_source(text, settings, path, unsafe=unsafe, only=only)
@@ -69,7 +76,8 @@ def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool,
     plan.notes.append(
         f"{len(sites)} fix(es) change the random stream; they are validated by record/replay: the rewritten "
         "run evaluates each new expression under a forked RNG state, checks its shape, dtype, device and "
-        "moments, and continues with the original's numbers so the rest of the program is compared exactly.")
+        "moments, and continues with the original's numbers so the rest of the program is compared exactly."
+    )
     if lost:
         plan.notes.append(f"replay sites not rewritten: {', '.join(lost)}")
     return plan
@@ -91,10 +99,19 @@ def autocast_dtype(device: str, applied: Sequence[Diagnostic], settings_for: Cal
 
 
 def _fix_rows(applied: Sequence[Diagnostic]) -> list[dict]:
-    return [{"code": d.code, "path": d.path, "line": d.line, "column": d.column,
-             "title": d.fix.title if d.fix else "", "message": d.message,
-             "safety": d.fix.safety if d.fix else "display-only", "tags": list(d.fix.tags) if d.fix else []}
-            for d in applied]
+    return [
+        {
+            "code": d.code,
+            "path": d.path,
+            "line": d.line,
+            "column": d.column,
+            "title": d.fix.title if d.fix else "",
+            "message": d.message,
+            "safety": d.fix.safety if d.fix else "display-only",
+            "tags": list(d.fix.tags) if d.fix else [],
+        }
+        for d in applied
+    ]
 
 
 @dataclass
@@ -105,10 +122,20 @@ class Outcome:
     before_runs: list[dict] | None = None  # the original's probes, reusable for another selection
 
 
-def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagnostic], notes: list[str],
-                    opts: "RunOptions", *, labels: tuple[str, str], keep: bool = False,
-                    replayed: bool = False, transplant: bool | None = None,
-                    before_runs: list[dict] | None = None, amp_dtype: str | None = None) -> Outcome:
+def run_and_compare(
+    before: "Version",
+    after: "Version",
+    applied: Sequence[Diagnostic],
+    notes: list[str],
+    opts: "RunOptions",
+    *,
+    labels: tuple[str, str],
+    keep: bool = False,
+    replayed: bool = False,
+    transplant: bool | None = None,
+    before_runs: list[dict] | None = None,
+    amp_dtype: str | None = None,
+) -> Outcome:
     """Run both versions side by side (two processes at once, each in a scratch copy of its
     folder), compare and report. With
     ``transplant`` (default: when a padding fix was applied) the original runs first and the
@@ -119,64 +146,115 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
 
     from torchopt.validate import scratch
     from torchopt.validate import transplant as tp
-    from torchopt.validate.compare import compare, ranks_agree
+    from torchopt.validate.compare import compare
     from torchopt.validate.report import render_text, to_json
-    from torchopt.validate.runner import protected_roots, run_version
-    from torchopt.validate.tolerance import tolerance_for
+    from torchopt.validate.runner import protected_roots
 
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-validate-"))
-    results: dict[str, list[dict]] = {}
-    cancel = threading.Event()
     roots = sorted({*protected_roots(before), *protected_roots(after)})
     opts = replace(opts, protect=tuple(roots))
     user_files = scratch.fingerprint(roots, {workdir})
-
-    def go(v: "Version") -> None:
-        results[v.label] = run_version(v, opts, workdir, cancel)
-
     if transplant is None:
         transplant = tp.wanted(applied)
-    if before_runs is not None and not transplant:
-        results[before.label] = before_runs
     try:
-        if before_runs is not None and not transplant:
-            go(after)
-        elif transplant:
-            opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
-            go(before)  # the record must exist before the rewrite starts
-            go(after)
-        else:
-            threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
-            for t in threads:
-                t.start()
-            try:
-                for t in threads:
-                    t.join()
-            except BaseException:  # Ctrl-C: stop both runs (and all they started) before leaving
-                cancel.set()
-                for t in threads:
-                    t.join()
-                raise
+        results = _run_versions(before, after, opts, workdir, transplant, before_runs)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     touched = scratch.changes(user_files, scratch.fingerprint(roots, {workdir}))
 
-    tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
     fixes = _fix_rows(applied)
     b, a = results[before.label][0], results[after.label][0]
-    amp_dtype = amp_dtype or ("float16" if opts.device == "cuda" else "bfloat16")
+    tol = _tolerance(applied, opts.device, transplant, replayed, amp_dtype)
+    cmp = compare(b, a, tol, fixes)
+    extra = list(notes) + _run_notes(cmp, results, a, transplant)
+    warnings, wrote = _disk_notes(results, touched)
+    cmp.notes = list(cmp.notes) + warnings + extra + wrote
+    kw: dict[str, Any] = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
+    code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
+    return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
+
+
+def _run_versions(
+    before: "Version",
+    after: "Version",
+    opts: "RunOptions",
+    workdir: str,
+    transplant: bool,
+    before_runs: list[dict] | None,
+) -> dict[str, list[dict]]:
+    """Each version's runs, by label. Both at once when neither needs the other: with a weight
+    transplant the original's record must exist before the rewrite starts, and an original already
+    run (``before_runs``) is not run again."""
+    from dataclasses import replace
+
+    from torchopt.validate.runner import run_version
+
+    results: dict[str, list[dict]] = {}
+    cancel = threading.Event()
+
+    def go(v: "Version") -> None:
+        results[v.label] = run_version(v, opts, workdir, cancel)
+
+    if before_runs is not None and not transplant:
+        results[before.label] = before_runs
+        go(after)
+    elif transplant:
+        opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
+        go(before)
+        go(after)
+    else:
+        threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C: stop both runs (and all they started) before leaving
+            cancel.set()
+            for t in threads:
+                t.join()
+            raise
+    return results
+
+
+def _tolerance(
+    applied: Sequence[Diagnostic], device: str, transplant: bool, replayed: bool, amp_dtype: str | None
+) -> "Tolerance":
+    """How far the two versions may differ, given what the fixes change and how the runs were
+    aligned (random values replayed, or weights transplanted)."""
+    from dataclasses import replace
+
+    from torchopt.validate import transplant as tp
+    from torchopt.validate.tolerance import tolerance_for
+
+    tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
+    amp_dtype = amp_dtype or ("float16" if device == "cuda" else "bfloat16")
     if transplant and all(d.code in tp.CODES for d in applied if d.fix and "rng" in d.fix.tags):
         replayed = True  # the transplant restores the original's RNG state after each construction
     tol = tolerance_for(tags, dtype=amp_dtype, replayed=replayed)
     if transplant:
-        tol = replace(tol, transplant=True, reason=tol.reason.replace(
-            "rng (replayed): random values replayed", "rng (transplant): initial weights and RNG state copied"))
-    cmp = compare(b, a, tol, fixes)
-    extra = list(notes)
+        tol = replace(
+            tol,
+            transplant=True,
+            reason=tol.reason.replace(
+                "rng (replayed): random values replayed", "rng (transplant): initial weights and RNG state copied"
+            ),
+        )
+    return tol
+
+
+def _run_notes(cmp: "Comparison", results: dict[str, list[dict]], a: dict, transplant: bool) -> list[str]:
+    """What the runs themselves said (transplant, failed probe batches, ranks, replay sites); ranks
+    that disagree or a replay site that failed turn an equivalent verdict into diverged."""
+    from torchopt.validate.compare import ranks_agree
+
+    extra: list[str] = []
     if transplant:
-        extra.append("weight transplant: the rewrite started from the original's weights, padded with zeros; "
-                     "padded tensors are compared on their leading slice")
+        extra.append(
+            "weight transplant: the rewrite started from the original's weights, padded with zeros; "
+            "padded tensors are compared on their leading slice"
+        )
         extra += [n for n in a.get("notes", []) if n.startswith("transplant")]
     for label, runs in results.items():
         # A probe batch that failed in one version shows up as missing outputs; say why.
@@ -193,12 +271,7 @@ def run_and_compare(before: "Version", after: "Version", applied: Sequence[Diagn
         extra.append(f"replay site {err}")
         if cmp.verdict == "equivalent":
             cmp.verdict = "diverged"
-    warnings, wrote = _disk_notes(results, touched)
-    extra = warnings + extra + wrote
-    cmp.notes = list(cmp.notes) + extra
-    kw: dict[str, Any] = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
-    code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
-    return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
+    return extra
 
 
 def _disk_notes(results: dict[str, list[dict]], touched: list[str]) -> tuple[list[str], list[str]]:
@@ -207,17 +280,22 @@ def _disk_notes(results: dict[str, list[dict]], touched: list[str]) -> tuple[lis
 
     warnings, notes = [], []
     if touched:
-        warnings.append("WARNING: files in your folder changed while the programs ran (a write torchopt "
-                     f"could not redirect, or another process): {scratch.listing(touched)}")
+        warnings.append(
+            "WARNING: files in your folder changed while the programs ran (a write torchopt "
+            f"could not redirect, or another process): {scratch.listing(touched)}"
+        )
     for label, runs in results.items():
         written = runs[0].get("written") or []
         if written:
-            notes.append(f"{label} version wrote, in its scratch copy of its folder (discarded): "
-                         f"{scratch.listing(written)}")
+            notes.append(
+                f"{label} version wrote, in its scratch copy of its folder (discarded): {scratch.listing(written)}"
+            )
         linked = runs[0].get("linked") or []
         if linked:
-            notes.append(f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
-                         f"instead of copied, e.g. {linked[0]}")
+            notes.append(
+                f"{label} version: {len(linked)} large file(s) or folder(s) were linked read-only "
+                f"instead of copied, e.g. {linked[0]}"
+            )
     return warnings, notes
 
 
@@ -229,55 +307,103 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def validate(before_path: str, after_path: str | None, settings: Settings, *, unsafe: bool, steps: int,
-             device: str, argv: Sequence[str], entry: str | None, nproc: int, timeout: float,
-             keep: bool = False, transplant: bool = False, jobs: int = 1, bisect: bool = True,
-             bench: "BenchOptions | None" = None) -> Outcome:
+def validate(
+    before_path: str,
+    after_path: str | None,
+    settings: Settings,
+    *,
+    unsafe: bool,
+    steps: int,
+    device: str,
+    argv: Sequence[str],
+    entry: str | None,
+    nproc: int,
+    timeout: float,
+    keep: bool = False,
+    transplant: bool = False,
+    jobs: int = 1,
+    bisect: bool = True,
+    bench: "BenchOptions | None" = None,
+) -> Outcome:
     """`torchopt validate BEFORE [AFTER]`. A divergence of a one-file rewrite with several fixes is
     bisected to the smallest set of fixes that still diverges."""
     from torchopt.rewrite import source
     from torchopt.validate.runner import RunOptions, Version
 
     text = source.read(before_path, 0).text
-    if after_path is None:
-        plan = plan_rewrite(text, before_path, settings, unsafe)
-        if plan.after == plan.before:
-            msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
-            return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"],
-                                    "applied": []})
-        after_version = Version("after", before_path, source=plan.after)
-    else:
-        after_text = source.read(after_path, 0).text
-        guess = fix_source(text, settings, before_path, unsafe=True)
-        plan = Plan(before=text, after=after_text, applied=guess.applied if guess.text == after_text else [])
-        if not plan.applied:
-            plan.notes.append("two files given: compared bitwise (no torchopt fix explains the difference)")
-        after_version = (Version("after", before_path, source=after_text) if entry
-                         else Version("after", after_path, source=after_text))
-    opts = RunOptions(steps=steps, device=resolve_device(device), argv=tuple(argv), entry=entry,
-                      timeout=timeout, nproc=nproc)
+    plan, after_version = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
+    if after_path is None and plan.after == plan.before:
+        msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
+        return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
+    opts = RunOptions(
+        steps=steps, device=resolve_device(device), argv=tuple(argv), entry=entry, timeout=timeout, nproc=nproc
+    )
     before_version = Version("before", before_path, source=plan.before)
     labels = (before_path, after_path or f"{before_path} (rewritten)")
     forced = True if transplant else None
     amp_dtype = autocast_dtype(opts.device, plan.applied, lambda _path: settings)
-    out = run_and_compare(before_version, after_version, plan.applied, plan.notes, opts, labels=labels,
-                          keep=keep, replayed=plan.replayed, transplant=forced, amp_dtype=amp_dtype)
+    out = run_and_compare(
+        before_version,
+        after_version,
+        plan.applied,
+        plan.notes,
+        opts,
+        labels=labels,
+        keep=keep,
+        replayed=plan.replayed,
+        transplant=forced,
+        amp_dtype=amp_dtype,
+    )
     if bisect and after_path is None and out.exit_code == 1 and len(plan.applied) > 1:
+
         def probe(keys: tuple) -> Outcome:
             sub = plan_rewrite(text, before_path, settings, unsafe, keys=frozenset(keys))
-            return run_and_compare(before_version, Version("after", before_path, source=sub.after), sub.applied,
-                                   sub.notes, opts, labels=labels, replayed=sub.replayed, transplant=forced,
-                                   before_runs=out.before_runs, amp_dtype=amp_dtype)
+            return run_and_compare(
+                before_version,
+                Version("after", before_path, source=sub.after),
+                sub.applied,
+                sub.notes,
+                opts,
+                labels=labels,
+                replayed=sub.replayed,
+                transplant=forced,
+                before_runs=out.before_runs,
+                amp_dtype=amp_dtype,
+            )
 
         _bisect(out, plan.applied, probe, jobs)
     if bench is not None and out.exit_code != 2:
         from torchopt.validate.bench import measure
 
         # Timed as the user would run them: without the record/replay wrappers.
-        plain_after = (Version("after", before_path, source=fix_source(text, settings, before_path, unsafe=unsafe).text)
-                       if after_path is None else after_version)
+        plain_after = (
+            Version("after", before_path, source=fix_source(text, settings, before_path, unsafe=unsafe).text)
+            if after_path is None
+            else after_version
+        )
         measure(out, Version("before", before_path, source=text), plain_after, opts, bench)
     return out
+
+
+def _plan_versions(
+    text: str, before_path: str, after_path: str | None, settings: Settings, unsafe: bool, entry: str | None
+) -> "tuple[Plan, Version]":
+    """The rewrite to validate and its "after" version: torchopt's own rewrite of the one file given,
+    or the second file, whose difference is explained by torchopt's fixes when they produce it
+    exactly (else it is compared bitwise). In entry mode the second file's text is served in place
+    of the first's, so that the entry imports it."""
+    from torchopt.rewrite import source
+    from torchopt.validate.runner import Version
+
+    if after_path is None:
+        plan = plan_rewrite(text, before_path, settings, unsafe)
+        return plan, Version("after", before_path, source=plan.after)
+    after_text = source.read(after_path, 0).text
+    guess = fix_source(text, settings, before_path, unsafe=True)
+    plan = Plan(before=text, after=after_text, applied=guess.applied if guess.text == after_text else [])
+    if not plan.applied:
+        plan.notes.append("two files given: compared bitwise (no torchopt fix explains the difference)")
+    return plan, Version("after", before_path if entry else after_path, source=after_text)
 
 
 def _first_row(outcome: Outcome) -> dict:
@@ -309,11 +435,13 @@ def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> No
     culprits = _fix_rows([by_key[k] for k in found.units])
     first = _first_row(cast(Outcome, found.outcome))
     runs = len(search.trials) - 1
-    lines = [f"Bisect ({runs} more run(s)): the smallest set of fixes that diverges "
-             f"({len(culprits)} of {len(applied)}):"]
+    lines = [
+        f"Bisect ({runs} more run(s)): the smallest set of fixes that diverges ({len(culprits)} of {len(applied)}):"
+    ]
     lines += [f"  {fix_line(f)}" for f in culprits]
-    lines.append(f"  first difference with only {'this fix' if len(culprits) == 1 else 'these fixes'}: "
-                 f"{_probe_text(first)}")
+    lines.append(
+        f"  first difference with only {'this fix' if len(culprits) == 1 else 'these fixes'}: {_probe_text(first)}"
+    )
     out.text += "\n".join(lines) + "\n"
     out.json["bisect"] = {"culprits": culprits, "first_divergence": first, "runs": runs}
 
@@ -342,9 +470,21 @@ def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] |
     return out
 
 
-def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsafe: bool, steps: int,
-                  device: str, timeout: float, argv: Sequence[str] = (), entry: str | None = None,
-                  nproc: int = 1, jobs: int = 1, per_file: bool = False) -> tuple[set | None, list[str]]:
+def check_rewrite(
+    files: Sequence[str],
+    settings_for,
+    entry_script: str,
+    *,
+    unsafe: bool,
+    steps: int,
+    device: str,
+    timeout: float,
+    argv: Sequence[str] = (),
+    entry: str | None = None,
+    nproc: int = 1,
+    jobs: int = 1,
+    per_file: bool = False,
+) -> tuple[set | None, list[str]]:
     """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns
     what may be written (None: all of it) and report lines. When the whole rewrite diverges, the
     same delta-debugging search as `validate` finds a smallest diverging set, leaves one of its
@@ -352,12 +492,12 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
     The unit is a rule in one file with ``per_file`` (the finest selection the writer can make;
     returns (real path, code) pairs), else a rule in every file (returns codes)."""
     from torchopt.validate.bisect import Search, largest_passing
-    from torchopt.validate.report import fix_line
     from torchopt.validate.runner import RunOptions, Version
 
     real_entry = os.path.realpath(entry_script)
-    opts = RunOptions(steps=steps, device=resolve_device(device), timeout=timeout, argv=tuple(argv),
-                      entry=entry, nproc=nproc)
+    opts = RunOptions(
+        steps=steps, device=resolve_device(device), timeout=timeout, argv=tuple(argv), entry=entry, nproc=nproc
+    )
     before_runs: list[dict] | None = None
     applied_by_unit: dict[tuple[str, str], list[Diagnostic]] = {}
 
@@ -372,11 +512,22 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
                 for d in ap:
                     applied_by_unit.setdefault((p if per_file else "*", d.code), []).append(d)
         entry_new = rw.get(real_entry, (None, None, None))[1]
-        after = Version("after", entry_script, source=entry_new,
-                        sources={p: new for p, (_, new, _) in rw.items() if p != real_entry})
-        out = run_and_compare(Version("before", entry_script), after, applied, [], opts,
-                              labels=(entry_script, f"{entry_script} (with rewritten files)"),
-                              before_runs=before_runs, amp_dtype=autocast_dtype(opts.device, applied, settings_for))
+        after = Version(
+            "after",
+            entry_script,
+            source=entry_new,
+            sources={p: new for p, (_, new, _) in rw.items() if p != real_entry},
+        )
+        out = run_and_compare(
+            Version("before", entry_script),
+            after,
+            applied,
+            [],
+            opts,
+            labels=(entry_script, f"{entry_script} (with rewritten files)"),
+            before_runs=before_runs,
+            amp_dtype=autocast_dtype(opts.device, applied, settings_for),
+        )
         before_runs = before_runs or out.before_runs
         return out
 
@@ -393,6 +544,19 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
     search.known(units, whole)
     kept, left, _ = largest_passing(units, search)
     lines = [whole.text, "validation failed for the whole rewrite; searching for the fixes that break it"]
+    lines += _search_lines(kept, left, applied_by_unit)
+    lines.append(
+        f"validation: {len(kept)} of {len(units)} selection(s) kept, validated as a whole ({len(search.trials)} run(s))"
+    )
+    return (set(kept) if per_file else {c for _, c in kept}), lines
+
+
+def _search_lines(
+    kept: Sequence, left: Sequence, applied_by_unit: dict[tuple[str, str], list[Diagnostic]]
+) -> list[str]:
+    """One line per unit the search settled: why a left-out one diverges (and with which others),
+    or that a kept one passes, each with an example of its fixes."""
+    from torchopt.validate.report import fix_line
 
     def name(u: tuple[str, str]) -> str:
         return u[1] if u[0] == "*" else f"{u[1]} in {os.path.relpath(u[0])}"
@@ -401,15 +565,18 @@ def check_rewrite(files: Sequence[str], settings_for, entry_script: str, *, unsa
         ds = applied_by_unit[u]
         return f"{len(ds)} fix(es), e.g. {fix_line(_fix_rows(ds)[0])}"
 
+    lines = []
     for lo in left:
-        why = _probe_text(_first_row(cast(Outcome, lo.trial.outcome))) if lo.trial.outcome is not None else "could not run"
+        why = (
+            _probe_text(_first_row(cast(Outcome, lo.trial.outcome)))
+            if lo.trial.outcome is not None
+            else "could not run"
+        )
         with_ = f" together with {', '.join(name(p) for p in lo.partners)}" if lo.partners else ""
         lines.append(f"  {name(lo.unit)}: diverges{with_}: not written: {why}; {fixes(lo.unit)}")
     for u in kept:
         lines.append(f"  {name(u)}: passes ({fixes(u)})")
-    lines.append(f"validation: {len(kept)} of {len(units)} selection(s) kept, validated as a whole "
-                 f"({len(search.trials)} run(s))")
-    return (set(kept) if per_file else {c for _, c in kept}), lines
+    return lines
 
 
 class KeptResolver:

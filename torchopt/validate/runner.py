@@ -1,6 +1,7 @@
 """Launches one version of a program under the harness, in its own process (or `nproc` processes
 under torchrun), in a scratch copy of its folder, bounded by a timeout, and returns the probes it
 saved. The reaper (reaper.py) between us and the harness kills whatever the run started."""
+
 from __future__ import annotations
 
 import json
@@ -97,23 +98,51 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
-                cancel: threading.Event | None = None) -> list[dict]:
+def run_version(
+    version: Version, opts: RunOptions, workdir: str | None = None, cancel: threading.Event | None = None
+) -> list[dict]:
     """Run ``version`` in a scratch copy of its folder and return its probes, one dict per rank
     (status ok | error | timeout). Every process the run started is gone when this returns."""
-    import torch
-
     tmp = os.path.realpath(workdir or tempfile.mkdtemp(prefix="torchopt-validate-"))
     tag = version.label.replace(" ", "_")
     real_script = os.path.realpath(version.path)
     try:
-        box = scratch.make(os.path.dirname(real_script), os.path.join(tmp, tag, os.path.basename(
-            os.path.dirname(real_script)) or "root"), {tmp})
+        box = scratch.make(
+            os.path.dirname(real_script),
+            os.path.join(tmp, tag, os.path.basename(os.path.dirname(real_script)) or "root"),
+            {tmp},
+        )
     except OSError as exc:
-        return [{"losses": [], "loss_steps": [], "steps_done": 0, "tensors": {}, "notes": [], "status": "error",
-                 "traceback": f"could not copy {os.path.dirname(real_script)} to a scratch folder: {exc}",
-                 "device": opts.device, "rank": rank} for rank in range(max(1, opts.nproc))]
+        why = f"could not copy {os.path.dirname(real_script)} to a scratch folder: {exc}"
+        return [_no_probes(opts, rank, "error", why) for rank in range(max(1, opts.nproc))]
     script = box.mapped(real_script)
+    spec = _spec(version, opts, box, script, tmp, tag)
+    spec_path = os.path.join(tmp, f"{tag}.json")
+    with open(spec_path, "w", encoding="utf-8") as fh:
+        json.dump(spec, fh)
+    log = os.path.join(tmp, f"{tag}.log")
+    status, returncode = _launch(_command(opts, spec_path), os.path.dirname(script), opts, log, cancel)
+    return _probes(box, opts, spec["out"], log, status, returncode)
+
+
+def _no_probes(opts: RunOptions, rank: int, status: str, why: str) -> dict:
+    """The record of a rank that saved no probes: it failed or timed out (``why``)."""
+    return {
+        "losses": [],
+        "loss_steps": [],
+        "steps_done": 0,
+        "tensors": {},
+        "notes": [],
+        "status": status,
+        "traceback": why,
+        "device": opts.device,
+        "rank": rank,
+    }
+
+
+def _spec(version: Version, opts: RunOptions, box: scratch.Scratch, script: str, tmp: str, tag: str) -> dict:
+    """What the harness is told: the program (in the scratch copy, with the in-memory sources that
+    replace files there), how to run it, where to save probes, and which folders it must not write to."""
     sources = {box.mapped(p): text for p, text in version.sources.items()}
     if opts.entry and version.source is not None:
         sources[script] = version.source
@@ -129,26 +158,52 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
         "threads": opts.threads,
         "sys_path": [os.path.dirname(script)],
         "out": os.path.join(tmp, f"{tag}.rank{{rank}}.pt"),
-        "transplant": ({"mode": "record" if version.label == "before" else "apply", "path": opts.transplant}
-                       if opts.transplant else None),
+        "transplant": (
+            {"mode": "record" if version.label == "before" else "apply", "path": opts.transplant}
+            if opts.transplant
+            else None
+        ),
         "protect": sorted({*protected_roots(version), *opts.protect}),
         "allow": [tmp],
         "bench": opts.bench,
     }
-    spec_path = os.path.join(tmp, f"{tag}.json")
-    with open(spec_path, "w", encoding="utf-8") as fh:
-        json.dump(spec, fh)
+    return spec
+
+
+def _command(opts: RunOptions, spec_path: str) -> list[str]:
+    """The harness (under torchrun for several ranks), under the reaper that enforces the timeout."""
     if opts.nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={opts.nproc}",
-               "-m", "torchopt.validate.harness", spec_path]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={opts.nproc}",
+            "-m",
+            "torchopt.validate.harness",
+            spec_path,
+        ]
     else:
         cmd = [sys.executable, "-m", "torchopt.validate.harness", spec_path]
-    cmd = [sys.executable, "-m", "torchopt.validate.reaper", repr(float(opts.timeout)), "--", *cmd]
-    log = os.path.join(tmp, f"{tag}.log")
+    return [sys.executable, "-m", "torchopt.validate.reaper", repr(float(opts.timeout)), "--", *cmd]
+
+
+def _launch(
+    cmd: list[str], cwd: str, opts: RunOptions, log: str, cancel: threading.Event | None
+) -> tuple[str, int | None]:
+    """Run ``cmd`` with its output in ``log``; returns ("ok" | "timeout", its exit status). On
+    Ctrl-C, cancel or timeout its whole process tree is stopped before this returns."""
     status = "ok"
     with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), env=_env(opts.device), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=_env(opts.device),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             # The reaper enforces the timeout itself; the margin covers its clean-up.
             if not _wait(proc, opts.timeout + 30, cancel):
@@ -159,21 +214,30 @@ def run_version(version: Version, opts: RunOptions, workdir: str | None = None,
             raise
     if proc.returncode == reaper.TIMED_OUT:
         status = "timeout"
+    return status, proc.returncode
+
+
+def _probes(
+    box: scratch.Scratch, opts: RunOptions, out_pattern: str, log: str, status: str, returncode: int | None
+) -> list[dict]:
+    """Each rank's saved probes (paths in them shown as the user's, not the scratch copy's), or why
+    it has none; with the run's log and what it wrote or linked in its scratch folder."""
+    import torch
+
     results = []
     written = box.written()
     for rank in range(max(1, opts.nproc)):
-        path = spec["out"].format(rank=rank)
+        path = out_pattern.format(rank=rank)
         if status == "ok" and os.path.exists(path):
             probes = torch.load(path, weights_only=False)
             if probes.get("traceback"):
                 probes["traceback"] = box.unmapped(probes["traceback"])
             probes["notes"] = [box.unmapped(n) for n in probes.get("notes", [])]
+        elif status == "timeout":
+            probes = _no_probes(opts, rank, "timeout", f"timed out after {opts.timeout:g} s")
         else:
-            probes = {"losses": [], "loss_steps": [], "steps_done": 0, "tensors": {}, "notes": [],
-                      "status": "timeout" if status == "timeout" else "error",
-                      "traceback": (f"timed out after {opts.timeout:g} s" if status == "timeout"
-                                    else f"the harness exited with {proc.returncode}:\n{box.unmapped(_tail(log))}"),
-                      "device": opts.device, "rank": rank}
+            why = f"the harness exited with {returncode}:\n{box.unmapped(_tail(log))}"
+            probes = _no_probes(opts, rank, "error", why)
         probes["log"] = box.unmapped(_tail(log))
         probes["written"] = written
         probes["linked"] = list(box.linked)
