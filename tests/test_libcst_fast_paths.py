@@ -130,6 +130,17 @@ def libcst_own_visit():
         cst.CSTNode.visit = fast  # type: ignore[method-assign]
 
 
+@contextmanager
+def libcst_own_code():
+    """Every fast path out (LibCST's own code), then back in."""
+    names = speedups.installed()
+    speedups.uninstall()
+    try:
+        yield
+    finally:
+        speedups.install(names)
+
+
 class Everything(cst.CSTVisitor):
     """Overrides all four callbacks: the walk must call attribute callbacks for every node."""
 
@@ -277,7 +288,7 @@ def test_metadata_providers_agree(name: str, text: str) -> None:
                 {key(k): key(v) for k, v in parents.items()}, {key(k): (v.start, v.end) for k, v in pos.items()})
 
     fast = resolve()
-    with libcst_own_visit():
+    with libcst_own_code():
         slow = resolve()
     assert fast == slow
 
@@ -363,3 +374,87 @@ def test_the_engine_gives_the_same_results_with_and_without_them(name: str, text
     speedups.uninstall()
     slow = results()
     assert fast == slow
+
+
+def test_isinstance_on_node_classes_answers_what_the_hierarchy_says() -> None:
+    """With the fast path, isinstance/issubclass on node classes skip ABCMeta's Python-level check:
+    every answer must still be plain inheritance, abstract classes stay abstract, and uninstalling it
+    gives every class ABCMeta back."""
+    import abc
+    import inspect
+
+    speedups.install(["isinstance"])
+    classes = fastvisit.node_classes()
+    assert type(cst.Call) is fastvisit.PlainChecks and isinstance(cst.Call, abc.ABCMeta)
+    samples: dict[type, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = [cst.parse_module(SYNTAX)]
+    while stack:
+        node = stack.pop()
+        samples.setdefault(type(node), node)
+        stack.extend(node.children)
+    assert len(samples) > 60
+    for cls in classes:
+        for kind, node in samples.items():
+            assert isinstance(node, cls) == (cls in kind.__mro__), (kind.__name__, cls.__name__)
+            assert issubclass(kind, cls) == (cls in kind.__mro__)
+        assert not isinstance("text", cls) and not isinstance(None, cls)
+    assert isinstance(samples[cst.Import], (cst.Import, cst.ImportFrom))
+    for cls in (cst.CSTNode, cst.BaseExpression, cst.BaseStatement, cst.BaseSmallStatement):
+        assert inspect.isabstract(cls)
+        with pytest.raises(TypeError):
+            cls()  # type: ignore[abstract]
+    with libcst_own_code():
+        assert all(type(cls) is abc.ABCMeta for cls in classes)
+    assert type(cst.Call) is fastvisit.PlainChecks
+
+
+def _top_level_nodes(module: cst.Module) -> list[list[cst.CSTNode]]:
+    out = []
+    for stmt in module.body:
+        nodes, stack = [], [stmt]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node.children)
+        out.append(nodes)
+    return out
+
+
+@pytest.mark.parametrize("name,text", SOURCES, ids=[n for n, _ in SOURCES])
+def test_positions_of_a_few_nodes_equal_the_whole_files(name: str, text: str) -> None:
+    """The engine generates only the statements that hold reported nodes, each from its own line:
+    for every node of every statement (asked statement by statement, and all at once) the range is
+    the one the whole file's positions give."""
+    import ast
+
+    module = cst.parse_module(text)
+    try:
+        tree: object = ast.parse(text)
+    except SyntaxError as exc:  # syntax newer than this Python: the whole file's positions answer
+        tree = exc
+    with libcst_own_code():
+        full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    per_statement = _top_level_nodes(module)
+    for nodes in per_statement + [[n for ns in per_statement for n in ns]]:
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        got = positions.positions_of(wrapper, text, tree, nodes)
+        assert (PositionProvider in wrapper._metadata) == (not isinstance(tree, ast.Module))
+        for node in nodes:
+            assert got[node] == full[node], (name, type(node).__name__)
+
+
+@pytest.mark.parametrize("text", [
+    "import torch\nx = torch.zeros(3).cuda()",  # no newline at the end: the last statement differs
+    "# header\n\n@dec\n# between\n@dec2\ndef f():\n    pass\nx = 1; y = torch.ones(2)\n",
+    "if True: x = 1\nclass A(  # c\n  B):\n    z = 2\n",
+])
+def test_positions_of_odd_layouts_match_or_fall_back(text: str) -> None:
+    import ast
+
+    module = cst.parse_module(text)
+    with libcst_own_code():
+        full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    nodes = [n for ns in _top_level_nodes(module) for n in ns] + [module]
+    got = positions.positions_of(MetadataWrapper(module, unsafe_skip_copy=True), text, ast.parse(text), nodes)
+    for node in nodes:
+        assert got[node] == full[node]

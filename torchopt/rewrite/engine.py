@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import libcst as cst
-from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper
 
 from torchopt.rewrite import budget, pyast, suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.facts import SourceFacts, analysing
+from torchopt.rewrite.positions import positions_of
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
 
@@ -150,7 +151,9 @@ def _run_rules_on(facts: SourceFacts, module: cst.Module, rules: list[type[Rule]
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)
-    positions = wrapper.resolve(PositionProvider) if findings else {}
+    # positions of the reported nodes only (and of the nodes their fixes replace)
+    positions = positions_of(wrapper, text, facts.python_ast,
+                             [n for f in findings for n in (f.node, f.target) if n is not None]) if findings else {}
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
     for f in findings:

@@ -20,6 +20,7 @@ compares the full event sequence of both walks over real modules.
 """
 from __future__ import annotations
 
+import abc
 import inspect
 import re
 from operator import attrgetter
@@ -189,18 +190,19 @@ def _hooks(visitor: cst.CSTVisitor) -> frozenset[str] | None:
     return h
 
 
-_DEFAULT_ON = (cst.CSTVisitor.on_visit, cst.CSTVisitor.on_leave)
-_TABLES: MutableMapping[type, tuple[dict, dict] | None] = WeakKeyDictionary()
+_TABLES: MutableMapping[type, tuple[dict | None, dict | None]] = WeakKeyDictionary()
 
 
-def _tables(visitor: cst.CSTVisitor) -> tuple[dict, dict] | None:
-    """For a visitor that keeps LibCST's default ``on_visit``/``on_leave`` (dispatch to
-    ``visit_<Class>``/``leave_<Class>``): per-class method tables, filled as classes are met."""
+def _tables(visitor: cst.CSTVisitor) -> tuple[dict | None, dict | None]:
+    """Per-class method tables, filled as classes are met: for ``on_visit`` when the visitor keeps
+    LibCST's default (dispatch to ``visit_<Class>``), likewise for ``on_leave``; None for a callback
+    the visitor overrides (scope analysis overrides only ``on_leave``), which is then called as is."""
     t = type(visitor)
     try:
         return _TABLES[t]
     except KeyError:
-        tabs = _TABLES[t] = ({}, {}) if (t.on_visit, t.on_leave) == _DEFAULT_ON else None
+        tabs = _TABLES[t] = ({} if t.on_visit is cst.CSTVisitor.on_visit else None,
+                             {} if t.on_leave is cst.CSTVisitor.on_leave else None)
         return tabs
 
 
@@ -210,15 +212,16 @@ def _method(vtype: type, prefix: str, cls: type) -> Any:
 
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: frozenset[str] | None,
-          tabs: tuple[dict, dict] | None) -> None:
+          tabs: tuple[dict | None, dict | None]) -> None:
     cls = type(node)
-    if tabs is None:
+    visits = tabs[0]
+    if visits is None:
         descend = visitor.on_visit(node)
     else:
         try:
-            fn = tabs[0][cls]
+            fn = visits[cls]
         except KeyError:
-            fn = tabs[0][cls] = _method(type(visitor), "visit_", cls)
+            fn = visits[cls] = _method(type(visitor), "visit_", cls)
         descend = fn is None or fn(visitor, node) is not False
     if descend:
         plan = _PLAN_OF(node)
@@ -238,13 +241,14 @@ def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: frozenset[str] | No
                         _walk(child, visitor, hooks, tabs)
                 if attrs:
                     visitor.on_leave_attribute(node, name)
-    if tabs is None:
+    leaves = tabs[1]
+    if leaves is None:
         visitor.on_leave(node)
     else:
         try:
-            fn = tabs[1][cls]
+            fn = leaves[cls]
         except KeyError:
-            fn = tabs[1][cls] = _method(type(visitor), "leave_", cls)
+            fn = leaves[cls] = _method(type(visitor), "leave_", cls)
         if fn is not None:
             fn(visitor, node)
 
@@ -321,3 +325,49 @@ def fast_visit(self: cst.CSTNode, visitor: Any) -> Any:
     else:
         _walk(self, visitor, _hooks(visitor), _tables(visitor))
     return self
+
+
+# ------------------------------------------------------------------ isinstance on node classes
+# LibCST's node classes are ABCs, so every ``isinstance(x, cst.Call)`` that is not an exact match runs
+# ``ABCMeta.__instancecheck__``, a Python frame, and a test against a tuple runs one per class
+# (LibCST's scope analysis tests every node it leaves against eighteen). LibCST registers no virtual
+# subclasses and defines no ``__subclasshook__``, so the answer is plain inheritance, which ``type``'s
+# own checks give directly.
+
+
+class PlainChecks(abc.ABCMeta):
+    """ABCMeta (abstract node classes stay abstract) with ``type``'s instance and subclass checks."""
+
+    __instancecheck__ = type.__instancecheck__
+    __subclasscheck__ = type.__subclasscheck__
+
+
+def node_classes() -> list[type]:
+    """``cst.CSTNode`` and every class below it."""
+    out: list[type] = []
+    stack: list[type] = [cst.CSTNode]
+    seen: set[type] = set()
+    while stack:
+        cls = stack.pop()
+        if cls not in seen:
+            seen.add(cls)
+            out.append(cls)
+            stack.extend(cls.__subclasses__())
+    return out
+
+
+def plain_isinstance() -> Callable[[], None]:
+    """Give every LibCST node class that is a plain ABC (empty registry, no ``__subclasshook__``)
+    :class:`PlainChecks` as its metaclass; returns what puts ABCMeta back."""
+    registry = getattr(abc, "_get_dump", None)  # CPython's view of an ABC's registered subclasses
+    changed = [cls for cls in node_classes()
+               if type(cls) is abc.ABCMeta and registry is not None and not registry(cls)[0]
+               and "__subclasshook__" not in cls.__dict__]
+    for cls in changed:
+        cls.__class__ = PlainChecks
+
+    def undo() -> None:
+        for cls in changed:
+            cls.__class__ = abc.ABCMeta
+
+    return undo

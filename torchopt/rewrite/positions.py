@@ -11,6 +11,7 @@ this module changes nothing.
 """
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Mapping
 from typing import Any, Iterator, Literal
@@ -139,3 +140,86 @@ def fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, Any]:
     module = wrapper.module
     module._codegen(_State(module, table))  # noqa: SLF001
     return Ranges(table, module)
+
+
+# ------------------------------------------------------------------ positions of a few nodes
+# The engine needs positions only for the nodes rules reported on. A top-level statement's code
+# starts at column 0 of a line that CPython's parse of the same text gives (its first token's line,
+# less the blank and comment lines LibCST keeps in front of it), so only the statements that hold a
+# reported node are generated, each starting from its own line; the rest of the file is not. Each
+# generated statement is checked against the text at that line, and anything unexpected (a node
+# outside the module's statements, a layout the line count does not explain) falls back to the whole
+# file.
+
+
+def positions_of(wrapper: Any, text: str, tree: Any, nodes: list[cst.CSTNode]) -> Mapping[cst.CSTNode, Any]:
+    """``wrapper.resolve(PositionProvider)`` for ``nodes`` (at least): the same ranges for them."""
+    module: cst.Module = wrapper.module
+    if PositionProvider._gen is not fast_gen or PositionProvider in getattr(wrapper, "_metadata", ()):  # noqa: SLF001
+        return wrapper.resolve(PositionProvider)  # LibCST's own code, or computed already for a rule
+    table: dict[int, tuple] = {}
+    starts = _statement_lines(module, tree) if isinstance(tree, ast.Module) else None
+    owners = _owning_statements(module, nodes) if starts is not None else None
+    if owners is None or starts is None or not _generate(module, text, starts, owners, table):
+        return wrapper.resolve(PositionProvider)
+    return Ranges(table, module)
+
+
+def _statement_lines(module: cst.Module, tree: ast.Module) -> list[int] | None:
+    """The line each top-level statement's code starts on (its leading blank/comment lines
+    included); None when LibCST's statements and CPython's cannot be matched one to one."""
+    lines = []
+    body = tree.body
+    i = 0
+    for stmt in module.body:
+        if i >= len(body):
+            return None
+        first = body[i]
+        i += len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+        line = first.lineno
+        before = len(stmt.leading_lines)
+        decorators = getattr(stmt, "decorators", ())
+        if decorators:
+            line = min([d.lineno for d in getattr(first, "decorator_list", ())] or [line])
+            before += len(decorators[0].leading_lines)
+        lines.append(line - before)
+    return lines if i == len(body) else None
+
+
+def _owning_statements(module: cst.Module, nodes: list[cst.CSTNode]) -> set[int] | None:
+    """Indexes of the top-level statements that hold ``nodes``; None if some node is in none."""
+    from torchopt.rewrite.metadata import unordered_children
+
+    wanted = {id(n) for n in nodes}
+    owners: set[int] = set()
+    for index, stmt in enumerate(module.body):
+        stack: list[cst.CSTNode] = [stmt]
+        while stack:
+            node = stack.pop()
+            if id(node) in wanted:
+                wanted.discard(id(node))
+                owners.add(index)
+            stack.extend(unordered_children(node))
+        if not wanted:
+            return owners
+    return None
+
+
+def _generate(module: cst.Module, text: str, starts: list[int], owners: set[int],
+              table: dict[int, tuple]) -> bool:
+    """Generate the statements ``owners`` from their own lines into ``table``; False when one of them
+    does not read exactly like the text there."""
+    offsets = [0]
+    for text_line in text.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(text_line))
+    for index in sorted(owners):
+        line = starts[index]
+        if not 1 <= line < len(offsets):
+            return False
+        state = _State(module, table)
+        state.line = line
+        module.body[index]._codegen(state)  # noqa: SLF001
+        code = "".join(state.tokens)
+        if text[offsets[line - 1]:offsets[line - 1] + len(code)] != code:
+            return False
+    return True
