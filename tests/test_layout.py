@@ -23,8 +23,6 @@ ALLOWED = {
         "one pass over a training step that classifies every statement; to be split per statement kind",
     ("function over 100 lines", "torchopt.codemods.ddp.conversion_edits.convert"):
         "the DataParallel/single-process to DDP conversion as one ordered list of edits",
-    ("function over 100 lines", "torchopt.codemods.device.factory_then_move._trailing"):
-        "the chain of trailing .to()/.cuda()/cast calls, one branch per method",
     ("function over 100 lines", "torchopt.analysis.precheck.step_loops._collect"):
         "the ast mirror of the step-loop scan; it must stay a superset of HotMap's walk, so it moves with it",
     ("function over 100 lines", "torchopt.lsp.server.create_server"):

@@ -18,6 +18,7 @@ from torchopt.analysis.arguments import positional
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.facts import source_of
 
 SETUP_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "load_state_dict", "train",
                            "eval", "apply", "requires_grad_", "share_memory", "zero_grad"})
@@ -189,7 +190,7 @@ def calls_of(module: cst.Module, name: str) -> list[cst.Call]:
 def has_random_ops(module: cst.Module) -> bool:
     """Random ops a compiled model would run: dropout/RReLU layers anywhere in the file, or a random
     call inside a ``forward`` (data generation outside the model does not count)."""
-    code = module.code
+    code = source_of(module)
     if any(tok in code for tok in ("Dropout", "RReLU", "AlphaDropout")):
         return True
     for fn in walk(module, cross_scopes=True):

@@ -55,6 +55,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import classify_device, matches_device_name
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
+from torchopt.rewrite.facts import source_of
 
 KINDS = ("model", "optimizer", "scheduler", "loader", "loss", "device", "scaler")
 MODULE = "<module>"
@@ -549,7 +550,7 @@ class Program:
         spawned = [self.functions[e.callee] for e in self.edges if e.how == "spawn"]
         if spawned:
             entry.workers, entry.launcher = spawned, "spawn"
-        elif any(tok in self.module.code for tok in _TORCHRUN_ENV) or "init_process_group" in self.module.code:
+        elif any(tok in source_of(self.module) for tok in _TORCHRUN_ENV + ("init_process_group",)):
             entry.launcher = "torchrun"
         return entry
 

@@ -85,6 +85,16 @@ def facts_for(text: str) -> SourceFacts:
     return SourceFacts(text)
 
 
+def source_of(module: cst.Module) -> str:
+    """The text of ``module``: the text it was parsed from when it is the module being analysed, else
+    LibCST's ``module.code``, which generates the whole file again (a tenth of a second for a 4,000-line
+    file, paid by every rule that asked)."""
+    current = _ANALYSING.get()
+    if current is not None and current.module is module:
+        return current.text
+    return module.code
+
+
 @contextmanager
 def analysing(text: str, module: cst.Module | None = None) -> Iterator[SourceFacts]:
     """Mark ``text`` (and the LibCST ``module`` parsed from it) as the one being analysed until the

@@ -1,6 +1,6 @@
-"""TOP201 (deprecated `torch.cuda.amp` / `torch.cpu.amp` → `torch.amp`) and the AMP advice rules
-TOP204 (pure-fp16 model), TOP206 (gradient penalty under AMP) and TOP207 (custom autograd
-Functions under autocast)."""
+"""What the AMP rules share: the deprecated `torch.cuda.amp` / `torch.cpu.amp` API and its `torch.amp`
+replacement (TOP201), whether a file uses AMP, and the names the advice rules look for (TOP204
+pure-fp16 model, TOP206 gradient penalty under AMP, TOP207 custom autograd Functions under autocast)."""
 from __future__ import annotations
 
 import io
@@ -14,6 +14,7 @@ from torchopt.analysis.names import torch_name
 from torchopt.analysis.arguments import has_star, positional, set_kwarg
 from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import ImportSpec, Replacement, Rule
+from torchopt.rewrite.facts import source_of
 
 # --------------------------------------------------------------------------- the deprecated API
 
@@ -61,7 +62,7 @@ def quote_style(module: cst.Module) -> str:
 def _quote_style(module: cst.Module) -> str:
     single = double = 0
     try:
-        for tok in tokenize.generate_tokens(io.StringIO(module.code).readline):
+        for tok in tokenize.generate_tokens(io.StringIO(source_of(module)).readline):
             if tok.type != tokenize.STRING:
                 continue
             body = tok.string.lstrip("rbuRBUfF")
@@ -292,9 +293,5 @@ def _dotted(node: cst.CSTNode) -> str | None:
     return cst.helpers.get_full_name_for_node(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
 
 
-# --------------------------------------------------------------------------- TOP206
-
-
-# --------------------------------------------------------------------------- TOP207
-
+# The base classes that make a class a custom autograd Function.
 _FUNCTION_BASES = frozenset({"torch.autograd.Function", "torch.autograd.function.Function"})

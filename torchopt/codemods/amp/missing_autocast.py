@@ -1,23 +1,32 @@
-"""TOP202 `missing-autocast`: Rewrites a float32 training step into automatic mixed precision. A step is recognised in the."""
+"""TOP202 `missing-autocast`: rewrites a float32 training step into automatic mixed precision
+(autocast around the forward and the loss, and a GradScaler unless bfloat16 is chosen)."""
+
 from __future__ import annotations
 
 from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.names import callee
-from torchopt.analysis.names import dotted
 from torchopt.analysis.names import torch_ref
-from torchopt.analysis.values import string_value
+from torchopt.analysis.program import program_of
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
 from torchopt.codemods.amp.autocast_insertion import (
-    Key, OPTION_DTYPE, StepPlan, _AmpBase, _Analysis, _is_autograd_backward, _loop_sites, _loss_arg, _single_small,
-    _site_key, analyse_step, _program_device, amp_setup_lines, dict_with_entry, method_receiver, wrap_region
+    OPTION_DTYPE,
+    StepPlan,
+    _AmpBase,
+    _Analysis,
+    _loop_sites,
+    _single_small,
+    _site_key,
+    analyse_step,
+    _program_device,
+    amp_setup_lines,
+    wrap_region,
 )
-from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.remote_steps import plan_remote, remote_sites
+from torchopt.codemods.amp.scaler_edits import save_scaler_in_checkpoints, scale_step
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
@@ -526,10 +535,17 @@ class MissingAutocast(_AmpBase):
         used = {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
         step_scope = site.owner if isinstance(site.owner, cst.FunctionDef) else analysis.scope_owner(site.owner)
         names, setup, anchor, item, imports = self._setup(
-            analysis, step_scope, sorted(used), [analysis.koptimizers[o] for o in file_opts], site.trigger, scaler, plan.anchor_node)
+            analysis,
+            step_scope,
+            sorted(used),
+            [analysis.koptimizers[o] for o in file_opts],
+            site.trigger,
+            scaler,
+            plan.anchor_node,
+        )
         e = Edits()
         e.add_after(anchor, setup)
-        self._apply(analysis, plan, e, names, item, imports, scaler, (file_opts, anchor, step_scope))
+        self._apply(analysis, plan, e, names, item, imports, scaler, (file_opts, anchor))
 
     def _fix_hand_update(self, analysis: _Analysis, plan: StepPlan) -> None:
         """bfloat16 autocast and no scaler: a GradScaler can only step an optimizer, and this step writes
@@ -538,73 +554,87 @@ class MissingAutocast(_AmpBase):
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(plan.anchor_node, "`torch` is bound to something else in this file")
-        used = sorted({_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)})
+        used = sorted(
+            {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
+        )
         dev = analysis.device_text(used) or _program_device(self, analysis, plan.anchor_node)
         if dev is None:
-            raise Refusal(plan.anchor_node, "cannot tell which device the model runs on (no `.to(device)` / "
-                                            "`.cuda()` on it); CPU training is not an AMP target")
+            raise Refusal(
+                plan.anchor_node,
+                "cannot tell which device the model runs on (no `.to(device)` / "
+                "`.cuda()` on it); CPU training is not an AMP target",
+            )
         dev_code, dev_var = dev
         where = _setup_point(analysis, site)
         if isinstance(dev_var, cst.Name) and any(
-                analysis.scope_owner(n) is analysis.scope_owner(where) and analysis.pos(n) > analysis.pos(where) for n in analysis.assigning(dev_var.value)):
+            analysis.scope_owner(n) is analysis.scope_owner(where) and analysis.pos(n) > analysis.pos(where)
+            for n in analysis.assigning(dev_var.value)
+        ):
             raise Refusal(plan.anchor_node, "the device is chosen after the training loop starts")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         T = ref.name
         e = Edits()
-        e.add_before(where, [statement(line) for line in amp_setup_lines(T, dev_code.format(T=T), names, "bfloat16", False)])
-        item = cst.WithItem(item=cst.parse_expression(
-            f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+        e.add_before(
+            where, [statement(line) for line in amp_setup_lines(T, dev_code.format(T=T), names, "bfloat16", False)]
+        )
+        item = cst.WithItem(
+            item=cst.parse_expression(
+                f"{T}.autocast(device_type={names['amp_device_type']}, dtype={names['amp_dtype']})"
+            )
+        )
         self._apply(analysis, plan, e, names, item, tuple(ref.imports), False, None)
 
-    def _apply(self, analysis: _Analysis, plan: StepPlan, e: Edits, names: dict[str, str], item: cst.WithItem,
-               imports: tuple, scaler: bool, checkpoints: tuple | None) -> None:
+    def _apply(
+        self,
+        analysis: _Analysis,
+        plan: StepPlan,
+        e: Edits,
+        names: dict[str, str],
+        item: cst.WithItem,
+        imports: tuple,
+        scaler: bool,
+        checkpoints: tuple | None,
+    ) -> None:
         """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
         for r in plan.regions:
             wrap_region(e, r, item)
         if scaler:
-            sc = names["scaler"]
-            for c in plan.backwards:
-                if _is_autograd_backward(c):  # torch.autograd.backward(loss) -> (scaler.scale(loss))
-                    arg = _loss_arg(c)
-                    assert arg is not None
-                    scaled = cst.Call(func=cst.parse_expression(f"{sc}.scale"),
-                                      args=[cst.Arg(arg.value.with_changes(lpar=[], rpar=[]))])
-                    e.replace_node(c, c.with_changes(
-                        args=[x.with_changes(value=scaled) if x is arg else x for x in c.args]))
-                    continue
-                recv = method_receiver(c)
-                recv = recv.with_changes(lpar=[], rpar=[])
-                new_func = cst.Attribute(value=cst.Call(func=cst.parse_expression(f"{sc}.scale"), args=[cst.Arg(recv)]),
-                                         attr=cst.Name("backward"))
-                e.replace_node(c, c.with_changes(func=new_func))
-            for c, o in plan.steps:
-                e.replace_node(c, cst.Call(func=cst.parse_expression(f"{sc}.step"),
-                                           args=[cst.Arg(method_receiver(c))]))
-            last = max((s for c, _ in plan.steps if (s := analysis.statement(c)) is not None), key=analysis.pos)
-            e.add_after(last, [statement(f"{sc}.update()\n")])
-            for s, os_ in plan.unscale_before:
-                e.add_before(s, [statement(f"{sc}.unscale_({o})\n") for o in os_])
+            scale_step(analysis, plan, e, names["scaler"])
             if checkpoints is not None:
-                self._checkpoints(analysis, e, checkpoints[0], sc, checkpoints[1], checkpoints[2])
+                save_scaler_in_checkpoints(self, analysis, e, checkpoints[0], names["scaler"], checkpoints[1])
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
         root = self._edit_root(analysis, e)
         new = root.visit(ApplyEdits(e))
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
-        note = "forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)"
+        note = (
+            "forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)"
+        )
         if plan.manual_update is not None:
-            extra = (" in bfloat16, with no GradScaler: the parameters are updated by hand and a GradScaler can "
-                     "only step an optimizer (on CUDA, bfloat16 pays off on Ampere or newer GPUs)")
+            extra = (
+                " in bfloat16, with no GradScaler: the parameters are updated by hand and a GradScaler can "
+                "only step an optimizer (on CUDA, bfloat16 pays off on Ampere or newer GPUs)"
+            )
             note = "forward and loss run in bfloat16 (the AMP tolerances of `torchopt validate`)"
         if plan.bce_outside:
-            extra += ("; binary cross-entropy is unsafe to autocast, so it runs after the block on the "
-                      "forward's outputs upcast to float32")
+            extra += (
+                "; binary cross-entropy is unsafe to autocast, so it runs after the block on the "
+                "forward's outputs upcast to float32"
+            )
             note = note.replace("forward and loss run", "the forward runs").replace(
-                " (the AMP", ", the binary cross-entropy loss in float32 (the AMP")
+                " (the AMP", ", the binary cross-entropy loss in float32 (the AMP"
+            )
         region = "the forward" if plan.bce_outside else "forward and loss"
-        self.report(plan.anchor_node, fmt={"extra": extra, "region": region}, replacement=new, target=root,
-                    tags=[Tag.NUMERICS], imports=imports, note=note)
+        self.report(
+            plan.anchor_node,
+            fmt={"extra": extra, "region": region},
+            replacement=new,
+            target=root,
+            tags=[Tag.NUMERICS],
+            imports=imports,
+            note=note,
+        )
 
     @staticmethod
     def _edit_root(analysis: _Analysis, e: Edits) -> cst.CSTNode:
@@ -621,76 +651,6 @@ class MissingAutocast(_AmpBase):
                 return analysis.module
             root = cur
         return root if root is not None else analysis.module
-
-    def _named_dict(self, analysis: _Analysis, name: str, use: cst.CSTNode) -> cst.Dict | None:
-        """The dict literal last bound to ``name`` by a plain assignment before ``use``, in its scope."""
-        index = analysis.__dict__.get("_dict_assigns")
-        if index is None:  # name -> `name = {...}` statements, one walk for the file
-            index = {}
-            for n in analysis.all_nodes:
-                small = _single_small(n) if isinstance(n, cst.SimpleStatementLine) else None
-                if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Dict) \
-                        and isinstance(small.targets[0].target, cst.Name):
-                    index.setdefault(small.targets[0].target.value, []).append(n)
-            analysis.__dict__["_dict_assigns"] = index
-        best = None
-        scope = analysis.scope_owner(use)
-        for n in index.get(name, ()):
-            if analysis.pos(n) < analysis.pos(use) and analysis.scope_owner(n) is scope:
-                if best is None or analysis.pos(n) > analysis.pos(best):
-                    best = n
-        return best.body[0].value if best is not None else None
-
-    def _checkpoint_calls(self, analysis: _Analysis) -> list[tuple[cst.Call, bool]]:
-        """(call, is torch.save) for every `torch.save(x, ...)` and `x.load_state_dict(...)`, in walk order."""
-        calls = analysis.__dict__.get("_ckpt_calls")
-        if calls is None:
-            calls = analysis.__dict__["_ckpt_calls"] = []
-            for c in analysis.module_calls():
-                if isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict":
-                    calls.append((c, False))
-                elif isinstance(c.func, (cst.Name, cst.Attribute)) and c.args and callee(self, c) == "torch.save":
-                    calls.append((c, True))
-        return calls
-
-    def _checkpoints(self, analysis: _Analysis, e: Edits, opts: list[Key], sc: str, anchor: cst.CSTNode,
-                     step_scope: cst.CSTNode) -> None:
-        anchor_scope = analysis.scope_owner(anchor)
-
-        def visible(n: cst.CSTNode) -> bool:
-            return analysis.pos(n) > analysis.pos(anchor) and (isinstance(anchor_scope, cst.Module)
-                                                 or analysis.scope_owner(n) is anchor_scope)
-
-        def is_opt(name: str | None, at: cst.CSTNode) -> bool:
-            """``name`` read at ``at`` is one of the step's optimizers (also as the same-named parameter of
-            a helper, `def save(model, optimizer)` called as `save(model, optimizer)`)."""
-            k = analysis.param_alias(at).get(name) if name is not None else None
-            return (k if k is not None else analysis.key(name, at)) in opts
-
-        for c, is_save in self._checkpoint_calls(analysis):
-            if is_save:
-                d: cst.BaseExpression | None = c.args[0].value
-                if isinstance(d, cst.Name):  # ckpt = {...}; torch.save(ckpt, f)
-                    d = self._named_dict(analysis, d.value, c)
-                if isinstance(d, cst.Dict) and visible(d) and visible(c):
-                    keys = [string_value(el.key) for el in d.elements if isinstance(el, cst.DictElement)]
-                    if "scaler" in keys:
-                        continue
-                    saves_opt = any(isinstance(el, cst.DictElement) and isinstance(el.value, cst.Call)
-                                    and isinstance(el.value.func, cst.Attribute)
-                                    and el.value.func.attr.value == "state_dict"
-                                    and is_opt(dotted(el.value.func.value), el.value) for el in d.elements)
-                    if saves_opt:
-                        el = cst.DictElement(key=cst.SimpleString('"scaler"'),
-                                             value=cst.parse_expression(f"{sc}.state_dict()"))
-                        e.replace_node(d, lambda updated, el=el: dict_with_entry(updated, el))  # type: ignore[misc]  # mypy infers no lambda with a default, which binds this entry
-            elif is_opt(dotted(method_receiver(c)), c) and len(c.args) == 1:
-                arg = c.args[0].value
-                stmt = analysis.statement(c)
-                if isinstance(arg, cst.Subscript) and isinstance(arg.value, cst.Name) and \
-                        isinstance(stmt, cst.SimpleStatementLine) and visible(stmt):
-                    k = arg.value.value
-                    e.add_after(stmt, [statement(f'if "scaler" in {k}:\n    {sc}.load_state_dict({k}["scaler"])\n')])
 
 
 def _inside(analysis: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
@@ -710,8 +670,11 @@ def _setup_point(analysis: _Analysis, site) -> cst.CSTNode:
         body = list(site.owner.body.body)
         first = body[0]
         small = _single_small(first)
-        if len(body) > 1 and isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString,
-                                                                                        cst.ConcatenatedString)):
+        if (
+            len(body) > 1
+            and isinstance(small, cst.Expr)
+            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+        ):
             return body[1]
         return first
     outer = site.owner

@@ -6,6 +6,7 @@ The scaler is created where the optimizer is and reaches the step the way the op
 extra parameter passed at every call site, or as an attribute set next to ``self.optimizer``. The
 autocast device type and dtype are chosen in the step's own function from the device that function
 moves its batches to (or, for a trainer, set as attributes next to the scaler)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from torchopt.analysis.program import Function, Program, Step
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement
 from torchopt.codemods.amp.autocast_insertion import StepPlan, StepSite, _Analysis, amp_setup_lines
+from torchopt.rewrite.metadata import children_of
 from torchopt.rewrite.rule import Rule
 
 
@@ -50,8 +52,11 @@ def remote_sites(analysis: _Analysis, program: Program) -> list[tuple[StepSite, 
         stmts, owner = found
         models, optimizers = _roles_in(program, stmts)
         remote = [o for o in optimizers.values() if o.binding is None or program.function_of(o.binding) is not fn]
-        if not optimizers or not remote or any(o.binding is not None and program.function_of(o.binding) is None
-                                               for o in optimizers.values()):
+        if (
+            not optimizers
+            or not remote
+            or any(o.binding is not None and program.function_of(o.binding) is None for o in optimizers.values())
+        ):
             continue  # created in the step's function or at module level: the plain path handles it
         scope = analysis.scope_of(stmts[0])
         out.append((StepSite(stmts, owner, set(models), set(optimizers), {}, step.loop, scope), step))
@@ -76,17 +81,19 @@ def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
 
 
 def _walk_calls(node: cst.CSTNode):
+    """The calls in ``node``, leaving out the functions, classes and lambdas nested in it."""
     stack = [node]
     while stack:
         cur = stack.pop()
         if isinstance(cur, cst.Call):
             yield cur
         if not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) or cur is node:
-            stack.extend(cur.children)
+            stack.extend(children_of(cur))
 
 
-def plan_remote(rule: Rule, analysis: _Analysis, program: Program, plan: StepPlan, step: Step,
-                scaler: bool) -> RemoteSetup:
+def plan_remote(
+    rule: Rule, analysis: _Analysis, program: Program, plan: StepPlan, step: Step, scaler: bool
+) -> RemoteSetup:
     """Where the setup goes and how the scaler reaches the step; raises Refusal with the reason."""
     ref = torch_ref(rule)
     if ref is None:
@@ -98,8 +105,11 @@ def plan_remote(rule: Rule, analysis: _Analysis, program: Program, plan: StepPla
         return _through_attributes(rule, analysis, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
     if all("." not in o and o in fn.params for o in opts) and fn.cls is None:
         return _through_parameters(rule, analysis, program, plan, fn, opts, scaler, ref.name, tuple(ref.imports))
-    raise Refusal(plan.anchor_node, f"`{opts[0]}` reaches the step neither as a parameter of `{fn.name}` "
-                                    "nor as an attribute set in its class, so the scaler has no way to follow it")
+    raise Refusal(
+        plan.anchor_node,
+        f"`{opts[0]}` reaches the step neither as a parameter of `{fn.name}` "
+        "nor as an attribute set in its class, so the scaler has no way to follow it",
+    )
 
 
 def _device_code(analysis: _Analysis, T: str, device: cst.BaseExpression) -> str:
@@ -107,7 +117,7 @@ def _device_code(analysis: _Analysis, T: str, device: cst.BaseExpression) -> str
 
 
 def _through_attributes(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
-    binds = program.attribute_bindings(fn.cls, opts[-1][len("self."):])
+    binds = program.attribute_bindings(fn.cls, opts[-1][len("self.") :])
     if not binds:
         raise Refusal(plan.anchor_node, f"`{opts[-1]}` is never set in `{fn.cls}`")
     anchor = binds[0]
@@ -117,14 +127,18 @@ def _through_attributes(rule, analysis, program, plan, fn: Function, opts, scale
     taken = {n.value for n in walk_names(program.classes[fn.cls])}
     names = {k: "self." + fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype", "scaler")}
     if isinstance(device, cst.Attribute):
-        later = [s for s in program.attribute_bindings(fn.cls, device.attr.value)
-                 if program.function_of(s) is program.function_of(anchor) and analysis.pos(s) > analysis.pos(anchor)]
+        later = [
+            s
+            for s in program.attribute_bindings(fn.cls, device.attr.value)
+            if program.function_of(s) is program.function_of(anchor) and analysis.pos(s) > analysis.pos(anchor)
+        ]
         anchor = later[-1] if later else anchor
     e = Edits()
     lines = amp_setup_lines(T, _device_code(analysis, T, device), names, rule.option("dtype"), scaler)
     e.add_after(anchor, [statement(s) for s in lines])
-    item = cst.WithItem(item=cst.parse_expression(
-        f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+    item = cst.WithItem(
+        item=cst.parse_expression(f"{T}.autocast(device_type={names['amp_device_type']}, dtype={names['amp_dtype']})")
+    )
     return RemoteSetup(e, names, item, imports)
 
 
@@ -141,13 +155,23 @@ def walk_names(node: cst.CSTNode) -> list[cst.Name]:
 
 def _through_parameters(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
     params = fn.node.params
-    if params.star_arg is not cst.MaybeSentinel.DEFAULT or params.kwonly_params or params.star_kwarg \
-            or params.posonly_params or any(p.default is not None for p in params.params):
-        raise Refusal(plan.anchor_node, f"`{fn.name}` has default or variadic parameters, so a scaler "
-                                        "parameter cannot be added where every caller passes it")
+    if (
+        params.star_arg is not cst.MaybeSentinel.DEFAULT
+        or params.kwonly_params
+        or params.star_kwarg
+        or params.posonly_params
+        or any(p.default is not None for p in params.params)
+    ):
+        raise Refusal(
+            plan.anchor_node,
+            f"`{fn.name}` has default or variadic parameters, so a scaler "
+            "parameter cannot be added where every caller passes it",
+        )
     if not fn.callers or any(edge.how != "call" for edge in fn.callers):
-        raise Refusal(plan.anchor_node, f"`{fn.name}` is not called from this file, so the scaler cannot "
-                                        "be created where the optimizer is")
+        raise Refusal(
+            plan.anchor_node,
+            f"`{fn.name}` is not called from this file, so the scaler cannot be created where the optimizer is",
+        )
     step_device = program.device_at(plan.anchor_node)
     if step_device is None:
         raise Refusal(plan.anchor_node, f"cannot tell which device `{fn.name}` runs on")
@@ -160,19 +184,32 @@ def _through_parameters(rule, analysis, program, plan, fn: Function, opts, scale
     if scaler:
         creation = _optimizer_creation(analysis, program, plan, fn, opts)
         if len(callers) != 1 or creation is None:
-            raise Refusal(plan.anchor_node, f"the optimizers `{fn.name}` steps are not all created in the one "
-                                            "function that calls it, before the call")
+            raise Refusal(
+                plan.anchor_node,
+                f"the optimizers `{fn.name}` steps are not all created in the one "
+                "function that calls it, before the call",
+            )
         anchor, caller_device = creation
         dev = outer["amp_device_type"]
-        e.add_after(anchor, [statement(f"{dev} = {_device_code(analysis, T, caller_device)}\n"),
-                             statement(f'{sc} = {T}.amp.GradScaler({dev}, enabled={dev} == "cuda")\n')])
+        e.add_after(
+            anchor,
+            [
+                statement(f"{dev} = {_device_code(analysis, T, caller_device)}\n"),
+                statement(f'{sc} = {T}.amp.GradScaler({dev}, enabled={dev} == "cuda")\n'),
+            ],
+        )
         for edge in fn.callers:
             call = edge.call
             kw = any(arg.keyword is not None for arg in call.args)
-            new_arg = cst.Arg(cst.Name(sc), keyword=cst.Name(sc) if kw else None,
-                              equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                                    whitespace_after=cst.SimpleWhitespace("")) if kw
-                              else cst.MaybeSentinel.DEFAULT)
+            new_arg = cst.Arg(
+                cst.Name(sc),
+                keyword=cst.Name(sc) if kw else None,
+                equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+                )
+                if kw
+                else cst.MaybeSentinel.DEFAULT,
+            )
             args = list(call.args)
             if args:
                 args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -184,8 +221,9 @@ def _through_parameters(rule, analysis, program, plan, fn: Function, opts, scale
     top = _top_statement(analysis, fn, plan.anchor_node)
     e.add_before(top, [statement(s) for s in lines])
     names = dict(local, scaler=sc)
-    item = cst.WithItem(item=cst.parse_expression(
-        f'{T}.autocast(device_type={local["amp_device_type"]}, dtype={local["amp_dtype"]})'))
+    item = cst.WithItem(
+        item=cst.parse_expression(f"{T}.autocast(device_type={local['amp_device_type']}, dtype={local['amp_dtype']})")
+    )
     return RemoteSetup(e, names, item, imports)
 
 
@@ -198,11 +236,18 @@ def _optimizer_creation(analysis, program: Program, plan: StepPlan, fn: Function
     for o in opts:
         idx = fn.params.index(o)
         pos = [arg for arg in edge.call.args if arg.keyword is None]
-        arg = next((x.value for x in edge.call.args if x.keyword is not None and x.keyword.value == o),
-                   pos[idx].value if idx < len(pos) else None)
+        arg = next(
+            (x.value for x in edge.call.args if x.keyword is not None and x.keyword.value == o),
+            pos[idx].value if idx < len(pos) else None,
+        )
         role = program.role_of(arg, edge.call) if arg is not None else None
-        if role is None or role.kind != "optimizer" or role.binding is None \
-                or program.function_of(role.binding) is not caller or analysis.pos(role.binding) >= analysis.pos(edge.call):
+        if (
+            role is None
+            or role.kind != "optimizer"
+            or role.binding is None
+            or program.function_of(role.binding) is not caller
+            or analysis.pos(role.binding) >= analysis.pos(edge.call)
+        ):
             return None
         anchors.append(role.binding)
     anchor = max(anchors, key=analysis.pos)

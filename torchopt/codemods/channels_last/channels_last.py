@@ -11,6 +11,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.codemods.channels_last import FAMILY
 from torchopt.analysis.models import calls_of, find_models
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
+from torchopt.rewrite.facts import source_of
 
 _CONV2D = ("torch.nn.Conv2d", "torch.nn.modules.conv.Conv2d", "torch.nn.ConvTranspose2d",
            "torch.nn.modules.conv.ConvTranspose2d")
@@ -299,7 +300,7 @@ class ChannelsLast(Rule):
         if ref is None:
             return
         cl = ref.attr("channels_last")
-        blocked = next((b for b in _BLOCKERS if b in node.code), None)
+        blocked = next((b for b in _BLOCKERS if b in source_of(node)), None)
         converted = False
         for m in models:
             first = m.assigns[0]

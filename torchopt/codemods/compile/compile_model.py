@@ -11,6 +11,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.codemods.compile import FAMILY
 from torchopt.analysis.models import Model, find_models, has_random_ops, strip_chain
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
+from torchopt.rewrite.facts import source_of
 
 CHECKPOINT_NOTE = (
     "`model.compile()` compiles in place: the object keeps its type and its state_dict keys, so "
@@ -339,7 +340,7 @@ class CompileModel(Rule):
         models = find_models(self, node)
         if not models:
             return
-        debug = any(tok in node.code for tok in _DEBUG)
+        debug = any(tok in source_of(node) for tok in _DEBUG)
         tags = (Tag.TOLERANCE, Tag.RNG) if has_random_ops(node) else (Tag.TOLERANCE,)
         for m in models:
             if already_compiled(node, self, m.name):

@@ -24,6 +24,7 @@ from torchopt.rewrite.rule import Option
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
+from torchopt.rewrite.facts import source_of
 
 
 _DISTRIBUTED_HINTS = ("torch.distributed", "DistributedSampler", "DistributedDataParallel", "LOCAL_RANK",
@@ -294,9 +295,9 @@ class SingleProcessLoading(LoaderRule):
             return cst.Integer(str(k))
         module = self.ctx.module
         hit = self.__dict__.get("_workers_memo")
-        if hit is None or hit[0] is not module:  # once per parse: module.code regenerates the file
+        if hit is None or hit[0] is not module:  # once per parse
             shadowed = self._os_shadowed()
-            code = "" if shadowed else module.code
+            code = "" if shadowed else source_of(module)
             hit = self._workers_memo = (module, shadowed, any(h in code for h in _DISTRIBUTED_HINTS))
         if hit[1]:
             return None

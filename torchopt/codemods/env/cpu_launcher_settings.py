@@ -11,6 +11,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.codemods.env import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+from torchopt.rewrite.facts import source_of
 
 # Text that means an accelerator may be chosen: its APIs, device strings, and the objects that pick
 # the device for the program (Lightning/transformers trainers, accelerate, `device_map=`).
@@ -63,7 +64,7 @@ def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
         if value.split(":")[0] == "cpu":
             return f'its device option defaults to "cpu" (line {line})'
         return None
-    if _ACCEL.search(module.code):
+    if _ACCEL.search(source_of(module)):
         return None
     cpu_line = None
     for expr in _placements(module):

@@ -12,6 +12,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.codemods.mem import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Valid
+from torchopt.rewrite.facts import source_of
 
 _CONTAINERS = {"torch.nn.Sequential": "nn.Sequential", "torch.nn.ModuleList": "nn.ModuleList",
                "torch.nn.modules.container.Sequential": "nn.Sequential",
@@ -165,7 +166,7 @@ class DeepStackCheckpointing(Rule):
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        code = node.code
+        code = source_of(node)
         self._trains = ".backward(" in code and "checkpoint" not in code
 
     def visit_Call(self, node: cst.Call) -> None:

@@ -20,6 +20,7 @@ from torchopt.analysis.optimizers import (
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
+from torchopt.rewrite.facts import source_of
 
 # Arguments that choose the implementation (or forbid the fused one): the user has decided.
 _IMPLEMENTATION_ARGS = ("fused", "foreach", "differentiable")
@@ -265,7 +266,7 @@ class FusedOptimizer(Rule):
     )
 
     def visit_Module(self, node: cst.Module) -> None:
-        code = node.code
+        code = source_of(node)
         self._refused = bool(OTHER_BACKENDS.search(code)) or "sparse=True" in code
 
     def visit_Call(self, node: cst.Call) -> None:

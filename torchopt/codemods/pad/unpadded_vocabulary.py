@@ -1,4 +1,6 @@
-"""TOP301 `unpadded-vocabulary`: Flags a language model whose token embedding (`nn.Embedding(V, d)`) and output projection."""
+"""TOP301 `unpadded-vocabulary`: pads the vocabulary of a language model's token embedding and output
+projection up to a multiple of the `multiple` option, slicing the logits back to the true vocabulary."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -9,9 +11,8 @@ from torchopt.analysis.arguments import has_star
 from torchopt.analysis.names import callee
 from torchopt.analysis.statement_edits import ApplyEdits
 from torchopt.analysis.syntax import walk
-from torchopt.analysis.values import dtype_of
-from torchopt.analysis.values import string_value
 from torchopt.codemods.pad import FAMILY
+from torchopt.codemods.pad.logit_views import outside_views, views_in
 from torchopt.codemods.pad.sizes import OPTION_MULTIPLE
 from torchopt.codemods.pad.sizes import arg
 from torchopt.codemods.pad.sizes import code
@@ -22,9 +23,7 @@ from torchopt.codemods.pad.sizes import names_in
 from torchopt.codemods.pad.sizes import nn_class
 from torchopt.codemods.pad.sizes import reaching_values
 from torchopt.codemods.pad.sizes import self_attr
-from torchopt.codemods.pad.vocab_models import (
-    PADDED, _Plan, _bound_names, _free_names, _instance_of, _target_names, vocab_defaults, vocab_edits
-)
+from torchopt.codemods.pad.vocab_models import PADDED, _Plan, _bound_names, _free_names, vocab_defaults, vocab_edits
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -120,8 +119,10 @@ class PadVocabulary(Rule):
     code = "TOP301"
     name = "unpadded-vocabulary"
     family = FAMILY
-    message = ("vocabulary size `{vocab}`{value} is not a multiple of {multiple}: the embedding and the "
-               "output projection `{head}` miss Tensor-Core tiles{why}")
+    message = (
+        "vocabulary size `{vocab}`{value} is not a multiple of {multiple}: the embedding and the "
+        "output projection `{head}` miss Tensor-Core tiles{why}"
+    )
     fix_title = "Pad the vocabulary to a multiple of {multiple} and slice the logits back to `{vocab}`"
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS, Tag.RNG)
@@ -132,6 +133,7 @@ class PadVocabulary(Rule):
         from torchopt.analysis.precheck.patterns import embedding_and_head_in_init
 
         return super().could_match(text) and "torch" in text and embedding_and_head_in_init(text)
+
     options = (OPTION_MULTIPLE,)
 
     examples = (
@@ -186,7 +188,7 @@ class PadVocabulary(Rule):
                 idx = torch.randint(0, 37, (2, 5))
                 logits, loss = model(idx, idx)
             """),
-            unsafe=('semantics', 'rng'),
+            unsafe=("semantics", "rng"),
             runnable=True,
         ),
         Invalid(
@@ -223,7 +225,7 @@ class PadVocabulary(Rule):
                     def forward(self, idx):
                         return self.head(self.tok(idx))[..., : self.n_vocab].argmax(-1)
             """),
-            unsafe=('semantics', 'rng'),
+            unsafe=("semantics", "rng"),
             note="an existing attribute holding the size is reused",
         ),
         Invalid(
@@ -347,8 +349,11 @@ class PadVocabulary(Rule):
         self._multiple = int(self.option("multiple"))
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        init = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"),
-                    None) if isinstance(node.body, cst.IndentedBlock) else None
+        init = (
+            next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+            if isinstance(node.body, cst.IndentedBlock)
+            else None
+        )
         if init is None or not init.params.params or not isinstance(init.body, cst.IndentedBlock):
             return
         names = {last_name(n.func) for n in walk(init.body) if isinstance(n, cst.Call)}
@@ -385,8 +390,14 @@ class PadVocabulary(Rule):
 
     # ------------------------------------------------------------------------------ analysis
 
-    def _one(self, cls: cst.ClassDef, init: cst.FunctionDef, vocab: cst.BaseExpression,
-             embeds: list[cst.Call], heads: list[cst.Call]) -> None:
+    def _one(
+        self,
+        cls: cst.ClassDef,
+        init: cst.FunctionDef,
+        vocab: cst.BaseExpression,
+        embeds: list[cst.Call],
+        heads: list[cst.Call],
+    ) -> None:
         m = self._multiple
         if isinstance(vocab, cst.Name):
             values = reaching_values(self, vocab) or []
@@ -402,10 +413,18 @@ class PadVocabulary(Rule):
             return  # every size the file falls back to is already padded (nanoGPT's 50304)
         vcode = code(self, vocab)
         parent = self.get_metadata(ParentProvider, heads[0], None)
-        head = (code(self, parent.targets[0].target) if isinstance(parent, cst.Assign) and len(parent.targets) == 1
-                else code(self, heads[0].func) + "(...)")
-        fmt = {"vocab": vcode, "value": f" ({value})" if value is not None and vcode != str(value) else "",
-               "multiple": str(m), "head": head, "why": ""}
+        head = (
+            code(self, parent.targets[0].target)
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1
+            else code(self, heads[0].func) + "(...)"
+        )
+        fmt = {
+            "vocab": vcode,
+            "value": f" ({value})" if value is not None and vcode != str(value) else "",
+            "multiple": str(m),
+            "head": head,
+            "why": "",
+        }
         plan = _Plan(vocab=vocab, embeds=embeds, heads=heads)
         why = self._plan(cls, init, plan)
         if why:
@@ -413,29 +432,63 @@ class PadVocabulary(Rule):
             self.report(embeds[0], fmt=fmt)
             return
         new = cls.visit(ApplyEdits(vocab_edits(self, init, plan, m)))
-        self.report(embeds[0], fmt=fmt, replacement=new, target=cls, safety=Safety.UNSAFE,
-                    tags=(Tag.SEMANTICS, Tag.RNG),
-                    note=("parameter shapes change (old checkpoints need the first V rows copied in); the "
-                          "padded layers draw more random numbers, so initialisation changes from there on; "
-                          "outputs are exact with the same weights (the logits are sliced back)"))
+        self.report(
+            embeds[0],
+            fmt=fmt,
+            replacement=new,
+            target=cls,
+            safety=Safety.UNSAFE,
+            tags=(Tag.SEMANTICS, Tag.RNG),
+            note=(
+                "parameter shapes change (old checkpoints need the first V rows copied in); the "
+                "padded layers draw more random numbers, so initialisation changes from there on; "
+                "outputs are exact with the same weights (the logits are sliced back)"
+            ),
+        )
         # The model's logits are now a non-contiguous slice: `.view` on them in this file becomes
         # `.reshape` (the same result wherever `.view` worked).
-        for view in self._outside_views(cls):
+        for view in outside_views(self, cls):
             reshape = view.with_changes(func=view.func.with_changes(attr=cst.Name("reshape")))
-            self.report(view, message=_VIEW_MESSAGE, fmt={"model": cls.name.value}, replacement=reshape,
-                        fix_title="Use `.reshape(...)`", safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
-                        note="part of the vocabulary padding of the same class; `.reshape` equals `.view` "
-                             "wherever `.view` works")
+            self.report(
+                view,
+                message=_VIEW_MESSAGE,
+                fmt={"model": cls.name.value},
+                replacement=reshape,
+                fix_title="Use `.reshape(...)`",
+                safety=Safety.UNSAFE,
+                tags=(Tag.SEMANTICS,),
+                note="part of the vocabulary padding of the same class; `.reshape` equals `.view` "
+                "wherever `.view` works",
+            )
 
     def _plan(self, cls: cst.ClassDef, init: cst.FunctionDef, plan: _Plan) -> str:
         """Fill ``plan``; return why no fix can be offered ('' when one can)."""
-        text = self.ctx.text
-        if any(s in text for s in _CHECKPOINT):
+        if any(s in self.ctx.text for s in _CHECKPOINT):
             return "the file loads checkpoints, whose shapes would no longer match"
-        if any(isinstance(n, cst.BaseExpression) and not isinstance(n, _SIMPLE)
-               for n in walk(plan.vocab, cross_scopes=True)):
+        if any(
+            isinstance(n, cst.BaseExpression) and not isinstance(n, _SIMPLE)
+            for n in walk(plan.vocab, cross_scopes=True)
+        ):
             return "the vocabulary size is not a plain name or constant"
         self_name = init.params.params[0].name.value
+        why = (
+            self._plan_head_calls(cls, self_name, plan)
+            or self._plan_size_attribute(cls, init, self_name, plan)
+            or self._plan_insertion_point(init, plan)
+        )
+        if why:
+            return why
+        # `.view` on the (non-contiguous) sliced logits becomes `.reshape`.
+        head_calls = {id(c) for c in plan.calls}
+        for fn in walk(cls, cross_scopes=True):
+            if isinstance(fn, cst.FunctionDef) and fn.params.params:
+                plan.views.extend(views_in(self, fn, head_calls))
+        return ""
+
+    def _plan_head_calls(self, cls: cst.ClassDef, self_name: str, plan: _Plan) -> str:
+        """Record the attributes holding the output projections and every call of them in the class,
+        where the logits get sliced back; any other use of a head, or of its size or weight, would
+        see the padded rows, so it blocks the fix (the reason is returned, '' when none)."""
         for h in plan.heads:
             parent = self.get_metadata(ParentProvider, h, None)
             if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1):
@@ -465,7 +518,12 @@ class PadVocabulary(Rule):
                 return f"`self.{attr}` is used other than by calling it"
         if not plan.calls:
             return "the output projection is never called in the class"
-        # The attribute that holds the unpadded size in forward().
+        return ""
+
+    def _plan_size_attribute(self, cls: cst.ClassDef, init: cst.FunctionDef, self_name: str, plan: _Plan) -> str:
+        """Choose the attribute forward() slices the logits to: one `__init__` assigns the vocabulary
+        size to once, else a new `vocab_size` when the class has none (the reason is returned when
+        neither exists, '' otherwise)."""
         vcode = code(self, plan.vocab)
         assigned: dict[str, int] = {}
         candidate = None
@@ -475,7 +533,11 @@ class PadVocabulary(Rule):
                 if attr:
                     assigned[attr] = assigned.get(attr, 0) + 1
         for stmt in init.body.body:
-            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+            if (
+                isinstance(stmt, cst.SimpleStatementLine)
+                and len(stmt.body) == 1
+                and isinstance(stmt.body[0], cst.Assign)
+            ):
                 a = stmt.body[0]
                 if len(a.targets) == 1:
                     attr = self_attr(a.targets[0].target, self_name)
@@ -485,14 +547,20 @@ class PadVocabulary(Rule):
         if candidate is not None:
             plan.vattr = candidate
         elif "vocab_size" not in assigned and not any(
-                isinstance(n, cst.Attribute) and n.attr.value == "vocab_size" and self_attr(n, self_name)
-                for n in walk(cls, cross_scopes=True)):
+            isinstance(n, cst.Attribute) and n.attr.value == "vocab_size" and self_attr(n, self_name)
+            for n in walk(cls, cross_scopes=True)
+        ):
             plan.vattr, plan.insert_attr = "vocab_size", True
         else:
             return "no attribute can hold the unpadded vocabulary size"
+        return ""
+
+    def _plan_insertion_point(self, init: cst.FunctionDef, plan: _Plan) -> str:
+        """Where `__init__` computes the padded size: before the first statement that builds a layer,
+        which must come after everything the vocabulary size reads (the reason is returned when it
+        cannot, '' otherwise)."""
         if PADDED in names_in(init):
             return f"`{PADDED}` is already a name in `__init__`"
-        # Where the padded size is computed: before the first statement that builds a layer.
         body = list(init.body.body)
         index = len(body)
         for call in plan.embeds + plan.heads:
@@ -510,74 +578,26 @@ class PadVocabulary(Rule):
         later_attrs: set[str] = set()
         for later_stmt in body[index:]:
             later |= _bound_names(later_stmt)
-            later_attrs |= {code(self, n.target) for n in walk(later_stmt)
-                            if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Attribute)}
+            later_attrs |= {
+                code(self, n.target)
+                for n in walk(later_stmt)
+                if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Attribute)
+            }
         used_attrs = {code(self, n) for n in walk(plan.vocab, cross_scopes=True) if isinstance(n, cst.Attribute)}
         if _free_names(plan.vocab) & later or used_attrs & later_attrs:
             return "the vocabulary size is assigned after the layers are built"
         plan.index = index
-        # `.view` on the (non-contiguous) sliced logits becomes `.reshape`.
-        head_calls = {id(c) for c in plan.calls}
-        for fn in walk(cls, cross_scopes=True):
-            if isinstance(fn, cst.FunctionDef) and fn.params.params:
-                plan.views.extend(self._views(fn, head_calls))
         return ""
-
-    def _outside_views(self, cls: cst.ClassDef) -> list[cst.Call]:
-        """`.view(...)` calls outside ``cls`` on what an instance of it returns (`logits, loss = model(x)`)."""
-        name = cls.name.value
-        nodes: list[cst.CSTNode] = []
-        stack: list[cst.CSTNode] = [self.ctx.module]
-        while stack:
-            cur = stack.pop()
-            if cur is cls:
-                continue
-            nodes.append(cur)
-            stack.extend(reversed(cur.children))
-        models = set()
-        for n in nodes:
-            if isinstance(n, cst.Assign) and _instance_of(n.value, name):
-                for t in n.targets:
-                    models |= _target_names(t.target)
-        if not models:
-            return []
-        tainted: set[str] = set()
-
-        def from_model(expr: cst.CSTNode) -> bool:
-            cur = expr
-            while True:
-                if isinstance(cur, cst.Call):
-                    f = cur.func
-                    if isinstance(f, cst.Name):
-                        return f.value in models
-                    if isinstance(f, cst.Attribute):
-                        if isinstance(f.value, cst.Name) and f.value.value in models:
-                            return f.attr.value == "forward"
-                        cur = f.value
-                        continue
-                    return False
-                if isinstance(cur, (cst.Subscript, cst.Attribute)):
-                    cur = cur.value
-                    continue
-                return isinstance(cur, cst.Name) and cur.value in tainted
-
-        assigns = [n for n in nodes if isinstance(n, cst.Assign)]
-        for _ in range(4):
-            before = len(tainted)
-            for a in assigns:
-                if from_model(a.value):
-                    for t in a.targets:
-                        tainted |= _target_names(t.target)
-            if len(tainted) == before:
-                break
-        return [n for n in nodes if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value == "view" and from_model(n.func.value) and self._shape_args(n)]
 
     def _weight_use_ok(self, node: cst.Attribute) -> bool:
         parent = self.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.AssignTarget):
             stmt = self.get_metadata(ParentProvider, parent, None)
-            return isinstance(stmt, cst.Assign) and isinstance(stmt.value, cst.Attribute) and stmt.value.attr.value == "weight"
+            return (
+                isinstance(stmt, cst.Assign)
+                and isinstance(stmt.value, cst.Attribute)
+                and stmt.value.attr.value == "weight"
+            )
         if isinstance(parent, cst.Assign) and parent.value is node:
             return all(isinstance(t.target, cst.Attribute) and t.target.attr.value == "weight" for t in parent.targets)
         if isinstance(parent, cst.Arg):
@@ -587,52 +607,8 @@ class PadVocabulary(Rule):
                 return name.startswith("torch.nn.init.")
         return False
 
-    def _views(self, fn: cst.FunctionDef, head_calls: set[int]) -> list[cst.Call]:
-        self_name = fn.params.params[0].name.value
-        tainted: set[str] = set()
 
-        def from_logits(expr: cst.CSTNode) -> bool:
-            cur = expr
-            while True:
-                if isinstance(cur, cst.Call):
-                    if id(cur) in head_calls:
-                        return True
-                    f = cur.func
-                    if isinstance(f, cst.Name) and f.value == self_name:
-                        return True  # self(...): forward's output
-                    if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == self_name \
-                            and f.attr.value == "forward":
-                        return True
-                    if isinstance(f, cst.Attribute):
-                        cur = f.value
-                        continue
-                    return False
-                if isinstance(cur, (cst.Subscript, cst.Attribute)):
-                    cur = cur.value
-                    continue
-                return isinstance(cur, cst.Name) and cur.value in tainted
-
-        assigns = [n for n in walk(fn.body) if isinstance(n, cst.Assign)]
-        for _ in range(4):
-            before = len(tainted)
-            for a in assigns:
-                if from_logits(a.value):
-                    for t in a.targets:
-                        tainted |= _target_names(t.target)
-            if len(tainted) == before:
-                break
-        out = []
-        for n in walk(fn.body):
-            if (isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "view"
-                    and from_logits(n.func.value) and self._shape_args(n)):
-                out.append(n)
-        return out
-
-    def _shape_args(self, call: cst.Call) -> bool:
-        if not call.args or any(a.keyword is not None or a.star for a in call.args):
-            return False
-        return all(dtype_of(self, a.value) is None and string_value(a.value) is None for a in call.args)
-
-
-_VIEW_MESSAGE = ("`.view` on the logits of `{model}`, whose vocabulary is padded and sliced back: the slice is "
-                 "not contiguous, so `.view` would raise")
+_VIEW_MESSAGE = (
+    "`.view` on the logits of `{model}`, whose vocabulary is padded and sliced back: the slice is "
+    "not contiguous, so `.view` would raise"
+)

@@ -1,7 +1,10 @@
 """TOP831 (``zero_grad(set_to_none=False)``) and TOP832 (hand-written loops that zero every
 gradient). Both become a plain ``zero_grad()``, which sets gradients
 to None (the default since PyTorch 2.0)."""
+
 from __future__ import annotations
+
+import ast as _ast
 
 import libcst as cst
 
@@ -38,15 +41,21 @@ def _zeroing_statement(stmt: cst.CSTNode, var: str) -> str | None:
     if meth not in _ZERO_METHODS:
         return None
     if meth == "requires_grad_":
-        if not (len(call.args) == 1 and isinstance(call.args[0].value, cst.Name) and call.args[0].value.value == "False"):
+        if not (
+            len(call.args) == 1 and isinstance(call.args[0].value, cst.Name) and call.args[0].value.value == "False"
+        ):
             return None
     elif call.args:
         return None
     target = call.func.value
     if isinstance(target, cst.Attribute) and target.attr.value == "data" and meth == "zero_":
         target = target.value
-    if (isinstance(target, cst.Attribute) and target.attr.value == "grad"
-            and isinstance(target.value, cst.Name) and target.value.value == var):
+    if (
+        isinstance(target, cst.Attribute)
+        and target.attr.value == "grad"
+        and isinstance(target.value, cst.Name)
+        and target.value.value == var
+    ):
         return meth
     return None
 
@@ -59,12 +68,17 @@ def _zeroing_body(body: cst.BaseSuite, var: str) -> bool:
     stmts = list(body.body)
     if len(stmts) == 1 and isinstance(stmts[0], cst.If) and stmts[0].orelse is None:
         test = stmts[0].test
-        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-                and isinstance(test.comparisons[0].operator, cst.IsNot)
-                and isinstance(test.comparisons[0].comparator, cst.Name)
-                and test.comparisons[0].comparator.value == "None"
-                and isinstance(test.left, cst.Attribute) and test.left.attr.value == "grad"
-                and isinstance(test.left.value, cst.Name) and test.left.value.value == var):
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.IsNot)
+            and isinstance(test.comparisons[0].comparator, cst.Name)
+            and test.comparisons[0].comparator.value == "None"
+            and isinstance(test.left, cst.Attribute)
+            and test.left.attr.value == "grad"
+            and isinstance(test.left.value, cst.Name)
+            and test.left.value.value == var
+        ):
             return False
         if not isinstance(stmts[0].body, cst.IndentedBlock):
             return False
@@ -79,78 +93,125 @@ def _loop_var(loop: cst.For) -> str | None:
     return loop.target.value
 
 
-def _zeroing_loop_possible(text: str) -> bool:
-    """visit_For's shapes on CPython's ast: ``for <v> in <X>.parameters():`` or ``for <g> in
-    <X>.param_groups:`` around exactly one ``for <v> in <g>["params"]:``, whose body only zeroes
-    ``<v>.grad`` (_zeroing_body: optionally under ``if <v>.grad is not None:``, at least one
-    ``zero_()``), with X a name or ``self.<name>``. True when the text does not parse."""
-    import ast
+def _ast_loop_var(loop: _ast.stmt) -> str | None:
+    """The loop variable of a plain ``for <name> in ...:`` (no ``else``), as _loop_var reads it."""
+    return (
+        loop.target.id
+        if isinstance(loop, _ast.For) and not loop.orelse and isinstance(loop.target, _ast.Name)
+        else None
+    )
 
+
+def _ast_zeroing_statement(stmt: _ast.stmt, var: str) -> str | None:
+    """_zeroing_statement on CPython's ast: the zeroing method ``stmt`` calls on ``<var>.grad``."""
+    call = stmt.value if isinstance(stmt, _ast.Expr) else None
+    if not (isinstance(call, _ast.Call) and isinstance(call.func, _ast.Attribute)):
+        return None
+    meth = call.func.attr
+    if meth not in _ZERO_METHODS:
+        return None
+    nargs = len(call.args) + len(call.keywords)
+    if meth == "requires_grad_":
+        arg = call.args[0] if call.args else (call.keywords[0].value if call.keywords else None)
+        if not (nargs == 1 and isinstance(arg, _ast.Constant) and arg.value is False):
+            return None
+    elif nargs:
+        return None
+    target = call.func.value
+    if isinstance(target, _ast.Attribute) and target.attr == "data" and meth == "zero_":
+        target = target.value
+    if (
+        isinstance(target, _ast.Attribute)
+        and target.attr == "grad"
+        and isinstance(target.value, _ast.Name)
+        and target.value.id == var
+    ):
+        return meth
+    return None
+
+
+def _ast_zeroing_body(body: list[_ast.stmt], var: str) -> bool:
+    """_zeroing_body on CPython's ast (the guard ``if <var>.grad is not None:`` included)."""
+    stmts = body
+    if len(stmts) == 1 and isinstance(stmts[0], _ast.If) and not stmts[0].orelse:
+        t = stmts[0].test
+        if not (
+            isinstance(t, _ast.Compare)
+            and len(t.ops) == 1
+            and isinstance(t.ops[0], _ast.IsNot)
+            and isinstance(t.comparators[0], _ast.Constant)
+            and t.comparators[0].value is None
+            and isinstance(t.left, _ast.Attribute)
+            and t.left.attr == "grad"
+            and isinstance(t.left.value, _ast.Name)
+            and t.left.value.id == var
+        ):
+            return False
+        stmts = stmts[0].body
+    meths = [_ast_zeroing_statement(st, var) for st in stmts]
+    return bool(meths) and all(meths) and "zero_" in meths
+
+
+def _ast_owner_ok(owner: _ast.expr) -> bool:
+    """The receiver visit_For accepts: a name or ``self.<name>``."""
+    return isinstance(owner, _ast.Name) or (
+        isinstance(owner, _ast.Attribute) and isinstance(owner.value, _ast.Name) and owner.value.id == "self"
+    )
+
+
+def _ast_parameters_loop(loop: _ast.For, var: str) -> bool:
+    """``for <var> in <X>.parameters():`` whose body only zeroes ``<var>.grad``."""
+    it = loop.iter
+    return (
+        isinstance(it, _ast.Call)
+        and not it.args
+        and not it.keywords
+        and isinstance(it.func, _ast.Attribute)
+        and it.func.attr == "parameters"
+        and _ast_owner_ok(it.func.value)
+        and _ast_zeroing_body(loop.body, var)
+    )
+
+
+def _ast_param_groups_loop(loop: _ast.For, var: str) -> bool:
+    """``for <var> in <X>.param_groups:`` around exactly one ``for <v> in <var>["params"]:`` whose
+    body only zeroes ``<v>.grad``."""
+    it = loop.iter
+    if not (
+        isinstance(it, _ast.Attribute)
+        and it.attr == "param_groups"
+        and _ast_owner_ok(it.value)
+        and len(loop.body) == 1
+        and isinstance(loop.body[0], _ast.For)
+    ):
+        return False
+    inner = loop.body[0]
+    ivar = _ast_loop_var(inner)
+    sub = inner.iter if isinstance(inner.iter, _ast.Subscript) else None
+    return (
+        ivar is not None
+        and sub is not None
+        and isinstance(sub.value, _ast.Name)
+        and sub.value.id == var
+        and isinstance(sub.slice, _ast.Constant)
+        and sub.slice.value == "params"
+        and _ast_zeroing_body(inner.body, ivar)
+    )
+
+
+def _zeroing_loop_possible(text: str) -> bool:
+    """visit_For's shapes on CPython's ast, a cheap test before the file is parsed with libcst:
+    ``for <v> in <X>.parameters():`` or ``for <g> in <X>.param_groups:`` around exactly one
+    ``for <v> in <g>["params"]:``, whose body only zeroes ``<v>.grad`` (_zeroing_body: optionally
+    under ``if <v>.grad is not None:``, at least one ``zero_()``), with X a name or
+    ``self.<name>``. True when the text does not parse."""
     from torchopt.analysis.precheck.tree import ast_index
 
     index = ast_index(text)
     if index is None:
         return True
-
-    def var_of(loop) -> str | None:
-        return loop.target.id if isinstance(loop, ast.For) and not loop.orelse and isinstance(loop.target, ast.Name) \
-            else None
-
-    def zeroing(stmt, var: str) -> str | None:
-        call = stmt.value if isinstance(stmt, ast.Expr) else None
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
-            return None
-        meth = call.func.attr
-        if meth not in _ZERO_METHODS:
-            return None
-        nargs = len(call.args) + len(call.keywords)
-        if meth == "requires_grad_":
-            arg = call.args[0] if call.args else (call.keywords[0].value if call.keywords else None)
-            if not (nargs == 1 and isinstance(arg, ast.Constant) and arg.value is False):
-                return None
-        elif nargs:
-            return None
-        target = call.func.value
-        if isinstance(target, ast.Attribute) and target.attr == "data" and meth == "zero_":
-            target = target.value
-        if isinstance(target, ast.Attribute) and target.attr == "grad" and isinstance(target.value, ast.Name) \
-                and target.value.id == var:
-            return meth
-        return None
-
-    def zeroing_body(body: list, var: str) -> bool:
-        stmts = body
-        if len(stmts) == 1 and isinstance(stmts[0], ast.If) and not stmts[0].orelse:
-            t = stmts[0].test
-            if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot)
-                    and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None
-                    and isinstance(t.left, ast.Attribute) and t.left.attr == "grad"
-                    and isinstance(t.left.value, ast.Name) and t.left.value.id == var):
-                return False
-            stmts = stmts[0].body
-        meths = [zeroing(st, var) for st in stmts]
-        return bool(meths) and all(meths) and "zero_" in meths
-
-    def owner_ok(owner) -> bool:
-        return isinstance(owner, ast.Name) or (isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name)
-                                               and owner.value.id == "self")
-
-    for loop in index.get(ast.For, ()):
-        var = var_of(loop)
-        if var is None:
-            continue
-        it = loop.iter
-        if isinstance(it, ast.Call) and not it.args and not it.keywords and isinstance(it.func, ast.Attribute) \
-                and it.func.attr == "parameters" and owner_ok(it.func.value) and zeroing_body(loop.body, var):
+    for loop in index.get(_ast.For, ()):
+        var = _ast_loop_var(loop)
+        if var is not None and (_ast_parameters_loop(loop, var) or _ast_param_groups_loop(loop, var)):
             return True
-        if isinstance(it, ast.Attribute) and it.attr == "param_groups" and owner_ok(it.value) \
-                and len(loop.body) == 1 and isinstance(loop.body[0], ast.For):
-            inner = loop.body[0]
-            ivar = var_of(inner)
-            sub = inner.iter if isinstance(inner.iter, ast.Subscript) else None
-            if ivar is not None and sub is not None and isinstance(sub.value, ast.Name) \
-                    and sub.value.id == var \
-                    and isinstance(sub.slice, ast.Constant) and sub.slice.value == "params" \
-                    and zeroing_body(inner.body, ivar):
-                return True
     return False
