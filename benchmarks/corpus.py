@@ -5,6 +5,7 @@ that every output compiles and that a second run changes nothing.
 
     python benchmarks/corpus.py [SRC ...] [--jobs N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,12 +46,18 @@ def main() -> int:
             compile(data, f, "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
             broken.append(f"{f}: {exc}")
-    second = subprocess.run([sys.executable, "-m", "torchopt", "rewrite", work, "--unsafe-fixes", "--check", *jobs],
-                            capture_output=True, text=True)
+    second = subprocess.run(
+        [sys.executable, "-m", "torchopt", "rewrite", work, "--unsafe-fixes", "--check", *jobs],
+        capture_output=True,
+        text=True,
+    )
     errors = [line for line in first.stderr.splitlines() if line.startswith("error:")]
     print(f"files: {len(files)}   wall: {wall:.1f}s   ({len(files) / wall:.0f} files/s)   exit: {first.returncode}")
     print("fixes applied: " + (", ".join(f"{c} {n}" for c, n in sorted(fixed.items())) or "none"))
-    print("diagnostics left (no fix or not applied): " + (", ".join(f"{c} {n}" for c, n in sorted(left.items())) or "none"))
+    print(
+        "diagnostics left (no fix or not applied): "
+        + (", ".join(f"{c} {n}" for c, n in sorted(left.items())) or "none")
+    )
     print(f"files not processed: {len(errors)}")
     for e in errors[:20]:
         print("  " + e)

@@ -7,6 +7,7 @@ after a one-character edit inside each top-level function.
 
 Exit 1 when some file differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,7 @@ def main() -> int:
     ap.add_argument("--select", default=None)
     args = ap.parse_args()
     settings = Overrides(select=tuple(args.select.split(",")) if args.select else None).apply(Settings())
-    files = corpus_files(args.corpus)[::args.every]
+    files = corpus_files(args.corpus)[:: args.every]
     extra: collections.Counter = collections.Counter()
     missing: collections.Counter = collections.Counter()
     bad_files = []

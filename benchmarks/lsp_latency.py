@@ -10,6 +10,7 @@ keystroke. The server checks incrementally (only the edited group of statements 
 rewrite/incremental.py); "check_source alone" is what a full check of the module costs.
 `--profile` prints where check_source spends its time on this module.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -135,8 +136,11 @@ async def measure(text: str, edits: int, options: dict) -> tuple[list[float], in
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
     uri = "file://" + path
-    await client.initialize_async(lsp.InitializeParams(
-        capabilities=lsp.ClientCapabilities(), root_uri="file://" + folder, initialization_options=options))
+    await client.initialize_async(
+        lsp.InitializeParams(
+            capabilities=lsp.ClientCapabilities(), root_uri="file://" + folder, initialization_options=options
+        )
+    )
     client.initialized(lsp.InitializedParams())
 
     async def wait_for(version: int) -> float:
@@ -145,8 +149,11 @@ async def measure(text: str, edits: int, options: dict) -> tuple[list[float], in
             await asyncio.wait_for(event.wait(), 1800)
         return published[version]
 
-    client.text_document_did_open(lsp.DidOpenTextDocumentParams(
-        text_document=lsp.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+    client.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(
+            text_document=lsp.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)
+        )
+    )
     await wait_for(0)
     lines = text.splitlines()
     targets = [i for i, line in enumerate(lines) if "lr=0.05" in line]
@@ -157,10 +164,14 @@ async def measure(text: str, edits: int, options: dict) -> tuple[list[float], in
         line = targets[(k * 7) % len(targets)]
         col = lines[line].index("lr=0.05") + len("lr=0.0")
         change = lsp.TextDocumentContentChangePartial(
-            range=lsp.Range(lsp.Position(line, col), lsp.Position(line, col + 1)), text=str(k % 10))
+            range=lsp.Range(lsp.Position(line, col), lsp.Position(line, col + 1)), text=str(k % 10)
+        )
         t0 = time.perf_counter()
-        client.text_document_did_change(lsp.DidChangeTextDocumentParams(
-            text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=k), content_changes=[change]))
+        client.text_document_did_change(
+            lsp.DidChangeTextDocumentParams(
+                text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=k), content_changes=[change]
+            )
+        )
         latencies.append(await wait_for(k) - t0)
         print(f"  edit {k}: {latencies[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
     n = counts[edits]
@@ -211,8 +222,10 @@ def main() -> int:
     ms = [x * 1000 for x in latencies]
     alone = engine_alone(text, options, args.profile, args.engine_runs) * 1000 if args.engine_runs else None
     print(f"module: {args.lines} lines, {n} diagnostics; {args.edits} edits; debounce {args.debounce_ms:.0f} ms")
-    print(f"didChange -> publishDiagnostics: p50 {percentile(ms, 0.5):.0f} ms, p95 {percentile(ms, 0.95):.0f} ms, "
-          f"max {max(ms):.0f} ms")
+    print(
+        f"didChange -> publishDiagnostics: p50 {percentile(ms, 0.5):.0f} ms, p95 {percentile(ms, 0.95):.0f} ms, "
+        f"max {max(ms):.0f} ms"
+    )
     if cpu is not None:
         print(f"server CPU time per edit: {cpu * 1000:.0f} ms (on a busy machine, wall time exceeds it)")
     if alone is not None:

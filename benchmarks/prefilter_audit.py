@@ -9,6 +9,7 @@ A hidden finding is printed as soon as it is met; Ctrl-C (or SIGTERM) prints the
 audited so far.
 Exit 1 when some prefilter hides a finding, 130 when interrupted before the end without one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=1)
     ap.add_argument("--select", default=None, help="rule codes, comma-separated (default: all)")
     args = ap.parse_args()
-    files = corpus_files(args.corpus)[::args.every]
+    files = corpus_files(args.corpus)[:: args.every]
 
     def texts():
         for i, f in enumerate(files, 1):

@@ -141,14 +141,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkouts", type=Path, help="folder with one owner+name sub-folder per repository")
     parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
-                        help="measure only the scripts whose `repository:path` contains TEXT (repeatable)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="measure only the scripts whose `repository:path` contains TEXT (repeatable)",
+    )
     args = parser.parse_args(argv)
 
     manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
     checkouts = args.checkouts.resolve()
-    header = ["script", "kind", "layout", "findings", "safe fixes", "unsafe fixes", "wrong fixes",
-              "false findings", "misses", "output", "validate"]
+    header = [
+        "script",
+        "kind",
+        "layout",
+        "findings",
+        "safe fixes",
+        "unsafe fixes",
+        "wrong fixes",
+        "false findings",
+        "misses",
+        "output",
+        "validate",
+    ]
     rows = [header]
     totals = Counter()
     amp_targets: list[str] = []
@@ -160,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and not any(text in name for text in args.only):
             continue
         if not (checkouts / relpath).is_file():
-            print(f"error: {checkouts / relpath}: not found (check out {entry['repository']} "
-                  f"at {entry['commit']})", file=sys.stderr)
+            print(
+                f"error: {checkouts / relpath}: not found (check out {entry['repository']} at {entry['commit']})",
+                file=sys.stderr,
+            )
             missing = True
             continue
         print(f"measuring {name}", file=sys.stderr)
@@ -185,29 +203,44 @@ def main(argv: list[str] | None = None) -> int:
             false=len(entry["false_findings"]),
             misses=len(entry["misses"]),
         )
-        rows.append([
-            f"{name} @{entry['commit'][:7]}",
-            entry["kind"],
-            ",".join(entry["layout"]),
-            f"{sum(m.findings.values())} ({codes_text(m.findings)})",
-            f"{sum(m.safe_fixes.values())} ({codes_text(m.safe_fixes)})",
-            f"{sum(m.unsafe_fixes.values())} ({codes_text(m.unsafe_fixes)})",
-            counted(entry["wrong_fixes"]),
-            counted(entry["false_findings"]),
-            counted(entry["misses"]),
-            status,
-            entry.get("validate", "not run"),
-        ])
-    rows.append([
-        f"total ({len(rows) - 1} scripts)", "", "", str(totals["findings"]), str(totals["safe"]),
-        str(totals["unsafe"]), str(totals["wrong"]), str(totals["false"]), str(totals["misses"]), "", "",
-    ])
+        rows.append(
+            [
+                f"{name} @{entry['commit'][:7]}",
+                entry["kind"],
+                ",".join(entry["layout"]),
+                f"{sum(m.findings.values())} ({codes_text(m.findings)})",
+                f"{sum(m.safe_fixes.values())} ({codes_text(m.safe_fixes)})",
+                f"{sum(m.unsafe_fixes.values())} ({codes_text(m.unsafe_fixes)})",
+                counted(entry["wrong_fixes"]),
+                counted(entry["false_findings"]),
+                counted(entry["misses"]),
+                status,
+                entry.get("validate", "not run"),
+            ]
+        )
+    rows.append(
+        [
+            f"total ({len(rows) - 1} scripts)",
+            "",
+            "",
+            str(totals["findings"]),
+            str(totals["safe"]),
+            str(totals["unsafe"]),
+            str(totals["wrong"]),
+            str(totals["false"]),
+            str(totals["misses"]),
+            "",
+            "",
+        ]
+    )
     print(render(rows, args.markdown))
     if amp_targets:
         share = 100 * len(amp_inserted) // len(amp_targets)
         left = sorted(set(amp_targets) - set(amp_inserted))
-        print(f"\nAMP (TOP202) inserted on {len(amp_inserted)} of {len(amp_targets)} single-GPU float32 training "
-              f"scripts ({share} %)" + (f"; not on: {', '.join(left)}" if left else ""))
+        print(
+            f"\nAMP (TOP202) inserted on {len(amp_inserted)} of {len(amp_targets)} single-GPU float32 training "
+            f"scripts ({share} %)" + (f"; not on: {', '.join(left)}" if left else "")
+        )
     if missing or failed:
         return 2
     return 1 if broken else 0

@@ -9,6 +9,7 @@ each. Configurations are interleaved round by round (after one warm-up run) and 
 first run's warm-up weigh little. "share" is what leaving that one path out costs, as a % of the run
 with all paths. Every configuration must give the same diagnostics; the script exits 1 if not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,13 @@ def main() -> int:
     ap.add_argument("corpus", type=Path)
     ap.add_argument("--every", type=int, default=9, help="measure every K-th file (default 9)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each configuration (default 3)")
-    ap.add_argument("--leave-out", action="append", choices=speedups.DEFAULT, metavar="NAME",
-                    help="measure 'all but NAME' for these paths only (repeatable; default: every one)")
+    ap.add_argument(
+        "--leave-out",
+        action="append",
+        choices=speedups.DEFAULT,
+        metavar="NAME",
+        help="measure 'all but NAME' for these paths only (repeatable; default: every one)",
+    )
     args = ap.parse_args()
     if not speedups.supported(speedups.libcst_version()):
         print("this LibCST version is outside the tested range: nothing to measure", file=sys.stderr)
@@ -86,8 +92,10 @@ def main() -> int:
             print(f"  {label}: {spent:.2f} s", file=sys.stderr, flush=True)
     lines = sum(text.count("\n") for _, text in files)
     total = best["all"]
-    print(f"{len(files)} files, {lines} lines, every {args.every}th file of {args.corpus}, "
-          f"min of {args.rounds} rounds, CPU s of one process")
+    print(
+        f"{len(files)} files, {lines} lines, every {args.every}th file of {args.corpus}, "
+        f"min of {args.rounds} rounds, CPU s of one process"
+    )
     print("| configuration | CPU s | share |")
     print("|---|---|---|")
     print(f"| all fast paths | {total:.2f} | |")

@@ -9,6 +9,7 @@ written to the corpus: both tools only read it (check, --diff); the cache goes t
 Wall seconds are what a user waits; CPU seconds (this process's children, user + system) are less
 sensitive to other load on the machine. lines/s is lines over wall seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,9 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(
+    cmd: list[str], env: dict | None = None, cwd: str | None = None
+) -> tuple[float, float, subprocess.CompletedProcess]:
     cpu0, t0 = _children_cpu(), time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     return time.perf_counter() - t0, _children_cpu() - cpu0, out
@@ -77,7 +80,7 @@ def _parse_chunk(paths: list[str]) -> int:
 
 def parse_only(files: list[str], jobs: int) -> tuple[float, float]:
     """LibCST parse of every file, in `jobs` worker processes (wall s, CPU s of the workers)."""
-    chunks = [files[i::jobs * 8] for i in range(jobs * 8)]
+    chunks = [files[i :: jobs * 8] for i in range(jobs * 8)]
     t0 = time.perf_counter()
     before = _children_cpu()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -133,17 +136,27 @@ def main() -> int:
     ap.add_argument("--select", default=None, help="torchopt rule selection (default: the configured one)")
     ap.add_argument("--skip", action="append", default=[], choices=["parse", "check", "rewrite", "torchfix"])
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    ap.add_argument("--per-rule", type=int, default=0, metavar="N",
-                    help="also estimate each rule's cost alone from N sampled files it could match")
-    ap.add_argument("--every", type=int, default=1, metavar="K",
-                    help="use every K-th file of the corpus only (copied to a temp folder): a quicker side-by-side")
+    ap.add_argument(
+        "--per-rule",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also estimate each rule's cost alone from N sampled files it could match",
+    )
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        metavar="K",
+        help="use every K-th file of the corpus only (copied to a temp folder): a quicker side-by-side",
+    )
     args = ap.parse_args()
 
     files = corpus_files(args.corpus)
     if args.every > 1:
         sub = tempfile.mkdtemp(prefix="torchopt-corpus-")
         base = os.path.abspath(args.corpus)
-        for f in files[::args.every]:
+        for f in files[:: args.every]:
             dest = os.path.join(sub, os.path.relpath(os.path.abspath(f), base))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             shutil.copyfile(f, dest)
@@ -168,8 +181,11 @@ def _measure(args: argparse.Namespace, files: list[str], lines: int) -> int:
     import torchopt
 
     snap = tempfile.mkdtemp(prefix="torchopt-snapshot-")
-    shutil.copytree(os.path.dirname(os.path.abspath(torchopt.__file__)), os.path.join(snap, "torchopt"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        os.path.dirname(os.path.abspath(torchopt.__file__)),
+        os.path.join(snap, "torchopt"),
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     env["PYTHONPATH"] = snap + os.pathsep + env.get("PYTHONPATH", "")
     atexit.register(shutil.rmtree, snap, True)
     corpus = os.path.abspath(args.corpus)  # the commands run in the snapshot folder (`-m` imports from there)
@@ -200,8 +216,10 @@ def _measure(args: argparse.Namespace, files: list[str], lines: int) -> int:
         print(f"  torchfix: {wall:.1f}s ({summary})", file=sys.stderr)
 
     if args.per_rule:
-        print(f"\nper rule (alone, parse included; CPU s estimated for the whole corpus from {args.per_rule} "
-              "sampled files each):")
+        print(
+            f"\nper rule (alone, parse included; CPU s estimated for the whole corpus from {args.per_rule} "
+            "sampled files each):"
+        )
         print(f"{'rule':<8} {'files passing':>13} {'lines passing':>13} {'est. CPU s':>10}")
         for code, share_files, share_lines, est in per_rule(files, args.per_rule):
             print(f"{code:<8} {share_files:>12.0%} {share_lines:>13.0%} {est:>10.1f}")
@@ -212,7 +230,9 @@ def _measure(args: argparse.Namespace, files: list[str], lines: int) -> int:
     table = []
     for r in rows:
         vs = f"{base.wall / r.wall:.1f}x" if base and r.wall else ""
-        table.append([r.what, str(r.files), str(r.lines), f"{r.wall:.1f}", f"{r.cpu:.1f}", f"{r.rate:,.0f}", vs, r.note])
+        table.append(
+            [r.what, str(r.files), str(r.lines), f"{r.wall:.1f}", f"{r.cpu:.1f}", f"{r.rate:,.0f}", vs, r.note]
+        )
     if not table:
         return 0
     if args.markdown:

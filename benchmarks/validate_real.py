@@ -16,6 +16,7 @@ Patches are the smallest that make a script run on a CPU in seconds: shrink the 
 data, point the device at the CPU, and replace downloads with synthetic tensors. None of them
 touches the training step, which is what the rewrite changes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # made of deterministic synthetic tensors, and the transforms they use on them.
 TORCHVISION = {
     "torchvision/__init__.py": "from . import datasets, transforms, utils, models\n",
-    "torchvision/transforms.py": '''\
+    "torchvision/transforms.py": """\
 import torch
 
 
@@ -68,7 +69,7 @@ def _identity(*args, **kwargs):
 
 
 Resize = CenterCrop = RandomResizedCrop = RandomHorizontalFlip = _identity
-''',
+""",
     "torchvision/datasets.py": '''\
 import torch
 
@@ -131,56 +132,136 @@ class Case:
 
 
 CASES = [
-    Case("nanoGPT train.py", "GPT LM, wall-clock logging, AdamW, GradScaler", "karpathy+nanoGPT",
-         ("train.py", "model.py"),
-         patches=(("train.py", "exec(open('configurator.py').read())", "pass  # (configurator.py not copied)"),
-                  ("train.py", "gradient_accumulation_steps = 5 * 8", "gradient_accumulation_steps = 2"),
-                  ("train.py", "batch_size = 12 #", "batch_size = 2 #"),
-                  ("train.py", "block_size = 1024", "block_size = 16"),
-                  ("train.py", "n_layer = 12", "n_layer = 1"), ("train.py", "n_head = 12", "n_head = 2"),
-                  ("train.py", "n_embd = 768", "n_embd = 16"),
-                  ("train.py", "eval_interval = 2000", "eval_interval = 100000"),
-                  ("train.py", "eval_iters = 200", "eval_iters = 1"),
-                  ("train.py", "device = 'cuda' #", "device = 'cpu' #"),
-                  ("train.py", "compile = True #", "compile = False #")),
-         data="nanogpt", steps=4),
-    Case("examples mnist/main.py", "CNN, Adadelta, StepLR, argparse", "pytorch+examples", ("mnist/main.py",),
-         args=("--batch-size", "16", "--epochs", "2"), extra=TORCHVISION),
-    Case("examples vae/main.py", "VAE, Adam, save_image", "pytorch+examples", ("vae/main.py",),
-         args=("--batch-size", "16", "--epochs", "2"), extra=TORCHVISION),
-    Case("examples word_language_model/main.py", "LSTM LM, tuple hidden state, repackage_hidden",
-         "pytorch+examples", ("word_language_model/main.py", "word_language_model/model.py",
-                              "word_language_model/data.py"),
-         args=("--emsize", "16", "--nhid", "16", "--bptt", "8", "--batch_size", "4", "--epochs", "2",
-               "--use-optimizer", "--lr", "0.01", "--data", "./corpus"), data="corpus"),
-    Case("examples ddp-tutorial-series/single_gpu.py", "trainer class, SGD, checkpoints", "pytorch+examples",
-         ("distributed/ddp-tutorial-series/single_gpu.py", "distributed/ddp-tutorial-series/datautils.py"),
-         patches=(("single_gpu.py", "MyTrainDataset(2048)", "MyTrainDataset(64)"),
-                  ("single_gpu.py", "device = 0", "device = 'cpu'")),
-         args=("3", "1", "--batch_size", "8")),
+    Case(
+        "nanoGPT train.py",
+        "GPT LM, wall-clock logging, AdamW, GradScaler",
+        "karpathy+nanoGPT",
+        ("train.py", "model.py"),
+        patches=(
+            ("train.py", "exec(open('configurator.py').read())", "pass  # (configurator.py not copied)"),
+            ("train.py", "gradient_accumulation_steps = 5 * 8", "gradient_accumulation_steps = 2"),
+            ("train.py", "batch_size = 12 #", "batch_size = 2 #"),
+            ("train.py", "block_size = 1024", "block_size = 16"),
+            ("train.py", "n_layer = 12", "n_layer = 1"),
+            ("train.py", "n_head = 12", "n_head = 2"),
+            ("train.py", "n_embd = 768", "n_embd = 16"),
+            ("train.py", "eval_interval = 2000", "eval_interval = 100000"),
+            ("train.py", "eval_iters = 200", "eval_iters = 1"),
+            ("train.py", "device = 'cuda' #", "device = 'cpu' #"),
+            ("train.py", "compile = True #", "compile = False #"),
+        ),
+        data="nanogpt",
+        steps=4,
+    ),
+    Case(
+        "examples mnist/main.py",
+        "CNN, Adadelta, StepLR, argparse",
+        "pytorch+examples",
+        ("mnist/main.py",),
+        args=("--batch-size", "16", "--epochs", "2"),
+        extra=TORCHVISION,
+    ),
+    Case(
+        "examples vae/main.py",
+        "VAE, Adam, save_image",
+        "pytorch+examples",
+        ("vae/main.py",),
+        args=("--batch-size", "16", "--epochs", "2"),
+        extra=TORCHVISION,
+    ),
+    Case(
+        "examples word_language_model/main.py",
+        "LSTM LM, tuple hidden state, repackage_hidden",
+        "pytorch+examples",
+        ("word_language_model/main.py", "word_language_model/model.py", "word_language_model/data.py"),
+        args=(
+            "--emsize",
+            "16",
+            "--nhid",
+            "16",
+            "--bptt",
+            "8",
+            "--batch_size",
+            "4",
+            "--epochs",
+            "2",
+            "--use-optimizer",
+            "--lr",
+            "0.01",
+            "--data",
+            "./corpus",
+        ),
+        data="corpus",
+    ),
+    Case(
+        "examples ddp-tutorial-series/single_gpu.py",
+        "trainer class, SGD, checkpoints",
+        "pytorch+examples",
+        ("distributed/ddp-tutorial-series/single_gpu.py", "distributed/ddp-tutorial-series/datautils.py"),
+        patches=(
+            ("single_gpu.py", "MyTrainDataset(2048)", "MyTrainDataset(64)"),
+            ("single_gpu.py", "device = 0", "device = 'cpu'"),
+        ),
+        args=("3", "1", "--batch_size", "8"),
+    ),
     # --dataset fake is the script's own synthetic data (the stand-in FakeData); 64x64 is the only image
     # size its layer stack accepts, so the model is shrunk through --nz/--ngf/--ndf instead.
-    Case("examples dcgan/main.py", "GAN, two Adam optimizers, BCELoss, argparse", "pytorch+examples",
-         ("dcgan/main.py",),
-         args=("--dataset", "fake", "--workers", "0", "--batchSize", "8", "--imageSize", "64", "--nz", "16",
-               "--ngf", "8", "--ndf", "8", "--niter", "1"), extra=TORCHVISION),
+    Case(
+        "examples dcgan/main.py",
+        "GAN, two Adam optimizers, BCELoss, argparse",
+        "pytorch+examples",
+        ("dcgan/main.py",),
+        args=(
+            "--dataset",
+            "fake",
+            "--workers",
+            "0",
+            "--batchSize",
+            "8",
+            "--imageSize",
+            "64",
+            "--nz",
+            "16",
+            "--ngf",
+            "8",
+            "--ndf",
+            "8",
+            "--niter",
+            "1",
+        ),
+        extra=TORCHVISION,
+    ),
     # --dummy is the script's own synthetic data (FakeData at 224x224, 1000 classes); resnet18 is the
     # stand-in's tiny CNN.
-    Case("examples imagenet/main.py", "ImageNet-style, argparse, SGD + StepLR, AverageMeter, --dummy data",
-         "pytorch+examples", ("imagenet/main.py",),
-         args=("--dummy", "-a", "resnet18", "-j", "0", "-b", "4", "--epochs", "1", "-p", "1"), extra=TORCHVISION),
-    Case("examples ddp-tutorial-series/multigpu_torchrun.py", "DDP under torchrun (2 ranks, gloo), trainer class",
-         "pytorch+examples",
-         ("distributed/ddp-tutorial-series/multigpu_torchrun.py", "distributed/ddp-tutorial-series/datautils.py"),
-         patches=(("multigpu_torchrun.py", 'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))',
-                   "pass  # (CPU: no device to select)"),
-                  ("multigpu_torchrun.py", 'backend="nccl"', 'backend="gloo"'),
-                  ("multigpu_torchrun.py", "model.to(self.gpu_id)", 'model.to("cpu")'),
-                  ("multigpu_torchrun.py", "device_ids=[self.gpu_id]", "device_ids=None"),
-                  ("multigpu_torchrun.py", "source.to(self.gpu_id)", 'source.to("cpu")'),
-                  ("multigpu_torchrun.py", "targets.to(self.gpu_id)", 'targets.to("cpu")'),
-                  ("multigpu_torchrun.py", "MyTrainDataset(2048)", "MyTrainDataset(64)")),
-         args=("5", "1", "--batch_size", "8"), nproc=2),
+    Case(
+        "examples imagenet/main.py",
+        "ImageNet-style, argparse, SGD + StepLR, AverageMeter, --dummy data",
+        "pytorch+examples",
+        ("imagenet/main.py",),
+        args=("--dummy", "-a", "resnet18", "-j", "0", "-b", "4", "--epochs", "1", "-p", "1"),
+        extra=TORCHVISION,
+    ),
+    Case(
+        "examples ddp-tutorial-series/multigpu_torchrun.py",
+        "DDP under torchrun (2 ranks, gloo), trainer class",
+        "pytorch+examples",
+        ("distributed/ddp-tutorial-series/multigpu_torchrun.py", "distributed/ddp-tutorial-series/datautils.py"),
+        patches=(
+            (
+                "multigpu_torchrun.py",
+                'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))',
+                "pass  # (CPU: no device to select)",
+            ),
+            ("multigpu_torchrun.py", 'backend="nccl"', 'backend="gloo"'),
+            ("multigpu_torchrun.py", "model.to(self.gpu_id)", 'model.to("cpu")'),
+            ("multigpu_torchrun.py", "device_ids=[self.gpu_id]", "device_ids=None"),
+            ("multigpu_torchrun.py", "source.to(self.gpu_id)", 'source.to("cpu")'),
+            ("multigpu_torchrun.py", "targets.to(self.gpu_id)", 'targets.to("cpu")'),
+            ("multigpu_torchrun.py", "MyTrainDataset(2048)", "MyTrainDataset(64)"),
+        ),
+        args=("5", "1", "--batch_size", "8"),
+        nproc=2,
+    ),
 ]
 
 
@@ -243,8 +324,22 @@ def loss_drift(rows: list[dict]) -> dict:
 
 
 def validate(script: Path, case: Case, unsafe: bool, timeout: int, steps: int | None = None) -> dict:
-    cmd = [sys.executable, "-m", "torchopt", "validate", str(script), "--device", "cpu", "--json",
-           "--steps", str(steps or case.steps), "--timeout", str(timeout), "--jobs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchopt",
+        "validate",
+        str(script),
+        "--device",
+        "cpu",
+        "--json",
+        "--steps",
+        str(steps or case.steps),
+        "--timeout",
+        str(timeout),
+        "--jobs",
+        "2",
+    ]
     cmd += ["--unsafe-fixes"] if unsafe else []
     cmd += ["--nproc", str(case.nproc)] if case.nproc > 1 else []
     cmd += ["--", *case.args] if case.args else []
@@ -256,11 +351,18 @@ def validate(script: Path, case: Case, unsafe: bool, timeout: int, steps: int | 
     except json.JSONDecodeError:
         out = {"verdict": "error", "headline": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     culprits = [f"{c['code']}:{c['line']}" for c in (out.get("bisect") or {}).get("culprits", [])]
-    return {"verdict": out.get("verdict"), "headline": out.get("headline"), "seconds": round(took, 1),
-            "fixes": [f"{f['code']}:{f['line']}" for f in out.get("applied", [])], "culprits": culprits,
-            "exit": proc.returncode, "steps": steps or case.steps, "tolerance": out.get("tolerance"),
-            "notes": out.get("notes") or [],
-            **loss_drift(out.get("rows") or [])}
+    return {
+        "verdict": out.get("verdict"),
+        "headline": out.get("headline"),
+        "seconds": round(took, 1),
+        "fixes": [f"{f['code']}:{f['line']}" for f in out.get("applied", [])],
+        "culprits": culprits,
+        "exit": proc.returncode,
+        "steps": steps or case.steps,
+        "tolerance": out.get("tolerance"),
+        "notes": out.get("notes") or [],
+        **loss_drift(out.get("rows") or []),
+    }
 
 
 def main() -> int:
@@ -298,8 +400,10 @@ def main() -> int:
         drift_text = "—" if not drift else f"{drift:.2%}"
         if r.get("loss_err_of_scale_after20"):
             drift_text += f" ({r['loss_err_of_scale_after20']:.2%} after step 20)"
-        print(f"| {r['case']} ({r['mode']}, {r['steps']} steps) | {r['kind']} | {fixes} | {verdict} | {drift_text} | "
-              f"{r['seconds']} | {'yes' if r['right'] else 'NO'} |")
+        print(
+            f"| {r['case']} ({r['mode']}, {r['steps']} steps) | {r['kind']} | {fixes} | {verdict} | {drift_text} | "
+            f"{r['seconds']} | {'yes' if r['right'] else 'NO'} |"
+        )
     Path(a.json_out).write_text(json.dumps(results, indent=2))
     return 0 if all(r["right"] for r in results) else 1
 

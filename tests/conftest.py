@@ -10,11 +10,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 # runs them after it. They are whole programs under `torchopt validate`, torchrun on two ranks, Ray,
 # process signals, and the audit of every rule without its prefilter.
 SLOW_MODULES = {
-    "test_validate", "test_validate_gate", "test_reliability_validate", "test_ddp_fixtures",
-    "test_pad_validate", "test_pad_conv_validate", "test_prefilter_sound",
+    "test_validate",
+    "test_validate_gate",
+    "test_reliability_validate",
+    "test_ddp_fixtures",
+    "test_pad_validate",
+    "test_pad_conv_validate",
+    "test_prefilter_sound",
 }
-SLOW_TESTS = re.compile(r"validat|torchrun|gloo|two_ranks|ray_executor|bench|keep_every_value_bitwise"
-                        r"|stop_signal|killed_parent|workers_die")
+SLOW_TESTS = re.compile(
+    r"validat|torchrun|gloo|two_ranks|ray_executor|bench|keep_every_value_bitwise"
+    r"|stop_signal|killed_parent|workers_die"
+)
 
 
 def pytest_collection_modifyitems(items):

@@ -7,6 +7,7 @@ every optimizer that stepped (so models local to ``main()`` are seen too).
 Each rank writes OUT_DIR/rank<R>.pt: {"params": [tensor, ...], "writes": [path, ...],
 "stdout": str, "stderr": str}.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -53,8 +54,10 @@ def main() -> int:
         sys.stdout, sys.stderr, sys.argv = old_out, old_err, old_argv
         builtins.open, torch.save = real_open, real_save
     params = [p.detach().cpu().clone() for opt in optimizers for g in opt.param_groups for p in g["params"]]
-    torch.save({"params": params, "writes": sorted(set(writes)), "stdout": out.getvalue(), "stderr": err.getvalue()},
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.save(
+        {"params": params, "writes": sorted(set(writes)), "stdout": out.getvalue(), "stderr": err.getvalue()},
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
     sys.stderr.write(err.getvalue())
     return 0
 

@@ -1,5 +1,6 @@
 """Shared helpers of the layout tests: build a small project under tmp_path, run the command line
 on one file of it, and hash the whole tree before and after."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,11 @@ import torchopt.cli
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def make_project(tmp_path: Path, main: str) -> tuple[Path, Path]:

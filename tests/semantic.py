@@ -1,6 +1,7 @@
 """Execute two versions of a program on the CPU under the same seeds and compare what they computed,
 bitwise: every tensor (values, dtype, device, requires_grad, is_leaf), module states, and the RNG
 state afterwards (a safe fix must draw the same random numbers)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,10 +21,16 @@ def torch_globals_restored() -> Iterator[None]:
     """Programs run in this process may switch process-wide torch settings (default dtype,
     matmul precision, cuDNN and determinism flags, anomaly mode, grad mode); later tests must not
     inherit them."""
-    saved = (torch.get_default_dtype(), torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled(), torch.is_anomaly_enabled(),
-             torch.is_grad_enabled())
+    saved = (
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.is_anomaly_enabled(),
+        torch.is_grad_enabled(),
+    )
     try:
         yield
     finally:

@@ -3,6 +3,7 @@
 Golden fixtures (fixtures/amp_*), validation on the CPU within the AMP tolerances, the
 float16 + GradScaler control flow exercised on the CPU, and the refusals and options.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,13 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NAMES = sorted(p.name for p in FIXTURES.glob("amp_*") if (p / "before.py").is_file())
 TOP2 = Settings(select=("TOP2",))
 # Fixtures the AMP rules rewrite (the others, e.g. amp_already, may still get other families' fixes).
-CHANGED = [n for n in NAMES if "autocast" in (FIXTURES / n / "after_unsafe.py").read_text()
-           and (FIXTURES / n / "before.py").read_text().count("autocast")
-           != (FIXTURES / n / "after_unsafe.py").read_text().count("autocast")]
+CHANGED = [
+    n
+    for n in NAMES
+    if "autocast" in (FIXTURES / n / "after_unsafe.py").read_text()
+    and (FIXTURES / n / "before.py").read_text().count("autocast")
+    != (FIXTURES / n / "after_unsafe.py").read_text().count("autocast")
+]
 
 
 def _read(name: str, which: str) -> str:
@@ -30,8 +35,18 @@ def _read(name: str, which: str) -> str:
 
 
 def test_amp_fixtures_exist():
-    assert {"amp_plain_loop", "amp_clipping", "amp_accumulation", "amp_gan", "amp_scheduler", "amp_checkpoint",
-            "amp_eval", "amp_train_function", "amp_already", "amp_deprecated_api"} <= set(NAMES)
+    assert {
+        "amp_plain_loop",
+        "amp_clipping",
+        "amp_accumulation",
+        "amp_gan",
+        "amp_scheduler",
+        "amp_checkpoint",
+        "amp_eval",
+        "amp_train_function",
+        "amp_already",
+        "amp_deprecated_api",
+    } <= set(NAMES)
     for name in NAMES:
         for f in ("after_unsafe.py", "after_safe.py", "notes.md"):
             assert (FIXTURES / name / f).is_file(), f"{name}/{f} missing"
@@ -80,8 +95,18 @@ def test_validates_on_cpu(name):
     from torchopt.validate.command import validate
 
     settings = Settings(select=("TOP2",), unsafe_fixes=True)
-    out = validate(str(FIXTURES / name / "before.py"), None, settings, unsafe=True, steps=3, device="cpu",
-                   argv=(), entry=None, nproc=1, timeout=120)
+    out = validate(
+        str(FIXTURES / name / "before.py"),
+        None,
+        settings,
+        unsafe=True,
+        steps=3,
+        device="cpu",
+        argv=(),
+        entry=None,
+        nproc=1,
+        timeout=120,
+    )
     assert out.exit_code == 0, out.text
 
 
@@ -98,16 +123,18 @@ print("DTYPE", ns.get("amp_dtype"))
 
 
 # A step that updates its parameters by hand gets bfloat16 and no scaler whatever the option: no float16 path.
-@pytest.mark.parametrize("name", [n for n in CHANGED if "amp_dtype = torch.bfloat16\n" not in
-                                  (FIXTURES / n / "after_unsafe.py").read_text()])
+@pytest.mark.parametrize(
+    "name", [n for n in CHANGED if "amp_dtype = torch.bfloat16\n" not in (FIXTURES / n / "after_unsafe.py").read_text()]
+)
 def test_fp16_control_flow_on_cpu(name, tmp_path):
     """The rewrite with its dtype choice forced to float16: float16 CPU autocast with an enabled
     GradScaler('cpu'); catches double unscale_, update() placement and closure errors."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     path = tmp_path / "after_unsafe.py"
     path.write_text(force_float16(_read(name, "after_unsafe")))
-    r = subprocess.run([sys.executable, "-c", _PROBE, str(path)], cwd=path.parent, env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(path)], cwd=path.parent, env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "RuntimeError" not in r.stderr and "AssertionError" not in r.stderr
     if name == "amp_deprecated_api":
@@ -119,8 +146,7 @@ def test_fp16_control_flow_on_cpu(name, tmp_path):
 
 def force_float16(text: str) -> str:
     """The inserted dtype choice made float16 everywhere (a CPU then runs the GradScaler path)."""
-    forced = re.sub(r'(amp_dtype\w*) = (\w+)\.float16 if \w+ == "cuda" else \w+\.bfloat16',
-                    r"\1 = \2.float16", text)
+    forced = re.sub(r'(amp_dtype\w*) = (\w+)\.float16 if \w+ == "cuda" else \w+\.bfloat16', r"\1 = \2.float16", text)
     assert forced != text or "amp_dtype" not in text
     return forced
 
@@ -136,10 +162,14 @@ def test_inserted_code_has_no_switches_or_tool_names(name):
 
 # ----------------------------------------------------------------------------- unit cases
 
-_H = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-      "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n")
-_LOOP = ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
-         "    loss = nn.functional.mse_loss(out, y)\n    loss.backward()\n    optimizer.step()\n")
+_H = (
+    "import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+    "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+)
+_LOOP = (
+    "for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n"
+    "    loss = nn.functional.mse_loss(out, y)\n    loss.backward()\n    optimizer.step()\n"
+)
 
 
 def _fix(src: str, **opts) -> str:
@@ -163,8 +193,11 @@ def test_select_top202_alone_is_complete_fp16():
 
 
 def test_reuses_torch_alias_and_avoids_taken_names():
-    src = (_H + "scaler = 3\namp_dtype = None\n" + _LOOP).replace("torch.", "T.") \
+    src = (
+        (_H + "scaler = 3\namp_dtype = None\n" + _LOOP)
+        .replace("torch.", "T.")
         .replace("import torch\nimport T.nn as nn\n", "import torch as T\nimport torch.nn as nn\n")
+    )
     out = _fix(src)
     assert "scaler_1 = T.amp.GradScaler(amp_device_type" in out
     assert 'amp_dtype_1 = T.float16 if amp_device_type == "cuda" else T.bfloat16' in out
@@ -173,21 +206,33 @@ def test_reuses_torch_alias_and_avoids_taken_names():
 
 
 def test_backward_kwargs_and_step_result_kept():
-    src = _H + ("for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n"
-                "    loss.backward(retain_graph=True)\n    r = optimizer.step()\n")
+    src = _H + (
+        "for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n"
+        "    loss.backward(retain_graph=True)\n    r = optimizer.step()\n"
+    )
     out = _fix(src)
     assert "scaler.scale(loss).backward(retain_graph=True)" in out
     assert "r = scaler.step(optimizer)\n    scaler.update()" in out
 
 
-@pytest.mark.parametrize("body,reason", [
-    ("    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n    optimizer.step(lambda: loss)\n",
-     "closure"),
-    ("    out = model(x)\n    g = torch.autograd.grad(out.sum(), x, create_graph=True)[0]\n"
-     "    loss = out.mean() + g.pow(2).mean()\n    loss.backward()\n    optimizer.step()\n", "autograd.grad"),
-    ("    out = model(x)\n    print(out)\n    loss = out.mean()\n    loss.backward()\n    optimizer.step()\n",
-     "cannot run under autocast"),
-])
+@pytest.mark.parametrize(
+    "body,reason",
+    [
+        (
+            "    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n    optimizer.step(lambda: loss)\n",
+            "closure",
+        ),
+        (
+            "    out = model(x)\n    g = torch.autograd.grad(out.sum(), x, create_graph=True)[0]\n"
+            "    loss = out.mean() + g.pow(2).mean()\n    loss.backward()\n    optimizer.step()\n",
+            "autograd.grad",
+        ),
+        (
+            "    out = model(x)\n    print(out)\n    loss = out.mean()\n    loss.backward()\n    optimizer.step()\n",
+            "cannot run under autocast",
+        ),
+    ],
+)
 def test_refusals_are_display_only(body, reason):
     src = _H + "for x, y in batches:\n" + body
     diags = [d for d in check_source(src, TOP2).diagnostics if d.code == "TOP202"]
@@ -220,8 +265,10 @@ def test_eval_loop_in_training_script_untouched():
 
 
 def test_fp16_autocast_without_scaler_flagged_by_top203():
-    src = _H + ("for x, y in batches:\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n"
-                "    loss.backward()\n    optimizer.step()\n")
+    src = _H + (
+        "for x, y in batches:\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n"
+        "    loss.backward()\n    optimizer.step()\n"
+    )
     assert [c for c, _ in _codes(src)] == ["TOP203"]
     assert _fix(src) == src
 
@@ -235,8 +282,10 @@ def test_step_in_function_uses_module_level_setup():
 # ----------------------------------------------------------------------------- BCE, DataParallel, checkpoints,
 # several losses, autograd.backward
 
-_STEP = ("for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = {loss}\n"
-         "    loss.backward()\n    optimizer.step()\n")
+_STEP = (
+    "for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = {loss}\n"
+    "    loss.backward()\n    optimizer.step()\n"
+)
 _HF = _H.replace("import torch.nn as nn\n", "import torch.nn as nn\nimport torch.nn.functional as F\n", 1)
 
 
@@ -246,13 +295,16 @@ def _refused(src: str, reason: str) -> None:
     assert _fix(src) == src
 
 
-@pytest.mark.parametrize("pre,loss", [
-    ("", "F.binary_cross_entropy(torch.sigmoid(out), y)"),
-    ("", "torch.nn.functional.binary_cross_entropy(out.sigmoid(), y)"),
-    ("crit = nn.BCELoss()\n", "crit(torch.sigmoid(out), y)"),
-    ("", "nn.BCELoss()(torch.sigmoid(out), y)"),
-    ("def loss_fn(o, t):\n    return F.binary_cross_entropy(o.sigmoid(), t)\n", "loss_fn(out, y)"),
-])
+@pytest.mark.parametrize(
+    "pre,loss",
+    [
+        ("", "F.binary_cross_entropy(torch.sigmoid(out), y)"),
+        ("", "torch.nn.functional.binary_cross_entropy(out.sigmoid(), y)"),
+        ("crit = nn.BCELoss()\n", "crit(torch.sigmoid(out), y)"),
+        ("", "nn.BCELoss()(torch.sigmoid(out), y)"),
+        ("def loss_fn(o, t):\n    return F.binary_cross_entropy(o.sigmoid(), t)\n", "loss_fn(out, y)"),
+    ],
+)
 def test_bce_never_under_autocast(pre, loss):
     """CUDA autocast raises on binary cross-entropy: only the forward goes under it, and the loss
     reads its output upcast to float32."""
@@ -273,17 +325,22 @@ def test_bce_with_logits_is_rewritten():
 
 
 def test_bce_loss_passed_to_step_function_refused():
-    src = _HF + ("crit = nn.BCELoss()\n\ndef train_step(m, opt, c, x, y):\n    opt.zero_grad()\n"
-                 "    loss = c(torch.sigmoid(m(x)), y)\n    loss.backward()\n    opt.step()\n\n"
-                 "for x, y in batches:\n    train_step(model, optimizer, crit, x, y)\n")
+    src = _HF + (
+        "crit = nn.BCELoss()\n\ndef train_step(m, opt, c, x, y):\n    opt.zero_grad()\n"
+        "    loss = c(torch.sigmoid(m(x)), y)\n    loss.backward()\n    opt.step()\n\n"
+        "for x, y in batches:\n    train_step(model, optimizer, crit, x, y)\n"
+    )
     _refused(src, "same statement")
 
 
-@pytest.mark.parametrize("header", [
-    _H.replace("model = nn.Linear(4, 2).to(device)", "model = nn.DataParallel(nn.Linear(4, 2)).to(device)"),
-    _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.DataParallel(model)\n", 1),
-    _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.parallel.DataParallel(model)\n", 1),
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        _H.replace("model = nn.Linear(4, 2).to(device)", "model = nn.DataParallel(nn.Linear(4, 2)).to(device)"),
+        _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.DataParallel(model)\n", 1),
+        _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.parallel.DataParallel(model)\n", 1),
+    ],
+)
 def test_data_parallel_refused(header):
     src = header + _STEP.format(loss="out.sum()")
     _refused(src, "DataParallel")
@@ -292,14 +349,24 @@ def test_data_parallel_refused(header):
 
 
 def test_checkpoint_through_named_dict():
-    src = _H + _LOOP + ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
-                        '    torch.save(ckpt, "f.pt")\n'
-                        'ckpt = torch.load("f.pt")\noptimizer.load_state_dict(ckpt["optimizer"])\n')
+    src = (
+        _H
+        + _LOOP
+        + (
+            '    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}\n'
+            '    torch.save(ckpt, "f.pt")\n'
+            'ckpt = torch.load("f.pt")\noptimizer.load_state_dict(ckpt["optimizer"])\n'
+        )
+    )
     out = _fix(src)
-    assert ('    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
-            '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "f.pt")\n') in out
-    assert out.endswith('optimizer.load_state_dict(ckpt["optimizer"])\n'
-                        'if "scaler" in ckpt:\n    scaler.load_state_dict(ckpt["scaler"])\n')
+    assert (
+        '    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
+        '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "f.pt")\n'
+    ) in out
+    assert out.endswith(
+        'optimizer.load_state_dict(ckpt["optimizer"])\n'
+        'if "scaler" in ckpt:\n    scaler.load_state_dict(ckpt["scaler"])\n'
+    )
     assert fix_source(out, TOP2, unsafe=True).text == out
 
 
@@ -309,47 +376,62 @@ def test_named_dict_without_optimizer_state_untouched():
 
 
 def test_named_dict_rebound_uses_last_binding():
-    src = _H + _LOOP + ('    ckpt = {"optimizer": optimizer.state_dict()}\n    ckpt = {"model": model.state_dict()}\n'
-                        '    torch.save(ckpt, "f.pt")\n')
+    src = (
+        _H
+        + _LOOP
+        + (
+            '    ckpt = {"optimizer": optimizer.state_dict()}\n    ckpt = {"model": model.state_dict()}\n'
+            '    torch.save(ckpt, "f.pt")\n'
+        )
+    )
     assert "scaler.state_dict()" not in _fix(src)
 
 
 def test_two_losses_each_scaled_one_update():
     out = _fix(_read("amp_two_losses", "before"))
-    assert ("    scaler.scale(loss_ce).backward(retain_graph=True)\n    scaler.scale(loss_reg).backward()\n"
-            "    scaler.step(optimizer)\n    scaler.update()\n") in out
+    assert (
+        "    scaler.scale(loss_ce).backward(retain_graph=True)\n    scaler.scale(loss_reg).backward()\n"
+        "    scaler.step(optimizer)\n    scaler.update()\n"
+    ) in out
     assert out.count("scaler.update()") == 1 and out.count("torch.autocast(") == 1
 
 
 def test_autograd_backward_scaled():
-    src = _H + ("for x, y in batches:\n    optimizer.zero_grad()\n    loss = model(x).sum()\n"
-                "    torch.autograd.backward(loss)\n    optimizer.step()\n")
+    src = _H + (
+        "for x, y in batches:\n    optimizer.zero_grad()\n    loss = model(x).sum()\n"
+        "    torch.autograd.backward(loss)\n    optimizer.step()\n"
+    )
     out = _fix(src)
     assert "    torch.autograd.backward(scaler.scale(loss))\n    scaler.step(optimizer)\n    scaler.update()\n" in out
     assert fix_source(out, TOP2, unsafe=True).text == out
 
 
 def test_autograd_backward_tensors_keyword_and_list():
-    src = _H + ("for x, y in batches:\n    out = model(x)\n    l1 = out.sum()\n    l2 = out.pow(2).mean()\n"
-                "    torch.autograd.backward(tensors=[l1, l2])\n    optimizer.step()\n")
+    src = _H + (
+        "for x, y in batches:\n    out = model(x)\n    l1 = out.sum()\n    l2 = out.pow(2).mean()\n"
+        "    torch.autograd.backward(tensors=[l1, l2])\n    optimizer.step()\n"
+    )
     assert "torch.autograd.backward(tensors=scaler.scale([l1, l2]))" in _fix(src)
 
 
 def test_backward_with_gradient_argument_scaled():
-    src = _H + ("for x, y in batches:\n    out = model(x)\n    out.backward(torch.ones_like(out))\n"
-                "    optimizer.step()\n")
+    src = _H + (
+        "for x, y in batches:\n    out = model(x)\n    out.backward(torch.ones_like(out))\n    optimizer.step()\n"
+    )
     out = _fix(src)
     assert "    scaler.scale(out).backward(torch.ones_like(out))\n    scaler.step(optimizer)\n" in out
 
 
 def test_autograd_backward_fp16_runs_on_cpu():
     """The scaled torch.autograd.backward and out.backward(grad) forms run under fp16 + an enabled scaler."""
-    src = ("import torch\nimport torch.nn as nn\n\ntorch.manual_seed(0)\ndevice = 'cpu'\n"
-           "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "batches = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]\n"
-           "for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = (out - y).pow(2).mean()\n"
-           "    torch.autograd.backward(loss, retain_graph=True)\n    out.backward(torch.ones_like(out))\n"
-           "    optimizer.step()\n")
+    src = (
+        "import torch\nimport torch.nn as nn\n\ntorch.manual_seed(0)\ndevice = 'cpu'\n"
+        "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "batches = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]\n"
+        "for x, y in batches:\n    optimizer.zero_grad()\n    out = model(x)\n    loss = (out - y).pow(2).mean()\n"
+        "    torch.autograd.backward(loss, retain_graph=True)\n    out.backward(torch.ones_like(out))\n"
+        "    optimizer.step()\n"
+    )
     src = src.replace("device = 'cpu'", "device = 'cuda' if torch.cuda.is_available() else 'cpu'")
     out = _fix(src)
     assert "torch.autograd.backward(scaler.scale(loss), retain_graph=True)" in out

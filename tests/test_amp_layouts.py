@@ -1,6 +1,7 @@
 """TOP202 on the layouts training scripts are written in (fixtures/layout_*): the scaler is created
 where the optimizer is and reaches the step the way the optimizer does; the inserted code has no
 environment switch or tool-named code; the refusals say the true reason."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def test_each_layout_gets_autocast_and_a_scaler(name):
     assert after.count("torch.amp.GradScaler(") == 1
     assert re.search(r"scaler\.scale\(loss\)\.backward\(\)", after)
     assert "scaler.update()" in after
-    for word in ("TORCHOPT", "torchopt", "os.environ.get(\"TORCHOPT", "use_amp", "enabled=use"):
+    for word in ("TORCHOPT", "torchopt", 'os.environ.get("TORCHOPT', "use_amp", "enabled=use"):
         assert word not in after
 
 
@@ -47,8 +48,11 @@ def test_b_scaler_created_in_main_and_passed_like_the_optimizer():
     assert "def train(args, model, device, train_loader, optimizer, epoch, scaler):" in after
     assert "train(args, model, device, train_loader, optimizer, epoch, scaler)\n" in after
     main = after.split("def main():")[1]
-    assert main.index("optimizer = torch.optim.Adadelta") < main.index("scaler = torch.amp.GradScaler(") \
+    assert (
+        main.index("optimizer = torch.optim.Adadelta")
+        < main.index("scaler = torch.amp.GradScaler(")
         < main.index("for epoch in range")
+    )
     train = after.split("def train(")[1].split("def test(")[0]
     assert "amp_device_type = torch.device(device).type" in train  # chosen from the step's own device
 
@@ -72,7 +76,7 @@ def test_float16_scaler_path_runs_on_the_cpu(name, tmp_path):
     """With the dtype choice forced to float16 the scaler is enabled on the CPU: the scaled backward,
     unscale_, step and update run in the places the rewrite put them."""
     after = _amp(name)
-    forced = re.sub(r'(\S*amp_dtype) = torch\.float16 if .* else torch\.bfloat16', r"\1 = torch.float16", after)
+    forced = re.sub(r"(\S*amp_dtype) = torch\.float16 if .* else torch\.bfloat16", r"\1 = torch.float16", after)
     forced = forced.replace('enabled=amp_device_type == "cuda"', "enabled=True")
     assert forced != after
     path = tmp_path / "prog.py"
@@ -125,10 +129,12 @@ def test_default_parameters_refused_with_the_true_reason():
 
 
 def test_conditional_step_without_accumulation_says_so():
-    src = ("import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
-           "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n"
-           "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    if loss_is_finite:\n"
-           "        optimizer.step()\n")
+    src = (
+        "import torch\nimport torch.nn as nn\n\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "model = nn.Linear(4, 2).to(device)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in batches:\n    loss = nn.functional.mse_loss(model(x), y)\n    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    if loss_is_finite:\n"
+        "        optimizer.step()\n"
+    )
     [msg] = _messages(src)
     assert "runs only `if loss_is_finite:`" in msg and "micro-batches" not in msg

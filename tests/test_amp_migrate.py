@@ -1,6 +1,7 @@
 """Targeted tests for TOP201 (deprecated-amp-api) and the AMP advice rules TOP204, TOP206, TOP207:
 a whole deprecated training script in one run, idempotence, the file's torch alias, isinstance and
 annotations moving with the constructor, value uses, and no FutureWarning after the fix."""
+
 from __future__ import annotations
 
 import textwrap
@@ -33,7 +34,7 @@ def unchanged(src: str) -> None:
     assert fix(src, unsafe=True) == src
 
 
-SCRIPT = '''\
+SCRIPT = """\
 import torch
 import torch.nn as nn
 from torch.cuda.amp import GradScaler, custom_bwd, custom_fwd
@@ -77,9 +78,9 @@ for step in range(3):
 with torch.cuda.amp.autocast(enabled=False):
     final = model(x)
 weight = model.weight.detach().clone()
-'''
+"""
 
-MIGRATED = '''\
+MIGRATED = """\
 import torch
 import torch.nn as nn
 from torch.amp import GradScaler, custom_bwd, custom_fwd
@@ -123,7 +124,7 @@ for step in range(3):
 with torch.autocast("cuda", enabled=False):
     final = model(x)
 weight = model.weight.detach().clone()
-'''
+"""
 
 
 def _deprecation_warnings(src: str) -> list[str]:
@@ -133,8 +134,12 @@ def _deprecation_warnings(src: str) -> list[str]:
         warnings.simplefilter("always")
         ns = run_program(src)
     assert ns["ok"] is True
-    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)
-            and ("torch.cuda.amp" in str(w.message) or "torch.cpu.amp" in str(w.message))]
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, FutureWarning)
+        and ("torch.cuda.amp" in str(w.message) or "torch.cpu.amp" in str(w.message))
+    ]
 
 
 def test_whole_script_in_one_run():
@@ -284,7 +289,9 @@ def test_positional_trap():
 
 def test_positional_trap_runs():
     # `torch.autocast("cpu", False)` would raise on __enter__ (the bool lands in `dtype`); the fix must not.
-    out = idempotent("import torch\n\nwith torch.cpu.amp.autocast(False):\n    y = torch.ones(2, 2) @ torch.ones(2, 2)\n")
+    out = idempotent(
+        "import torch\n\nwith torch.cpu.amp.autocast(False):\n    y = torch.ones(2, 2) @ torch.ones(2, 2)\n"
+    )
     ns: dict = {}
     exec(compile(out, "<after>", "exec"), ns)
     assert ns["y"].dtype == __import__("torch").float32

@@ -2,6 +2,7 @@
 functions, each with its own local `model`/`opt` (same names in every function), gets for each the
 finding that function gets alone, and its unsafe fix compiles, is a fix point, runs on the CPU, and
 with autocast and the scaler disabled computes bitwise what the float32 program computes."""
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,10 @@ from torchopt.rewrite.incremental import IncrementalChecker
 from test_incremental import BLOCK, HEAD
 
 TOP202 = Settings(select=("TOP202",))
-FINDING = ("training step runs in float32: wrap forward and loss in `torch.autocast` and scale the loss "
-           "with `torch.amp.GradScaler`")
+FINDING = (
+    "training step runs in float32: wrap forward and loss in `torch.autocast` and scale the loss "
+    "with `torch.amp.GradScaler`"
+)
 N = 4
 MODULE = HEAD + "".join(BLOCK.format(i=i) for i in range(N))
 
@@ -46,7 +49,9 @@ def test_each_function_gets_the_finding_it_gets_alone():
 
 
 def test_incremental_check_equals_check():
-    assert IncrementalChecker().check(MODULE, Settings(), "m.py") == check_source(MODULE, Settings(), "m.py").diagnostics
+    assert (
+        IncrementalChecker().check(MODULE, Settings(), "m.py") == check_source(MODULE, Settings(), "m.py").diagnostics
+    )
 
 
 def test_fix_rewrites_every_function_like_the_function_alone():
@@ -61,7 +66,7 @@ def test_fix_rewrites_every_function_like_the_function_alone():
     assert got.text.count("torch.amp.GradScaler(") == N and got.text.count("with torch.autocast(") == N
 
 
-_RUNNER = textwrap.dedent(r'''
+_RUNNER = textwrap.dedent(r"""
     import json, re, sys
     import torch
     torch.set_num_threads(1)
@@ -81,14 +86,15 @@ _RUNNER = textwrap.dedent(r'''
             weights.append(ns["train_%d" % i]()[1].tolist())
         out[label] = weights
     print(json.dumps(out))
-''')
+""")
 
 
 def test_fixed_module_runs_on_the_cpu(tmp_path):
     # The same module made runnable on a CPU-only machine (`.cuda()` is what TOP101 fixes) and
     # returning each function's trained weights.
     src = MODULE.replace(".cuda()", ".to(device)").replace(
-        "return scratch", "return scratch, model.fc.weight.detach().clone()")
+        "return scratch", "return scratch, model.fc.weight.detach().clone()"
+    )
     after = fix_source(src, TOP202, "m.py", unsafe=True)
     assert len(after.applied) == N
     before_py, after_py, runner = tmp_path / "before.py", tmp_path / "after.py", tmp_path / "run.py"
@@ -96,8 +102,14 @@ def test_fixed_module_runs_on_the_cpu(tmp_path):
     after_py.write_text(after.text)
     runner.write_text(_RUNNER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHOPT_")}
-    proc = subprocess.run([sys.executable, str(runner), str(before_py), str(after_py), str(N)], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(before_py), str(after_py), str(N)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["off"] == res["before"]  # autocast and scaler disabled: bitwise the float32 program
@@ -110,7 +122,7 @@ def test_fixed_module_runs_on_the_cpu(tmp_path):
     assert all(math.isfinite(x) for w in res["fp16"] for row in w for x in row)
 
 
-SHADOW = '''import torch
+SHADOW = """import torch
 import torch.nn as nn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,7 +146,7 @@ for x, y in [(torch.randn(8, 4), torch.randn(8, 2))]:
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     optimizer.step()
-'''
+"""
 
 
 def test_a_local_shadows_the_module_level_name():
@@ -148,7 +160,7 @@ def test_a_local_shadows_the_module_level_name():
     assert out.split("def finetune")[0].count("autocast") == 0
 
 
-CKPT = '''import torch
+CKPT = """import torch
 import torch.nn as nn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -177,7 +189,7 @@ def train_b(loader):
         loss.backward()
         opt.step()
     torch.save({"optimizer": optimizer.state_dict()}, "b.pt")
-'''
+"""
 
 
 def test_checkpoints_follow_the_functions_optimizer():
@@ -190,7 +202,7 @@ def test_checkpoints_follow_the_functions_optimizer():
     assert 'torch.save({"optimizer": optimizer.state_dict()}, "b.pt")' in b
 
 
-SAVE_HELPER = '''import torch
+SAVE_HELPER = """import torch
 import torch.nn as nn
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -208,7 +220,7 @@ for x, y in [(torch.randn(8, 4), torch.randn(8, 2))]:
     loss.backward()
     optimizer.step()
 save(model, optimizer, "c.pt")
-'''
+"""
 
 
 def test_a_helper_parameter_passed_the_same_name_is_that_object():

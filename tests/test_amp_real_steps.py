@@ -1,6 +1,7 @@
 """TOP202 on the single-GPU training steps real scripts are written in and that it used to refuse:
 a binary cross-entropy loss (unsafe to autocast on CUDA), a GAN with two optimizers and that loss,
 parameters updated by hand, an RNN's tuple hidden state, and accelerate's own mixed precision."""
+
 from __future__ import annotations
 
 import ast
@@ -64,8 +65,10 @@ def _run(src: str, tmp_path: Path) -> None:
 
 def test_bce_loss_in_a_module_loop_runs_after_the_autocast_block():
     after = _amp(_before("amp_bce_loop"))
-    assert "with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n        probs = model(inputs[step])\n" \
-           "    probs = probs.float()\n    loss = criterion(probs, targets[step])\n" in after
+    assert (
+        "with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n        probs = model(inputs[step])\n"
+        "    probs = probs.float()\n    loss = criterion(probs, targets[step])\n" in after
+    )
     assert not any("criterion" in c for c in _calls_under_autocast(after))
     assert "scaler.scale(loss).backward()" in after and after.count("scaler.update()") == 1
     [message] = _top202(_before("amp_bce_loop"))
@@ -89,8 +92,12 @@ def test_gan_with_bce_shares_one_scaler_and_updates_once_after_both_steps():
     for loss in ("errD_real", "errD_fake", "errG"):
         assert f"scaler.scale({loss}).backward()" in after
     assert after.count("scaler.update()") == 1
-    assert after.index("scaler.step(optimizerD)") < after.index("scaler.step(optimizerG)") \
-        < after.index("scaler.update()") < after.index("history.append(")
+    assert (
+        after.index("scaler.step(optimizerD)")
+        < after.index("scaler.step(optimizerG)")
+        < after.index("scaler.update()")
+        < after.index("history.append(")
+    )
 
 
 def test_gan_float16_scaler_path_runs_on_the_cpu(tmp_path):
@@ -98,8 +105,10 @@ def test_gan_float16_scaler_path_runs_on_the_cpu(tmp_path):
 
 
 def test_model_and_bce_in_one_statement_is_refused_with_the_true_reason():
-    src = _before("amp_bce_loop").replace("    probs = model(inputs[step])\n    loss = criterion(probs, targets[step])\n",
-                                          "    loss = criterion(model(inputs[step]), targets[step])\n")
+    src = _before("amp_bce_loop").replace(
+        "    probs = model(inputs[step])\n    loss = criterion(probs, targets[step])\n",
+        "    loss = criterion(model(inputs[step]), targets[step])\n",
+    )
     assert _amp(src) == src
     [message] = _top202(src)
     assert "not rewritten" in message and "same statement" in message
@@ -121,10 +130,17 @@ def test_tuple_hidden_state_fed_back_to_the_model_is_not_upcast():
     after = _amp(_before("amp_manual_update"))
     assert "hidden.float()" not in after
     # With an optimizer (the float16 path) the same state stays as it is too.
-    src = _before("amp_manual_update").replace(
-        "criterion = nn.NLLLoss()\n", "criterion = nn.NLLLoss()\noptimizer = torch.optim.SGD(model.parameters(), lr=lr)\n"
-    ).replace("        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-lr)\n",
-              "        optimizer.step()\n")
+    src = (
+        _before("amp_manual_update")
+        .replace(
+            "criterion = nn.NLLLoss()\n",
+            "criterion = nn.NLLLoss()\noptimizer = torch.optim.SGD(model.parameters(), lr=lr)\n",
+        )
+        .replace(
+            "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-lr)\n",
+            "        optimizer.step()\n",
+        )
+    )
     after = _amp(src)
     assert "scaler.step(optimizer)" in after and "hidden.float()" not in after
 
@@ -133,12 +149,18 @@ def test_optional_optimizer_with_a_hand_update_branch_and_clipping():
     """The word-language-model layout: `optimizer.step()` under `if args.use_optimizer:`, the update by
     hand in its `else`, gradients clipped before both (it was refused: unscale_ on iterations that do not
     step); no scaler can serve the hand-written branch, so bfloat16."""
-    src = _before("amp_manual_update").replace(
-        "criterion = nn.NLLLoss()\n",
-        "criterion = nn.NLLLoss()\nuse_optimizer = False\noptimizer = torch.optim.SGD(model.parameters(), lr=lr)\n",
-    ).replace("        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-lr)\n",
-              "        if use_optimizer:\n            optimizer.step()\n        else:\n"
-              "            for p in model.parameters():\n                p.data.add_(p.grad, alpha=-lr)\n")
+    src = (
+        _before("amp_manual_update")
+        .replace(
+            "criterion = nn.NLLLoss()\n",
+            "criterion = nn.NLLLoss()\nuse_optimizer = False\noptimizer = torch.optim.SGD(model.parameters(), lr=lr)\n",
+        )
+        .replace(
+            "        for p in model.parameters():\n            p.data.add_(p.grad, alpha=-lr)\n",
+            "        if use_optimizer:\n            optimizer.step()\n        else:\n"
+            "            for p in model.parameters():\n                p.data.add_(p.grad, alpha=-lr)\n",
+        )
+    )
     after = _amp(src)
     assert "amp_dtype = torch.bfloat16" in after and "scaler" not in after
     assert "            optimizer.step()\n" in after
@@ -159,8 +181,10 @@ def test_hand_update_in_a_function_given_its_model_and_device(tmp_path):
         "    train(model, optimizer, [(torch.randn(2, 3), torch.randn(2, 1))], device, False)\n\n\nmain()\n"
     )
     after = _amp(src)
-    assert after.startswith(src.split("    for x, y")[0] + "    amp_device_type = torch.device(dev).type\n"
-                            "    amp_dtype = torch.bfloat16\n    for x, y in batches:\n")
+    assert after.startswith(
+        src.split("    for x, y")[0] + "    amp_device_type = torch.device(dev).type\n"
+        "    amp_dtype = torch.bfloat16\n    for x, y in batches:\n"
+    )
     assert "            loss = nn.functional.mse_loss(net(x), y)\n        loss.backward()\n" in after
     assert "scaler" not in after
     _run(after, tmp_path)
@@ -170,13 +194,15 @@ def test_hand_update_in_a_function_given_its_model_and_device(tmp_path):
 
 
 def test_accelerator_backward_is_not_flagged():
-    src = ("import torch\nimport torch.nn as nn\nfrom accelerate import Accelerator\n\n"
-           "accelerator = Accelerator(mixed_precision='fp16')\nmodel = nn.Linear(4, 2)\n"
-           "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "model, optimizer = accelerator.prepare(model, optimizer)\n"
-           "def train(loader):\n    for x, y in loader:\n        optimizer.zero_grad()\n"
-           "        loss = nn.functional.mse_loss(model(x), y)\n        accelerator.backward(loss)\n"
-           "        optimizer.step()\n")
+    src = (
+        "import torch\nimport torch.nn as nn\nfrom accelerate import Accelerator\n\n"
+        "accelerator = Accelerator(mixed_precision='fp16')\nmodel = nn.Linear(4, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model, optimizer = accelerator.prepare(model, optimizer)\n"
+        "def train(loader):\n    for x, y in loader:\n        optimizer.zero_grad()\n"
+        "        loss = nn.functional.mse_loss(model(x), y)\n        accelerator.backward(loss)\n"
+        "        optimizer.step()\n"
+    )
     assert _top202(src) == []
     assert _amp(src) == src
 
@@ -185,8 +211,11 @@ def test_accelerator_backward_is_not_flagged():
 
 
 def _tree_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_cli_writes_the_amp_rewrite_only_into_the_named_folder(tmp_path):
@@ -198,18 +227,25 @@ def test_cli_writes_the_amp_rewrite_only_into_the_named_folder(tmp_path):
     (project / "gan" / "notes.txt").write_text("not python\n")
     (project / "other" / "train.py").write_text(_before("amp_bce_loop"))
     before = _tree_hashes(tmp_path)
-    r = CliRunner().invoke(torchopt.cli.app, ["rewrite", str(project / "gan"), "--unsafe-fixes", "--no-cache",
-                                              "--select", "TOP202", "-j", "1"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        ["rewrite", str(project / "gan"), "--unsafe-fixes", "--no-cache", "--select", "TOP202", "-j", "1"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     assert "TOP202" in r.stderr and "binary cross-entropy" in r.stderr
     after = _tree_hashes(tmp_path)
     assert {k for k in before if before[k] != after.get(k)} == {"project/gan/train.py"}
     assert set(after) == set(before)  # nothing created, nothing deleted
     assert (project / "gan" / "train.py").read_text() == fix_source(
-        _before("amp_bce_gan"), Settings(select=("TOP202",)), unsafe=True).text
+        _before("amp_bce_gan"), Settings(select=("TOP202",)), unsafe=True
+    ).text
     # Without --unsafe-fixes nothing is written.
-    r = CliRunner().invoke(torchopt.cli.app, ["rewrite", str(project / "other"), "--no-cache",
-                                              "--select", "TOP202", "-j", "1"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        ["rewrite", str(project / "other"), "--no-cache", "--select", "TOP202", "-j", "1"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     assert _tree_hashes(tmp_path) == after
 
@@ -223,9 +259,25 @@ def test_unsafe_rewrite_validates_on_the_cpu(name, tmp_path):
     src = tmp_path / "before.py"
     src.write_bytes((FIXTURES / name / "before.py").read_bytes())
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "torchopt", "validate", "--unsafe-fixes", "--device", "cpu",
-                        "--select", "TOP202", str(src)], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchopt",
+            "validate",
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--select",
+            "TOP202",
+            str(src),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "TOP202" in r.stdout + r.stderr
     assert src.read_bytes() == (FIXTURES / name / "before.py").read_bytes()

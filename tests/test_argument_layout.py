@@ -1,5 +1,6 @@
 """An argument added to a call keeps the call's layout: one argument per line stays so, and the
 closing parenthesis stays where the user put it."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -8,15 +9,18 @@ import pytest
 from torchopt.analysis.arguments import set_kwarg
 
 
-@pytest.mark.parametrize("before, after", [
-    ("f(a, b)", "f(a, b, n=1)"),
-    ("f(a)", "f(a, n=1)"),
-    ("f(a,)", "f(a, n=1,)"),
-    # No trailing comma, `)` on its own line: the new argument goes on its own line before it.
-    ("f(\n    a,\n    b\n)", "f(\n    a,\n    b,\n    n=1\n)"),
-    ("f(a,\n  b\n)", "f(a,\n  b,\n  n=1\n)"),
-    ("f(\n    a,\n    b,\n)", "f(\n    a,\n    b,\n    n=1,\n)"),
-])
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("f(a, b)", "f(a, b, n=1)"),
+        ("f(a)", "f(a, n=1)"),
+        ("f(a,)", "f(a, n=1,)"),
+        # No trailing comma, `)` on its own line: the new argument goes on its own line before it.
+        ("f(\n    a,\n    b\n)", "f(\n    a,\n    b,\n    n=1\n)"),
+        ("f(a,\n  b\n)", "f(a,\n  b,\n  n=1\n)"),
+        ("f(\n    a,\n    b,\n)", "f(\n    a,\n    b,\n    n=1,\n)"),
+    ],
+)
 def test_added_keyword_follows_the_calls_layout(before, after):
     call = cst.ensure_type(cst.parse_expression(before), cst.Call)
     assert cst.Module([]).code_for_node(set_kwarg(call, "n", cst.Integer("1"))) == after

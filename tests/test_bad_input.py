@@ -1,6 +1,7 @@
 """Bad input: each file gets a one-line message naming it and the reason, stays byte-for-byte as it
 was, every other file is still processed, and the exit code is 2. Encodings, BOMs and line endings of
 files we do fix are kept exactly."""
+
 from __future__ import annotations
 
 import os
@@ -71,15 +72,24 @@ def test_unreadable_and_broken_links(tmp_path, monkeypatch):
     assert (tmp_path / "good.py").read_bytes() == GOOD_AFTER
 
 
-@pytest.mark.parametrize("data,after", [
-    (b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3).cuda()\r\n",
-     b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3, device='cuda')\r\n"),
-    (b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9t\xe9'\nx = torch.zeros(3).cuda()\n",
-     b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9t\xe9'\nx = torch.zeros(3, device='cuda')\n"),
-    (b"import torch\r\nx = torch.zeros(3).cuda()\ny = 1\r\n",
-     b"import torch\r\nx = torch.zeros(3, device='cuda')\ny = 1\r\n"),
-    (b"import torch\nx = torch.zeros(3).cuda()", b"import torch\nx = torch.zeros(3, device='cuda')"),
-])
+@pytest.mark.parametrize(
+    "data,after",
+    [
+        (
+            b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3).cuda()\r\n",
+            b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3, device='cuda')\r\n",
+        ),
+        (
+            b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9t\xe9'\nx = torch.zeros(3).cuda()\n",
+            b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9t\xe9'\nx = torch.zeros(3, device='cuda')\n",
+        ),
+        (
+            b"import torch\r\nx = torch.zeros(3).cuda()\ny = 1\r\n",
+            b"import torch\r\nx = torch.zeros(3, device='cuda')\ny = 1\r\n",
+        ),
+        (b"import torch\nx = torch.zeros(3).cuda()", b"import torch\nx = torch.zeros(3, device='cuda')"),
+    ],
+)
 def test_encodings_boms_and_line_endings_kept(tmp_path, monkeypatch, data, after):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m.py").write_bytes(data)

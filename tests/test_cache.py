@@ -1,6 +1,7 @@
 """The result cache: a warm run answers from it with identical output and without analysing any file
 again (counted, not timed); an edit, a settings change, a torchopt version or source change invalidate
 it; a corrupt entry is a miss; --no-cache neither reads nor writes it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -107,8 +108,13 @@ def test_settings_hash_covers_every_field_even_new_ones():
     base = Settings()
     for f in dataclasses.fields(Settings):
         value = getattr(base, f.name)
-        changed = {bool: lambda v: not v, int: lambda v: v + 1, str: lambda v: v + "x",
-                   tuple: lambda v: v + ("TOP101",), type(None): lambda v: "x"}.get(type(value))
+        changed = {
+            bool: lambda v: not v,
+            int: lambda v: v + 1,
+            str: lambda v: v + "x",
+            tuple: lambda v: v + ("TOP101",),
+            type(None): lambda v: "x",
+        }.get(type(value))
         if changed is None:
             changed = lambda v: {"TOP101": {"x": 1}}  # noqa: E731 - a mapping field
         other = dataclasses.replace(base, **{f.name: changed(value)})
@@ -119,8 +125,9 @@ def test_settings_hash_covers_every_field_even_new_ones():
         target_something: tuple[int, int] | None = None
 
     assert cache_mod.settings_hash(Later(target_something=(2, 1))) != cache_mod.settings_hash(Later())
-    assert cache_mod.settings_hash(Settings(rule_options={"a": {"x": 1, "y": 2}})) == \
-        cache_mod.settings_hash(Settings(rule_options={"a": {"y": 2, "x": 1}}))
+    assert cache_mod.settings_hash(Settings(rule_options={"a": {"x": 1, "y": 2}})) == cache_mod.settings_hash(
+        Settings(rule_options={"a": {"y": 2, "x": 1}})
+    )
 
 
 def test_version_change_invalidates_and_prunes(proj, analyses, monkeypatch):

@@ -1,5 +1,6 @@
 """TOP901 (channels_last): opt-in selection, the fixture's opt-in golden, and
 `torchopt validate` of the fixture's rewrite within the tolerance class."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,17 @@ def _before(name: str) -> str:
     return (FIXTURES / name / "before.py").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("select,enabled", [(("ALL",), False), (("TOP9",), False), (("channels_last",), False),
-                                            (("TOP901",), True), (("channels-last",), True),
-                                            (("ALL", "TOP901"), True)])
+@pytest.mark.parametrize(
+    "select,enabled",
+    [
+        (("ALL",), False),
+        (("TOP9",), False),
+        (("channels_last",), False),
+        (("TOP901",), True),
+        (("channels-last",), True),
+        (("ALL", "TOP901"), True),
+    ],
+)
 def test_top901_is_opt_in(select, enabled):
     assert ("TOP901" in Settings(select=select).enabled_codes()) is enabled
 
@@ -62,11 +71,28 @@ def test_fixture_validates_within_tolerance(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     before, after = tmp_path / "b" / "train.py", tmp_path / "a" / "train.py"
     before.write_text(_before("cl_cnn_train"), encoding="utf-8")
-    after.write_text(fix_source(_before("cl_cnn_train"), Settings(select=("TOP901",)), unsafe=True).text,
-                     encoding="utf-8")
-    r = CliRunner().invoke(torchopt.cli.app, ["validate", str(before), str(after), "--select", "TOP901",
-                                              "--unsafe-fixes", "--steps", "20", "--device", "cpu", "--json",
-                                              "--timeout", "120"], catch_exceptions=False)
+    after.write_text(
+        fix_source(_before("cl_cnn_train"), Settings(select=("TOP901",)), unsafe=True).text, encoding="utf-8"
+    )
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        [
+            "validate",
+            str(before),
+            str(after),
+            "--select",
+            "TOP901",
+            "--unsafe-fixes",
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "--json",
+            "--timeout",
+            "120",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["verdict"] == "equivalent", r.stdout[-3000:]
     assert out["tolerance"]["tags"] == ["tolerance"] and out["tolerance"]["compare_values"]
@@ -78,10 +104,13 @@ def test_fixture_validates_within_tolerance(tmp_path, monkeypatch):
 def test_dtype_views_and_factories_are_left_alone():
     src = _before("cl_cnn_train").replace(
         "        return self.head(x.view(x.size(0), -1))",
-        "        bits = x.view(self.dtype)\n        return self.head(x.view(x.size(0), -1))")
+        "        bits = x.view(self.dtype)\n        return self.head(x.view(x.size(0), -1))",
+    )
     out = fix_source(src, Settings(select=("TOP901",)), unsafe=True).text
     assert "bits = x.view(self.dtype)" in out and "x.reshape(x.size(0), -1)" in out
     # A factory that builds, evaluates and returns a CNN (timm's _prune.py shape): never run here.
-    factory = ("import torch\nfrom torch import nn\n\n\ndef build():\n    m = nn.Sequential(nn.Conv2d(3, 8, 3))\n"
-               "    m.eval()\n    return m\n")
+    factory = (
+        "import torch\nfrom torch import nn\n\n\ndef build():\n    m = nn.Sequential(nn.Conv2d(3, 8, 3))\n"
+        "    m.eval()\n    return m\n"
+    )
     assert not check_source(factory, Settings(select=("TOP901", "TOP911"))).diagnostics

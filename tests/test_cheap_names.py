@@ -1,5 +1,6 @@
 """Rules answer from the syntax when it settles the question, and pay for the scope analysis of the
 whole file only when it does not; the answers stay those of the scope analysis."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,13 +39,18 @@ def test_device_parameter_needs_no_scope_analysis(monkeypatch):
     # device-name convention decides without analysing the file's scopes.
     text = "import torch\n\n\ndef make(device):\n    return torch.zeros(3).to(device)\n"
     findings, resolved = _providers_resolved_on(text, "TOP101", monkeypatch)
-    assert findings == [("TOP101", 5, "`torch.zeros(...)` is created on the host, then moved to `device` "
-                                      "(assuming `device` is a torch.device)")]
+    assert findings == [
+        (
+            "TOP101",
+            5,
+            "`torch.zeros(...)` is created on the host, then moved to `device` (assuming `device` is a torch.device)",
+        )
+    ]
     assert "ScopeProvider" not in resolved
 
 
 def test_assigned_device_is_still_followed(monkeypatch):
-    text = ("import torch\n\n\ndef make():\n    device = 'cuda:1'\n    return torch.zeros(3).to(device)\n")
+    text = "import torch\n\n\ndef make():\n    device = 'cuda:1'\n    return torch.zeros(3).to(device)\n"
     findings, resolved = _providers_resolved_on(text, "TOP101", monkeypatch)
     assert [(code, line) for code, line, _ in findings] == [("TOP101", 6)]
     assert "assuming" not in findings[0][2]  # proven from its assignment, not from its name
@@ -53,8 +59,10 @@ def test_assigned_device_is_still_followed(monkeypatch):
 
 def test_torch_imported_inside_a_match_case_is_torch():
     # An import under `match` binds the name like one under `if`: the factory is recognised.
-    text = ("import sys\n\nmatch sys.platform:\n    case 'linux':\n        import torch as T\n"
-            "    case _:\n        T = None\n\n\ndef make():\n    return T.zeros(3).cuda()\n")
+    text = (
+        "import sys\n\nmatch sys.platform:\n    case 'linux':\n        import torch as T\n"
+        "    case _:\n        T = None\n\n\ndef make():\n    return T.zeros(3).cuda()\n"
+    )
     result = check_source(text, Settings(select=("TOP101",)), "train.py")
     assert [(d.code, d.line) for d in result.diagnostics] == [("TOP101", 11)]
     assert "`T.zeros(...)` is created on the host" in result.diagnostics[0].message
@@ -81,8 +89,10 @@ class _Probe(cst.MetadataDependent):
 
 
 def _texts() -> list:
-    out = [pytest.param(p.read_text(encoding="utf-8"), id=f"fixture-{p.parent.name}")
-           for p in sorted(FIXTURES.glob("*/before.py"))]
+    out = [
+        pytest.param(p.read_text(encoding="utf-8"), id=f"fixture-{p.parent.name}")
+        for p in sorted(FIXTURES.glob("*/before.py"))
+    ]
     for code, rule in sorted(all_rules().items()):
         for i, ex in enumerate(rule.examples):
             out.append(pytest.param(ex.src, id=f"{code}-{i}"))
@@ -98,6 +108,9 @@ def test_unassigned_names_reach_no_value(text):
     visitor = _Names()
     module.visit(visitor)
     with analysing(text, module):
-        wrong = [n.value for n in visitor.names if not plainly_assigned(probe, n)
-                 and any(v is not None for v in (reaching_values(probe, n) or []))]
+        wrong = [
+            n.value
+            for n in visitor.names
+            if not plainly_assigned(probe, n) and any(v is not None for v in (reaching_values(probe, n) or []))
+        ]
     assert not wrong

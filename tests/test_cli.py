@@ -1,5 +1,6 @@
 """The command line as a user meets it: exit codes, diff/check/write modes, stdin, formats, summaries,
 and bad input that is reported in one line and left byte-for-byte as it was."""
+
 from __future__ import annotations
 
 import json
@@ -152,10 +153,12 @@ def test_version_and_module_entry_point():
 def test_engine_does_not_import_torch(tmp_path):
     """`torchopt rewrite` starts without importing torch (fast start-up, light environments)."""
     (tmp_path / "a.py").write_text(SAFE)
-    code = ("import sys; from torchopt.cli import main; sys.argv=['torchopt','rewrite','--diff',%r]\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules or sys.modules['torch'] is None, 'torch was imported'\n"
-            "print('ok')" % str(tmp_path / "a.py"))
+    code = (
+        "import sys; from torchopt.cli import main; sys.argv=['torchopt','rewrite','--diff',%r]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None, 'torch was imported'\n"
+        "print('ok')" % str(tmp_path / "a.py")
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip().endswith("ok"), out.stderr
 

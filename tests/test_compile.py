@@ -8,6 +8,7 @@ with `TORCH_COMPILE_OVERRIDE_BACKENDS=">=0:aot_eager"` (a torch debug switch, in
 validator's subprocesses): dynamo captures the same graphs (graph breaks, guards, the compiled
 `_call_impl` with its hooks) and AOTAutograd builds the same joint graph; only inductor's kernels
 are replaced by eager ones. With it the rewrite is bitwise equal to the original."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ def test_fixture_insertion_point_and_tags():
 
 def test_kept_outputs_block_cuda_graphs():
     src = _before("cmp_mlp_train").replace("    model.to(device)\n", "    model.to(device)\n    model.compile()\n")
-    src = src.replace("            total += loss.item()\n", "            total += loss.item()\n            history.append(pred)\n")
+    src = src.replace(
+        "            total += loss.item()\n", "            total += loss.item()\n            history.append(pred)\n"
+    )
     diags = [d for d in check_source(src, Settings(select=("TOP921",))).diagnostics if d.code == "TOP921"]
     assert len(diags) == 1 and diags[0].fix is None and "history.append(pred)" in diags[0].message
 
@@ -97,8 +100,10 @@ def test_module_compile_facts():
     assert n == 0 and keys == ["0.weight", "0.bias"]
     optimized = torch.compile(torch.nn.Linear(4, 2), backend="eager")
     assert list(optimized.state_dict()) == ["_orig_mod.weight", "_orig_mod.bias"]  # the other spelling
-    src = ("import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(4, 2), nn.ReLU())\n"
-           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(x).sum()\n")
+    src = (
+        "import torch\nfrom torch import nn\n\nmodel = nn.Sequential(nn.Linear(4, 2), nn.ReLU())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nloss = model(x).sum()\n"
+    )
     (d,) = check_source(src, Settings(select=("TOP911",))).diagnostics
     assert d.fix is None and "torch.compile(model)" in d.message and "_orig_mod." in d.message
 
@@ -120,11 +125,28 @@ def test_fixture_validates(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir()
     before, after = tmp_path / "b" / "train.py", tmp_path / "a" / "train.py"
     before.write_text(_before("cmp_mlp_train"), encoding="utf-8")
-    after.write_text(fix_source(_before("cmp_mlp_train"), Settings(select=("TOP911", "TOP921")), unsafe=True).text,
-                     encoding="utf-8")
-    r = CliRunner().invoke(torchopt.cli.app, ["validate", str(before), str(after), "--select", "TOP911,TOP921",
-                                              "--unsafe-fixes", "--steps", "8", "--device", "cpu", "--json",
-                                              "--timeout", "120"], catch_exceptions=False)
+    after.write_text(
+        fix_source(_before("cmp_mlp_train"), Settings(select=("TOP911", "TOP921")), unsafe=True).text, encoding="utf-8"
+    )
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        [
+            "validate",
+            str(before),
+            str(after),
+            "--select",
+            "TOP911,TOP921",
+            "--unsafe-fixes",
+            "--steps",
+            "8",
+            "--device",
+            "cpu",
+            "--json",
+            "--timeout",
+            "120",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["verdict"] == "equivalent", r.stdout[-3000:]
     assert {a["code"] for a in out["applied"]} == {"TOP911", "TOP921"}, out["applied"]

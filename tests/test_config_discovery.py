@@ -1,5 +1,6 @@
 """Configuration from the nearest pyproject.toml, CLI flags on top; discovery honours .gitignore,
 exclude and the default folders, and always takes files named explicitly."""
+
 import os
 
 import pytest
@@ -38,14 +39,17 @@ def test_per_file_ignores_and_prefixes(tmp_path):
     assert "TOP101" in s.enabled_codes(str(tmp_path / "src" / "m.py"))
 
 
-@pytest.mark.parametrize("body,needle", [
-    ("selct = ['ALL']", "unknown key"),
-    ("select = ['TOP999']", "TOP999"),
-    ("select = 'ALL'", "list of strings"),
-    ("unsafe-fixes = 'yes'", "true or false"),
-    ("[tool.torchopt.rules.TOP999]\nx = 1", "no rule"),
-    ("select = [", "invalid TOML"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("selct = ['ALL']", "unknown key"),
+        ("select = ['TOP999']", "TOP999"),
+        ("select = 'ALL'", "list of strings"),
+        ("unsafe-fixes = 'yes'", "true or false"),
+        ("[tool.torchopt.rules.TOP999]\nx = 1", "no rule"),
+        ("select = [", "invalid TOML"),
+    ],
+)
 def test_bad_config_is_a_clear_error(tmp_path, body, needle):
     p = write(tmp_path / "pyproject.toml", "[tool.torchopt]\n" + body + "\n")
     with pytest.raises(ConfigError) as info:
@@ -54,8 +58,10 @@ def test_bad_config_is_a_clear_error(tmp_path, body, needle):
 
 
 def test_extend_safe_and_unsafe(tmp_path):
-    p = write(tmp_path / "pyproject.toml",
-              '[tool.torchopt]\nextend-safe-fixes = ["TOP101"]\nextend-unsafe-fixes = ["TOP102"]\n')
+    p = write(
+        tmp_path / "pyproject.toml",
+        '[tool.torchopt]\nextend-safe-fixes = ["TOP101"]\nextend-unsafe-fixes = ["TOP102"]\n',
+    )
     s = load_file(str(p))
     assert s.fix_is_safe("TOP101", False) is True
     assert s.fix_is_safe("TOP102", True) is False
@@ -65,8 +71,18 @@ def test_extend_safe_and_unsafe(tmp_path):
 def test_discovery(tmp_path):
     write(tmp_path / ".gitignore", "ignored/\n*_skip.py\n")
     write(tmp_path / "pyproject.toml", '[tool.torchopt]\nexclude = ["third_party/"]\n')
-    for rel in ["a.py", "pkg/b.py", "ignored/c.py", "d_skip.py", "third_party/e.py", ".venv/f.py",
-                "build/g.py", "pkg/notes.txt", ".hidden/h.py", "pkg/sub/i.py"]:
+    for rel in [
+        "a.py",
+        "pkg/b.py",
+        "ignored/c.py",
+        "d_skip.py",
+        "third_party/e.py",
+        ".venv/f.py",
+        "build/g.py",
+        "pkg/notes.txt",
+        ".hidden/h.py",
+        "pkg/sub/i.py",
+    ]:
         write(tmp_path / rel, "x = 1\n")
     write(tmp_path / "pkg" / ".gitignore", "sub/\n")
     r = Resolver()

@@ -1,6 +1,7 @@
 """CBN rule (TOP841, `bias=False` on a conv a norm follows): detection, what blocks the fix, the
 eval-mode caveat, the checkpoint migration documented on the rule page (executed here), the
 validator's treatment of the probes the fix changes by design, and the fixture's validation."""
+
 from __future__ import annotations
 
 import json
@@ -41,15 +42,18 @@ def diags(src: str):
 SEQ = "import torch.nn as nn\n\nblock = nn.Sequential({conv}, nn.BatchNorm2d(8))\n"
 
 
-@pytest.mark.parametrize("conv,after", [
-    ("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, bias=False)"),
-    ("nn.Conv2d(3, 8, 3, bias=True)", "nn.Conv2d(3, 8, 3, bias=False)"),
-    ("nn.Conv2d(3, out_channels=8, kernel_size=3)", "nn.Conv2d(3, out_channels=8, kernel_size=3, bias=False)"),
-    ("nn.Conv2d(3, 8, 3, 1, 1, 1, 1, True)", None),  # positional bias: left alone
-    ("nn.Conv2d(3, 8, 3, bias=use_bias)", None),
-    ("nn.Conv2d(\n    3, 8, 3,  # stem\n)", "blocked"),
-    ("nn.Conv1d(3, 8, 3)", None),  # BatchNorm2d after Conv1d: not the same dims
-])
+@pytest.mark.parametrize(
+    "conv,after",
+    [
+        ("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, bias=False)"),
+        ("nn.Conv2d(3, 8, 3, bias=True)", "nn.Conv2d(3, 8, 3, bias=False)"),
+        ("nn.Conv2d(3, out_channels=8, kernel_size=3)", "nn.Conv2d(3, out_channels=8, kernel_size=3, bias=False)"),
+        ("nn.Conv2d(3, 8, 3, 1, 1, 1, 1, True)", None),  # positional bias: left alone
+        ("nn.Conv2d(3, 8, 3, bias=use_bias)", None),
+        ("nn.Conv2d(\n    3, 8, 3,  # stem\n)", "blocked"),
+        ("nn.Conv1d(3, 8, 3)", None),  # BatchNorm2d after Conv1d: not the same dims
+    ],
+)
 def test_sequential_forms(conv, after):
     src = SEQ.format(conv=conv)
     out = fix(src)
@@ -64,8 +68,10 @@ def test_sequential_forms(conv, after):
 
 
 def test_unguarded_bias_init_blocks_but_guarded_does_not():
-    base = ("import torch.nn as nn\n\nnet = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"
-            "for m in net.modules():\n    if isinstance(m, nn.Conv2d):\n{init}")
+    base = (
+        "import torch.nn as nn\n\nnet = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"
+        "for m in net.modules():\n    if isinstance(m, nn.Conv2d):\n{init}"
+    )
     blocked = base.format(init="        nn.init.zeros_(m.bias)\n")
     [d] = diags(blocked)
     assert d.fix is None and "m.bias" in d.message
@@ -75,10 +81,12 @@ def test_unguarded_bias_init_blocks_but_guarded_does_not():
 
 
 def test_module_pair_used_elsewhere_is_left_alone():
-    src = ("import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
-           "        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n        self.bn = nn.BatchNorm2d(8)\n\n"
-           "    def forward(self, x):\n        return self.bn(self.conv(x))\n\n"
-           "    def features(self, x):\n        return self.conv(x)\n")
+    src = (
+        "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.conv = nn.Conv2d(3, 8, 3)\n        self.bn = nn.BatchNorm2d(8)\n\n"
+        "    def forward(self, x):\n        return self.bn(self.conv(x))\n\n"
+        "    def features(self, x):\n        return self.conv(x)\n"
+    )
     assert diags(src) == []
 
 
@@ -142,7 +150,8 @@ def test_train_close_eval_differs_and_old_checkpoints_load_with_the_documented_f
     torch.testing.assert_close(folded(x), old(x), rtol=1e-5, atol=1e-5)
     hooked = _pair(False)
     hooked.register_load_state_dict_pre_hook(
-        lambda module, state_dict, prefix, *args: ns["fold_conv_bias"](state_dict, prefix + "0", prefix + "1"))
+        lambda module, state_dict, prefix, *args: ns["fold_conv_bias"](state_dict, prefix + "0", prefix + "1")
+    )
     hooked.load_state_dict(dict(ckpt))
     hooked.eval()
     torch.testing.assert_close(hooked(x), old(x), rtol=1e-5, atol=1e-5)
@@ -150,11 +159,18 @@ def test_train_close_eval_differs_and_old_checkpoints_load_with_the_documented_f
 
 def test_validator_reports_documented_changes_only_for_top841():
     t = torch.ones(3)
-    before = {"losses": [t[0]], "loss_steps": [1], "steps_done": 1,
-              "tensors": {"param/net.0.bias": t, "param/net.0.weight": t, "param/net.1.running_mean": t,
-                          "output/net": t}}
-    after = {"losses": [t[0]], "loss_steps": [1], "steps_done": 1,
-             "tensors": {"param/net.0.weight": t + 1e-7, "param/net.1.running_mean": t + 0.5, "output/net": t + 0.9}}
+    before = {
+        "losses": [t[0]],
+        "loss_steps": [1],
+        "steps_done": 1,
+        "tensors": {"param/net.0.bias": t, "param/net.0.weight": t, "param/net.1.running_mean": t, "output/net": t},
+    }
+    after = {
+        "losses": [t[0]],
+        "loss_steps": [1],
+        "steps_done": 1,
+        "tensors": {"param/net.0.weight": t + 1e-7, "param/net.1.running_mean": t + 0.5, "output/net": t + 0.9},
+    }
     tol = tolerance_for(["semantics", "tolerance"])
     fixes = [{"code": "TOP841", "tags": ["semantics", "tolerance"], "safety": "unsafe"}]
     ok = compare(before, after, tol, fixes)
@@ -182,8 +198,23 @@ def test_fixture_validates_within_tolerance(tmp_path):
     before = ROOT / "fixtures" / "cbn_resnet" / "before.py"
     after = tmp_path / "after.py"
     after.write_text(fix(before.read_text(encoding="utf-8")), encoding="utf-8")
-    res = CliRunner().invoke(app, ["validate", str(before), str(after), "--select", "TOP84", "--unsafe-fixes",
-                                   "--device", "cpu", "--steps", "3", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(before),
+            str(after),
+            "--select",
+            "TOP84",
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert set(out["tolerance"]["tags"]) == {"semantics", "tolerance", "rng"}

@@ -1,6 +1,7 @@
 """DATA rules (TOP701-TOP703) beyond their generated example tests: how they share the DataLoader
 with TOP104, what they do to the existing data_pipeline fixture, and `torchopt validate` on the
 data_loader_tuning fixture (worker processes on the CPU, kept tiny)."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,21 @@ FIXTURE = ROOT / "fixtures" / "data_loader_tuning"
 
 
 def _validate(before: Path, after: Path, steps: int = 8) -> tuple[int, dict]:
-    res = CliRunner().invoke(app, ["validate", str(before), str(after), "--steps", str(steps), "--device", "cpu",
-                                   "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        ["validate", str(before), str(after), "--steps", str(steps), "--device", "cpu", "--json"],
+        catch_exceptions=False,
+    )
     assert res.stdout.lstrip().startswith("{"), res.output
     return res.exit_code, json.loads(res.stdout)
 
 
 def test_pin_memory_is_added_once_with_top104():
     """A loop that copies the batch itself is TOP104's: the loader gets one `pin_memory`, not two."""
-    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef run(ds, device):\n"
-           "    loader = DataLoader(ds)\n    for x, y in loader:\n        x = x.to(device)\n")
+    src = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\ndef run(ds, device):\n"
+        "    loader = DataLoader(ds)\n    for x, y in loader:\n        x = x.to(device)\n"
+    )
     codes = [d.code for d in check_source(src, Settings()).diagnostics if "pin" in d.message]
     assert codes == ["TOP104"]
     out = fix_source(src, Settings(), unsafe=False).text
@@ -34,9 +40,11 @@ def test_pin_memory_is_added_once_with_top104():
 
 
 def test_no_keyword_into_star_kwargs():
-    src = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef run(ds, device, **kw):\n"
-           "    loader = DataLoader(ds, **kw)\n    for epoch in range(2):\n        for b in loader:\n"
-           "            b = {k: v.to(device) for k, v in b.items()}\n")
+    src = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n\ndef run(ds, device, **kw):\n"
+        "    loader = DataLoader(ds, **kw)\n    for epoch in range(2):\n        for b in loader:\n"
+        "            b = {k: v.to(device) for k, v in b.items()}\n"
+    )
     res = fix_source(src, Settings(select=("TOP7",)), unsafe=True)
     assert res.text == src
 

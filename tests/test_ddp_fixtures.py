@@ -5,6 +5,7 @@
     ranks ending with bitwise-equal parameters, and only rank 0 printing, logging or writing files.
 The goldens themselves (before/after_safe/after_unsafe) are checked by tests/test_fixtures.py; the
 opt-in rewrite of the single-GPU script has its own golden, after_opt_in.py, checked here."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,14 @@ def _ddp(name: str, settings: Settings = DDP_ONLY) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_ddp_rewrite_is_complete_and_a_fix_point(name):
     text = _ddp(name)
-    for needle in ("DistributedDataParallel(", "setup_distributed()", "DistributedSampler(",
-                   ".set_epoch(epoch)", "destroy_process_group()", "== 0:"):
+    for needle in (
+        "DistributedDataParallel(",
+        "setup_distributed()",
+        "DistributedSampler(",
+        ".set_epoch(epoch)",
+        "destroy_process_group()",
+        "== 0:",
+    ):
         assert needle in text, f"{name}: the rewrite lacks {needle!r}"
     assert "DataParallel(model)" not in text.replace("DistributedDataParallel", "")
     compile(text, name, "exec", dont_inherit=True)
@@ -63,8 +70,11 @@ def test_single_gpu_conversion_is_opt_in():
 def test_launch_command_is_in_the_summary(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(_before("ddp_imagenet_dp"), encoding="utf-8")
-    r = CliRunner().invoke(torchopt.cli.app, ["rewrite", str(path), "--select", "TOP401", "--unsafe-fixes",
-                                              "--diff", "-j", "1"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        ["rewrite", str(path), "--select", "TOP401", "--unsafe-fixes", "--diff", "-j", "1"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 1, r.output
     assert "torchrun --standalone --nproc_per_node=N train.py" in r.stderr
     assert "torchrun --nnodes=M --nproc_per_node=N" in r.stderr and "per process" in r.stderr
@@ -78,9 +88,11 @@ def test_world_size_one_is_bitwise_the_original(name, tmp_path):
     before, after = tmp_path / "b" / "train.py", tmp_path / "a" / "train.py"
     before.write_text(_before(name), encoding="utf-8")
     after.write_text(_ddp(name), encoding="utf-8")
-    r = CliRunner().invoke(torchopt.cli.app, ["validate", str(before), str(after), "--steps", "1000",
-                                              "--device", "cpu", "--json", "--timeout", "300"],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        ["validate", str(before), str(after), "--steps", "1000", "--device", "cpu", "--json", "--timeout", "300"],
+        catch_exceptions=False,
+    )
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["verdict"] == "equivalent", r.stdout[-4000:]
     assert any(row["name"].startswith("param/") for row in out["rows"]), "no parameters were compared"
@@ -89,9 +101,23 @@ def test_world_size_one_is_bitwise_the_original(name, tmp_path):
 def _torchrun(script: Path, workdir: Path, out: Path) -> list[dict]:
     out.mkdir(exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(ROOT / "tests" / "ddp_support.py"), str(script), str(out)],
-                          cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "tests" / "ddp_support.py"),
+            str(script),
+            str(out),
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 

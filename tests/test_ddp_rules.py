@@ -1,5 +1,6 @@
 """DDP rules (TOP401–TOP409) beyond their examples: opt-in selection, refusals, guard forms,
 composition with the AMP rewrite. Pure source-to-source checks (fast)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,10 @@ from torchopt.rewrite.engine import check_source, fix_source
 DP_SRC = DataParallelToDDP.examples[0].src
 GUARD_SRC = RankZeroGuards.examples[0].src
 ACC_SRC = NoSyncAccumulation.examples[0].src
-DDP_HEAD = ("import torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
-            "from torch.nn.parallel import DistributedDataParallel as DDP\n\n")
+DDP_HEAD = (
+    "import torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+)
 
 
 def _fix(src: str, *codes: str) -> str:
@@ -27,10 +30,18 @@ def _diags(src: str, *codes: str):
     return check_source(src, Settings(select=codes)).diagnostics
 
 
-@pytest.mark.parametrize("select,enabled", [
-    (("ALL",), False), (("TOP4",), False), (("ddp",), False),
-    (("TOP402",), True), (("ALL", "TOP402"), True), (("single-process-to-ddp",), True), (("top402",), True),
-])
+@pytest.mark.parametrize(
+    "select,enabled",
+    [
+        (("ALL",), False),
+        (("TOP4",), False),
+        (("ddp",), False),
+        (("TOP402",), True),
+        (("ALL", "TOP402"), True),
+        (("single-process-to-ddp",), True),
+        (("top402",), True),
+    ],
+)
 def test_top402_is_opt_in(select, enabled):
     codes = Settings(select=select).enabled_codes()
     assert ("TOP402" in codes) is enabled
@@ -42,15 +53,22 @@ def test_opt_in_still_honours_ignore():
     assert "TOP402" not in Settings(select=("ALL", "TOP402"), ignore=("TOP4",)).enabled_codes()
 
 
-@pytest.mark.parametrize("edit,reason", [
-    (lambda s: s.replace("nn.Linear(4, 2).to(device)", "nn.Linear(4, 2).to('cuda:1')"), "fixed device index"),
-    (lambda s: s.replace("shuffle=True)", "sampler=my_sampler)"), "already has a sampler"),
-    (lambda s: s.replace("nn.Linear(4, 2).to(device)", "nn.LazyLinear(2).to(device)"), "lazy module"),
-    (lambda s: s.replace("DataLoader(train_ds,", "DataLoader(make_ds(),"), "bind the dataset"),
-    (lambda s: s.replace("nn.DataParallel(nn.Linear(4, 2).to(device))",
-                         "nn.DataParallel(nn.Linear(4, 2).to(device), dim=1)"), "dim="),
-    (lambda s: s.replace("for x, y in loader:", "for x, y in batches:"), "no training loop"),
-])
+@pytest.mark.parametrize(
+    "edit,reason",
+    [
+        (lambda s: s.replace("nn.Linear(4, 2).to(device)", "nn.Linear(4, 2).to('cuda:1')"), "fixed device index"),
+        (lambda s: s.replace("shuffle=True)", "sampler=my_sampler)"), "already has a sampler"),
+        (lambda s: s.replace("nn.Linear(4, 2).to(device)", "nn.LazyLinear(2).to(device)"), "lazy module"),
+        (lambda s: s.replace("DataLoader(train_ds,", "DataLoader(make_ds(),"), "bind the dataset"),
+        (
+            lambda s: s.replace(
+                "nn.DataParallel(nn.Linear(4, 2).to(device))", "nn.DataParallel(nn.Linear(4, 2).to(device), dim=1)"
+            ),
+            "dim=",
+        ),
+        (lambda s: s.replace("for x, y in loader:", "for x, y in batches:"), "no training loop"),
+    ],
+)
 def test_top401_refuses_with_a_reason(edit, reason):
     src = edit(DP_SRC)
     assert src != DP_SRC
@@ -65,9 +83,10 @@ def test_sum_reduction_outside_training_does_not_block():
 
 
 def test_top401_note_has_launch_commands_and_eval_loaders():
-    src = DP_SRC.replace("loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n",
-                            "loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n"
-                            "val_loader = DataLoader(train_ds, batch_size=8)\n")
+    src = DP_SRC.replace(
+        "loader = DataLoader(train_ds, batch_size=8, shuffle=True)\n",
+        "loader = DataLoader(train_ds, batch_size=8, shuffle=True)\nval_loader = DataLoader(train_ds, batch_size=8)\n",
+    )
     res = fix_source(src, Settings(select=("TOP401",)), unsafe=True)
     (d,) = [d for d in res.applied if d.code == "TOP401"]
     assert "semantics" in d.fix.tags
@@ -78,28 +97,35 @@ def test_top401_note_has_launch_commands_and_eval_loaders():
 
 
 def test_top401_inside_main_uses_function_locals_and_dist_rank_elsewhere():
-    src = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
-           "def log(msg):\n    print(msg)\n\n"
-           "def main():\n    model = nn.DataParallel(nn.Linear(4, 2))\n"
-           "    loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
-           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "    for epoch in range(2):\n        for x, y in loader:\n"
-           "            loss = (model(x) - y).pow(2).mean()\n            loss.backward()\n            opt.step()\n"
-           "        print(epoch)\n\n"
-           "if __name__ == '__main__':\n    main()\n")
+    src = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+        "def log(msg):\n    print(msg)\n\n"
+        "def main():\n    model = nn.DataParallel(nn.Linear(4, 2))\n"
+        "    loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n"
+        "            loss = (model(x) - y).pow(2).mean()\n            loss.backward()\n            opt.step()\n"
+        "        print(epoch)\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
     out = _fix(src, "TOP401")
-    main = out[out.index("def main():"):]
+    main = out[out.index("def main():") :]
     assert main.index("setup_distributed()") < main.index("DistributedDataParallel(")
     assert "        if rank == 0:\n            print(epoch)" in out
     assert "def log(msg):\n    if dist.get_rank() == 0:\n        print(msg)" in out
-    assert "            opt.step()\n        if rank == 0:\n            print(epoch)\n    dist.destroy_process_group()\n" in out
+    assert (
+        "            opt.step()\n        if rank == 0:\n            print(epoch)\n    dist.destroy_process_group()\n"
+        in out
+    )
     assert _fix(out, "TOP4") == out
 
 
 def test_top405_uses_the_tolerant_test_where_the_group_may_not_exist():
-    src = ("import torch\nimport torch.distributed as dist\n\n"
-           "def report(x):\n    print(x)\n\n"
-           "if distributed:\n    dist.init_process_group('gloo')\nprint('start')\n")
+    src = (
+        "import torch\nimport torch.distributed as dist\n\n"
+        "def report(x):\n    print(x)\n\n"
+        "if distributed:\n    dist.init_process_group('gloo')\nprint('start')\n"
+    )
     out = _fix(src, "TOP405")
     assert "def report(x):\n    if not dist.is_initialized() or dist.get_rank() == 0:\n        print(x)" in out
     assert "if not dist.is_initialized() or dist.get_rank() == 0:\n    print('start')" in out
@@ -107,8 +133,10 @@ def test_top405_uses_the_tolerant_test_where_the_group_may_not_exist():
 
 
 def test_top405_leaves_library_code_without_init_alone():
-    src = ("import logging\nfrom torch.nn.parallel import DistributedDataParallel\n"
-           "log = logging.getLogger(__name__)\n\nclass Task:\n    def __init__(self):\n        log.info('hi')\n")
+    src = (
+        "import logging\nfrom torch.nn.parallel import DistributedDataParallel\n"
+        "log = logging.getLogger(__name__)\n\nclass Task:\n    def __init__(self):\n        log.info('hi')\n"
+    )
     assert not _diags(src, "TOP405")
 
 
@@ -116,7 +144,7 @@ def test_top405_does_not_guard_what_may_run_collectives():
     src = GUARD_SRC + "    print(evaluate(model))\n    dist.all_reduce(loss)\n"
     out = _fix(src, "TOP405")
     assert "    print(evaluate(model))\n" in out and "    dist.all_reduce(loss)\n" in out
-    assert "if dist.get_rank() == 0:\n        print(f\"epoch" in out
+    assert 'if dist.get_rank() == 0:\n        print(f"epoch' in out
 
 
 def test_top404_refuses_a_condition_computed_by_the_step():
@@ -143,8 +171,10 @@ def test_amp_still_refuses_data_parallel_without_the_conversion():
 
 def test_diagnostics_407_to_409():
     assert [d.code for d in _diags(DDP_HEAD + "m = DDP(net, find_unused_parameters=True)\n", "TOP407")] == ["TOP407"]
-    sched = (DDP_HEAD + "m = DDP(net)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-             "s = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS * 100)\n")
+    sched = (
+        DDP_HEAD + "m = DDP(net)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "s = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS * 100)\n"
+    )
     assert [d.code for d in _diags(sched, "TOP409")] == ["TOP409"]
     assert not _diags(sched.replace("EPOCHS * 100", "EPOCHS * len(loader)"), "TOP409")
     assert not _diags(sched.replace("m = DDP(net)\n", "m = net\n"), "TOP409")
@@ -157,14 +187,16 @@ def open_fixture(name: str) -> str:
 
 
 def test_top401_under_a_main_guard_sets_up_inside_it():
-    src = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
-           "def f():\n    print(1)\n\n\nif __name__ == '__main__':\n"
-           "    model = nn.DataParallel(module=nn.Linear(2, 2))\n    loader = DataLoader(dataset=ds, batch_size=bs)\n"
-           "    opt = torch.optim.SGD(model.parameters(), 0.1)\n    for epoch in range(3):\n"
-           "        for x, y in loader:\n            model(x).sum().backward()\n            opt.step()\n"
-           "        print(epoch)\n")
+    src = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n\n"
+        "def f():\n    print(1)\n\n\nif __name__ == '__main__':\n"
+        "    model = nn.DataParallel(module=nn.Linear(2, 2))\n    loader = DataLoader(dataset=ds, batch_size=bs)\n"
+        "    opt = torch.optim.SGD(model.parameters(), 0.1)\n    for epoch in range(3):\n"
+        "        for x, y in loader:\n            model(x).sum().backward()\n            opt.step()\n"
+        "        print(epoch)\n"
+    )
     out = _fix(src, "TOP401")
-    guard = out[out.index("if __name__"):]
+    guard = out[out.index("if __name__") :]
     assert "    local_rank, rank, world_size = setup_distributed()\n" in guard
     assert guard.rstrip().endswith("    dist.destroy_process_group()")
     assert "def f():\n    if dist.get_rank() == 0:\n        print(1)" in out  # f may run outside the guard

@@ -1,6 +1,7 @@
 """DBG rules (TOP811-TOP814) beyond their generated example tests: the debugging aids are removed
 in plain PyTorch (no switch, no environment variable, no added import), what is computed stays the
 same, a later use of the profile is refused, and `torchopt validate` on dbg_left_on."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,7 @@ from torchopt.rewrite.engine import check_source, fix_source
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "dbg_left_on"
 
-TRAIN = ("w = torch.ones(3, requires_grad=True)\nopt = torch.optim.SGD([w], lr=0.1)\n")
+TRAIN = "w = torch.ones(3, requires_grad=True)\nopt = torch.optim.SGD([w], lr=0.1)\n"
 
 
 def _run(src: str) -> dict:
@@ -36,14 +37,19 @@ def _fix_once_and_again(src: str, code: str) -> str:
 
 
 def _tree_hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_anomaly_switch_is_removed_and_values_stay():
-    src = ("import torch\n\n" + TRAIN + "torch.autograd.set_detect_anomaly(True)  # NaN hunt\n"
-           "for _ in range(2):\n    opt.zero_grad()\n    (w * w).sum().backward()\n    opt.step()\n"
-           "on = torch.is_anomaly_enabled()\n")
+    src = (
+        "import torch\n\n" + TRAIN + "torch.autograd.set_detect_anomaly(True)  # NaN hunt\n"
+        "for _ in range(2):\n    opt.zero_grad()\n    (w * w).sum().backward()\n    opt.step()\n"
+        "on = torch.is_anomaly_enabled()\n"
+    )
     after = _fix_once_and_again(src, "TOP811")
     assert after == src.replace("torch.autograd.set_detect_anomaly(True)  # NaN hunt\n", "")
     before_ns, after_ns = _run(src), _run(after)
@@ -52,14 +58,18 @@ def test_anomaly_switch_is_removed_and_values_stay():
 
 
 def test_detect_anomaly_with_is_unwrapped_keeping_comments():
-    src = ("import torch\n\n" + TRAIN + "\n\ndef step():\n    # one step\n"
-           "    with torch.autograd.detect_anomaly():  # NaN hunt\n        # forward and backward\n"
-           "        (w * w).sum().backward()\n        opt.step()\n    return torch.is_anomaly_enabled()\n\n\n"
-           "on = step()\n")
+    src = (
+        "import torch\n\n" + TRAIN + "\n\ndef step():\n    # one step\n"
+        "    with torch.autograd.detect_anomaly():  # NaN hunt\n        # forward and backward\n"
+        "        (w * w).sum().backward()\n        opt.step()\n    return torch.is_anomaly_enabled()\n\n\n"
+        "on = step()\n"
+    )
     after = _fix_once_and_again(src, "TOP811")
-    assert after == ("import torch\n\n" + TRAIN + "\n\ndef step():\n    # one step\n    # NaN hunt\n"
-                     "    # forward and backward\n    (w * w).sum().backward()\n    opt.step()\n"
-                     "    return torch.is_anomaly_enabled()\n\n\non = step()\n")
+    assert after == (
+        "import torch\n\n" + TRAIN + "\n\ndef step():\n    # one step\n    # NaN hunt\n"
+        "    # forward and backward\n    (w * w).sum().backward()\n    opt.step()\n"
+        "    return torch.is_anomaly_enabled()\n\n\non = step()\n"
+    )
     assert "import os" not in after and "environ" not in after
     before_ns, after_ns = _run(src), _run(after)
     assert torch.equal(before_ns["w"], after_ns["w"]) and after_ns["on"] is False
@@ -74,19 +84,24 @@ def test_anomaly_switch_whose_value_is_used_is_refused():
 
 
 def test_unread_profiler_is_unwrapped_and_user_import_os_kept():
-    src = ("import os\nimport torch\n\n" + TRAIN + "with torch.profiler.profile() as prof:\n"
-           "    for _ in range(2):\n        (w * w).sum().backward()\n        opt.step()\n")
+    src = (
+        "import os\nimport torch\n\n" + TRAIN + "with torch.profiler.profile() as prof:\n"
+        "    for _ in range(2):\n        (w * w).sum().backward()\n        opt.step()\n"
+    )
     after = _fix_once_and_again(src, "TOP812")
-    assert after == ("import os\nimport torch\n\n" + TRAIN + "for _ in range(2):\n"
-                     "    (w * w).sum().backward()\n    opt.step()\n")
+    assert after == (
+        "import os\nimport torch\n\n" + TRAIN + "for _ in range(2):\n    (w * w).sum().backward()\n    opt.step()\n"
+    )
     assert torch.equal(_run(src)["w"], _run(after)["w"])
 
 
 def test_profiler_read_later_is_refused_and_the_tree_is_untouched(tmp_path):
     """`enabled=False` is no way out here: a disabled profiler binds `prof` to None."""
-    src = ("import torch\n\n" + TRAIN + "with torch.autograd.profiler.profile() as prof:\n"
-           "    for _ in range(2):\n        (w * w).sum().backward()\n        opt.step()\n"
-           "table = prof.key_averages().table()\n")
+    src = (
+        "import torch\n\n" + TRAIN + "with torch.autograd.profiler.profile() as prof:\n"
+        "    for _ in range(2):\n        (w * w).sum().backward()\n        opt.step()\n"
+        "table = prof.key_averages().table()\n"
+    )
     project = tmp_path / "project"
     project.mkdir()
     (project / "train.py").write_text(src, encoding="utf-8")
@@ -109,8 +124,20 @@ def test_fixture_exercises_every_debug_rule():
 
 
 def test_safe_rewrite_validates_bitwise():
-    res = CliRunner().invoke(app, ["validate", str(FIXTURE / "before.py"), str(FIXTURE / "after_safe.py"),
-                                   "--steps", "8", "--device", "cpu", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(FIXTURE / "before.py"),
+            str(FIXTURE / "after_safe.py"),
+            "--steps",
+            "8",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert out["headline"] == "EQUIVALENT (bitwise)"

@@ -1,6 +1,7 @@
 """The DEP family (TOP820–TOP829) beyond its generated example tests: `target-torch` keeps rules
 whose fix needs a newer PyTorch from running, version guards are left alone, and the legacy
 training fixture's full rewrite validates."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,11 @@ def test_legacy_fixture_unsafe_rewrite_validates() -> None:
     """Everything the DEP family writes in the fixture, the unsafe `torch.range` → `torch.arange`
     included, computes the same losses and parameters on the CPU."""
     before = ROOT / "fixtures" / "dep_legacy_train" / "before.py"
-    res = CliRunner().invoke(app, ["validate", str(before), "--steps", "3", "--device", "cpu",
-                                   "--unsafe-fixes", "--select", "TOP82", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        ["validate", str(before), "--steps", "3", "--device", "cpu", "--unsafe-fixes", "--select", "TOP82", "--json"],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, res.output
     assert out["verdict"] == "equivalent"

@@ -1,5 +1,6 @@
 """TOP101 factory-then-move / TOP102 cast-after-factory: what the per-rule examples cannot express
 (both rules together, imports, whole files, line endings, the fold-safety helper)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,14 +21,23 @@ def diags(text: str):
     return check_source(text, BOTH).diagnostics
 
 
-@pytest.mark.parametrize("src,out", [
-    ("import torch\nx = torch.zeros(3).cuda().half()\n",
-     "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.half)\n"),
-    ("import torch\nx = torch.zeros(3).float().cuda()\n",
-     "import torch\nx = torch.zeros(3, dtype=torch.float32, device='cuda')\n"),
-    ("import torch\nx = torch.arange(4).cuda().to(torch.float64)\n",
-     "import torch\nx = torch.arange(4, device='cuda', dtype=torch.float64)\n"),
-])
+@pytest.mark.parametrize(
+    "src,out",
+    [
+        (
+            "import torch\nx = torch.zeros(3).cuda().half()\n",
+            "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.half)\n",
+        ),
+        (
+            "import torch\nx = torch.zeros(3).float().cuda()\n",
+            "import torch\nx = torch.zeros(3, dtype=torch.float32, device='cuda')\n",
+        ),
+        (
+            "import torch\nx = torch.arange(4).cuda().to(torch.float64)\n",
+            "import torch\nx = torch.arange(4, device='cuda', dtype=torch.float64)\n",
+        ),
+    ],
+)
 def test_chain_composes_through_the_fix_point(src, out):
     res = fix_source(src, BOTH, unsafe=False)
     assert res.text == out
@@ -46,12 +56,15 @@ def test_from_import_only_adds_import_torch():
     compile(out, "<out>", "exec")
 
 
-@pytest.mark.parametrize("src", [
-    "from torch import zeros\ntorch = object()\n\ndef f(rank: int):\n    return zeros(3).cuda(rank)\n",
-    "from torch import zeros\n\ndef f(torch, rank: int):\n    return zeros(3).cuda(rank)\n",
-    "from torch import from_numpy\ntorch = None\nx = from_numpy(a).cuda()\n",
-    "from torch import zeros\ntorch = None\nx = zeros(3).half()\n",
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        "from torch import zeros\ntorch = object()\n\ndef f(rank: int):\n    return zeros(3).cuda(rank)\n",
+        "from torch import zeros\n\ndef f(torch, rank: int):\n    return zeros(3).cuda(rank)\n",
+        "from torch import from_numpy\ntorch = None\nx = from_numpy(a).cuda()\n",
+        "from torch import zeros\ntorch = None\nx = zeros(3).half()\n",
+    ],
+)
 def test_no_generated_torch_reference_when_torch_is_bound_to_something_else(src):
     assert fix(src) == src
     found = [d for d in diags(src) if d.code in ("TOP101", "TOP102")]
@@ -88,7 +101,7 @@ def test_not_equivalent_upcast_is_explained():
     assert d.code == "TOP102" and d.fix is None and "not equivalent" in d.message
 
 
-WHOLE_FILE = '''\
+WHOLE_FILE = """\
 import numpy as np
 import torch
 import torch as T
@@ -121,7 +134,7 @@ def setup(model, device, loader, rank: int, args, x):
     s = torch.zeros(3).cuda(args.local_rank)
     t = torch.randn(100).half()
     return a, b, c, d, e, f, g, h, i, j, k, m, n, o, p, q, r, s, t
-'''
+"""
 
 
 @pytest.mark.parametrize("unsafe", [False, True])
@@ -142,21 +155,40 @@ def test_whole_file_is_idempotent_and_compiles(unsafe):
 def test_crlf_input_stays_crlf():
     src = "import torch\r\nx = torch.zeros(\r\n    3,\r\n).cuda()\r\ny = torch.ones(2).half()\r\n"
     out = fix(src)
-    assert out == "import torch\r\nx = torch.zeros(\r\n    3,\r\n    device='cuda',\r\n)\r\ny = torch.ones(2, dtype=torch.half)\r\n"
+    assert (
+        out
+        == "import torch\r\nx = torch.zeros(\r\n    3,\r\n    device='cuda',\r\n)\r\ny = torch.ones(2, dtype=torch.half)\r\n"
+    )
     assert "\n" not in out.replace("\r\n", "")
 
 
 def test_multiline_to_with_trailing_comma():
     src = "import torch\n\ndef f(device):\n    return torch.zeros(\n        3,\n        4,\n    ).to(\n        device,\n    )\n"
-    assert fix(src) == "import torch\n\ndef f(device):\n    return torch.zeros(\n        3,\n        4,\n        device=device,\n    )\n"
+    assert (
+        fix(src)
+        == "import torch\n\ndef f(device):\n    return torch.zeros(\n        3,\n        4,\n        device=device,\n    )\n"
+    )
 
 
-@pytest.mark.parametrize("v,dt,ok", [
-    (7.0, "float16", True), (0.1, "float32", False), (0.5, "bfloat16", True), (1 + 2**-8, "bfloat16", False),
-    (1 + 2**-8, "float16", True), (2**24 + 1, "float32", False), (2**24, "float32", True), (65504, "float16", True),
-    (70000, "float16", False), (300, "uint8", False), (-1, "int8", True), (True, "float32", True), (2, "bool", False),
-    (1e300, "float32", False),
-])
+@pytest.mark.parametrize(
+    "v,dt,ok",
+    [
+        (7.0, "float16", True),
+        (0.1, "float32", False),
+        (0.5, "bfloat16", True),
+        (1 + 2**-8, "bfloat16", False),
+        (1 + 2**-8, "float16", True),
+        (2**24 + 1, "float32", False),
+        (2**24, "float32", True),
+        (65504, "float16", True),
+        (70000, "float16", False),
+        (300, "uint8", False),
+        (-1, "int8", True),
+        (True, "float32", True),
+        (2, "bool", False),
+        (1e300, "float32", False),
+    ],
+)
 def test_exact_in(v, dt, ok):
     assert exact_in(v, dt) is ok
 
@@ -167,7 +199,7 @@ def test_fold_verdict_table():
     v = fold_verdict(Data("values", "float32", (0.1,)), "float16")
     assert v.ok and v.tags == (Tag.TOLERANCE,)
     assert fold_verdict(Data("random", "float32"), "float64").tags == (Tag.RNG,)
-    assert fold_verdict(Data("random", "float32"), "float32") .tags == ()
+    assert fold_verdict(Data("random", "float32"), "float32").tags == ()
     assert not fold_verdict(Data("random", "float32"), "int64").ok
     assert fold_verdict(Data("intspan", "int64", lo=0, hi=2048), "float16").ok
     assert not fold_verdict(Data("intspan", "int64", lo=0, hi=2049), "float16").ok
@@ -176,9 +208,11 @@ def test_fold_verdict_table():
 
 
 def test_default_dtype_file_only_folds_constant_and_integer_data():
-    src = ("import torch\ntorch.set_default_dtype(torch.float64)\n"
-           "a = torch.zeros(3).half()\nb = torch.arange(5).float()\nc = torch.tensor([1.5]).half()\n"
-           "d = torch.linspace(0, 1, 3).float()\ne = torch.rand(3).half()\n")
+    src = (
+        "import torch\ntorch.set_default_dtype(torch.float64)\n"
+        "a = torch.zeros(3).half()\nb = torch.arange(5).float()\nc = torch.tensor([1.5]).half()\n"
+        "d = torch.linspace(0, 1, 3).float()\ne = torch.rand(3).half()\n"
+    )
     out = fix(src)
     assert "torch.zeros(3, dtype=torch.half)" in out and "torch.arange(5, dtype=torch.float32)" in out
     assert "torch.tensor([1.5]).half()" in out and "torch.linspace(0, 1, 3).float()" in out

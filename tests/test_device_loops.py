@@ -1,5 +1,6 @@
 """Targeted tests for TOP103 (module-then-move), TOP104 (unpinned-host-copy) and TOP105
 (device-placement-hint): the loop shapes, scoping and idempotence that examples cannot express."""
+
 from __future__ import annotations
 
 import textwrap
@@ -299,7 +300,7 @@ def test_tensor_of_tensor_suggests_detach():
         "TOP105",
     )
     msgs = [d.message for d in found]
-    assert any("a.detach().to(device=\"cuda\")" in m for m in msgs)
+    assert any('a.detach().to(device="cuda")' in m for m in msgs)
     assert any("a.detach().to(device)" in m for m in msgs)
 
 

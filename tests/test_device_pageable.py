@@ -1,5 +1,6 @@
 """Copies marked non_blocking that cannot overlap or are read too early (TOP106), and loader batch
 copies found through a function parameter or a trainer's attribute (TOP104), from the command line."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,31 +11,31 @@ from typer.testing import CliRunner
 
 import torchopt.cli
 
-PAGEABLE = dedent('''\
+PAGEABLE = dedent("""\
     import torch
 
     def predict(model, features, device):
         x = torch.from_numpy(features)
         x = x.float()
         return model(x.to(device, non_blocking=True))
-    ''')
-EARLY_READ = dedent('''\
+    """)
+EARLY_READ = dedent("""\
     import torch
 
     class Evaluator:
         def scores(self, x):
             out = self.model(x).to("cpu", non_blocking=True)
             return out.tolist()
-    ''')
-WAITS = dedent('''\
+    """)
+WAITS = dedent("""\
     import torch
 
     def fetch(t):
         y = t.to("cpu", non_blocking=True)
         torch.cuda.synchronize()
         return y.numpy()
-    ''')
-LAYOUT_B = dedent('''\
+    """)
+LAYOUT_B = dedent("""\
     import torch
     from torch.utils.data import DataLoader
 
@@ -45,8 +46,8 @@ LAYOUT_B = dedent('''\
     def main(ds, model):
         loader = DataLoader(ds, batch_size=8, pin_memory=True)
         train(model, torch.device("cuda"), loader)
-    ''')
-LAYOUT_C = dedent('''\
+    """)
+LAYOUT_C = dedent("""\
     from torch.utils.data import DataLoader
 
 
@@ -65,12 +66,15 @@ LAYOUT_C = dedent('''\
 
 
     Trainer(prepare(ds), 0).run_epoch()
-    ''')
+    """)
 
 
 def _tree_hash(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -93,10 +97,13 @@ def test_check_reports_pageable_source_and_early_host_read_and_writes_nothing(tm
     assert r.exit_code == 1, r.output
     lines = [line for line in r.output.splitlines() if "TOP106" in line and ".py:" in line]
     assert len(lines) == 2, r.output
-    assert any("pageable.py:6:" in line and "`x` is in pageable host memory (made by `torch.from_numpy`)"
-               in line for line in lines), r.output
-    assert any("early.py:5:" in line and "`out` is read on line 6 before anything waits for it" in line
-               for line in lines), r.output
+    assert any(
+        "pageable.py:6:" in line and "`x` is in pageable host memory (made by `torch.from_numpy`)" in line
+        for line in lines
+    ), r.output
+    assert any(
+        "early.py:5:" in line and "`out` is read on line 6 before anything waits for it" in line for line in lines
+    ), r.output
     assert "waits.py" not in r.output
     assert _tree_hash(tmp_path) == before
 
@@ -119,10 +126,10 @@ def test_rewrite_adds_non_blocking_to_loader_batches_in_a_function_and_a_trainer
     r = _run("rewrite", str(src), "--select", "TOP104")
     assert r.exit_code == 0, r.output
     assert (src / "layout_b.py").read_text() == LAYOUT_B.replace(
-        "data.to(device), target.to(device)",
-        "data.to(device, non_blocking=True), target.to(device, non_blocking=True)")
+        "data.to(device), target.to(device)", "data.to(device, non_blocking=True), target.to(device, non_blocking=True)"
+    )
     assert (src / "layout_c.py").read_text() == LAYOUT_C.replace(
-        "source.to(self.gpu_id)", "source.to(self.gpu_id, non_blocking=True)")
+        "source.to(self.gpu_id)", "source.to(self.gpu_id, non_blocking=True)"
+    )
     after = _tree_hash(tmp_path)
     assert {k for k in before if before[k] != after[k]} == {"src/layout_b.py", "src/layout_c.py"}
-

@@ -1,4 +1,5 @@
 """Generated rule pages are committed and current; README's set-up commands are the ones CI runs."""
+
 import os
 import re
 

@@ -1,6 +1,7 @@
 """Engine behaviour independent of any shipped rule, using small rules defined here: overlapping
 fixes wait for the next pass, the fix-point is capped, broken output is rolled back and reported,
 suppressions and safety promotion apply."""
+
 from __future__ import annotations
 
 import libcst as cst

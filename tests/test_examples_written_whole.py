@@ -4,6 +4,7 @@ A reader who opens a rule module sees each example exactly as the rule is tested
 (usually a ``dedent`` block) inside ``examples = (...)``, not a string put together from module-level
 pieces with ``+``, ``.replace()``, ``.format()`` or an f-string, not a tuple filled in after the class,
 and not text imported from another module."""
+
 from __future__ import annotations
 
 import ast
@@ -31,9 +32,13 @@ def _is_literal_text(node: ast.expr) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return True
     return (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dedent"
-        and len(node.args) == 1 and not node.keywords
-        and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "dedent"
+        and len(node.args) == 1
+        and not node.keywords
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
     )
 
 
@@ -56,7 +61,8 @@ def _problems(tree: ast.Module) -> list[str]:
     problems = []
     imported_from_rules = {
         alias.asname or alias.name
-        for node in tree.body if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchopt.codemods")
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchopt.codemods")
         for alias in node.names
     }
     for node in tree.body:
@@ -76,10 +82,13 @@ def _problems(tree: ast.Module) -> list[str]:
             elif _is_literal_text(stmt.value):
                 block_names.add(target)
         for stmt in node.body:
-            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "examples" for t in stmt.targets):
+            if isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "examples" for t in stmt.targets
+            ):
                 problems += [
                     f"line {n.lineno}: example text {n.id!r} imported from another rule module"
-                    for n in ast.walk(stmt.value) if isinstance(n, ast.Name) and n.id in imported_from_rules
+                    for n in ast.walk(stmt.value)
+                    if isinstance(n, ast.Name) and n.id in imported_from_rules
                 ]
     return problems
 
@@ -95,7 +104,7 @@ def test_the_check_sees_each_way_of_splicing_an_example():
         "replace": 'class R:\n    examples = (Valid(dedent("""\\\n        x = 1\n        """).replace("1", "2")),)\n',
         "module string": '_SRC = "x = 1\\n"\nclass R:\n    examples = (Valid(_SRC),)\n',
         "after the class": 'class R:\n    examples = ()\nR.examples = (Valid("x = 1\\n"),)\n',
-        "imported": 'from torchopt.codemods.pad.vocab_models import _GPT\nclass R:\n    examples = (Valid(_GPT),)\n',
+        "imported": "from torchopt.codemods.pad.vocab_models import _GPT\nclass R:\n    examples = (Valid(_GPT),)\n",
     }
     for how, source in spliced.items():
         assert _problems(ast.parse(source)), how

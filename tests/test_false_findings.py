@@ -1,5 +1,6 @@
 """Findings that real training scripts showed to be false: the pattern is a reduced copy of what the
 script does, and each test names what the user saw before (a report on code that has no problem)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,11 @@ def codes(text: str, settings: Settings = SYNC) -> list[tuple[str, int]]:
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 LOG_INTERVAL = """\
@@ -108,9 +112,11 @@ def test_reads_after_the_batch_loop_and_a_retry_empty_cache_are_not_reported() -
 
 
 def test_item_of_a_cpu_tensor_is_not_a_device_sync() -> None:
-    text = ("import torch\n\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
-            "        size = torch.randint(16, 128, ()).item()\n        loss = model(x[:size]).sum()\n"
-            "        loss.backward()\n        opt.step()\n")
+    text = (
+        "import torch\n\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
+        "        size = torch.randint(16, 128, ()).item()\n        loss = model(x[:size]).sum()\n"
+        "        loss.backward()\n        opt.step()\n"
+    )
     assert codes(text) == []
     on_gpu = text.replace("torch.randint(16, 128, ())", "torch.randint(16, 128, (), device='cuda')")
     assert ("TOP601", 6) in codes(on_gpu)
@@ -197,9 +203,10 @@ def test_tutorial_script_running_loss_is_fixed_on_disk(tmp_path: Path) -> None:
 def test_no_float64_accumulator_on_a_device_that_may_be_mps(tmp_path: Path) -> None:
     """A device picked through `torch.accelerator` may be MPS, which has no float64: reported,
     the file left byte-identical."""
-    text = SCRIPT.replace('torch.device("cuda" if torch.cuda.is_available() else "cpu")',
-                          'torch.accelerator.current_accelerator() if torch.accelerator.is_available() '
-                          'else torch.device("cpu")')
+    text = SCRIPT.replace(
+        'torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+        'torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")',
+    )
     script = tmp_path / "train.py"
     script.write_bytes(text.encode())
     res = CliRunner().invoke(app, ["rewrite", str(script), "--select", "TOP601", "--no-cache"])
@@ -207,8 +214,9 @@ def test_no_float64_accumulator_on_a_device_that_may_be_mps(tmp_path: Path) -> N
     assert script.read_bytes() == text.encode()
     (diag,) = check_source(text, Settings(select=("TOP601",))).diagnostics
     assert diag.fix is None and "may be Apple MPS" in diag.message
-    named = SCRIPT.replace('"cuda" if torch.cuda.is_available() else "cpu"',
-                           '"mps" if torch.backends.mps.is_available() else "cpu"')
+    named = SCRIPT.replace(
+        '"cuda" if torch.cuda.is_available() else "cpu"', '"mps" if torch.backends.mps.is_available() else "cpu"'
+    )
     assert fix_source(named, Settings(select=("TOP601",))).text == named
 
 
@@ -244,8 +252,10 @@ def main(model, loader, opt, device):
 
 
 def test_opt_in_synchronize_switch_is_not_reported() -> None:
-    text = ("import torch\n\n\ndef train(args, model, loader, opt):\n    for x, y in loader:\n"
-            "        model(x).sum().backward()\n        opt.step()\n        if args.synchronize_step:\n"
-            "            torch.cuda.synchronize()\n")
+    text = (
+        "import torch\n\n\ndef train(args, model, loader, opt):\n    for x, y in loader:\n"
+        "        model(x).sum().backward()\n        opt.step()\n        if args.synchronize_step:\n"
+        "            torch.cuda.synchronize()\n"
+    )
     assert codes(text) == []
     assert ("TOP606", 8) in codes(text.replace("        if args.synchronize_step:\n    ", ""))

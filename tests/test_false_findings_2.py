@@ -2,6 +2,7 @@
 padding on a vocabulary that is already padded, profilers in tests and benchmarks; and the wording of
 the persistent-workers message. Each script is a reduced copy of the pattern the real one has; every
 run goes through the command line on a tree under tmp_path, whose files must stay byte-identical."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,11 @@ from torchopt.cli import app
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _check(tmp_path: Path, files: dict[str, str], code: str) -> tuple[int, str]:
@@ -38,7 +42,8 @@ def _check(tmp_path: Path, files: dict[str, str], code: str) -> tuple[int, str]:
 
 MAIN = '\n\nif __name__ == "__main__":\n    main()\n'
 
-ACCELERATOR = dedent("""\
+ACCELERATOR = (
+    dedent("""\
     import argparse
     import torch
 
@@ -54,9 +59,12 @@ ACCELERATOR = dedent("""\
             device = torch.device("cpu")
         model = torch.nn.Linear(4, 2).to(device)
         state = torch.load("ckpt.pt", map_location="cpu")
-    """) + MAIN
+    """)
+    + MAIN
+)
 
-CUDA_FALLBACK = dedent("""\
+CUDA_FALLBACK = (
+    dedent("""\
     import torch
 
 
@@ -64,9 +72,12 @@ CUDA_FALLBACK = dedent("""\
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = torch.nn.Linear(4, 2).to(device)
         print(model(torch.ones(1, 4, device=device)).cpu())
-    """) + MAIN
+    """)
+    + MAIN
+)
 
-DEVICE_FLAG_CUDA = dedent("""\
+DEVICE_FLAG_CUDA = (
+    dedent("""\
     import argparse
     import torch
 
@@ -77,9 +88,12 @@ DEVICE_FLAG_CUDA = dedent("""\
         args = parser.parse_args()
         device = torch.device(args.device)
         checkpoint = torch.load(args.resume, map_location="cpu")
-    """) + MAIN
+    """)
+    + MAIN
+)
 
-HELPER_DEVICE = dedent("""\
+HELPER_DEVICE = (
+    dedent("""\
     import torch as th
 
     from guided import dist_util
@@ -91,9 +105,12 @@ HELPER_DEVICE = dedent("""\
         model.load_state_dict(dist_util.load_state_dict("m.pt", map_location="cpu"))
         model.to(dist_util.dev())
         noise = th.randn(4, 3, device=dist_util.dev())
-    """) + MAIN
+    """)
+    + MAIN
+)
 
-TRAINER = dedent("""\
+TRAINER = (
+    dedent("""\
     import torch
     import lightning as L
 
@@ -101,18 +118,24 @@ TRAINER = dedent("""\
     def main():
         model = torch.load("init.pt", map_location="cpu")
         L.Trainer(max_epochs=3).fit(model)
-    """) + MAIN
+    """)
+    + MAIN
+)
 
 
-@pytest.mark.parametrize("script", [ACCELERATOR, CUDA_FALLBACK, DEVICE_FLAG_CUDA, HELPER_DEVICE, TRAINER],
-                         ids=["torch-accelerator", "cuda-else-cpu", "device-flag-cuda", "helper-device", "trainer"])
+@pytest.mark.parametrize(
+    "script",
+    [ACCELERATOR, CUDA_FALLBACK, DEVICE_FLAG_CUDA, HELPER_DEVICE, TRAINER],
+    ids=["torch-accelerator", "cuda-else-cpu", "device-flag-cuda", "helper-device", "trainer"],
+)
 def test_gpu_scripts_with_a_cpu_fallback_get_no_cpu_launcher_advice(tmp_path: Path, script: str) -> None:
     """Before, any "cpu" string (a fallback branch, `map_location="cpu"`) made the script a CPU one."""
     rc, out = _check(tmp_path, {"train.py": script}, "TOP951")
     assert rc == 0 and "TOP951" not in out, out
 
 
-CPU_FLAG = dedent("""\
+CPU_FLAG = (
+    dedent("""\
     import argparse
     import torch
 
@@ -122,9 +145,12 @@ CPU_FLAG = dedent("""\
         parser.add_argument("--device", default="cpu", help="cpu, or cuda when you have one")
         args = parser.parse_args()
         x = torch.ones(2, device=args.device)
-    """) + MAIN
+    """)
+    + MAIN
+)
 
-CPU_ONLY = dedent("""\
+CPU_ONLY = (
+    dedent("""\
     import torch
 
 
@@ -132,13 +158,19 @@ CPU_ONLY = dedent("""\
         device = torch.device("cpu")
         model = torch.nn.Linear(4, 2).to(device)
         print(model(torch.ones(1, 4)))
-    """) + MAIN
+    """)
+    + MAIN
+)
 
 
-@pytest.mark.parametrize("script, why", [
-    (CPU_FLAG, 'its device option defaults to "cpu" (line 7)'),
-    (CPU_ONLY, 'it places its tensors on "cpu" (line 6) and never selects an accelerator'),
-], ids=["cpu-flag", "cpu-only"])
+@pytest.mark.parametrize(
+    "script, why",
+    [
+        (CPU_FLAG, 'its device option defaults to "cpu" (line 7)'),
+        (CPU_ONLY, 'it places its tensors on "cpu" (line 6) and never selects an accelerator'),
+    ],
+    ids=["cpu-flag", "cpu-only"],
+)
 def test_cpu_scripts_are_told_why(tmp_path: Path, script: str, why: str) -> None:
     rc, out = _check(tmp_path, {"train.py": script}, "TOP951")
     assert rc == 1
@@ -188,12 +220,16 @@ META_FALLBACK = dedent("""\
             return self.head(self.tok(idx))
     """)
 
-PARAM_DEFAULT = META_FALLBACK.replace("meta_vocab_size = read_meta()\nVOCAB = meta_vocab_size or 50304\n", "") \
-    .replace("def __init__(self, d):", "def __init__(self, d, VOCAB=50304):")
+PARAM_DEFAULT = META_FALLBACK.replace("meta_vocab_size = read_meta()\nVOCAB = meta_vocab_size or 50304\n", "").replace(
+    "def __init__(self, d):", "def __init__(self, d, VOCAB=50304):"
+)
 
 
-@pytest.mark.parametrize("script", [NANOGPT_CONFIG, META_FALLBACK, PARAM_DEFAULT],
-                         ids=["dataclass-field", "or-fallback", "parameter-default"])
+@pytest.mark.parametrize(
+    "script",
+    [NANOGPT_CONFIG, META_FALLBACK, PARAM_DEFAULT],
+    ids=["dataclass-field", "or-fallback", "parameter-default"],
+)
 def test_vocabulary_whose_default_is_padded_is_left_alone(tmp_path: Path, script: str) -> None:
     """Before, 50304 was reported as "not a multiple of 8"; beside it, a 50257 default and a computed
     size are still reported."""

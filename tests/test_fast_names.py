@@ -1,5 +1,6 @@
 """The fast path for imported names (rewrite/metadata.fast_qualified_names) must answer exactly what
 LibCST's scope analysis answers, node for node, wherever it answers at all."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,14 +50,18 @@ def compare(text: str) -> tuple[int, list[str]]:
         except Exception:
             slow = frozenset()
         if fast != slow:
-            bad.append(f"{module.code_for_node(node)}: fast {sorted(q.name for q in fast)} "
-                       f"scope {sorted(q.name for q in slow)}")
+            bad.append(
+                f"{module.code_for_node(node)}: fast {sorted(q.name for q in fast)} "
+                f"scope {sorted(q.name for q in slow)}"
+            )
     return answered, bad
 
 
 def _texts() -> list:
-    out = [pytest.param(p.read_text(encoding="utf-8"), id=f"fixture-{p.parent.name}")
-           for p in sorted(FIXTURES.glob("*/before.py"))]
+    out = [
+        pytest.param(p.read_text(encoding="utf-8"), id=f"fixture-{p.parent.name}")
+        for p in sorted(FIXTURES.glob("*/before.py"))
+    ]
     for code, rule in sorted(all_rules().items()):
         for i, ex in enumerate(rule.examples):
             if "import" in ex.src:
@@ -70,7 +75,7 @@ def test_fast_names_equal_scope_analysis(text):
     assert not bad, "\n".join(bad)
 
 
-TRICKY = '''import torch
+TRICKY = """import torch
 import torch.nn as nn
 import torch.nn.functional
 from torch import nn as tnn, zeros
@@ -97,7 +102,7 @@ def g(torch2):
 
 class K:
     np = 3
-'''
+"""
 
 
 def test_tricky_module():

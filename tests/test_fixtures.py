@@ -8,6 +8,7 @@ For each fixture folder:
   (d) after_unsafe.py runs on the CPU.
 Plus the command line on one fixture (--diff writes nothing; --unsafe-fixes says what changes).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -47,8 +48,11 @@ def _read(name: str, which: str) -> str:
 
 
 def _diff(expected: str, got: str, name: str) -> str:
-    return "".join(difflib.unified_diff(expected.splitlines(True), got.splitlines(True),
-                                        f"{name} (expected)", f"{name} (torchopt)"))
+    return "".join(
+        difflib.unified_diff(
+            expected.splitlines(True), got.splitlines(True), f"{name} (expected)", f"{name} (torchopt)"
+        )
+    )
 
 
 def test_fixtures_exist():
@@ -175,5 +179,7 @@ def test_each_problem_is_reported_once(name):
         if d.fix is not None:
             continue
         key = (d.line, d.column, d.end_line, d.end_column)
-        assert key not in seen, f"{seen[key].code} and {d.code} both report {key}: {seen[key].message!r} / {d.message!r}"
+        assert key not in seen, (
+            f"{seen[key].code} and {d.code} both report {key}: {seen[key].message!r} / {d.message!r}"
+        )
         seen[key] = d

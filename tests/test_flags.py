@@ -1,6 +1,7 @@
 """FLAG rules (TOP501 cuDNN auto-tuner, TOP502 TF32 matmuls, TOP503 determinism switches): where a
 global switch is inserted (entry scripts only), that it is inserted exactly once and a second run
 changes nothing, what stops it, and the numerical check of the flags fixture."""
+
 from __future__ import annotations
 
 import json
@@ -56,44 +57,57 @@ def test_module_level_loop_goes_after_the_imports():
 
 
 def test_imports_after_path_setup_are_waited_for():
-    src = ("import sys\nsys.path.insert(0, 'src')\nimport torch\nfrom torch import nn\n\n"
-           "net = nn.Conv2d(3, 8, 3).cuda()\nfor _ in range(3):\n    net(torch.randn(2, 3, 8, 8).cuda()).sum().backward()\n")
+    src = (
+        "import sys\nsys.path.insert(0, 'src')\nimport torch\nfrom torch import nn\n\n"
+        "net = nn.Conv2d(3, 8, 3).cuda()\nfor _ in range(3):\n    net(torch.randn(2, 3, 8, 8).cuda()).sum().backward()\n"
+    )
     lines = fix(src, "TOP501").splitlines()
     assert lines.index(BENCH) == lines.index("from torch import nn") + 1
 
 
 def test_main_function_gets_it_first_after_its_docstring():
-    src = ('import torch\nimport torch.nn as nn\n\n\ndef main():\n    """Doc."""\n    net = nn.Conv2d(3, 8, 3).cuda()\n'
-           "    net(torch.randn(1, 3, 8, 8).cuda())\n\n\nif __name__ == '__main__':\n    main()\n")
+    src = (
+        'import torch\nimport torch.nn as nn\n\n\ndef main():\n    """Doc."""\n    net = nn.Conv2d(3, 8, 3).cuda()\n'
+        "    net(torch.randn(1, 3, 8, 8).cuda())\n\n\nif __name__ == '__main__':\n    main()\n"
+    )
     out = fix(src, "TOP501")
     assert f'    """Doc."""\n    {BENCH}\n    net = nn.Conv2d' in out
 
 
 def test_main_called_at_module_level_without_guard():
-    src = ("import torch\nimport torch.nn as nn\n\n\ndef main():\n    net = nn.Conv2d(3, 8, 3).cuda()\n"
-           "    net(torch.randn(1, 3, 8, 8).cuda())\n\n\nmain()\n")
+    src = (
+        "import torch\nimport torch.nn as nn\n\n\ndef main():\n    net = nn.Conv2d(3, 8, 3).cuda()\n"
+        "    net(torch.randn(1, 3, 8, 8).cuda())\n\n\nmain()\n"
+    )
     assert f"def main():\n    {BENCH}\n" in fix(src, "TOP501")
 
 
 def test_guard_without_main_gets_it_first_in_the_guard():
-    src = ("import torch\nimport torch.nn as nn\n\nif __name__ == '__main__':\n    net = nn.Conv2d(3, 8, 3).cuda()\n"
-           "    net(torch.randn(1, 3, 8, 8).cuda())\n")
+    src = (
+        "import torch\nimport torch.nn as nn\n\nif __name__ == '__main__':\n    net = nn.Conv2d(3, 8, 3).cuda()\n"
+        "    net(torch.randn(1, 3, 8, 8).cuda())\n"
+    )
     assert f"if __name__ == '__main__':\n    {BENCH}\n" in fix(src, "TOP501")
 
 
 def test_library_module_is_left_alone():
-    src = ("import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-           "        self.conv = nn.Conv2d(3, 8, 3)\n\n    def forward(self, x):\n        return self.conv(x.cuda())\n")
+    src = (
+        "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.conv = nn.Conv2d(3, 8, 3)\n\n    def forward(self, x):\n        return self.conv(x.cuda())\n"
+    )
     assert codes(src) == []
 
 
 def test_alias_is_reused_and_both_switches_stay_together():
-    src = CONV_LOOP.replace("import torch\n", "import torch as T\n").replace("torch.randn", "T.randn").replace(
-        "import torch.nn as nn\n", "import torch.nn as nn\nhead = nn.Linear(8, 2).cuda()\n")
+    src = (
+        CONV_LOOP.replace("import torch\n", "import torch as T\n")
+        .replace("torch.randn", "T.randn")
+        .replace("import torch.nn as nn\n", "import torch.nn as nn\nhead = nn.Linear(8, 2).cuda()\n")
+    )
     lines = fix(src).splitlines()
     i = lines.index("import torch.nn as nn")
     # one block right after the imports (in the order the fixes were applied)
-    assert sorted(lines[i + 1: i + 3]) == sorted([BENCH.replace("torch.", "T.", 1), PREC.replace("torch.", "T.", 1)])
+    assert sorted(lines[i + 1 : i + 3]) == sorted([BENCH.replace("torch.", "T.", 1), PREC.replace("torch.", "T.", 1)])
 
 
 # --------------------------------------------------------------------------- exactly once, never twice
@@ -134,21 +148,26 @@ def test_existing_cnn_train_fixture_select_top501_is_correct_and_runs():
 # --------------------------------------------------------------------------- what stops it
 
 
-@pytest.mark.parametrize("line", [
-    "torch.backends.cudnn.benchmark = False",
-    "torch.backends.cudnn.deterministic = True",
-    "torch.use_deterministic_algorithms(True)",
-    "torch.backends.cudnn.deterministic = args_deterministic",
-    "os.environ['CUBLAS_WORKSPACE_CONFIG'] = ':4096:8'",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "torch.backends.cudnn.benchmark = False",
+        "torch.backends.cudnn.deterministic = True",
+        "torch.use_deterministic_algorithms(True)",
+        "torch.backends.cudnn.deterministic = args_deterministic",
+        "os.environ['CUBLAS_WORKSPACE_CONFIG'] = ':4096:8'",
+    ],
+)
 def test_user_settings_and_reproducibility_intent_block_insertion(line):
     src = CONV_LOOP.replace("import torch.nn as nn\n", f"import os\nimport torch.nn as nn\n{line}\n")
     assert "TOP501" not in codes(src)
 
 
 def test_variable_shapes_are_reported_without_fix():
-    src = ("import torch\nimport torch.nn as nn\nfrom torchvision import transforms\n\n"
-           "tf = transforms.Compose([transforms.Resize(256), transforms.ToTensor()])\n" + CONV_LOOP.split("\n\n", 1)[1])
+    src = (
+        "import torch\nimport torch.nn as nn\nfrom torchvision import transforms\n\n"
+        "tf = transforms.Compose([transforms.Resize(256), transforms.ToTensor()])\n" + CONV_LOOP.split("\n\n", 1)[1]
+    )
     found = [d for d in check_source(src, FLAGS).diagnostics if d.code == "TOP501"]
     assert len(found) == 1 and found[0].fix is None and "vary per batch" in found[0].message
     crop = src.replace("transforms.Resize(256), ", "transforms.Resize(256), transforms.CenterCrop(224), ")
@@ -164,8 +183,10 @@ def test_deterministic_fixture_only_reports():
 
 
 def test_sensitive_linear_algebra_blocks_tf32():
-    src = ("import torch\n\nw = torch.nn.Linear(4, 4).cuda()\nfor _ in range(2):\n"
-           "    w(torch.linalg.inv(torch.eye(4)).cuda()).sum().backward()\n")
+    src = (
+        "import torch\n\nw = torch.nn.Linear(4, 4).cuda()\nfor _ in range(2):\n"
+        "    w(torch.linalg.inv(torch.eye(4)).cuda()).sum().backward()\n"
+    )
     found = [d for d in check_source(src, FLAGS).diagnostics if d.code == "TOP502"]
     assert len(found) == 1 and found[0].fix is None
 
@@ -181,8 +202,23 @@ def test_flags_fixture_validates_within_its_class_tolerance(tmp_path, code, tags
     before = FIX / "flags_cnn_train" / "before.py"
     after = tmp_path / "after.py"
     after.write_text(fix(before.read_text(encoding="utf-8"), code), encoding="utf-8")
-    res = CliRunner().invoke(app, ["validate", str(before), str(after), "--select", code, "--unsafe-fixes",
-                                   "--device", "cpu", "--steps", "2", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(before),
+            str(after),
+            "--select",
+            code,
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert out["verdict"] == "equivalent"

@@ -1,11 +1,12 @@
 """Backend switches on real layouts: where every process runs them (a spawned worker), CUDA
 programs whose device comes from `torch.accelerator` or an index, and the cuDNN auto-tuner
 against input shapes that vary per batch."""
+
 from __future__ import annotations
 
 from layout_cases import check, rewrite
 
-SPAWNED = '''\
+SPAWNED = """\
 import torch
 import torch.multiprocessing as mp
 import torch.nn as nn
@@ -22,18 +23,18 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def test_switch_goes_into_the_spawned_worker(tmp_path):
     res, text = rewrite(tmp_path, SPAWNED, "--unsafe-fixes", "--select", "TOP501")
     assert res.exit_code == 0
-    assert text == SPAWNED.replace("def worker(rank, world_size):\n",
-                                   "def worker(rank, world_size):\n"
-                                   "    torch.backends.cudnn.benchmark = True\n")
+    assert text == SPAWNED.replace(
+        "def worker(rank, world_size):\n", "def worker(rank, world_size):\n    torch.backends.cudnn.benchmark = True\n"
+    )
 
 
-ACCELERATOR = '''\
+ACCELERATOR = """\
 import torch
 import torch.nn as nn
 
@@ -46,26 +47,27 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def test_tf32_for_a_device_from_torch_accelerator(tmp_path):
     res, text = rewrite(tmp_path, ACCELERATOR, "--unsafe-fixes", "--select", "TOP502")
     assert res.exit_code == 0
-    assert text == ACCELERATOR.replace("def main():\n", "def main():\n"
-                                       '    torch.set_float32_matmul_precision("high")\n')
+    assert text == ACCELERATOR.replace("def main():\n", 'def main():\n    torch.set_float32_matmul_precision("high")\n')
 
 
 def test_tf32_for_a_device_given_as_an_index(tmp_path):
-    src = ("import torch\nimport torch.nn as nn\n\n\nclass Trainer:\n    def __init__(self, model, gpu_id):\n"
-           "        self.gpu_id = gpu_id\n        self.model = model.to(gpu_id)\n\n\n"
-           "def main(device):\n    trainer = Trainer(nn.Linear(8, 8), device)\n\n\n"
-           "if __name__ == \"__main__\":\n    main(0)\n")
+    src = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Trainer:\n    def __init__(self, model, gpu_id):\n"
+        "        self.gpu_id = gpu_id\n        self.model = model.to(gpu_id)\n\n\n"
+        "def main(device):\n    trainer = Trainer(nn.Linear(8, 8), device)\n\n\n"
+        'if __name__ == "__main__":\n    main(0)\n'
+    )
     res = check(tmp_path, src, "--select", "TOP502")
     assert res.exit_code == 1 and "main.py:12:23: TOP502" in res.stdout
 
 
-VARYING = '''\
+VARYING = """\
 import random
 
 import torch.backends.cudnn as cudnn
@@ -77,7 +79,7 @@ net = models.resnet18().cuda()
 for images, labels in loader:
     size = random.choice([224, 256, 288])
     net(F.interpolate(images.cuda(), size=size)).sum().backward()
-'''
+"""
 
 
 def test_benchmark_on_with_multi_scale_inputs_is_advised_off(tmp_path):
@@ -88,9 +90,11 @@ def test_benchmark_on_with_multi_scale_inputs_is_advised_off(tmp_path):
 
 
 def test_auto_tuner_not_inserted_for_random_size_augmentation(tmp_path):
-    src = ("import torch\nfrom torchvision import models, transforms\n\n"
-           "augment = transforms.v2.RandomShortestSize([480, 512, 544])\nnet = models.resnet18().cuda()\n"
-           "for images in loader:\n    net(augment(images).cuda()).sum().backward()\n")
+    src = (
+        "import torch\nfrom torchvision import models, transforms\n\n"
+        "augment = transforms.v2.RandomShortestSize([480, 512, 544])\nnet = models.resnet18().cuda()\n"
+        "for images in loader:\n    net(augment(images).cuda()).sum().backward()\n"
+    )
     res, text = rewrite(tmp_path, src, "--unsafe-fixes", "--select", "TOP501")
     assert res.exit_code == 0 and text == src
     res = check(tmp_path / "c", src, "--select", "TOP501")

@@ -1,6 +1,7 @@
 """The language server's incremental check (rewrite/incremental.py) must report exactly what
 `torchopt check` reports, and after an edit inside one function re-analyse only that function's
 group of linked statements."""
+
 from __future__ import annotations
 
 import collections
@@ -46,14 +47,14 @@ def test_rule_example_gives_what_check_gives(src):
     _same(src)
 
 
-HEAD = '''import torch
+HEAD = """import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
-'''
+"""
 
-BLOCK = '''
+BLOCK = """
 
 class Net{i}(nn.Module):
     def __init__(self):
@@ -76,7 +77,7 @@ def train_{i}():
         loss.backward()
         opt.step()
     return scratch
-'''
+"""
 
 
 def test_an_edit_in_one_function_reanalyses_only_its_group():
@@ -98,7 +99,10 @@ def test_an_edit_in_one_function_reanalyses_only_its_group():
 
 
 def test_messages_that_name_a_line_name_the_original_line():
-    text = HEAD + "".join(BLOCK.format(i=i) for i in range(2)) + '''
+    text = (
+        HEAD
+        + "".join(BLOCK.format(i=i) for i in range(2))
+        + """
 
 def report(model, loader):
     total = 0.0
@@ -107,7 +111,8 @@ def report(model, loader):
         loss.backward()
         total += loss.item()
     return total
-'''
+"""
+    )
     diags = IncrementalChecker().check(text, Settings(), "m.py")
     assert diags == check_source(text, Settings(), "m.py").diagnostics
     assert any("line " in d.message for d in diags)
@@ -135,8 +140,21 @@ def test_texts_it_cannot_cut_are_checked_whole(text):
 
 def _one_edit(text: str, rng) -> str:
     """An edit a user makes: type or delete characters, add or remove lines, at a random place."""
-    snippets = ["x", "\n", "\n\n", "    pass\n", "def g():\n    return 1\n", "# note\n", ")", "(", "'", "@dec\n",
-                "import os\n", "y = g()\n", "class K:\n    pass\n"]
+    snippets = [
+        "x",
+        "\n",
+        "\n\n",
+        "    pass\n",
+        "def g():\n    return 1\n",
+        "# note\n",
+        ")",
+        "(",
+        "'",
+        "@dec\n",
+        "import os\n",
+        "y = g()\n",
+        "class K:\n    pass\n",
+    ]
     i = rng.randrange(len(text) + 1)
     if rng.random() < 0.5:  # at the start of a line: more edits that still parse
         i = text.rfind("\n", 0, i) + 1
@@ -153,7 +171,11 @@ def test_resplit_after_any_edit_equals_a_fresh_split(seed):
     from torchopt.rewrite.incremental import _lines, resplit
 
     rng = random.Random(seed)
-    text = HEAD + "".join(BLOCK.format(i=i) for i in range(3)) + "\n\n# the end\nif __name__ == '__main__':\n    train_0()\n"
+    text = (
+        HEAD
+        + "".join(BLOCK.format(i=i) for i in range(3))
+        + "\n\n# the end\nif __name__ == '__main__':\n    train_0()\n"
+    )
     lines, chunks = _lines(text), split(text)
     checked = 0
     for _ in range(200):

@@ -1,6 +1,7 @@
 """INF rules (TOP801-TOP803) beyond their generated example tests: what the `semantics` tag of
 TOP801/TOP802 means (values bitwise, `requires_grad` differs) and `torchopt validate` on the
 inf_eval_script fixture."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,11 @@ FIXTURE = ROOT / "fixtures" / "inf_eval_script"
 
 
 def test_no_grad_changes_only_requires_grad():
-    src = ("import torch\nfrom torch import nn\n\ntorch.manual_seed(0)\nmodel = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))\n"
-           "test_batches = [torch.randn(3, 4) for _ in range(2)]\nouts = []\nhits = 0\n"
-           "for x in test_batches:\n    out = model(x)\n    outs.append(out)\n    hits += (out > 0).sum().item()\n")
+    src = (
+        "import torch\nfrom torch import nn\n\ntorch.manual_seed(0)\nmodel = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))\n"
+        "test_batches = [torch.randn(3, 4) for _ in range(2)]\nouts = []\nhits = 0\n"
+        "for x in test_batches:\n    out = model(x)\n    outs.append(out)\n    hits += (out > 0).sum().item()\n"
+    )
     res = fix_source(src, Settings(select=("TOP801",)), unsafe=True)
     assert [d.fix.tags for d in res.applied] == [("semantics",)]  # `outs` collects model outputs
     diffs = compare_programs(src, res.text)
@@ -57,8 +60,20 @@ def test_fixture_exercises_every_inference_rule():
 def test_unsafe_rewrite_validates_with_bitwise_values():
     """TOP801 (safe and semantics) and TOP802 (semantics): every value bitwise, `requires_grad`
     of the collected logits may differ."""
-    res = CliRunner().invoke(app, ["validate", str(FIXTURE / "before.py"), str(FIXTURE / "after_unsafe.py"),
-                                   "--steps", "4", "--device", "cpu", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(FIXTURE / "before.py"),
+            str(FIXTURE / "after_unsafe.py"),
+            "--steps",
+            "4",
+            "--device",
+            "cpu",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert "semantics" in out["tolerance"]["tags"] and out["tolerance"]["bitwise"] is True, out["tolerance"]

@@ -3,6 +3,7 @@ walk (rewrite/fastvisit.py) makes exactly the calls LibCST's own traversal makes
 (rewrite/positions.py) equal LibCST's for every node, and the engine reports the same diagnostics and
 makes the same fixes with them as without them.
 Every test here installs them explicitly and puts LibCST back afterwards."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -10,14 +11,19 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
-from libcst.metadata import (ExpressionContextProvider, MetadataWrapper, ParentNodeProvider, PositionProvider,
-                             ScopeProvider)
+from libcst.metadata import (
+    ExpressionContextProvider,
+    MetadataWrapper,
+    ParentNodeProvider,
+    PositionProvider,
+    ScopeProvider,
+)
 
 from torchopt.rewrite import fastvisit, positions, speedups
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SYNTAX = '''\
+SYNTAX = """\
 from __future__ import annotations
 import torch, torch.nn as nn
 from torch import *
@@ -99,7 +105,7 @@ else:
 type Alias = list[int]
 def generic[T](x: T) -> T:
     return x
-'''
+"""
 
 
 def _sources() -> list[tuple[str, str]]:
@@ -240,9 +246,12 @@ def test_batched_visitors_and_hooks(name: str, text: str) -> None:
 
     def run() -> list:
         log: list = []
-        cst.visit_batched(module, [BatchA(log), BatchB(log)],
-                          before_visit=lambda n: log.append(("before", id(n))),
-                          after_leave=lambda n: log.append(("after", id(n))))
+        cst.visit_batched(
+            module,
+            [BatchA(log), BatchB(log)],
+            before_visit=lambda n: log.append(("before", id(n))),
+            after_leave=lambda n: log.append(("after", id(n))),
+        )
         return log
 
     fast = run()
@@ -278,14 +287,25 @@ def test_metadata_providers_agree(name: str, text: str) -> None:
         per_scope = {}
         for node, scope in scopes.items():
             if scope is not None and id(scope) not in per_scope:
-                per_scope[id(scope)] = (type(scope).__name__,
-                                        sorted(map(str, ((a.name, key(getattr(a, "node", None)))
-                                                         for a in scope.assignments))),
-                                        sorted(map(str, ((key(a.node), sorted(map(str, (key(getattr(x, "node", None))
-                                                                                        for x in a.referents))))
-                                                         for a in scope.accesses))))
-        return (sorted(per_scope.values()), {key(k): str(v) for k, v in ctx.items()},
-                {key(k): key(v) for k, v in parents.items()}, {key(k): (v.start, v.end) for k, v in pos.items()})
+                per_scope[id(scope)] = (
+                    type(scope).__name__,
+                    sorted(map(str, ((a.name, key(getattr(a, "node", None))) for a in scope.assignments))),
+                    sorted(
+                        map(
+                            str,
+                            (
+                                (key(a.node), sorted(map(str, (key(getattr(x, "node", None)) for x in a.referents))))
+                                for a in scope.accesses
+                            ),
+                        )
+                    ),
+                )
+        return (
+            sorted(per_scope.values()),
+            {key(k): str(v) for k, v in ctx.items()},
+            {key(k): key(v) for k, v in parents.items()},
+            {key(k): (v.start, v.end) for k, v in pos.items()},
+        )
 
     fast = resolve()
     with libcst_own_code():
@@ -367,8 +387,12 @@ def test_the_engine_gives_the_same_results_with_and_without_them(name: str, text
 
     def results() -> tuple:
         fixed = fix_source(text, settings, name, unsafe=True)
-        return ([d.to_json() for d in check_source(text, settings, name).diagnostics], fixed.text,
-                [d.to_json() for d in fixed.applied], [d.to_json() for d in fixed.remaining])
+        return (
+            [d.to_json() for d in check_source(text, settings, name).diagnostics],
+            fixed.text,
+            [d.to_json() for d in fixed.applied],
+            [d.to_json() for d in fixed.remaining],
+        )
 
     fast = results()
     speedups.uninstall()
@@ -443,11 +467,14 @@ def test_positions_of_a_few_nodes_equal_the_whole_files(name: str, text: str) ->
             assert got[node] == full[node], (name, type(node).__name__)
 
 
-@pytest.mark.parametrize("text", [
-    "import torch\nx = torch.zeros(3).cuda()",  # no newline at the end: the last statement differs
-    "# header\n\n@dec\n# between\n@dec2\ndef f():\n    pass\nx = 1; y = torch.ones(2)\n",
-    "if True: x = 1\nclass A(  # c\n  B):\n    z = 2\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import torch\nx = torch.zeros(3).cuda()",  # no newline at the end: the last statement differs
+        "# header\n\n@dec\n# between\n@dec2\ndef f():\n    pass\nx = 1; y = torch.ones(2)\n",
+        "if True: x = 1\nclass A(  # c\n  B):\n    z = 2\n",
+    ],
+)
 def test_positions_of_odd_layouts_match_or_fall_back(text: str) -> None:
     import ast
 

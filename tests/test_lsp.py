@@ -3,6 +3,7 @@
 The server runs as `python -m torchopt lsp`. Most tests select the device rules (TOP1) through
 `initializationOptions` so that other families' findings do not change what they look at.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,11 @@ TIMEOUT = 30
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
-@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER), loop_scope="module",
-                    params=["visual-studio-code", "neovim@v0.11.0", "emacs"])
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=SERVER),
+    loop_scope="module",
+    params=["visual-studio-code", "neovim@v0.11.0", "emacs"],
+)
 async def any_client(lsp_client: LanguageClient, request, tmp_path):
     await _init(lsp_client, tmp_path, request.param, TOP1)
     yield
@@ -71,12 +75,14 @@ async def _init(c: LanguageClient, root: Path, spec: str, options: dict) -> None
     def register(client: LanguageClient, params: lsp.RegistrationParams) -> None:
         client.registrations.extend(params.registrations)  # type: ignore[attr-defined]
 
-    result = await c.initialize_session(lsp.InitializeParams(
-        capabilities=client_capabilities(spec),
-        root_uri=root.as_uri(),
-        workspace_folders=[lsp.WorkspaceFolder(uri=root.as_uri(), name="ws")],
-        initialization_options=options,
-    ))
+    result = await c.initialize_session(
+        lsp.InitializeParams(
+            capabilities=client_capabilities(spec),
+            root_uri=root.as_uri(),
+            workspace_folders=[lsp.WorkspaceFolder(uri=root.as_uri(), name="ws")],
+            initialization_options=options,
+        )
+    )
     enc = result.capabilities.position_encoding
     c.encoding = str(getattr(enc, "value", enc) or "utf-16")  # type: ignore[attr-defined]
     c.root = root  # type: ignore[attr-defined]
@@ -104,22 +110,32 @@ async def _open(c: LanguageClient, name: str, text: str) -> tuple[str, list[lsp.
     path.write_text(text, encoding="utf-8")
     uri = path.as_uri()
     c.versions[uri] = 1  # type: ignore[attr-defined]
-    c.text_document_did_open(lsp.DidOpenTextDocumentParams(
-        text_document=lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    c.text_document_did_open(
+        lsp.DidOpenTextDocumentParams(
+            text_document=lsp.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+        )
+    )
     return uri, list((await _publish(c, uri)).diagnostics)
 
 
 def _change(c: LanguageClient, uri: str, text: str) -> None:
     c.versions[uri] += 1  # type: ignore[attr-defined]
-    c.text_document_did_change(lsp.DidChangeTextDocumentParams(
-        text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=c.versions[uri]),  # type: ignore[attr-defined]
-        content_changes=[lsp.TextDocumentContentChangeWholeDocument(text=text)]))
+    c.text_document_did_change(
+        lsp.DidChangeTextDocumentParams(
+            text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=c.versions[uri]),  # type: ignore[attr-defined]
+            content_changes=[lsp.TextDocumentContentChangeWholeDocument(text=text)],
+        )
+    )
 
 
 async def _actions(c: LanguageClient, uri: str, rng: lsp.Range, diags, only=None) -> list[lsp.CodeAction]:
-    res = await c.text_document_code_action_async(lsp.CodeActionParams(
-        text_document=lsp.TextDocumentIdentifier(uri=uri), range=rng,
-        context=lsp.CodeActionContext(diagnostics=list(diags), only=only)))
+    res = await c.text_document_code_action_async(
+        lsp.CodeActionParams(
+            text_document=lsp.TextDocumentIdentifier(uri=uri),
+            range=rng,
+            context=lsp.CodeActionContext(diagnostics=list(diags), only=only),
+        )
+    )
     out = []
     for a in res or []:
         assert isinstance(a, lsp.CodeAction)
@@ -145,8 +161,14 @@ def _apply(c: LanguageClient, text: str, edits: list[lsp.TextEdit]) -> str:
     """What an editor does with the edits (positions in the negotiated encoding)."""
     lines = Lines(text)
     enc = c.encoding  # type: ignore[attr-defined]
-    spans = [(lines.from_client(e.range.start.line, e.range.start.character, enc),
-              lines.from_client(e.range.end.line, e.range.end.character, enc), e.new_text) for e in edits]
+    spans = [
+        (
+            lines.from_client(e.range.start.line, e.range.start.character, enc),
+            lines.from_client(e.range.end.line, e.range.end.character, enc),
+            e.new_text,
+        )
+        for e in edits
+    ]
     for a, b, new in sorted(spans, reverse=True):
         text = text[:a] + new + text[b:]
     return text
@@ -186,11 +208,16 @@ async def test_diagnostics_on_open(client: LanguageClient):
 
     _change(client, uri, "import torch\nx = torch.rand(3).cuda()\n")
     await _publish(client, uri)
-    hover = await client.text_document_hover_async(lsp.HoverParams(
-        text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(1, 10)))
+    hover = await client.text_document_hover_async(
+        lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(1, 10))
+    )
     assert hover is not None and "# TOP101 `factory-then-move`" in hover.contents.value  # type: ignore[union-attr]
-    assert await client.text_document_hover_async(lsp.HoverParams(
-        text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(0, 2))) is None
+    assert (
+        await client.text_document_hover_async(
+            lsp.HoverParams(text_document=lsp.TextDocumentIdentifier(uri=uri), position=lsp.Position(0, 2))
+        )
+        is None
+    )
 
 
 async def test_quick_fix_yields_expected_text(client: LanguageClient):
@@ -210,12 +237,12 @@ async def test_quick_fix_touches_only_its_diagnostic(client: LanguageClient):
     actions = await _actions(client, uri, diags[1].range, diags[1:], only=[lsp.CodeActionKind.QuickFix])
     fix = _one(actions, lambda a: a.is_preferred)
     assert _apply(client, src, _edits(client, fix, uri)) == (
-        "import torch\na = torch.zeros(3).cuda()\nb = torch.ones(2, device='cuda')\n")
+        "import torch\na = torch.zeros(3).cuda()\nb = torch.ones(2, device='cuda')\n"
+    )
 
 
 async def test_fix_all(client: LanguageClient):
-    src = ("import torch\n\na = torch.zeros(3).cuda()\nb = torch.ones(2).to('cuda')\n"
-           "c = torch.rand(4).cuda()\n")
+    src = "import torch\n\na = torch.zeros(3).cuda()\nb = torch.ones(2).to('cuda')\nc = torch.rand(4).cuda()\n"
     uri, diags = await _open(client, "all.py", src)
     assert len(diags) == 3
     rng = lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0))
@@ -242,8 +269,9 @@ async def test_ignore_comment(client: LanguageClient):
     actions = await _actions(client, uri, diags[1].range, diags[1:])
     ignore = _one(actions, lambda a: a.title == "Ignore TOP101 on this line")
     text = _apply(client, text, _edits(client, ignore, uri))
-    assert text == ("import torch\nx = torch.zeros(3).cuda()  # noqa: TOP101\n"
-                    "y = torch.ones(3).cuda()  # noqa: TOP102, TOP101\n")
+    assert text == (
+        "import torch\nx = torch.zeros(3).cuda()  # noqa: TOP101\ny = torch.ones(3).cuda()  # noqa: TOP102, TOP101\n"
+    )
     _change(client, uri, text)
     assert list((await _publish(client, uri)).diagnostics) == []
 
@@ -253,26 +281,38 @@ async def test_non_ascii_line(any_client: LanguageClient):
     src = "import torch\ns = 'héllo wörld 😀'; x = torch.zeros(3).cuda()  # ünïcode\n"
     uri, (d,) = await _open(c, "uni.py", src)
     prefix = "s = 'héllo wörld 😀'; x = "
-    want = {"utf-8": len(prefix.encode()), "utf-16": len(prefix.encode("utf-16-le")) // 2,
-            "utf-32": len(prefix)}[c.encoding]  # type: ignore[attr-defined]
+    want = {"utf-8": len(prefix.encode()), "utf-16": len(prefix.encode("utf-16-le")) // 2, "utf-32": len(prefix)}[
+        c.encoding
+    ]  # type: ignore[attr-defined]
     assert d.range.start == lsp.Position(1, want)
     assert d.range.end.character - d.range.start.character == len("torch.zeros(3).cuda()")
     actions = await _actions(c, uri, d.range, [d], only=[lsp.CodeActionKind.QuickFix])
     for title, want_text in [
         (None, "import torch\ns = 'héllo wörld 😀'; x = torch.zeros(3, device='cuda')  # ünïcode\n"),
-        ("Ignore TOP101 on this line",
-         "import torch\ns = 'héllo wörld 😀'; x = torch.zeros(3).cuda()  # ünïcode  # noqa: TOP101\n"),
+        (
+            "Ignore TOP101 on this line",
+            "import torch\ns = 'héllo wörld 😀'; x = torch.zeros(3).cuda()  # ünïcode  # noqa: TOP101\n",
+        ),
     ]:
         action = _one(actions, (lambda a: a.is_preferred) if title is None else (lambda a: a.title == title))
         assert _apply(c, src, _edits(c, action, uri)) == want_text
     # An incremental change after the emoji lands where the client meant it.
-    col = {"utf-8": len("s = 'héllo wörld 😀".encode()), "utf-16": len("s = 'héllo wörld 😀".encode("utf-16-le")) // 2,
-           "utf-32": len("s = 'héllo wörld 😀")}[c.encoding]  # type: ignore[attr-defined]
+    col = {
+        "utf-8": len("s = 'héllo wörld 😀".encode()),
+        "utf-16": len("s = 'héllo wörld 😀".encode("utf-16-le")) // 2,
+        "utf-32": len("s = 'héllo wörld 😀"),
+    }[c.encoding]  # type: ignore[attr-defined]
     c.versions[uri] += 1  # type: ignore[attr-defined]
-    c.text_document_did_change(lsp.DidChangeTextDocumentParams(
-        text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=c.versions[uri]),  # type: ignore[attr-defined]
-        content_changes=[lsp.TextDocumentContentChangePartial(
-            range=lsp.Range(lsp.Position(1, col), lsp.Position(1, col)), text="!!")]))
+    c.text_document_did_change(
+        lsp.DidChangeTextDocumentParams(
+            text_document=lsp.VersionedTextDocumentIdentifier(uri=uri, version=c.versions[uri]),  # type: ignore[attr-defined]
+            content_changes=[
+                lsp.TextDocumentContentChangePartial(
+                    range=lsp.Range(lsp.Position(1, col), lsp.Position(1, col)), text="!!"
+                )
+            ],
+        )
+    )
     (d2,) = (await _publish(c, uri)).diagnostics
     assert d2.range.start.character == want + 2
 
@@ -281,7 +321,10 @@ async def test_syntax_error_mid_edit_keeps_diagnostics(client: LanguageClient):
     uri, diags = await _open(client, "edit.py", SRC)
     assert len(diags) == 1
     logs_before = len(client.log_messages)
-    for broken in ("import torch\n\nx = torch.zeros(3).cuda(\ny = 1\n", "import torch\n\nx = torch.zeros(3).cuda(dev\ny = 1\n"):
+    for broken in (
+        "import torch\n\nx = torch.zeros(3).cuda(\ny = 1\n",
+        "import torch\n\nx = torch.zeros(3).cuda(dev\ny = 1\n",
+    ):
         _change(client, uri, broken)
         with pytest.raises(asyncio.TimeoutError):
             await _publish(client, uri, timeout=1.0)  # nothing replaces the last good diagnostics
@@ -298,21 +341,27 @@ async def test_syntax_error_mid_edit_keeps_diagnostics(client: LanguageClient):
 async def test_pyproject_change_disables_rule(client: LanguageClient):
     root: Path = client.root / "project"  # type: ignore[attr-defined]
     root.mkdir()
-    (root / "pyproject.toml").write_text("[tool.torchopt]\nselect = [\"ALL\"]\n")
+    (root / "pyproject.toml").write_text('[tool.torchopt]\nselect = ["ALL"]\n')
     uri, diags = await _open(client, "project/cfg.py", SRC)
     assert [d.code for d in diags] == ["TOP101"]
     # VS Code registers file watchers dynamically: the server asked for pyproject.toml files.
     (reg,) = client.registrations  # type: ignore[attr-defined]
     assert reg.method == lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES
     assert reg.register_options["watchers"][0]["globPattern"] == "**/pyproject.toml"
-    (root / "pyproject.toml").write_text("[tool.torchopt]\nignore = [\"TOP101\"]\n")
-    client.workspace_did_change_watched_files(lsp.DidChangeWatchedFilesParams(changes=[
-        lsp.FileEvent(uri=(root / "pyproject.toml").as_uri(), type=lsp.FileChangeType.Changed)]))
+    (root / "pyproject.toml").write_text('[tool.torchopt]\nignore = ["TOP101"]\n')
+    client.workspace_did_change_watched_files(
+        lsp.DidChangeWatchedFilesParams(
+            changes=[lsp.FileEvent(uri=(root / "pyproject.toml").as_uri(), type=lsp.FileChangeType.Changed)]
+        )
+    )
     assert list((await _publish(client, uri)).diagnostics) == []
     # And back.
     (root / "pyproject.toml").write_text("[tool.torchopt]\n")
-    client.workspace_did_change_watched_files(lsp.DidChangeWatchedFilesParams(changes=[
-        lsp.FileEvent(uri=(root / "pyproject.toml").as_uri(), type=lsp.FileChangeType.Changed)]))
+    client.workspace_did_change_watched_files(
+        lsp.DidChangeWatchedFilesParams(
+            changes=[lsp.FileEvent(uri=(root / "pyproject.toml").as_uri(), type=lsp.FileChangeType.Changed)]
+        )
+    )
     assert [d.code for d in (await _publish(client, uri)).diagnostics] == ["TOP101"]
 
 
@@ -343,8 +392,9 @@ async def test_client_settings_change(options_client: LanguageClient):
     c = options_client
     uri, diags = await _open(c, "cfgchange.py", SRC)
     assert [d.code for d in diags] == ["TOP101"]
-    c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(
-        settings={"torchopt": {"select": ["TOP1"], "ignore": ["TOP101"]}}))
+    c.workspace_did_change_configuration(
+        lsp.DidChangeConfigurationParams(settings={"torchopt": {"select": ["TOP1"], "ignore": ["TOP101"]}})
+    )
     assert list((await _publish(c, uri)).diagnostics) == []
     # Settings for other tools only, or none at all (pull-model clients): nothing changes.
     c.workspace_did_change_configuration(lsp.DidChangeConfigurationParams(settings={"pylsp": {"x": 1}}))

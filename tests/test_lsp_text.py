@@ -1,4 +1,5 @@
 """Positions, minimal edits and suppression comments of the language server (no server needed)."""
+
 from __future__ import annotations
 
 import random
@@ -39,7 +40,7 @@ def test_minimal_edits_are_small_and_exact():
     old = "import torch\n\nx = torch.zeros(3).cuda()\ny = 1\n"
     new = "import torch\n\nx = torch.zeros(3, device='cuda')\ny = 1\n"
     (e,) = minimal_edits(old, new)
-    assert old[e.start:e.end] == ").cuda(" and e.text == ", device='cuda'"
+    assert old[e.start : e.end] == ").cuda(" and e.text == ", device='cuda'"
     assert minimal_edits(old, old) == []
     rnd = random.Random(7)
     for _ in range(500):
@@ -58,15 +59,18 @@ def test_minimal_edits_on_a_long_file_stay_local():
     assert sum(e.end - e.start + len(e.text) for e in edits) < 30
 
 
-@pytest.mark.parametrize("src,want", [
-    ("x = 1\n", "x = 1  # noqa: TOP101\n"),
-    ("x = 1   \n", "x = 1  # noqa: TOP101\n"),
-    ("x = 1  # noqa: TOP102\n", "x = 1  # noqa: TOP102, TOP101\n"),
-    ("x = 1  # noqa:TOP102,TOP103 trailing words\n", "x = 1  # noqa:TOP102,TOP103, TOP101 trailing words\n"),
-    ("x = 1  # torchopt: ignore[TOP102]\n", "x = 1  # torchopt: ignore[TOP102, TOP101]\n"),
-    ("x = 1  # a note\n", "x = 1  # a note  # noqa: TOP101\n"),
-    ("x = 1\r\n", "x = 1  # noqa: TOP101\r\n"),
-])
+@pytest.mark.parametrize(
+    "src,want",
+    [
+        ("x = 1\n", "x = 1  # noqa: TOP101\n"),
+        ("x = 1   \n", "x = 1  # noqa: TOP101\n"),
+        ("x = 1  # noqa: TOP102\n", "x = 1  # noqa: TOP102, TOP101\n"),
+        ("x = 1  # noqa:TOP102,TOP103 trailing words\n", "x = 1  # noqa:TOP102,TOP103, TOP101 trailing words\n"),
+        ("x = 1  # torchopt: ignore[TOP102]\n", "x = 1  # torchopt: ignore[TOP102, TOP101]\n"),
+        ("x = 1  # a note\n", "x = 1  # a note  # noqa: TOP101\n"),
+        ("x = 1\r\n", "x = 1  # noqa: TOP101\r\n"),
+    ],
+)
 def test_ignore_comment(src, want):
     edit = ignore_edit(src, "TOP101", (0,))
     assert edit is not None and apply_edits(src, [edit]) == want

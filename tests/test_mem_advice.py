@@ -2,6 +2,7 @@
 checkpointing for deep stacks (TOP713), a factored optimizer for billion-parameter models (TOP714)
 and multi-GPU inference for a DataParallel that never trains (TOP411). `check` names each finding
 and exits 1; `rewrite --unsafe-fixes` writes nothing; the thresholds are per-rule options."""
+
 from __future__ import annotations
 
 import hashlib
@@ -63,8 +64,11 @@ DP_EVAL = dedent("""\
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _cli(*args: str):
@@ -76,12 +80,15 @@ def _found(src: str, code: str, settings: Settings | None = None) -> list:
     return [d for d in check_source(src, settings).diagnostics if d.code == code]
 
 
-@pytest.mark.parametrize("code, src, line, words", [
-    ("TOP712", SHRINK, 8, ("batch_size", "accumulate")),
-    ("TOP713", DEEP, 8, ("10 identical blocks", "nn.Sequential", "checkpoint")),
-    ("TOP714", BIG, 6, ("torch.optim.AdamW", "1.2B", "n_embd=2048", "n_layer=24", "Adafactor")),
-    ("TOP411", DP_EVAL, 4, ("inference", "one process per GPU")),
-])
+@pytest.mark.parametrize(
+    "code, src, line, words",
+    [
+        ("TOP712", SHRINK, 8, ("batch_size", "accumulate")),
+        ("TOP713", DEEP, 8, ("10 identical blocks", "nn.Sequential", "checkpoint")),
+        ("TOP714", BIG, 6, ("torch.optim.AdamW", "1.2B", "n_embd=2048", "n_layer=24", "Adafactor")),
+        ("TOP411", DP_EVAL, 4, ("inference", "one process per GPU")),
+    ],
+)
 def test_check_reports_and_rewrite_writes_nothing(tmp_path, code, src, line, words):
     script = tmp_path / "train.py"
     script.write_text(src, encoding="utf-8")
@@ -104,7 +111,8 @@ def test_default_selection_includes_the_advice():
 def test_thresholds_are_options(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         "[tool.torchopt.rules.TOP713]\nmin-blocks = 11\n[tool.torchopt.rules.TOP714]\nmin-params = 2000000000\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     for name, src in (("deep.py", DEEP), ("big.py", BIG)):
         (tmp_path / name).write_text(src, encoding="utf-8")
     r = _cli("check", str(tmp_path), "--select", "TOP713,TOP714", "--no-cache", "-j", "1")
@@ -124,8 +132,12 @@ def test_accumulation_advice_is_not_checkpointing_advice():
 def test_deep_stack_needs_a_training_file_and_a_known_depth():
     assert not _found(DEEP.replace(".sum().backward()", ""), "TOP713")
     assert not _found(DEEP.replace("range(depth)", "range(cfg.depth)"), "TOP713")
-    assert not _found(DEEP.replace("depth=10", "depth=10, n=None").replace(
-        "super().__init__()", "super().__init__()\n        depth = n"), "TOP713")
+    assert not _found(
+        DEEP.replace("depth=10", "depth=10, n=None").replace(
+            "super().__init__()", "super().__init__()\n        depth = n"
+        ),
+        "TOP713",
+    )
 
 
 def test_memory_saving_optimizer_needs_the_config_linked_to_the_model():
@@ -134,9 +146,12 @@ def test_memory_saving_optimizer_needs_the_config_linked_to_the_model():
     assert not _found(BIG.replace("n_layer=24", "n_layer=2"), "TOP714")
 
 
-@pytest.mark.parametrize("src", [
-    DP_EVAL.replace("with torch.inference_mode():\n", "if True:\n"),  # forward with autograd on ...
-])
+@pytest.mark.parametrize(
+    "src",
+    [
+        DP_EVAL.replace("with torch.inference_mode():\n", "if True:\n")  # forward with autograd on ...
+    ],
+)
 def test_dp_with_grad_in_a_training_file_is_not_inference(src):
     trains = "opt = torch.optim.SGD(params, lr=0.1)\nopt.step()\n"
     assert not _found(src + trains, "TOP411")
@@ -155,8 +170,10 @@ def test_the_predicate_for_the_ddp_conversion():
             if mod.callee(self, node) in mod.DATA_PARALLEL:
                 seen.append(mod.data_parallel_for_inference(self, node))
 
-    train = DP_EVAL.replace("with torch.inference_mode():\n    preds = [model(x) for x in batches]\n",
-                            "loss = model(x).sum()\nloss.backward()\n")
+    train = DP_EVAL.replace(
+        "with torch.inference_mode():\n    preds = [model(x) for x in batches]\n",
+        "loss = model(x).sum()\nloss.backward()\n",
+    )
     from torchopt.rewrite.config import Settings as S
     from torchopt.rewrite.engine import _run_rules, parse
 

@@ -1,5 +1,6 @@
 """TOP711: the inserted warm-up runs the largest batch first and leaves training
 bitwise unchanged, where a naive warm-up does not; and the cases it must refuse."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,11 @@ def test_naive_warmup_would_change_training(after):
     """The comparison is sensitive: without fork/restore training changes."""
     start = after.index("    py_state = random.getstate()")
     end = after.index("def warmup_loss")
-    naive = after[:start] + ("    for m in modules:\n        m.train()\n"
-                             "    forward_loss(*make_batch()).backward()\n\n\n") + after[end:]
+    naive = (
+        after[:start]
+        + ("    for m in modules:\n        m.train()\n    forward_loss(*make_batch()).backward()\n\n\n")
+        + after[end:]
+    )
     compile(naive, "naive", "exec")
     diffs = compare_programs((FIX / "before.py").read_text(), naive)
     assert diffs, "a warm-up without fork_rng/buffer restore should have changed training"
@@ -76,8 +80,9 @@ def test_validate_compares_every_training_value_bitwise(tmp_path, after):
     a = tmp_path / "after.py"
     b.write_text((FIX / "before.py").read_text())
     a.write_text(after)
-    res = CliRunner().invoke(app, ["validate", str(b), str(a), "--steps", "16", "--device", "cpu", "--json"],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        app, ["validate", str(b), str(a), "--steps", "16", "--device", "cpu", "--json"], catch_exceptions=False
+    )
     out = json.loads(res.stdout)
     rows = {r["name"]: r for r in out["rows"]}
     assert sum(n.startswith("loss[") for n in rows) == 16
@@ -102,22 +107,37 @@ def _top711(src: str):
     return diags[0]
 
 
-@pytest.mark.parametrize("old,new,reason", [
-    ("        out, _ = self.rnn(self.drop(h))\n",
-     "        self.last_len = tokens.shape[1]\n        out, _ = self.rnn(self.drop(h))\n",
-     "sets `self.last_len`"),
-    ("model = Classifier().to(device)\n",
-     "model = torch.nn.DataParallel(Classifier().to(device))\n", "data parallelism"),
-    ("        logits = model(tokens)\n", "        logits = model(tokens)\n        print(logits.shape)\n",
-     "in the step has side effects"),
-    ("        loss = criterion(logits, labels)\n", "        loss = criterion(logits, labels) * scale\n",
-     "`scale` is bound after"),
-])
+@pytest.mark.parametrize(
+    "old,new,reason",
+    [
+        (
+            "        out, _ = self.rnn(self.drop(h))\n",
+            "        self.last_len = tokens.shape[1]\n        out, _ = self.rnn(self.drop(h))\n",
+            "sets `self.last_len`",
+        ),
+        (
+            "model = Classifier().to(device)\n",
+            "model = torch.nn.DataParallel(Classifier().to(device))\n",
+            "data parallelism",
+        ),
+        (
+            "        logits = model(tokens)\n",
+            "        logits = model(tokens)\n        print(logits.shape)\n",
+            "in the step has side effects",
+        ),
+        (
+            "        loss = criterion(logits, labels)\n",
+            "        loss = criterion(logits, labels) * scale\n",
+            "`scale` is bound after",
+        ),
+    ],
+)
 def test_refusals_are_reported_with_the_reason(old, new, reason):
     src = _variant(old, new)
     if "scale" in new:
-        src = src.replace("    for tokens, labels in loader:\n", "    scale = 1.0 / (epoch + 1)\n"
-                                                                  "    for tokens, labels in loader:\n")
+        src = src.replace(
+            "    for tokens, labels in loader:\n", "    scale = 1.0 / (epoch + 1)\n    for tokens, labels in loader:\n"
+        )
     d = _top711(src)
     assert d.fix is None
     assert reason in d.message, d.message
@@ -139,6 +159,8 @@ def test_inside_a_function_the_helper_goes_to_module_level():
 
 
 def test_no_padding_no_finding():
-    src = _variant("    tokens = pad_sequence(seqs, batch_first=True, padding_value=PAD)\n",
-                   "    tokens = torch.stack([s[:3] for s in seqs])\n")
+    src = _variant(
+        "    tokens = pad_sequence(seqs, batch_first=True, padding_value=PAD)\n",
+        "    tokens = torch.stack([s[:3] for s in seqs])\n",
+    )
     assert not check_source(src, Settings(select=("TOP711",))).diagnostics

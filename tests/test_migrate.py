@@ -1,6 +1,7 @@
 """`torchopt migrate` over small git repositories made in tmp_path: patches that `git apply` takes,
 working trees left untouched, --commit branches, dirty and failing repositories isolated, --resume,
 the roll-up report, and the Ray executor against a local Ray instance."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,14 @@ CLEAN = "import torch\nz = torch.zeros(3, device='cuda')\n"
 @pytest.fixture(autouse=True)
 def git_env(monkeypatch, tmp_path):
     """A git identity and no user or system config, so the tests behave the same everywhere."""
-    for k, v in {"GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "T",
-                 "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_GLOBAL": os.devnull,
-                 "GIT_CONFIG_NOSYSTEM": "1"}.items():
+    for k, v in {
+        "GIT_AUTHOR_NAME": "T",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "T",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(tmp_path)
 
@@ -48,8 +54,11 @@ def make_repo(root: Path, name: str, files: dict[str, bytes | str]) -> Path:
 
 
 def snapshot(repo: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(repo).parts}
+    return {
+        str(p.relative_to(repo)): p.read_bytes()
+        for p in sorted(repo.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(repo).parts
+    }
 
 
 def cli(*args):
@@ -80,8 +89,7 @@ def three(tmp_path) -> dict[str, Path]:
     return {
         "alpha": make_repo(tmp_path, "alpha", ALPHA),
         # Its own config leaves TOP101 out: nothing to change there.
-        "beta": make_repo(tmp_path, "beta", {"pyproject.toml": "[tool.torchopt]\nignore = [\"TOP101\"]\n",
-                                             "a.py": SAFE}),
+        "beta": make_repo(tmp_path, "beta", {"pyproject.toml": '[tool.torchopt]\nignore = ["TOP101"]\n', "a.py": SAFE}),
         "gamma": make_repo(tmp_path, "gamma", {"src/deep/mod.py": SAFE, "tests/t.py": CLEAN}),
     }
 
@@ -89,7 +97,7 @@ def three(tmp_path) -> dict[str, Path]:
 def test_patches_apply_cleanly_and_working_trees_are_untouched(three, tmp_path):
     before = {n: snapshot(r) for n, r in three.items()}
     # A config above the repositories is not theirs: it must not apply.
-    (tmp_path / "pyproject.toml").write_text("[tool.torchopt]\nignore = [\"TOP101\"]\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.torchopt]\nignore = ["TOP101"]\n')
     out = tmp_path / "out"
     res = cli(*three.values(), "--out", out, "--select", "TOP101", "-j", "1")
     assert res.exit_code == 1, res.output  # patches written, not applied: like `rewrite --diff`
@@ -117,8 +125,12 @@ def test_patches_apply_cleanly_and_working_trees_are_untouched(three, tmp_path):
     assert rewritten == {"train.py", "pkg/model.py", "with space \u00e9.py", "crlf.py", "ff.py", "latin.py"}
 
     doc = report(out)
-    assert doc["selection"] == {"torchopt": doc["selection"]["torchopt"], "select": ["TOP101"], "ignore": [],
-                                "unsafe_fixes": None}
+    assert doc["selection"] == {
+        "torchopt": doc["selection"]["torchopt"],
+        "select": ["TOP101"],
+        "ignore": [],
+        "unsafe_fixes": None,
+    }
     a, b, g = doc["by_name"]["alpha"], doc["by_name"]["beta"], doc["by_name"]["gamma"]
     assert a["status"] == "changed" and a["fixes"] == {"TOP101": 6} and a["unsafe_not_applied"] == {"TOP101": 1}
     assert sorted(a["files_changed"]) == sorted(rewritten)
@@ -134,8 +146,20 @@ def test_patches_apply_cleanly_and_working_trees_are_untouched(three, tmp_path):
 def test_commit_creates_a_branch_with_the_fixes_per_code(three, tmp_path):
     before = {n: snapshot(r) for n, r in three.items()}
     out = tmp_path / "out"
-    res = cli(three["alpha"], three["gamma"], three["beta"], "--out", out, "--select", "TOP101", "--commit",
-              "--branch", "perf/torchopt", "-j", "1")
+    res = cli(
+        three["alpha"],
+        three["gamma"],
+        three["beta"],
+        "--out",
+        out,
+        "--select",
+        "TOP101",
+        "--commit",
+        "--branch",
+        "perf/torchopt",
+        "-j",
+        "1",
+    )
     assert res.exit_code == 0, res.output
     assert {n: snapshot(r) for n, r in three.items()} == before  # the checkout is not touched
     for name in ("alpha", "gamma"):
@@ -148,8 +172,9 @@ def test_commit_creates_a_branch_with_the_fixes_per_code(three, tmp_path):
         assert "Fixes per code:" in msg and "- TOP101 (factory-then-move):" in msg
         # The branch holds exactly the patch.
         committed = sh(repo, "diff", "--stat", "main", "perf/torchopt").stdout.decode()
-        patched = subprocess.run(["git", "apply", "--stat", str(out / f"{name}.patch")], cwd=repo,
-                                 capture_output=True).stdout.decode()
+        patched = subprocess.run(
+            ["git", "apply", "--stat", str(out / f"{name}.patch")], cwd=repo, capture_output=True
+        ).stdout.decode()
         assert committed.splitlines()[-1] == patched.splitlines()[-1]
     msg = sh(three["alpha"], "log", "-1", "--format=%B", "perf/torchopt").stdout.decode()
     assert msg.startswith("torchopt: 6 fixes in 6 files\n")
@@ -167,8 +192,20 @@ def test_dirty_repo_refused_failing_repos_isolated(three, tmp_path):
     (three["gamma"] / "new.py").write_text(SAFE)  # untracked file counts as uncommitted too
     (tmp_path / "plain").mkdir()
     out = tmp_path / "out"
-    res = cli(three["beta"], tmp_path / "plain", tmp_path / "missing", three["alpha"] / "pkg", three["gamma"],
-              three["alpha"], "--out", out, "--select", "TOP101", "-j", "1")
+    res = cli(
+        three["beta"],
+        tmp_path / "plain",
+        tmp_path / "missing",
+        three["alpha"] / "pkg",
+        three["gamma"],
+        three["alpha"],
+        "--out",
+        out,
+        "--select",
+        "TOP101",
+        "-j",
+        "1",
+    )
     assert res.exit_code == 2, res.output
     doc = report(out)["by_name"]
     assert doc["beta"]["status"] == "refused" and "a.py" in doc["beta"]["reason"]
@@ -209,7 +246,10 @@ def test_resume_skips_repositories_already_done(three, tmp_path):
     assert res.exit_code == 2  # beta refused
     state = json.loads((out / "migrate-state.json").read_text())
     assert {os.path.basename(p): r["status"] for p, r in state["repos"].items()} == {
-        "alpha": "changed", "gamma": "changed", "beta": "refused"}
+        "alpha": "changed",
+        "gamma": "changed",
+        "beta": "refused",
+    }
     sh(three["beta"], "commit", "-qam", "edit")
     (out / "alpha.patch").write_text("kept as it is")  # a resumed run does not redo alpha
     res = cli("--repos-file", listing, "--out", out, "--select", "TOP101", "--resume")
@@ -248,13 +288,16 @@ def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_validate_runs_entry_before_and_after(tmp_path):
-    entry = ("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
-             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nX = torch.randn(8, 4)\n"
-             "Y = torch.zeros(8, 1).to('cpu')\nfor step in range(2):\n    opt.zero_grad()\n"
-             "    loss = ((model(X) - Y) ** 2).mean()\n    loss.backward()\n    opt.step()\n")
+    entry = (
+        "import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nX = torch.randn(8, 4)\n"
+        "Y = torch.zeros(8, 1).to('cpu')\nfor step in range(2):\n    opt.zero_grad()\n"
+        "    loss = ((model(X) - Y) ** 2).mean()\n    loss.backward()\n    opt.step()\n"
+    )
     repo = make_repo(tmp_path, "v", {"train.py": entry})
-    res = cli(repo, "--out", tmp_path / "out", "--select", "TOP101", "--validate", "train.py", "--steps", "2",
-              "--commit")
+    res = cli(
+        repo, "--out", tmp_path / "out", "--select", "TOP101", "--validate", "train.py", "--steps", "2", "--commit"
+    )
     assert res.exit_code == 0, res.output
     r = report(tmp_path / "out")["by_name"]["v"]
     assert r["validation"]["verdict"] == "equivalent" and r["fixes"] == {"TOP101": 1}

@@ -1,6 +1,7 @@
 """TOP961 (fused optimizers) beyond its examples: opt-in selection, target-torch, what `rewrite`
 writes on disk (only the file it fixes), the refusals, the opt-in golden of fixtures/optim_fused_train
 and `torchopt validate` of that rewrite on the CPU."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,11 @@ TRAIN = dedent("""\
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _cli(*args: str):
@@ -92,21 +96,33 @@ def test_rewrite_writes_fused_only_into_the_file_it_fixes(tmp_path):
     assert outside.read_bytes() == before_outside
 
 
-@pytest.mark.parametrize("src, why", [
-    (TRAIN.replace("lr=1e-3)", "lr=1e-3, fused=False)"), "fused chosen"),
-    (TRAIN.replace("lr=1e-3)", "lr=1e-3, differentiable=True)"), "differentiable has no fused kernel"),
-    (TRAIN.replace("lr=1e-3)", "**extra)"), "keyword arguments we cannot see"),
-    (TRAIN.replace("model.parameters()", "[{'params': model.parameters(), **group}]"), "unpacked group"),
-    (TRAIN.replace("torch.optim.Adam", "torch.optim.Adagrad"), "no fused CUDA kernel"),
-    (TRAIN.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cpu"'), "CPU only"),
-    (TRAIN.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cuda" if ok else "mps"'), "maybe MPS"),
-    ("import torch_xla.core.xla_model as xm\n" + TRAIN.replace(
-        'torch.device("cuda" if torch.cuda.is_available() else "cpu")', "xm.xla_device()"), "XLA"),
-    (TRAIN.replace("model = nn.Linear(4, 2).to(device)", "model = nn.Linear(4, 2)\nother = nn.Linear(2, 2).to(device)"),
-     "another module was moved"),
-    (TRAIN.replace("model.parameters()", "params").replace("optimizer", "params = get()\noptimizer"),
-     "parameters of unknown origin"),
-])
+@pytest.mark.parametrize(
+    "src, why",
+    [
+        (TRAIN.replace("lr=1e-3)", "lr=1e-3, fused=False)"), "fused chosen"),
+        (TRAIN.replace("lr=1e-3)", "lr=1e-3, differentiable=True)"), "differentiable has no fused kernel"),
+        (TRAIN.replace("lr=1e-3)", "**extra)"), "keyword arguments we cannot see"),
+        (TRAIN.replace("model.parameters()", "[{'params': model.parameters(), **group}]"), "unpacked group"),
+        (TRAIN.replace("torch.optim.Adam", "torch.optim.Adagrad"), "no fused CUDA kernel"),
+        (TRAIN.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cpu"'), "CPU only"),
+        (TRAIN.replace('"cuda" if torch.cuda.is_available() else "cpu"', '"cuda" if ok else "mps"'), "maybe MPS"),
+        (
+            "import torch_xla.core.xla_model as xm\n"
+            + TRAIN.replace('torch.device("cuda" if torch.cuda.is_available() else "cpu")', "xm.xla_device()"),
+            "XLA",
+        ),
+        (
+            TRAIN.replace(
+                "model = nn.Linear(4, 2).to(device)", "model = nn.Linear(4, 2)\nother = nn.Linear(2, 2).to(device)"
+            ),
+            "another module was moved",
+        ),
+        (
+            TRAIN.replace("model.parameters()", "params").replace("optimizer", "params = get()\noptimizer"),
+            "parameters of unknown origin",
+        ),
+    ],
+)
 def test_refusals(src, why):
     assert _codes(src, ONLY) == [], why
     assert fix_source(src, ONLY, unsafe=True).text == src
@@ -129,8 +145,20 @@ def test_fixture_rewrite_validates_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = tmp_path / "train.py"
     before.write_text((FIXTURES / "optim_fused_train" / "before.py").read_text(encoding="utf-8"), encoding="utf-8")
-    r = _cli("validate", str(before), "--select", "TOP961", "--unsafe-fixes", "--steps", "12", "--device", "cpu",
-             "--json", "--timeout", "120")
+    r = _cli(
+        "validate",
+        str(before),
+        "--select",
+        "TOP961",
+        "--unsafe-fixes",
+        "--steps",
+        "12",
+        "--device",
+        "cpu",
+        "--json",
+        "--timeout",
+        "120",
+    )
     out = json.loads(r.stdout)
     assert r.exit_code == 0 and out["verdict"] == "equivalent", r.stdout[-3000:]
     assert [a["code"] for a in out["applied"]] == ["TOP961", "TOP961"]

@@ -1,5 +1,6 @@
 """`torchopt validate` on the padded convolution chain (a subprocess run; ~40 s): the rewrite starts
 from the original's weights with zero-padded channels, and every probe matches."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,9 +19,24 @@ def test_padded_conv_chain_passes_validate_on_cpu_and_writes_nothing(tmp_path):
     work = tmp_path / "proj"
     shutil.copytree(FIXTURE, work)
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in work.iterdir()}
-    r = CliRunner().invoke(torchopt.cli.app, [
-        "validate", str(work / "before.py"), "--select", "TOP302", "--unsafe-fixes", "--device", "cpu",
-        "--steps", "4", "--json", "--timeout", "300"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        [
+            "validate",
+            str(work / "before.py"),
+            "--select",
+            "TOP302",
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--steps",
+            "4",
+            "--json",
+            "--timeout",
+            "300",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(r.output)
     assert r.exit_code == 0 and out["verdict"] == "equivalent", json.dumps(out, indent=1)[:3000]
     rows = {row["name"]: row for row in out["rows"]}

@@ -5,6 +5,7 @@ the end-to-end `torchopt validate` runs in test_pad_validate.py. Here: the rewri
 the original weights transplanted (what the validator does, without subprocesses), the corner
 cases of each rule, and the comparison of padded tensors.
 """
+
 from __future__ import annotations
 
 import os
@@ -98,7 +99,7 @@ def test_gpt_vocab_padded_is_bitwise_with_transplanted_weights():
 def test_gpt_vocab_without_the_slice_is_caught():
     """The slice is what makes the fix exact: padded logits entering the loss change it."""
     before = (FIXTURES / "pad_gpt_vocab" / "before.py").read_text(encoding="utf-8")
-    before = before[:before.index("# Evaluation")]  # the evaluation would fail outright (104 vs 101 columns)
+    before = before[: before.index("# Evaluation")]  # the evaluation would fail outright (104 vs 101 columns)
     after = _fix(before, "TOP301").replace("[..., : self.vocab_size]", "")
     a, b = _pair(before, after)
     assert a["losses"][0] != b["losses"][0]
@@ -108,11 +109,13 @@ def test_vocab_multiple_64_option():
     before = (FIXTURES / "pad_gpt_vocab" / "before.py").read_text(encoding="utf-8")
     after = _fix(before, "TOP301", multiple=64)
     assert "padded_vocab = ((vocab_size + 63) // 64) * 64" in after
-    assert fix_source(after, Settings(select=("TOP301",), rule_options={"TOP301": {"multiple": 64}}),
-                      unsafe=True).text == after
+    assert (
+        fix_source(after, Settings(select=("TOP301",), rule_options={"TOP301": {"multiple": 64}}), unsafe=True).text
+        == after
+    )
 
 
-_LM = '''import torch as T
+_LM = """import torch as T
 from torch import nn
 from torch.nn import functional as F
 
@@ -132,7 +135,7 @@ class LM(nn.Module):
         logits = self.forward(idx)
         flat = logits.view(-1, V)
         return F.cross_entropy(flat, y.view(-1)) + F.one_hot(y, V).sum() * 0, logits.view(T.float32)
-'''
+"""
 
 
 def test_vocab_aliases_views_and_dtype_views():
@@ -150,11 +153,15 @@ def test_vocab_views_on_the_models_output_in_the_same_file():
 
     _GPT = PadVocabulary.examples[0].src  # the rule's small GPT, whose head is Linear(..., 37)
 
-    src = _GPT + ("flat = logits.view(-1, 37)\nother = idx.view(-1)\nraw = model.forward(idx, idx)[0].view(10, 37)\n"
-                  "bits = logits.view(torch.int32)\n")
+    src = _GPT + (
+        "flat = logits.view(-1, 37)\nother = idx.view(-1)\nraw = model.forward(idx, idx)[0].view(10, 37)\n"
+        "bits = logits.view(torch.int32)\n"
+    )
     after = _fix(src, "TOP301")
-    assert after.endswith("flat = logits.reshape(-1, 37)\nother = idx.view(-1)\n"
-                          "raw = model.forward(idx, idx)[0].reshape(10, 37)\nbits = logits.view(torch.int32)\n")
+    assert after.endswith(
+        "flat = logits.reshape(-1, 37)\nother = idx.view(-1)\n"
+        "raw = model.forward(idx, idx)[0].reshape(10, 37)\nbits = logits.view(torch.int32)\n"
+    )
     ns = runpy.run_path  # the rewritten program runs (a `.view` left on the slice would raise)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "p.py")
@@ -162,11 +169,14 @@ def test_vocab_views_on_the_models_output_in_the_same_file():
         assert ns(path)["flat"].shape == (10, 37)
 
 
-@pytest.mark.parametrize("extra, why", [
-    ("\n    def size(self):\n        return self.lm_head.out_features\n", "out_features"),
-    ("\n    def raw(self, h):\n        return F.linear(h, self.wte.weight)\n", "used directly"),
-    ("\n    def head(self):\n        return self.lm_head\n", "other than by calling"),
-])
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        ("\n    def size(self):\n        return self.lm_head.out_features\n", "out_features"),
+        ("\n    def raw(self, h):\n        return F.linear(h, self.wte.weight)\n", "used directly"),
+        ("\n    def head(self):\n        return self.lm_head\n", "other than by calling"),
+    ],
+)
 def test_vocab_no_fix_when_unsafe_to_slice(extra, why):
     src = _LM.replace("\n    def loss", extra + "\n    def loss")
     diags = [d for d in check_source(src, Settings(select=("TOP301",))).diagnostics]
@@ -198,18 +208,21 @@ def test_mlp_hidden_padded_matches_within_fp32_tolerance_and_pad_units_stay_zero
     assert torch.count_nonzero(c[4].weight[:, 50:]) == 0
 
 
-@pytest.mark.parametrize("mid, fixed", [
-    ("nn.ReLU(), nn.Dropout(0.2)", True),
-    ("nn.Tanh(), nn.SiLU()", True),
-    ("nn.Hardtanh()", True),
-    ("nn.Hardtanh(0.5, 2.0)", False),
-    ("nn.Sigmoid()", False),
-    ("nn.Softplus()", False),
-    ("nn.PReLU(30)", False),
-    ("nn.BatchNorm1d(30)", False),
-    ("nn.Softmax(dim=-1)", False),
-    ("", True),
-])
+@pytest.mark.parametrize(
+    "mid, fixed",
+    [
+        ("nn.ReLU(), nn.Dropout(0.2)", True),
+        ("nn.Tanh(), nn.SiLU()", True),
+        ("nn.Hardtanh()", True),
+        ("nn.Hardtanh(0.5, 2.0)", False),
+        ("nn.Sigmoid()", False),
+        ("nn.Softplus()", False),
+        ("nn.PReLU(30)", False),
+        ("nn.BatchNorm1d(30)", False),
+        ("nn.Softmax(dim=-1)", False),
+        ("", True),
+    ],
+)
 def test_sequential_fix_only_through_zero_preserving_elementwise(mid, fixed):
     src = f"import torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(16, 30), {mid + ', ' if mid else ''}nn.Linear(30, 16))\n"
     after = _fix(src, "TOP302")
@@ -244,8 +257,10 @@ def test_dropout_between_layers_tags_rng():
 
 
 def test_gemm_reports_attention_head_dim_and_skips_vocabulary():
-    src = ("import torch.nn as nn\n\nV = 101\nattn = nn.MultiheadAttention(96, 8)\nemb = nn.Embedding(V, 32)\n"
-           "head = nn.Linear(32, V)\n")
+    src = (
+        "import torch.nn as nn\n\nV = 101\nattn = nn.MultiheadAttention(96, 8)\nemb = nn.Embedding(V, 32)\n"
+        "head = nn.Linear(32, V)\n"
+    )
     msgs = [d.message for d in check_source(src, Settings(select=("TOP302",))).diagnostics]
     assert msgs == ["`nn.MultiheadAttention(96, 8)`: head_dim=12 is not a multiple of 8 (nearest padded: head_dim=16)"]
 

@@ -4,6 +4,7 @@ The validator sees that a padding fix (TOP301/TOP302) was applied, runs the orig
 starts the rewrite from its weights copied into the leading slices of the padded parameters
 (torchopt/validate/transplant.py); padded tensors are compared on their leading slice.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,24 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _validate(name: str, code: str, steps: int) -> dict:
-    r = CliRunner().invoke(torchopt.cli.app, [
-        "validate", str(FIXTURES / name / "before.py"), "--select", code, "--unsafe-fixes",
-        "--device", "cpu", "--steps", str(steps), "--json", "--timeout", "300"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        torchopt.cli.app,
+        [
+            "validate",
+            str(FIXTURES / name / "before.py"),
+            "--select",
+            code,
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--steps",
+            str(steps),
+            "--json",
+            "--timeout",
+            "300",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(r.output)
     out["exit_code"] = r.exit_code
     return out
@@ -36,8 +52,13 @@ def test_padded_gpt_passes_validate_bitwise_on_cpu():
     losses = [r for n, r in rows.items() if n.startswith("loss[")]
     assert len(losses) == 4
     # bitwise: the losses, the sliced logits and loss on the probe batch, the (sliced) parameters
-    for name in ["output/model[0]", "output/model[1]", "param/model.tok_emb.weight", "param/model.head.weight",
-                 *[n for n in rows if n.startswith("loss[")]]:
+    for name in [
+        "output/model[0]",
+        "output/model[1]",
+        "param/model.tok_emb.weight",
+        "param/model.head.weight",
+        *[n for n in rows if n.startswith("loss[")],
+    ]:
         assert rows[name]["tolerance"] == "bitwise" and rows[name]["max_abs"] == 0, rows[name]
     assert "padded (101, 32) -> (104, 32)" in rows["param/model.tok_emb.weight"]["detail"]
     assert any("weight transplant" in n for n in out["notes"])

@@ -2,6 +2,7 @@
 engine and dropped when the text is done: nothing of file N answers for file N+1, nothing of it stays
 in memory, every rule of a pass shares the same facts, and no module keeps a cache of per-file facts
 (checked on the source with ``ast``). Also: the nn.Module subclass scan the rules share."""
+
 from __future__ import annotations
 
 import ast
@@ -40,9 +41,13 @@ def _train_script(marker: str) -> str:
 def _nodes_naming(marker: str) -> list[object]:
     """CPython ast and LibCST nodes still alive that spell ``marker``."""
     gc.collect()
-    return [o for o in gc.get_objects()
-            if (isinstance(o, ast.Name) and o.id == marker) or (isinstance(o, ast.ClassDef) and o.name == marker)
-            or (isinstance(o, cst.Name) and o.value == marker)]
+    return [
+        o
+        for o in gc.get_objects()
+        if (isinstance(o, ast.Name) and o.id == marker)
+        or (isinstance(o, ast.ClassDef) and o.name == marker)
+        or (isinstance(o, cst.Name) and o.value == marker)
+    ]
 
 
 def test_nothing_learnt_about_a_file_stays_in_memory_after_it_is_analysed():
@@ -62,7 +67,9 @@ def test_nothing_learnt_about_a_file_stays_in_memory_after_it_is_analysed():
 def test_one_python_parse_per_text_shared_by_every_prefilter_and_the_syntax_check(monkeypatch):
     parsed: list[str] = []
     real_parse = ast.parse
-    monkeypatch.setattr(facts_module.ast, "parse", lambda text, *a, **k: parsed.append(text) or real_parse(text, *a, **k))
+    monkeypatch.setattr(
+        facts_module.ast, "parse", lambda text, *a, **k: parsed.append(text) or real_parse(text, *a, **k)
+    )
     first, second = _train_script("FirstNet"), _train_script("SecondNet")
     for text in (first, second, first):
         engine.check_source(text, Settings(), "train.py")
@@ -112,8 +119,20 @@ def test_a_thread_never_sees_the_text_another_thread_is_analysing():
 
 
 # ---------------------------------------------------------------- no module-level per-file caches
-_MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
-             "discard", "__setitem__"}
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "popitem",
+    "remove",
+    "clear",
+    "update",
+    "setdefault",
+    "add",
+    "discard",
+    "__setitem__",
+}
 
 # name -> why a module-level container that functions fill is not a per-file cache. May only shrink.
 ALLOWED_MODULE_STATE = {
@@ -136,9 +155,12 @@ ALLOWED_MODULE_STATE = {
 def _is_container(value: ast.expr | None) -> bool:
     if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
         return True
-    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-            and value.func.id in {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary",
-                                  "WeakKeyDictionary"})
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id
+        in {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary", "WeakKeyDictionary"}
+    )
 
 
 def _mutated_module_state() -> dict[str, str]:
@@ -154,8 +176,13 @@ def _mutated_module_state() -> dict[str, str]:
             tree = ast.parse(open(path, encoding="utf-8").read(), path)
             containers = set()
             for stmt in tree.body:
-                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] \
-                    if isinstance(stmt, ast.AnnAssign) else []
+                targets = (
+                    stmt.targets
+                    if isinstance(stmt, ast.Assign)
+                    else [stmt.target]
+                    if isinstance(stmt, ast.AnnAssign)
+                    else []
+                )
                 if targets and _is_container(stmt.value):  # type: ignore[union-attr]
                     containers |= {t.id for t in targets if isinstance(t, ast.Name)}
             for fn in ast.walk(tree):
@@ -165,12 +192,20 @@ def _mutated_module_state() -> dict[str, str]:
                     if isinstance(n, ast.Global):
                         for name in n.names:
                             found[f"{mod}.{name}"] = f"line {n.lineno}: `global {name}` rebinds module state"
-                    elif isinstance(n, ast.Subscript) and isinstance(n.ctx, (ast.Store, ast.Del)) \
-                            and isinstance(n.value, ast.Name) and n.value.id in containers:
+                    elif (
+                        isinstance(n, ast.Subscript)
+                        and isinstance(n.ctx, (ast.Store, ast.Del))
+                        and isinstance(n.value, ast.Name)
+                        and n.value.id in containers
+                    ):
                         found[f"{mod}.{n.value.id}"] = f"line {n.lineno}: item assignment"
-                    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
-                            and n.func.attr in _MUTATORS and isinstance(n.func.value, ast.Name) \
-                            and n.func.value.id in containers:
+                    elif (
+                        isinstance(n, ast.Call)
+                        and isinstance(n.func, ast.Attribute)
+                        and n.func.attr in _MUTATORS
+                        and isinstance(n.func.value, ast.Name)
+                        and n.func.value.id in containers
+                    ):
                         found[f"{mod}.{n.func.value.id}"] = f"line {n.lineno}: .{n.func.attr}()"
     return found
 

@@ -4,6 +4,7 @@ shared ast name resolver they use (_torch.torch_import_map / ast_torch_names / t
 Every "reports" text is checked both ways: the rule (run without its prefilter) reports on it, and
 ``could_match`` lets it through. Every "rejected" text is one the rule reports nothing on and the
 prefilter turns away (what keeps LibCST off library code)."""
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,10 @@ RULES = all_rules()
 
 _H = "import torch\nimport torch.nn as nn\n\nmodel = nn.Linear(4, 2).cuda()\n"
 _OPT = "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-_STEP = ("for x, y in batches:\n    optimizer.zero_grad()\n    loss = model(x).sum()\n"
-         "    loss.backward()\n    optimizer.step()\n")
+_STEP = (
+    "for x, y in batches:\n    optimizer.zero_grad()\n    loss = model(x).sum()\n"
+    "    loss.backward()\n    optimizer.step()\n"
+)
 
 REPORTS: dict[str, list[str]] = {
     "TOP201": [
@@ -45,7 +48,9 @@ REPORTS: dict[str, list[str]] = {
         _H + _OPT + "for i, x in enumerate(batches):\n    loss = model(x).sum()\n    loss.backward()\n"
         "    if (i + 1) % 4 == 0:\n        optimizer.step()\n",
         # a refusal is a report too (closure step)
-        _H + _OPT + "for x in batches:\n    loss = model(x).sum()\n    loss.backward()\n    optimizer.step(lambda: loss)\n",
+        _H
+        + _OPT
+        + "for x in batches:\n    loss = model(x).sum()\n    loss.backward()\n    optimizer.step(lambda: loss)\n",
         # the optimizer moved along a chain, the import inside a function
         "import torch.nn as nn\nmodel = nn.Linear(4, 2).cuda()\n\ndef main():\n    import torch\n"
         "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    while True:\n        loss = model(x).sum()\n"
@@ -133,7 +138,8 @@ REJECTED: dict[str, list[str]] = {
         _H + _OPT + "for x in batches:\n    with torch.autocast('cuda', enabled=False):\n"
         "        loss = model(x).sum()\n    loss.backward()\n    optimizer.step()\n",
         # no optimizer
-        _H + "for x in batches:\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n    loss.backward()\n",
+        _H
+        + "for x in batches:\n    with torch.autocast('cuda'):\n        loss = model(x).sum()\n    loss.backward()\n",
     ],
     "TOP204": [
         _MODELING,
@@ -203,12 +209,20 @@ def test_unparsable_or_star_import_says_true(code: str) -> None:
 
 
 def test_torch_import_map() -> None:
-    text = ("import torch\nimport torch.nn as nn\nimport numpy as np\nfrom torch import optim as O, autocast\n"
-            "from torch.optim import SGD\nfrom . import torch as local\n"
-            "def f():\n    import torch.distributed as dist\n")
+    text = (
+        "import torch\nimport torch.nn as nn\nimport numpy as np\nfrom torch import optim as O, autocast\n"
+        "from torch.optim import SGD\nfrom . import torch as local\n"
+        "def f():\n    import torch.distributed as dist\n"
+    )
     m = torch_import_map(text)
-    assert m == {"torch": {"torch"}, "nn": {"torch.nn"}, "O": {"torch.optim"}, "autocast": {"torch.autocast"},
-                 "SGD": {"torch.optim.SGD"}, "dist": {"torch.distributed"}}
+    assert m == {
+        "torch": {"torch"},
+        "nn": {"torch.nn"},
+        "O": {"torch.optim"},
+        "autocast": {"torch.autocast"},
+        "SGD": {"torch.optim.SGD"},
+        "dist": {"torch.distributed"},
+    }
     assert torch_import_map("from torch.nn import *\n") is None
     assert torch_import_map("def (:\n") is None
     assert torch_import_map("import numpy\n") == {}

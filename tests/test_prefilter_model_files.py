@@ -1,6 +1,7 @@
 """Library model files (layers, loss helpers, `from_pretrained`) are not parsed for the row-loop
 and no-grad rules: their text tests look for the loops and scripts those rules report, so a
 package of model definitions costs a CPython parse per file, not a LibCST analysis."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -69,7 +70,9 @@ def test_model_definitions_are_not_parsed(monkeypatch: pytest.MonkeyPatch) -> No
 
 # Texts the sharper tests must still let through, with what the rule reports on each.
 REPORTED = [
-    ("TOP610", dedent("""\
+    (
+        "TOP610",
+        dedent("""\
         import torch
 
 
@@ -79,15 +82,21 @@ REPORTED = [
             for i in range(len(a)):
                 total = total + (a[i] - b[i]).pow(2).sum()
             return total / n
-        """)),
-    ("TOP610", dedent("""\
+        """),
+    ),
+    (
+        "TOP610",
+        dedent("""\
         import torch
 
 
         def margin_loss(emb: torch.Tensor):
             return sum((emb[i] * emb[i]).sum(-1) for i in range(emb.shape[0]))
-        """)),
-    ("TOP801", dedent("""\
+        """),
+    ),
+    (
+        "TOP801",
+        dedent("""\
         import torch
 
         model = torch.nn.Linear(4, 2)
@@ -97,7 +106,8 @@ REPORTED = [
             model.eval()
             out = model(torch.load("inputs.pt"))
             torch.save(out, "out.pt")
-        """)),
+        """),
+    ),
 ]
 
 

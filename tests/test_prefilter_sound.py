@@ -1,6 +1,7 @@
 """A rule's cheap prefilter (``could_match``) must never hide a finding: run every rule without its
 prefilter over every rule's examples and every fixture, and check that the prefilter lets through
 each text the rule reports on. (The corpus version is benchmarks/prefilter_audit.py.)"""
+
 from __future__ import annotations
 
 from pathlib import Path

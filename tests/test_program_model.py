@@ -1,6 +1,7 @@
 """The shared program model (torchopt/analysis/program.py) on the layouts real training scripts use:
 a module-level loop, a step in a function fed by `main()`, a trainer class, spawned workers, devices
 chosen in several ways, and aliases. Where the file does not tell, the model answers None."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,10 +59,17 @@ def _receiver_kind(program: Program, module: cst.Module, call_text: str) -> str 
 
 def test_a_module_loop_roles_and_step():
     program, module, _ = _fixture("layout_a_module_loop")
-    found = {kind: [r.path[-1] for r in program.roles(kind)] for kind in
-             ("optimizer", "scheduler", "loader", "loss", "device")}
-    assert found == {"optimizer": ["optimizer"], "scheduler": ["scheduler"], "loader": ["loader"],
-                     "loss": ["criterion"], "device": ["device"]}
+    found = {
+        kind: [r.path[-1] for r in program.roles(kind)]
+        for kind in ("optimizer", "scheduler", "loader", "loss", "device")
+    }
+    assert found == {
+        "optimizer": ["optimizer"],
+        "scheduler": ["scheduler"],
+        "loader": ["loader"],
+        "loss": ["criterion"],
+        "device": ["device"],
+    }
     assert _kind(program, module, "model") == "model"
     [step] = [s for s in program.steps if s.kind == "training"]
     assert step.function is None and step.body_function is None
@@ -99,11 +107,13 @@ def test_c_library_trainer_alone_is_unknowable():
 
 
 def test_d_spawned_worker_runs_in_every_process_and_main_does_not():
-    src = ("import torch\nimport torch.multiprocessing as mp\n\n"
-           "def worker(rank, world):\n    step(rank)\n\n"
-           "def step(rank):\n    return rank\n\n"
-           "def main():\n    mp.spawn(worker, args=(2,), nprocs=2)\n\n"
-           "if __name__ == '__main__':\n    main()\n")
+    src = (
+        "import torch\nimport torch.multiprocessing as mp\n\n"
+        "def worker(rank, world):\n    step(rank)\n\n"
+        "def step(rank):\n    return rank\n\n"
+        "def main():\n    mp.spawn(worker, args=(2,), nprocs=2)\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
     program, module, _ = _model(src)
     assert [w.qualname for w in program.entry.workers] == ["worker"] and program.entry.launcher == "spawn"
     assert program.runs_per_process(program.functions["step"].node.body)
@@ -118,14 +128,17 @@ def test_d_torchrun_script_runs_everywhere():
     assert program.runs_per_process(module.body[-1])
 
 
-@pytest.mark.parametrize("expr, kind", [
-    ("torch.accelerator.current_accelerator()", "device"),
-    ('"cuda:0"', "device"),
-    ('torch.device(f"cuda:{rank}")', "device"),
-    ('0 if torch.cuda.is_available() else "cpu"', "device"),
-    ("0", None),  # an integer alone is a count, not a device
-    ("args.device", None),  # what the command line holds is not known
-])
+@pytest.mark.parametrize(
+    "expr, kind",
+    [
+        ("torch.accelerator.current_accelerator()", "device"),
+        ('"cuda:0"', "device"),
+        ('torch.device(f"cuda:{rank}")', "device"),
+        ('0 if torch.cuda.is_available() else "cpu"', "device"),
+        ("0", None),  # an integer alone is a count, not a device
+        ("args.device", None),  # what the command line holds is not known
+    ],
+)
 def test_e_devices(expr, kind):
     program, module, _ = _model(f"import torch\nrank = 1\ndev = {expr}\nuse(dev)\n")
     call = _calls(module, "use")[0]
@@ -151,14 +164,15 @@ def test_f_aliases_and_compiled_models():
 
 
 def test_a_name_bound_twice_to_different_things_has_no_role():
-    src = ("import torch\nimport torch.nn as nn\nif flag:\n    thing = nn.Linear(2, 2)\nelse:\n"
-           "    thing = torch.optim.SGD([], lr=1)\nthing(1)\n")
+    src = (
+        "import torch\nimport torch.nn as nn\nif flag:\n    thing = nn.Linear(2, 2)\nelse:\n"
+        "    thing = torch.optim.SGD([], lr=1)\nthing(1)\n"
+    )
     program, module, _ = _model(src)
     assert _kind(program, module, "thing") is None
 
 
 def test_parameters_of_functions_called_with_different_things_have_no_role():
-    src = ("import torch\nimport torch.nn as nn\ndef f(m):\n    m(1)\n"
-           "f(nn.Linear(1, 1))\nf(torch.optim.SGD([], lr=1))\n")
+    src = "import torch\nimport torch.nn as nn\ndef f(m):\n    m(1)\nf(nn.Linear(1, 1))\nf(torch.optim.SGD([], lr=1))\n"
     program, module, _ = _model(src)
     assert _kind(program, module, "m") is None

@@ -1,5 +1,6 @@
 """A function of the file that calls itself is unknown to the program model: it must not make the
 analysis re-enter it once per `return` at every depth (that took minutes on a 20-line script)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -7,7 +8,7 @@ import multiprocessing as mp
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source
 
-SCRIPT = '''\
+SCRIPT = """\
 import torch
 import torch.nn as nn
 
@@ -31,7 +32,7 @@ for _ in range(3):
     opt.zero_grad()
     loss.backward()
     opt.step()
-'''
+"""
 
 
 def _check(queue):

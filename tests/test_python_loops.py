@@ -1,5 +1,6 @@
 """Python loops over a tensor's rows in custom losses and modules (TOP610): what the user sees from
 `torchopt check` on a small project, and that neither check nor rewrite touches a file."""
+
 from __future__ import annotations
 
 import hashlib
@@ -74,8 +75,11 @@ LIBRARY = dedent("""\
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _project(tmp_path: Path) -> Path:
@@ -103,16 +107,22 @@ def test_row_loops_in_losses_and_modules_are_reported_with_the_batched_form(tmp_
     assert _hashes(tmp_path) == before
     found = _findings(res.output)
     assert [(f, line) for f, line, _ in found] == [
-        ("losses.py", 8), ("losses.py", 14), ("losses.py", 20), ("losses.py", 21), ("losses.py", 23),
-        ("losses.py", 30)], res.output
+        ("losses.py", 8),
+        ("losses.py", 14),
+        ("losses.py", 20),
+        ("losses.py", 21),
+        ("losses.py", 23),
+        ("losses.py", 30),
+    ], res.output
     msg = {line: text for _, line, text in found}
     assert msg[8].startswith("`for i in range(a.size(0))` runs Python once per row of `a` in `PairLoss.forward`")
     assert msg[8].endswith("one batched reduction over dim 0: `total = total + (a - b).pow(2).sum()`")
     assert "in the loss function `contrastive_loss`" in msg[14]
     assert msg[14].endswith("`(emb * emb).sum(-1).sum(0)`")
     assert "`for i in range(len(target))`" in msg[20] and "`torch.vmap`" in msg[20]  # no mechanical form
-    assert msg[21].startswith("`target[i] > 0` branches on a tensor value once per row of `target` in the loss "
-                              "function `Trainer.criterion`")
+    assert msg[21].startswith(
+        "`target[i] > 0` branches on a tensor value once per row of `target` in the loss function `Trainer.criterion`"
+    )
     assert msg[23].startswith("`target[i].item()` reads a tensor value once per row")
     assert msg[30].startswith("`err.max() > 1.0` branches on a tensor value in `RobustLoss.forward`")
 
@@ -159,6 +169,10 @@ def test_a_loss_module_called_by_a_step_is_reported_once_per_line(tmp_path: Path
     res = CliRunner().invoke(app, ["check", str(root), "--select", "TOP605,TOP610", "--no-cache"])
     assert res.exit_code == 1, res.output
     assert _hashes(tmp_path) == before
-    found = sorted((int(ln.split(":")[1]), code) for ln in res.output.splitlines()
-                   for code in ("TOP605", "TOP610") if ln.startswith(str(root)) and f" {code} " in ln)
+    found = sorted(
+        (int(ln.split(":")[1]), code)
+        for ln in res.output.splitlines()
+        for code in ("TOP605", "TOP610")
+        if ln.startswith(str(root)) and f" {code} " in ln
+    )
     assert found == [(8, "TOP605"), (10, "TOP610"), (11, "TOP605")], res.output

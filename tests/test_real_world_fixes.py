@@ -3,6 +3,7 @@ on a loop over a builtin's result, a Python-loop finding on a loop over a few `c
 host-read finding on logging that already runs every N steps "or on the last batch". Each script is a
 reduced copy of the pattern the real one has; every run goes through the command line on a tree under
 tmp_path, whose files must stay byte-identical."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,11 @@ from torchopt.cli import app
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _run(tmp_path: Path, files: dict[str, str], *args: str) -> tuple[int, str]:
@@ -59,8 +63,15 @@ SAMPLER = dedent("""\
 def test_loop_over_builtin_result_does_not_crash_the_loader_analysis(tmp_path):
     """`pairs = list(...)`: `list` is a builtin, not a local function returning a DataLoader. The
     file used to fail with an internal error (exit 2) and get no diagnostic at all."""
-    code, out = _run(tmp_path, {"sampler.py": SAMPLER, "other.py": "import torch\n"},
-                     "check", "--select", "TOP104", "--output-format", "text")
+    code, out = _run(
+        tmp_path,
+        {"sampler.py": SAMPLER, "other.py": "import torch\n"},
+        "check",
+        "--select",
+        "TOP104",
+        "--output-format",
+        "text",
+    )
     assert "internal error" not in out
     assert code == 1
     assert "sampler.py:15:13: TOP104" in out  # the real loader loop is still reported
@@ -70,7 +81,7 @@ def test_loop_over_builtin_result_does_not_crash_the_loader_analysis(tmp_path):
 def test_loop_over_builtin_result_rewrite_only_fixes_the_loader_copy(tmp_path):
     code, out = _run(tmp_path, {"sampler.py": SAMPLER}, "rewrite", "--diff", "--select", "TOP104")
     assert code == 1
-    assert "+    batch = batch.to(\"cuda\", non_blocking=True)" in out
+    assert '+    batch = batch.to("cuda", non_blocking=True)' in out
     assert "internal error" not in out
 
 
@@ -118,8 +129,15 @@ ROW_LOSS = dedent("""\
 def test_loop_over_chunk_pieces_is_not_a_row_loop(tmp_path):
     """`student_out` is rebound to `ncrops` pieces, each a whole batch: the loop launches a handful of
     batched kernels, not one per row."""
-    code, out = _run(tmp_path, {"crops.py": CROPS_LOSS, "rows.py": ROW_LOSS},
-                     "check", "--select", "TOP610", "--output-format", "text")
+    code, out = _run(
+        tmp_path,
+        {"crops.py": CROPS_LOSS, "rows.py": ROW_LOSS},
+        "check",
+        "--select",
+        "TOP610",
+        "--output-format",
+        "text",
+    )
     assert code == 1
     assert "crops.py" not in out
     assert "rows.py:9:9: TOP610" in out  # a loop over the rows of one tensor is still reported
@@ -197,8 +215,10 @@ def test_parameter_named_like_the_train_function_does_not_hide_its_loader(tmp_pa
     every call of `train()` still passes a DataLoader, so its batch copies are followed and fixed."""
     code, out = _run(tmp_path, {"pairs.py": PAIRS}, "rewrite", "--diff", "--select", "TOP104")
     assert code == 1
-    assert ("+        left, right, target = left.to(device, non_blocking=True), right.to(device, non_blocking=True), "
-            "target.to(device, non_blocking=True)") in out
+    assert (
+        "+        left, right, target = left.to(device, non_blocking=True), right.to(device, non_blocking=True), "
+        "target.to(device, non_blocking=True)"
+    ) in out
     assert "Would fix 3 issues in 1 file (TOP104 ×3)." in out
 
 

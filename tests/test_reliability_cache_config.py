@@ -1,6 +1,7 @@
 """The result cache only creates, reads and deletes what it made, whatever folder it is pointed at; and a
 malformed configuration is a one-line error naming the pyproject.toml (exit 2), never a traceback or a
 silently empty rule selection. Every test hashes the whole tmp_path before and after the run."""
+
 from __future__ import annotations
 
 import hashlib
@@ -205,8 +206,9 @@ def test_old_torchopt_cache_is_pruned_and_nothing_else(proj, tmp_path, analyses,
     gone = set(before) - set(after)
     assert gone and all(p.startswith(f"cache/{old}/") for p in gone)
     assert after[f"cache/{old}/hand-made.txt"] == before[f"cache/{old}/hand-made.txt"]
-    assert {p: h for p, h in after.items() if not p.startswith(f"cache/{new}")} == \
-        {p: h for p, h in before.items() if p not in gone}
+    assert {p: h for p, h in after.items() if not p.startswith(f"cache/{new}")} == {
+        p: h for p, h in before.items() if p not in gone
+    }
     # A stale folder holding only what torchopt wrote is removed entirely.
     (cache / old / "hand-made.txt").unlink()
     monkeypatch.setattr(torchopt, "__version__", "99.0.1")
@@ -234,15 +236,18 @@ def test_existing_empty_folder_is_adopted_and_user_gitignore_kept(proj, tmp_path
 # Configuration errors ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body,needle", [
-    (b'tool = "x"\n', "[tool] must be a table"),
-    (b'[tool]\ntorchopt = "x"\n', "[tool.torchopt] must be a table"),
-    (b"[tool.torchopt]\n# caf\xe9\nselect = [\"ALL\"]\n", "not UTF-8"),
-    (b'[tool.torchopt]\nselect = [""]\n', "empty rule selector"),
-    (b'[tool.torchopt]\nignore = ["TOP1", " "]\n', "empty rule selector"),
-    (b'[tool.torchopt]\nper-file-ignores = {"tests/*" = [""]}\n', "empty rule selector"),
-    (b'[tool.torchopt]\nmax-file-size = "' + b"9" * 400 + b'MB"\n', "max-file-size"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        (b'tool = "x"\n', "[tool] must be a table"),
+        (b'[tool]\ntorchopt = "x"\n', "[tool.torchopt] must be a table"),
+        (b'[tool.torchopt]\n# caf\xe9\nselect = ["ALL"]\n', "not UTF-8"),
+        (b'[tool.torchopt]\nselect = [""]\n', "empty rule selector"),
+        (b'[tool.torchopt]\nignore = ["TOP1", " "]\n', "empty rule selector"),
+        (b'[tool.torchopt]\nper-file-ignores = {"tests/*" = [""]}\n', "empty rule selector"),
+        (b'[tool.torchopt]\nmax-file-size = "' + b"9" * 400 + b'MB"\n', "max-file-size"),
+    ],
+)
 def test_bad_pyproject_is_one_line_naming_it(proj, tmp_path, body, needle):
     config = write(proj / "pyproject.toml", body)
     before = snapshot(tmp_path)
@@ -253,12 +258,16 @@ def test_bad_pyproject_is_one_line_naming_it(proj, tmp_path, body, needle):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("flag,value", [("--select", ""), ("--select", ","), ("--select", "TOP101,"),
-                                        ("--ignore", ""), ("--ignore", "TOP1,,TOP2")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--select", ""), ("--select", ","), ("--select", "TOP101,"), ("--ignore", ""), ("--ignore", "TOP1,,TOP2")],
+)
 def test_empty_selector_on_the_command_line(proj, tmp_path, flag, value):
     before = snapshot(tmp_path)
     r = cli("rewrite", "src", "-j", "1", flag, value)
     assert r.exit_code == 2
-    assert r.stderr == f"error: empty rule selector in {flag} {value!r} (expected codes separated by " \
-                       "commas, such as TOP101,TOP2)\n"
+    assert (
+        r.stderr == f"error: empty rule selector in {flag} {value!r} (expected codes separated by "
+        "commas, such as TOP101,TOP2)\n"
+    )
     assert snapshot(tmp_path) == before

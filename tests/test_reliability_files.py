@@ -2,6 +2,7 @@
 link, never opens what is not a regular file, never overwrites an edit made while it ran, never changes
 a file's mode, owner or links, and keeps every byte outside a fix (or refuses the file). Each fault:
 the exit code, a one-line message naming the file, and the whole tree byte-identical to what is expected."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,9 @@ def cli(*args: str):
 def subprocess_cli(*args: str, cwd, env_extra=None, timeout=60):
     """A separate process: for faults that would hang torchopt, and for strict output streams."""
     env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "torchopt", *args], cwd=cwd, env=env, capture_output=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "torchopt", *args], cwd=cwd, env=env, capture_output=True, timeout=timeout
+    )
 
 
 def tree_state(root) -> dict:
@@ -45,8 +47,13 @@ def tree_state(root) -> dict:
                     what = ("file", fh.read())
             else:
                 what = ("other", stat.S_IFMT(st.st_mode))
-            out[os.path.relpath(path, os.fsencode(root))] = (what, stat.S_IMODE(st.st_mode), st.st_uid,
-                                                            st.st_gid, st.st_nlink)
+            out[os.path.relpath(path, os.fsencode(root))] = (
+                what,
+                stat.S_IMODE(st.st_mode),
+                st.st_uid,
+                st.st_gid,
+                st.st_nlink,
+            )
     return out
 
 
@@ -125,8 +132,7 @@ def test_edit_made_while_torchopt_runs_is_not_overwritten(tmp_path, monkeypatch,
     before = tree_state(tmp_path)
     r = cli("rewrite", ".", "-j", "1", "--no-cache")
     assert r.exit_code == 2
-    assert errors(r.stderr) == ["error: f.py: changed on disk since torchopt read it; not written "
-                                "(run torchopt again)"]
+    assert errors(r.stderr) == ["error: f.py: changed on disk since torchopt read it; not written (run torchopt again)"]
     assert same_tree(with_files(before, **{"f.py": user_edit, "other.py": FIXED}), tree_state(tmp_path))
     assert [p for p in os.listdir(tmp_path) if p.startswith(".torchopt-")] == []
 
@@ -158,8 +164,7 @@ def test_normal_rewrite_keeps_mode_owner_and_link_count(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.stderr
     after = os.stat(path)
     assert path.read_bytes() == FIXED
-    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid, after.st_nlink) == \
-        (0o640, st.st_uid, st.st_gid, 1)
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid, after.st_nlink) == (0o640, st.st_uid, st.st_gid, 1)
 
 
 def test_hard_linked_file_is_refused(tmp_path, monkeypatch):
@@ -172,8 +177,9 @@ def test_hard_linked_file_is_refused(tmp_path, monkeypatch):
     before = tree_state(tmp_path)
     r = cli("rewrite", "proj", "--no-cache")
     assert r.exit_code == 2
-    assert errors(r.stderr) == [f"error: {os.path.join('proj', 'a.py')}: file has 2 hard links and replacing "
-                                "it would split them; not written"]
+    assert errors(r.stderr) == [
+        f"error: {os.path.join('proj', 'a.py')}: file has 2 hard links and replacing it would split them; not written"
+    ]
     assert same_tree(with_files(before, **{"proj/b.py": FIXED}), tree_state(tmp_path))
 
 
@@ -198,11 +204,13 @@ def test_fifo_and_socket_in_a_walked_folder_are_skipped(tmp_path):
         sock.close()
     stderr = r.stderr.decode()
     assert r.returncode == 0, stderr
-    assert f"warning: {os.path.join('proj', 'pipe.py')}: not a regular file (named pipe); not opened" in \
-        warnings(stderr)
+    assert f"warning: {os.path.join('proj', 'pipe.py')}: not a regular file (named pipe); not opened" in warnings(
+        stderr
+    )
     if sock is not None:
-        assert f"warning: {os.path.join('proj', 'sock.py')}: not a regular file (socket); not opened" in \
-            warnings(stderr)
+        assert f"warning: {os.path.join('proj', 'sock.py')}: not a regular file (socket); not opened" in warnings(
+            stderr
+        )
     assert same_tree(with_files(before, **{"proj/good.py": FIXED}), tree_state(tmp_path))
 
 
@@ -234,12 +242,17 @@ def test_unusable_gitignore_lines_are_dropped_and_the_rest_kept(tmp_path, monkey
 # Codecs that do not give the same bytes back ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("data,reason", [
-    (b"# coding: unicode_escape\nimport torch\ns = '\\u00e9'\nx = torch.zeros(3).cuda()\n", "ASCII-compatible"),
-    (b"# coding: raw_unicode_escape\nimport torch\ns = '\\u00e9'\nx = torch.zeros(3).cuda()\n",
-     "does not give these bytes back"),
-    (b"# coding: utf-7\nimport torch\ns = 'a+b'\nx = torch.zeros(3).cuda()\n", "ASCII-compatible"),
-])
+@pytest.mark.parametrize(
+    "data,reason",
+    [
+        (b"# coding: unicode_escape\nimport torch\ns = '\\u00e9'\nx = torch.zeros(3).cuda()\n", "ASCII-compatible"),
+        (
+            b"# coding: raw_unicode_escape\nimport torch\ns = '\\u00e9'\nx = torch.zeros(3).cuda()\n",
+            "does not give these bytes back",
+        ),
+        (b"# coding: utf-7\nimport torch\ns = 'a+b'\nx = torch.zeros(3).cuda()\n", "ASCII-compatible"),
+    ],
+)
 def test_codec_that_does_not_round_trip_is_refused(tmp_path, monkeypatch, data, reason):
     (tmp_path / "enc.py").write_bytes(data)
     # The same codec on bytes it is proven to give back exactly: rewritten.
@@ -268,10 +281,13 @@ FORM_FEED_LINE = b'import torch\ndevice = "cpu"\n\x0c\nx = torch.zeros(3).to(dev
 FORM_FEED_LINE_FIXED = b'import torch\ndevice = "cpu"\n\x0c\nx = torch.zeros(3, device=device)\n'
 
 
-@pytest.mark.parametrize("data,what", [
-    (b'import torch\ndevice = "cpu"\n\x0cx = torch.zeros(3).to(device)\ny = 1\n', "a form feed at line 3"),
-    (b'import torch\rdevice = "cpu"\rx = torch.zeros(3).to(device)\r', "a carriage return at line 3"),
-])
+@pytest.mark.parametrize(
+    "data,what",
+    [
+        (b'import torch\ndevice = "cpu"\n\x0cx = torch.zeros(3).to(device)\ny = 1\n', "a form feed at line 3"),
+        (b'import torch\rdevice = "cpu"\rx = torch.zeros(3).to(device)\r', "a carriage return at line 3"),
+    ],
+)
 @pytest.mark.parametrize("flag", ["--diff", None])
 def test_bytes_libcst_would_drop_make_the_file_refused(tmp_path, monkeypatch, data, what, flag):
     (tmp_path / "m.py").write_bytes(data)
@@ -280,8 +296,9 @@ def test_bytes_libcst_would_drop_make_the_file_refused(tmp_path, monkeypatch, da
     before = tree_state(tmp_path)
     r = cli("rewrite", ".", "--no-cache", *([flag] if flag else []))
     assert r.exit_code == 2
-    assert errors(r.stderr) == [f"error: m.py: LibCST would not keep {what} byte for byte, so no fix is "
-                                "written (left unchanged)"]
+    assert errors(r.stderr) == [
+        f"error: m.py: LibCST would not keep {what} byte for byte, so no fix is written (left unchanged)"
+    ]
     expected = before if flag else with_files(before, **{"ok.py": FORM_FEED_LINE_FIXED})
     assert same_tree(expected, tree_state(tmp_path))
 
@@ -292,8 +309,9 @@ def test_stdin_filter_gives_back_bytes_libcst_would_drop(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["rewrite", "-", "--no-cache"], input=data, catch_exceptions=False)
     assert r.exit_code == 2
     assert r.stdout_bytes == data
-    assert errors(r.stderr) == ["error: -: LibCST would not keep a form feed at line 3 byte for byte, so no fix is "
-                                "written (left unchanged)"]
+    assert errors(r.stderr) == [
+        "error: -: LibCST would not keep a form feed at line 3 byte for byte, so no fix is written (left unchanged)"
+    ]
 
 
 # File names that are not UTF-8, printed to a strict UTF-8 stream ---------------------------------------------
@@ -302,15 +320,18 @@ def test_stdin_filter_gives_back_bytes_libcst_would_drop(tmp_path, monkeypatch):
 STRICT = {"PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
 
 
-@pytest.mark.parametrize("args,code", [
-    (["rewrite", ".", "--diff"], 2),
-    (["rewrite", ".", "--check"], 2),
-    (["rewrite", ".", "--check", "--output-format", "json"], 2),
-    (["check", ".", "--output-format", "sarif"], 2),
-    (["check", ".", "--output-format", "github"], 2),
-    (["check", "."], 2),
-    (["rewrite", "."], 2),
-])
+@pytest.mark.parametrize(
+    "args,code",
+    [
+        (["rewrite", ".", "--diff"], 2),
+        (["rewrite", ".", "--check"], 2),
+        (["rewrite", ".", "--check", "--output-format", "json"], 2),
+        (["check", ".", "--output-format", "sarif"], 2),
+        (["check", ".", "--output-format", "github"], 2),
+        (["check", "."], 2),
+        (["rewrite", "."], 2),
+    ],
+)
 def test_non_utf8_file_names_are_printed_not_a_traceback(tmp_path, args, code):
     good, broken = os.fsdecode(b"caf\xe9.py"), os.fsdecode(b"bad\xff.py")
     (tmp_path / good).write_bytes(NEEDS_FIX)

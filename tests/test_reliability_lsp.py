@@ -2,6 +2,7 @@
 message gets its JSON-RPC error, the server keeps serving the next request, `exit` reports whether
 `shutdown` came first, and a document nested too deeply for LibCST gets no diagnostics instead of
 killing the server. The editor's files are never written."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,11 @@ def frame(message: dict | bytes) -> bytes:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 class Server:
@@ -39,8 +43,13 @@ class Server:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.proc = subprocess.Popen([sys.executable, "-m", "torchopt", "lsp"], cwd=root,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchopt", "lsp"],
+            cwd=root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         self.buf = b""
         self.seen: list[dict] = []
 
@@ -55,8 +64,9 @@ class Server:
         while True:
             head, sep, rest = self.buf.partition(b"\r\n\r\n")
             if sep:
-                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                             .split(b":")[1])
+                length = int(
+                    next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+                )
                 if len(rest) >= length:
                     self.buf = rest[length:]
                     return json.loads(rest[:length])
@@ -88,24 +98,37 @@ class Server:
         self.send({"jsonrpc": "2.0", "method": method, "params": params})
 
     def initialize(self) -> None:
-        got = self.request(0, "initialize", {"processId": None, "rootUri": self.root.as_uri(), "capabilities": {},
-                                            "initializationOptions": {"select": ["TOP1"], "debounceMs": 0}},
-                           wait=START)
+        got = self.request(
+            0,
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": self.root.as_uri(),
+                "capabilities": {},
+                "initializationOptions": {"select": ["TOP1"], "debounceMs": 0},
+            },
+            wait=START,
+        )
         assert "capabilities" in got["result"]
         self.notify("initialized", {})
 
     def open(self, name: str, text: str, wait: float = WAIT) -> tuple[str, dict]:
         uri = (self.root / name).as_uri()
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                               "text": text}})
-        published = self.wait_for(lambda m: m.get("method") == "textDocument/publishDiagnostics"
-                                  and m["params"]["uri"] == uri, f"diagnostics for {name}", wait)
+        self.notify(
+            "textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}}
+        )
+        published = self.wait_for(
+            lambda m: m.get("method") == "textDocument/publishDiagnostics" and m["params"]["uri"] == uri,
+            f"diagnostics for {name}",
+            wait,
+        )
         return uri, published["params"]
 
     def hover_works(self, msg_id: int, uri: str) -> None:
         """The server still answers a valid request, with the rule page of the finding on line 2."""
-        got = self.request(msg_id, "textDocument/hover", {"textDocument": {"uri": uri},
-                                                          "position": {"line": 1, "character": 6}})
+        got = self.request(
+            msg_id, "textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": 1, "character": 6}}
+        )
         assert "TOP101" in got["result"]["contents"]["value"]
 
     def close(self) -> int | None:
@@ -139,8 +162,10 @@ def error_code(msg: dict) -> int:
 
 def test_frame_without_content_length_is_a_parse_error_and_the_next_request_is_served(server):
     # A header block without Content-Length, its body, then a good frame right after the body.
-    server.send(b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n"
-                b'{"jsonrpc": "2.0", "id": 5, "method": "textDocument/hover", "params": {}}')
+    server.send(
+        b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n"
+        b'{"jsonrpc": "2.0", "id": 5, "method": "textDocument/hover", "params": {}}'
+    )
     err = server.reply(None)
     assert error_code(err) == -32700 and "Content-Length" in err["error"]["message"]
     server.hover_works(6, server.uri)
@@ -165,28 +190,46 @@ def test_bad_content_length_and_bad_json_are_parse_errors(server):
     server.hover_works(4, server.uri)
 
 
-@pytest.mark.parametrize("method, params, why", [
-    ("textDocument/hover", "not an object", "text_document"),
-    ("textDocument/hover", {"position": {"line": 0, "character": 0}}, "text_document"),
-    ("textDocument/codeAction", {"textDocument": {"uri": "URI"}, "context": {"diagnostics": []},
-                                 "range": {"start": {"line": -1, "character": 0},
-                                           "end": {"line": 0, "character": -5}}}, "range"),
-    ("textDocument/hover", {"textDocument": {"uri": "URI"}, "position": {"line": 99, "character": 0}},
-     "past the end"),
-    ("textDocument/codeAction", {"textDocument": {"uri": "URI"}, "context": {"diagnostics": []},
-                                 "range": {"start": {"line": 1, "character": 9},
-                                           "end": {"line": 1, "character": 2}}}, "ends before it starts"),
-])
+@pytest.mark.parametrize(
+    "method, params, why",
+    [
+        ("textDocument/hover", "not an object", "text_document"),
+        ("textDocument/hover", {"position": {"line": 0, "character": 0}}, "text_document"),
+        (
+            "textDocument/codeAction",
+            {
+                "textDocument": {"uri": "URI"},
+                "context": {"diagnostics": []},
+                "range": {"start": {"line": -1, "character": 0}, "end": {"line": 0, "character": -5}},
+            },
+            "range",
+        ),
+        (
+            "textDocument/hover",
+            {"textDocument": {"uri": "URI"}, "position": {"line": 99, "character": 0}},
+            "past the end",
+        ),
+        (
+            "textDocument/codeAction",
+            {
+                "textDocument": {"uri": "URI"},
+                "context": {"diagnostics": []},
+                "range": {"start": {"line": 1, "character": 9}, "end": {"line": 1, "character": 2}},
+            },
+            "ends before it starts",
+        ),
+    ],
+)
 def test_invalid_params_get_32602_and_the_server_keeps_serving(server, method, params, why):
     params = json.loads(json.dumps(params).replace("URI", server.uri))
     got = server.request(11, method, params)
     assert error_code(got) == -32602 and why in got["error"]["message"]
     server.hover_works(12, server.uri)
 
-
     # Not invalid: LSP says a character past its line's end means the line's end.
-    got = server.request(13, "textDocument/hover", {"textDocument": {"uri": server.uri},
-                                                    "position": {"line": 1, "character": 500}})
+    got = server.request(
+        13, "textDocument/hover", {"textDocument": {"uri": server.uri}, "position": {"line": 1, "character": 500}}
+    )
     assert "error" not in got
 
 
@@ -196,8 +239,9 @@ def test_invalid_or_unknown_notifications_are_logged_not_shown_and_unknown_metho
     assert error_code(server.request(2, "torchopt/noSuchMethod", {})) == -32601
     server.hover_works(3, server.uri)
     assert not [m for m in server.seen if m.get("method") == "window/showMessage"], "an error popup in the editor"
-    assert any(m.get("method") == "window/logMessage" and "textDocument/didOpen" in m["params"]["message"]
-               for m in server.seen)
+    assert any(
+        m.get("method") == "window/logMessage" and "textDocument/didOpen" in m["params"]["message"] for m in server.seen
+    )
 
 
 def test_exit_without_shutdown_exits_1(server):
@@ -207,35 +251,54 @@ def test_exit_without_shutdown_exits_1(server):
 
 def test_shutdown_then_exit_exits_0_and_requests_between_are_refused(server):
     assert server.request(1, "shutdown", None)["result"] is None
-    got = server.request(2, "textDocument/hover", {"textDocument": {"uri": server.uri},
-                                                   "position": {"line": 1, "character": 6}})
+    got = server.request(
+        2, "textDocument/hover", {"textDocument": {"uri": server.uri}, "position": {"line": 1, "character": 6}}
+    )
     assert error_code(got) == -32600
     server.notify("exit", None)
     assert server.proc.wait(WAIT) == 0
 
 
-@pytest.mark.parametrize("name, text", [
-    ("parens.py", "import torch\nx = " + "(" * 5000 + "1" + ")" * 5000 + "\n"),
-    ("chain.py", "import torch\nx = torch" + ".a" * 20000 + "\n"),
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("parens.py", "import torch\nx = " + "(" * 5000 + "1" + ")" * 5000 + "\n"),
+        ("chain.py", "import torch\nx = torch" + ".a" * 20000 + "\n"),
+    ],
+)
 def test_deep_nesting_gets_no_diagnostics_and_the_server_stays_up(server, name, text):
     uri, published = server.open(name, text)
     assert published["diagnostics"] == []
-    assert any(m.get("method") == "window/logMessage" and name in m["params"]["message"]
-               and "too deeply nested" in m["params"]["message"] for m in server.seen)
-    hover = server.request(5, "textDocument/hover", {"textDocument": {"uri": uri},
-                                                     "position": {"line": 1, "character": 2}})
+    assert any(
+        m.get("method") == "window/logMessage"
+        and name in m["params"]["message"]
+        and "too deeply nested" in m["params"]["message"]
+        for m in server.seen
+    )
+    hover = server.request(
+        5, "textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": 1, "character": 2}}
+    )
     assert hover.get("result") is None and "error" not in hover
     server.hover_works(6, server.uri)
     assert server.proc.poll() is None
 
 
-@pytest.mark.parametrize("name, text", [
-    # CPython parses these and they are within the nesting budget: deep, but analysed.
-    ("calls.py", "import torch\nx = " + "torch.f(" * 150 + "torch.zeros(1)" + "+torch.zeros(1).cuda()" * 50
-     + ")" * 150 + "\n"),
-    ("operators.py", "import torch\nx = torch.zeros(1)" + " + torch.zeros(1).cuda()" * 600 + "\n"),
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        # CPython parses these and they are within the nesting budget: deep, but analysed.
+        (
+            "calls.py",
+            "import torch\nx = "
+            + "torch.f(" * 150
+            + "torch.zeros(1)"
+            + "+torch.zeros(1).cuda()" * 50
+            + ")" * 150
+            + "\n",
+        ),
+        ("operators.py", "import torch\nx = torch.zeros(1)" + " + torch.zeros(1).cuda()" * 600 + "\n"),
+    ],
+)
 def test_deep_but_parsable_code_is_answered_and_the_server_stays_up(server, name, text):
     uri, published = server.open(name, text)
     codes = {d["code"] for d in published["diagnostics"]}

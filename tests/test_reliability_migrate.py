@@ -4,6 +4,7 @@ runs, nothing in `--out` that torchopt did not write is replaced or removed, and
 SIGKILL is cleaned up and reported by `--resume`. Each test builds real git repositories in tmp_path
 and checks, besides the marker files that a planted program would create, that every file outside
 `--out` is byte-identical afterwards (only the new commit's objects and branch are added)."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ from torchopt.cli import app
 BEFORE = 'import torch\ndevice = "cpu"\nx = torch.zeros(3).to(device)\n'
 AFTER = 'import torch\ndevice = "cpu"\nx = torch.zeros(3, device=device)\n'
 BRANCH = "torchopt/migrate"
-IDENTITY = {"GIT_AUTHOR_NAME": "T", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "T",
-            "GIT_COMMITTER_EMAIL": "t@example.com"}
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "T",
+    "GIT_AUTHOR_EMAIL": "t@example.com",
+    "GIT_COMMITTER_NAME": "T",
+    "GIT_COMMITTER_EMAIL": "t@example.com",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -79,8 +84,11 @@ def tree_state(root: Path) -> dict[str, bytes]:
 def without_new_commit(state: dict[str, bytes], repo_rel: str) -> dict[str, bytes]:
     """``state`` less what creating the branch adds to a repository: objects, and the branch's ref and log."""
     git_dir = os.path.normpath(os.path.join(repo_rel, ".git"))
-    added = [os.path.join(git_dir, "objects"), os.path.join(git_dir, "refs", "heads", "torchopt"),
-             os.path.join(git_dir, "logs", "refs", "heads", "torchopt")]
+    added = [
+        os.path.join(git_dir, "objects"),
+        os.path.join(git_dir, "refs", "heads", "torchopt"),
+        os.path.join(git_dir, "logs", "refs", "heads", "torchopt"),
+    ]
     return {k: v for k, v in state.items() if not any(k == a or k.startswith(a + os.sep) for a in added)}
 
 
@@ -92,8 +100,17 @@ def marker_hook(marker: Path) -> str:
     return f"#!/bin/sh\ntouch '{marker}'\ncat >/dev/null 2>&1 || true\nexit 0\n"
 
 
-HOOKS = ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "post-checkout", "reference-transaction",
-         "post-index-change", "pre-auto-gc", "post-rewrite")
+HOOKS = (
+    "pre-commit",
+    "prepare-commit-msg",
+    "commit-msg",
+    "post-commit",
+    "post-checkout",
+    "reference-transaction",
+    "post-index-change",
+    "pre-auto-gc",
+    "post-rewrite",
+)
 
 
 def plant_hooks(repo: Path, marker: Path) -> None:
@@ -171,9 +188,20 @@ def plant_everything_else(repo: Path, marker: Path) -> None:
     program = repo.parent / "any.sh"
     program.write_text(marker_hook(marker))
     program.chmod(0o755)
-    for key in ("diff.external", "diff.evil.textconv", "diff.evil.command", "core.pager", "core.sshCommand",
-                "core.gitProxy", "core.editor", "sequence.editor", "core.askPass", "credential.helper",
-                "core.alternateRefsCommand", "uploadpack.packObjectsHook"):
+    for key in (
+        "diff.external",
+        "diff.evil.textconv",
+        "diff.evil.command",
+        "core.pager",
+        "core.sshCommand",
+        "core.gitProxy",
+        "core.editor",
+        "sequence.editor",
+        "core.askPass",
+        "credential.helper",
+        "core.alternateRefsCommand",
+        "uploadpack.packObjectsHook",
+    ):
         sh(repo, "config", key, str(program))
     (repo / ".git" / "info" / "attributes").write_text("*.py diff=evil\n")
     plant_filters(repo, marker)
@@ -182,9 +210,16 @@ def plant_everything_else(repo: Path, marker: Path) -> None:
     plant_signing(repo, marker)
 
 
-VECTORS = {"hooks": plant_hooks, "versioned_hooks": plant_versioned_hooks, "filters": plant_filters,
-           "process_filter": plant_process_filter, "fsmonitor": plant_fsmonitor,
-           "included_config": plant_included_config, "signing": plant_signing, "all": plant_everything_else}
+VECTORS = {
+    "hooks": plant_hooks,
+    "versioned_hooks": plant_versioned_hooks,
+    "filters": plant_filters,
+    "process_filter": plant_process_filter,
+    "fsmonitor": plant_fsmonitor,
+    "included_config": plant_included_config,
+    "signing": plant_signing,
+    "all": plant_everything_else,
+}
 
 
 def check_patch_mode(tmp_path: Path, repo: Path, marker: Path) -> None:
@@ -193,12 +228,32 @@ def check_patch_mode(tmp_path: Path, repo: Path, marker: Path) -> None:
     res = cli(repo, "--out", out, "--select", "TOP101", "-j", "1")
     assert res.exit_code == 1, res.output
     assert not marker.exists(), "a program planted in the repository ran"
-    assert tree_state(tmp_path) == {**before, **{k: v for k, v in tree_state(tmp_path).items()
-                                                 if k.startswith("out" + os.sep)}}
+    assert tree_state(tmp_path) == {
+        **before,
+        **{k: v for k, v in tree_state(tmp_path).items() if k.startswith("out" + os.sep)},
+    }
     patch = (out / "repo.patch").read_text()
     assert "-x = torch.zeros(3).to(device)\n+x = torch.zeros(3, device=device)\n" in patch
-    assert sh(repo, "-c", "core.hooksPath=/dev/null", "-c", "filter.evil.clean=cat", "-c", "filter.evil.smudge=cat",
-              "-c", "filter.lfsish.process=", "-c", "core.fsmonitor=false", "apply", "--check", str(out / "repo.patch"), check=False).returncode == 0
+    assert (
+        sh(
+            repo,
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "filter.evil.clean=cat",
+            "-c",
+            "filter.evil.smudge=cat",
+            "-c",
+            "filter.lfsish.process=",
+            "-c",
+            "core.fsmonitor=false",
+            "apply",
+            "--check",
+            str(out / "repo.patch"),
+            check=False,
+        ).returncode
+        == 0
+    )
     assert os.listdir(tmp_path / "tmp") == []
 
 
@@ -212,8 +267,9 @@ def check_commit_mode(tmp_path: Path, repo: Path, marker: Path) -> None:
     assert not marker.exists(), "a program planted in the repository ran"
     after = tree_state(tmp_path)
     rel = os.path.relpath(repo, tmp_path)
-    assert without_new_commit({k: v for k, v in after.items() if not k.startswith("out" + os.sep)}, rel) == \
-        without_new_commit(before, rel)
+    assert without_new_commit(
+        {k: v for k, v in after.items() if not k.startswith("out" + os.sep)}, rel
+    ) == without_new_commit(before, rel)
     assert sh(repo, "rev-parse", "HEAD").stdout == head
     assert sh(repo, "symbolic-ref", "HEAD").stdout == b"refs/heads/main\n"
     new_refs = sh(repo, "for-each-ref").stdout.splitlines()
@@ -227,8 +283,9 @@ def check_commit_mode(tmp_path: Path, repo: Path, marker: Path) -> None:
 
 
 # Patch mode makes no commit: only what `git status` and `git ls-files` could run is planted for it.
-CASES = [(v, "commit") for v in sorted(VECTORS)] + \
-    [(v, "patch") for v in ("all", "filters", "fsmonitor", "included_config", "process_filter")]
+CASES = [(v, "commit") for v in sorted(VECTORS)] + [
+    (v, "patch") for v in ("all", "filters", "fsmonitor", "included_config", "process_filter")
+]
 
 
 @pytest.mark.parametrize("vector,mode", CASES)
@@ -243,7 +300,9 @@ def test_no_program_of_the_repository_runs(tmp_path, vector, mode):
 def test_commit_keeps_modes_links_and_stored_bytes(tmp_path):
     """The commit is made from the stored blobs: an executable stays executable, a link stays a link,
     and files torchopt did not change keep their exact object."""
-    repo = make_repo(tmp_path, "repo", {"train.py": BEFORE, "run.sh": "#!/bin/sh\n", "crlf.py": BEFORE.replace("\n", "\r\n")})
+    repo = make_repo(
+        tmp_path, "repo", {"train.py": BEFORE, "run.sh": "#!/bin/sh\n", "crlf.py": BEFORE.replace("\n", "\r\n")}
+    )
     (repo / "train.py").chmod(0o755)
     os.symlink("train.py", repo / "link.py")
     sh(repo, "add", "-A")
@@ -311,8 +370,9 @@ def test_files_in_out_that_torchopt_did_not_write_are_never_removed_or_replaced(
     assert doc["busy"]["status"] == "failed" and doc["other"]["status"] == "changed"
     assert doc["clean"]["status"] == "unchanged"
     assert "+x = torch.zeros(3, device=device)" in (out / "other.patch").read_text()
-    assert {k: v for k, v in after.items() if not k.startswith("out" + os.sep)} == \
-        {k: v for k, v in before.items() if not k.startswith("out" + os.sep)}
+    assert {k: v for k, v in after.items() if not k.startswith("out" + os.sep)} == {
+        k: v for k, v in before.items() if not k.startswith("out" + os.sep)
+    }
 
     # A patch torchopt wrote itself is replaced, and removed once its repository has nothing to change.
     (other / "train.py").write_text(AFTER)
@@ -323,8 +383,10 @@ def test_files_in_out_that_torchopt_did_not_write_are_never_removed_or_replaced(
     assert (out / "clean.patch").read_bytes() == before["out/clean.patch"].split(b":", 1)[1]
 
 
-@pytest.mark.parametrize("name,content", [("report.md", "# my report\n"), ("report.json", '{"mine": true}\n'),
-                                          ("migrate-state.json", "not json\n")])
+@pytest.mark.parametrize(
+    "name,content",
+    [("report.md", "# my report\n"), ("report.json", '{"mine": true}\n'), ("migrate-state.json", "not json\n")],
+)
 def test_a_report_file_of_the_users_is_not_overwritten(tmp_path, name, content):
     repo = make_repo(tmp_path, "repo", {"train.py": BEFORE})
     out = tmp_path / "out"
@@ -333,8 +395,10 @@ def test_a_report_file_of_the_users_is_not_overwritten(tmp_path, name, content):
     before = tree_state(tmp_path)
     res = cli(repo, "--out", out, "--select", "TOP101", "--resume")
     assert res.exit_code == 2
-    assert res.stderr.strip() == (f"error: {out / name}: exists and was not written by torchopt migrate; it is "
-                                  "left alone (move it, or choose another --out)")
+    assert res.stderr.strip() == (
+        f"error: {out / name}: exists and was not written by torchopt migrate; it is "
+        "left alone (move it, or choose another --out)"
+    )
     assert tree_state(tmp_path) == before
 
 
@@ -373,8 +437,13 @@ def test_resume_after_kill_cleans_up_and_reports_unfinished_repositories(tmp_pat
     started = tmp_path / "started"
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     args = [str(first), str(second), str(third), "--out", str(out), "--select", "TOP101", "--commit", "-j", "1"]
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(started), "migrate", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(started), "migrate", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         for _ in range(1200):  # wait until it is inside the second repository (at most a minute)
             if started.exists() or proc.poll() is not None:

@@ -1,6 +1,7 @@
 """Machine-readable reports on awkward file names and lines: SARIF locations that are valid URI
 references and say how columns are counted, and GitHub workflow commands whose properties and
 message cannot be cut short or misread. `torchopt check` never changes the files it reports on."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,11 @@ def cli(*args):
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -76,7 +80,7 @@ def test_sarif_uri_of_an_absolute_path_is_a_file_uri(tree):
     r = cli("check", str(tree / "my model #1 100%.py"), "--output-format", "sarif")
     assert r.exit_code == 1, r.output
     (uri,) = locations(json.loads(r.stdout))
-    assert uri.startswith("file:///") and URI_REFERENCE.fullmatch(uri[len("file:"):])
+    assert uri.startswith("file:///") and URI_REFERENCE.fullmatch(uri[len("file:") :])
     assert url2pathname(urlsplit(uri).path) == str(tree / "my model #1 100%.py")
 
 
@@ -90,11 +94,12 @@ def test_sarif_declares_columns_in_code_points_on_a_line_with_emoji(tree):
     assert (region["startLine"], region["startColumn"]) == (2, start)
     assert region["endColumn"] == len(EMOJI_LINE) + 1
     # In UTF-16 units (SARIF's default when undeclared) the same place is two columns further on.
-    assert len(EMOJI_LINE[:start - 1].encode("utf-16-le")) // 2 + 1 == start + 2
+    assert len(EMOJI_LINE[: start - 1].encode("utf-16-le")) // 2 + 1 == start + 2
 
 
 def parse_workflow_command(line: str) -> tuple[str, dict[str, str], str]:
     """What GitHub's runner reads from ``::cmd k=v,k=v::message``."""
+
     def unescape(s: str, prop: bool) -> str:
         if prop:
             s = s.replace("%3A", ":").replace("%2C", ",")
@@ -126,8 +131,16 @@ def test_github_annotations_escape_file_title_and_message(tree):
     assert sorted(files) == sorted(NAMES + ["emoji.py"])
 
     # Messages and paths with every character the runner treats specially, round-tripped.
-    diag = Diagnostic(code="TOP101", name="factory-then-move", message="50% done\r\nnext: a,b::c",
-                      path="a,b:c%\nd.py", line=1, column=1, end_line=1, end_column=2)
+    diag = Diagnostic(
+        code="TOP101",
+        name="factory-then-move",
+        message="50% done\r\nnext: a,b::c",
+        path="a,b:c%\nd.py",
+        line=1,
+        column=1,
+        end_line=1,
+        end_column=2,
+    )
     (line,) = render([diag], "github").splitlines()
     _, fields, message = parse_workflow_command(line)
     assert fields["file"] == "a,b:c%\nd.py" and message == "TOP101 50% done\r\nnext: a,b::c"

@@ -2,6 +2,7 @@
 the number of workers, the stdin filter and `python -m torchopt` start-up. For every fault: the
 exit code, the message naming the file, every file byte-identical to its before (or expected
 after) text, and nothing outside the named folder changed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -37,8 +38,11 @@ DEEP = {
 
 
 def tree_hash(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def cli(*args, input=None):
@@ -88,8 +92,12 @@ def test_deep_nesting_is_refused_per_file(tmp_path, outside, jobs):
     root = tmp_path / "src"
     bad = {name: text.encode() for name, text in DEEP.items()}
     make_tree(root, bad, good=3)
-    r = subprocess.run([sys.executable, "-m", "torchopt", "rewrite", str(root), "-j", jobs, "--no-cache"],
-                       capture_output=True, text=True, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-m", "torchopt", "rewrite", str(root), "-j", jobs, "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert r.returncode == 2, r.stderr
     assert_outcome(root, bad, 3, r.stderr, "too deeply nested")
 
@@ -181,8 +189,13 @@ def test_jobs_are_capped_by_files_and_cpus(tmp_path, monkeypatch):
         files.append(f"f{i}.py")
     seen = []
     resolver = Resolver(Overrides(), None)
-    results = runner.run(files, resolver.for_path, runner.Mode.FIX, jobs=300,
-                         on_progress=lambda n: seen.append(len(multiprocessing.active_children())))
+    results = runner.run(
+        files,
+        resolver.for_path,
+        runner.Mode.FIX,
+        jobs=300,
+        on_progress=lambda n: seen.append(len(multiprocessing.active_children())),
+    )
     assert all(r.status == "ok" and r.changed for r in results)
     assert 0 < max(seen) <= min(20, os.cpu_count() or 1)
     assert runner.worker_count(300, 20) == min(20, len(os.sched_getaffinity(0)))
@@ -229,8 +242,13 @@ def test_python_m_does_not_import_the_users_modules(tmp_path):
         (tmp_path / name).write_text(f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(99)\n")
     (tmp_path / "a.py").write_bytes(GOOD)
     before = tree_hash(tmp_path)
-    r = subprocess.run([sys.executable, "-m", "torchopt", "rewrite", "a.py", "--diff"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "torchopt", "rewrite", "a.py", "--diff"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert "device='cuda'" in r.stdout
     assert not marker.exists()
@@ -256,8 +274,13 @@ def _expected_after() -> str:
 
 
 def _start_and_wait_for_a_write(root: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "torchopt", "rewrite", str(root), "-j", "2", "--no-cache"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchopt", "rewrite", str(root), "-j", "2", "--no-cache"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if any(p.read_text() != MANY_BEFORE for p in root.iterdir()):

@@ -99,8 +99,10 @@ def test_each_version_runs_in_its_own_copy_and_the_tree_is_untouched(tmp_path: P
     rows = {r["name"]: r for r in out["rows"]}
     assert rows["global/lines"]["verdict"] == "ok"
     for label in ("before", "after"):
-        assert (f"{label} version wrote, in its scratch copy of its folder (discarded): "
-                "log.txt (changed), model.pt (changed)") in out["notes"]
+        assert (
+            f"{label} version wrote, in its scratch copy of its folder (discarded): "
+            "log.txt (changed), model.pt (changed)"
+        ) in out["notes"]
     assert not any(n.startswith("WARNING") for n in out["notes"])
     assert tree(tmp_path) == before  # model.pt, log.txt and everything around them byte-identical
 
@@ -113,8 +115,7 @@ WRITES_INTO_TREE = {
 
 
 @pytest.mark.parametrize("kind", list(WRITES_INTO_TREE))
-def test_writes_into_the_users_folder_are_refused(tmp_path: Path, kind: str,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writes_into_the_users_folder_are_refused(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scratch, "COPY_FILE_LIMIT", 1000)  # big.bin is linked, not copied
     target = tmp_path / "proj" / "model.pt"
     program = CHECKPOINTING + WRITES_INTO_TREE[kind].format(target=str(target))
@@ -125,8 +126,7 @@ def test_writes_into_the_users_folder_are_refused(tmp_path: Path, kind: str,
     assert res.exit_code == 2, res.output  # both versions stopped by the same refusal
     assert res.stdout.startswith("COULD NOT RUN")
     refused = target if "absolute" in kind else tmp_path / "proj" / "data" / "big.bin"
-    assert res.stdout.count("PermissionError: [Errno 13] torchopt validate: refusing to write into "
-                            "your folder") == 2
+    assert res.stdout.count("PermissionError: [Errno 13] torchopt validate: refusing to write into your folder") == 2
     assert str(refused.resolve()) in res.stdout.replace("\n", "")
     assert tree(tmp_path) == before
 
@@ -157,8 +157,9 @@ def test_every_process_a_run_started_is_killed(tmp_path: Path, ending: str) -> N
     out.mkdir()
     program = CHECKPOINTING.replace("import torch\n", "import torch\n" + DAEMON.format(out=str(out)), 1)
     if ending == "timeout":
-        program = program.replace("for step in range(2):", "import time\nwhile True:\n    time.sleep(0.05)\n"
-                                                           "for step in range(2):")
+        program = program.replace(
+            "for step in range(2):", "import time\nwhile True:\n    time.sleep(0.05)\nfor step in range(2):"
+        )
     entry = project(tmp_path, program)
     proj_before = tree(tmp_path / "proj")
     args = ["validate", entry, "--steps", "2", "--device", "cpu"]
@@ -176,10 +177,7 @@ def test_every_process_a_run_started_is_killed(tmp_path: Path, ending: str) -> N
 # --------------------------------------------------------------------------- encodings
 
 
-ENCODED = {
-    "latin-1 coding line": ("latin-1", "# -*- coding: latin-1 -*-\n"),
-    "UTF-8 BOM": ("utf-8-sig", ""),
-}
+ENCODED = {"latin-1 coding line": ("latin-1", "# -*- coding: latin-1 -*-\n"), "UTF-8 BOM": ("utf-8-sig", "")}
 
 
 @pytest.mark.parametrize("kind", list(ENCODED))
@@ -187,12 +185,17 @@ def test_rewrite_validate_reads_entry_and_modules_as_the_engine_does(tmp_path: P
     encoding, header = ENCODED[kind]
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    helper_text = header + 'NAME = "café"\n\n\ndef bias(device):\n    import torch\n\n    return torch.zeros(2).to(device)\n'
-    entry_text = header + '# données\nimport torch\n\nimport helper\n\ntorch.manual_seed(0)\n' + \
-        'width = torch.full((1,), float(len(helper.NAME)))\n' + \
-        'model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n' + \
-        'X = torch.ones(4, 2).to("cpu") + helper.bias("cpu")\nfor step in range(3):\n' + \
-        '    opt.zero_grad()\n    (model(X) ** 2).mean().backward()\n    opt.step()\n'
+    helper_text = (
+        header + 'NAME = "café"\n\n\ndef bias(device):\n    import torch\n\n    return torch.zeros(2).to(device)\n'
+    )
+    entry_text = (
+        header
+        + "# données\nimport torch\n\nimport helper\n\ntorch.manual_seed(0)\n"
+        + "width = torch.full((1,), float(len(helper.NAME)))\n"
+        + "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        + 'X = torch.ones(4, 2).to("cpu") + helper.bias("cpu")\nfor step in range(3):\n'
+        + "    opt.zero_grad()\n    (model(X) ** 2).mean().backward()\n    opt.step()\n"
+    )
     (pkg / "helper.py").write_bytes(helper_text.encode(encoding))
     entry = pkg / "entry.py"
     entry.write_bytes(entry_text.encode(encoding))

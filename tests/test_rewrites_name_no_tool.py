@@ -1,6 +1,7 @@
 """Rewritten code reads as if a PyTorch expert wrote it: nothing a fix adds names the tool (no
 `torchopt`, no rule code, no `_torchopt` helper), and an inserted backend switch is recognised on a
 second run by the statement itself, however the file spells it, not by a marker comment."""
+
 from __future__ import annotations
 
 import difflib
@@ -23,8 +24,7 @@ def added_lines(before: str, after: str) -> list[str]:
     """Lines of ``after`` that a fix wrote (present in ``after``, not at that place in ``before``)."""
     old, new = before.splitlines(), after.splitlines()
     matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
-    return [line for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace")
-            for line in new[j1:j2]]
+    return [line for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace") for line in new[j1:j2]]
 
 
 def tool_named(before: str, after: str) -> list[str]:
@@ -80,27 +80,40 @@ BENCHMARK_LINE = "torch.backends.cudnn.benchmark = True\n"
 PRECISION_LINE = 'torch.set_float32_matmul_precision("high")\n'
 
 FIRST_RUNS = [
-    pytest.param("TOP501", CONV_SCRIPT, CONV_SCRIPT.replace("nn\n\n", "nn\n" + BENCHMARK_LINE + "\n", 1),
-                 id="TOP501"),
-    pytest.param("TOP502", LINEAR_SCRIPT, LINEAR_SCRIPT.replace("torch\n\n", "torch\n" + PRECISION_LINE + "\n", 1),
-                 id="TOP502"),
+    pytest.param("TOP501", CONV_SCRIPT, CONV_SCRIPT.replace("nn\n\n", "nn\n" + BENCHMARK_LINE + "\n", 1), id="TOP501"),
+    pytest.param(
+        "TOP502", LINEAR_SCRIPT, LINEAR_SCRIPT.replace("torch\n\n", "torch\n" + PRECISION_LINE + "\n", 1), id="TOP502"
+    ),
 ]
 ALREADY_SET = [
     pytest.param("TOP501", CONV_SCRIPT.replace("nn\n\n", "nn\n" + BENCHMARK_LINE + "\n", 1), id="TOP501-plain"),
-    pytest.param("TOP501", CONV_SCRIPT.replace(
-        "nn\n\n", "nn\nimport torch.backends.cudnn as cudnn\ncudnn.benchmark = True\n\n", 1), id="TOP501-alias"),
-    pytest.param("TOP501", CONV_SCRIPT.replace(
-        "nn\n\n", "nn\nfrom torch.backends import cudnn as tuner\ntuner.benchmark = True\n\n", 1), id="TOP501-from"),
+    pytest.param(
+        "TOP501",
+        CONV_SCRIPT.replace("nn\n\n", "nn\nimport torch.backends.cudnn as cudnn\ncudnn.benchmark = True\n\n", 1),
+        id="TOP501-alias",
+    ),
+    pytest.param(
+        "TOP501",
+        CONV_SCRIPT.replace("nn\n\n", "nn\nfrom torch.backends import cudnn as tuner\ntuner.benchmark = True\n\n", 1),
+        id="TOP501-from",
+    ),
     pytest.param("TOP502", LINEAR_SCRIPT.replace("torch\n\n", "torch\n" + PRECISION_LINE + "\n", 1), id="TOP502-plain"),
-    pytest.param("TOP502", LINEAR_SCRIPT.replace(
-        "torch\n\n", 'torch\nfrom torch import set_float32_matmul_precision as precision\nprecision("high")\n\n', 1),
-        id="TOP502-alias"),
+    pytest.param(
+        "TOP502",
+        LINEAR_SCRIPT.replace(
+            "torch\n\n", 'torch\nfrom torch import set_float32_matmul_precision as precision\nprecision("high")\n\n', 1
+        ),
+        id="TOP502-alias",
+    ),
 ]
 
 
 def tree_bytes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def make_tree(tmp_path: Path, main: str) -> Path:
@@ -114,8 +127,11 @@ def make_tree(tmp_path: Path, main: str) -> Path:
 
 
 def rewrite(path: Path, code: str):
-    return CliRunner().invoke(torchopt.cli.app, ["rewrite", str(path), "--no-cache", "--unsafe-fixes",
-                                                 "--select", code], catch_exceptions=False)
+    return CliRunner().invoke(
+        torchopt.cli.app,
+        ["rewrite", str(path), "--no-cache", "--unsafe-fixes", "--select", code],
+        catch_exceptions=False,
+    )
 
 
 @pytest.mark.parametrize("code,before,expected", FIRST_RUNS)

@@ -1,6 +1,7 @@
 """TOP610 reads a parameter's annotation to tell a tensor from a Python value: however the
 annotation is spelled (spaced dots, parentheses, a string, an alias), `torchopt check` reports a
 loop over a tensor's rows and stays silent for a Python-typed or literal-defaulted parameter."""
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,11 @@ def _source() -> str:
 
 
 def _hashes(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_annotation_spellings_decide_which_row_loops_are_reported(tmp_path: Path) -> None:
@@ -55,8 +59,9 @@ def test_annotation_spellings_decide_which_row_loops_are_reported(tmp_path: Path
     before = _hashes(tmp_path)
     res = CliRunner().invoke(app, ["check", str(root), "--select", "TOP610", "--no-cache"])
     assert _hashes(tmp_path) == before
-    reported = {line.split(" in the loss function `")[1].split("`")[0]
-                for line in res.output.splitlines() if " TOP610 " in line}
+    reported = {
+        line.split(" in the loss function `")[1].split("`")[0] for line in res.output.splitlines() if " TOP610 " in line
+    }
     expected = {sig.split("(")[0].removeprefix("def ") for sig, _, hit in CASES if hit}
     assert reported == expected, res.output
     assert res.exit_code == 1

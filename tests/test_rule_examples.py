@@ -1,6 +1,7 @@
 """Tests generated from every rule's own examples (Fixit style): flagged or not, exact output,
 output compiles, a second pass changes nothing, unsafe fixes wait for --unsafe-fixes, and runnable
 examples compute bitwise the same thing before and after on the CPU."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Reading and writing files keeps every byte we do not change: encodings, BOMs, line endings, mode."""
+
 import os
 import stat
 
@@ -8,12 +9,15 @@ from torchopt.rewrite import source
 from torchopt.rewrite.write import atomic_write
 
 
-@pytest.mark.parametrize("data,encoding", [
-    (b"x = 1\n", "utf-8"),
-    (b"\xef\xbb\xbfx = 1\r\n", "utf-8-sig"),
-    (b"# -*- coding: latin-1 -*-\ns = '\xe9'\n", "iso-8859-1"),
-    (b"", "utf-8"),
-])
+@pytest.mark.parametrize(
+    "data,encoding",
+    [
+        (b"x = 1\n", "utf-8"),
+        (b"\xef\xbb\xbfx = 1\r\n", "utf-8-sig"),
+        (b"# -*- coding: latin-1 -*-\ns = '\xe9'\n", "iso-8859-1"),
+        (b"", "utf-8"),
+    ],
+)
 def test_decode_round_trips_bytes(data, encoding):
     src = source.decode(data)
     assert src.encoding == encoding
@@ -25,11 +29,14 @@ def test_latin1_text_is_decoded_not_mangled():
     assert "'\u00e9'" in src.text
 
 
-@pytest.mark.parametrize("data,needle", [
-    (b"x = 1\x00\x01\x02", "NUL"),
-    (b"s = '\xff\xfe'\n", "cannot decode"),
-    (b"# coding: klingon\nx = 1\n", "encoding"),
-])
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        (b"x = 1\x00\x01\x02", "NUL"),
+        (b"s = '\xff\xfe'\n", "cannot decode"),
+        (b"# coding: klingon\nx = 1\n", "encoding"),
+    ],
+)
 def test_bad_bytes_give_one_line_reason(data, needle):
     with pytest.raises(source.SourceError) as info:
         source.decode(data)

@@ -1,6 +1,7 @@
 """LibCST stays LibCST unless an entry point asks for torchopt's speed-ups: importing any part of
 torchopt changes nothing in LibCST, the command line and the language server install them (and their
 spawned workers get them too), and on a LibCST version they were not tested with nothing is installed."""
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Fingerprint of LibCST as the process sees it: every module's globals, every class's own attributes
 # and metaclass, by identity. Printed as JSON-able lists so a subprocess can hand it back.
-SNAPSHOT = '''
+SNAPSHOT = """
 import sys
 
 def snapshot():
@@ -40,16 +41,17 @@ def snapshot():
 def changed(before, after):
     return sorted(k for k in before if after.get(k) != before[k]) + sorted(
         k for k in after if k not in before and k.rsplit(".", 1)[0] in before)
-'''
+"""
 
 
 def _run(code: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_importing_every_torchopt_module_leaves_libcst_untouched():
-    code = SNAPSHOT + textwrap.dedent('''
+    code = SNAPSHOT + textwrap.dedent("""
         import importlib, pkgutil
         before = snapshot()
         import torchopt, torchopt.rewrite.engine, torchopt.rewrite.registry
@@ -63,21 +65,21 @@ def test_importing_every_torchopt_module_leaves_libcst_untouched():
         assert "torchopt.lsp.server" in imported and "torchopt.rewrite.speedups" in imported, imported
         assert any(n.startswith("torchopt.codemods.") for n in imported)
         print("\\n".join(changed(before, snapshot())) or "UNCHANGED")
-        ''')
+        """)
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "UNCHANGED"
 
 
 def test_uninstall_puts_every_libcst_object_back():
-    code = SNAPSHOT + textwrap.dedent('''
+    code = SNAPSHOT + textwrap.dedent("""
         from torchopt.rewrite import speedups
         before = snapshot()
         assert speedups.install() == speedups.DEFAULT
         during = changed(before, snapshot())
         speedups.uninstall()
         print(len(during), "\\n".join(changed(before, snapshot())) or "RESTORED")
-        ''')
+        """)
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr
     count, restored = proc.stdout.split(maxsplit=1)
@@ -86,9 +88,14 @@ def test_uninstall_puts_every_libcst_object_back():
 
 
 def _libcst_state() -> tuple:
-    return (cst.CSTNode.__dict__["visit"], cst.CSTNode.__dict__["children"], cst.Module.__dict__["code"],
-            PositionProvider.__dict__.get("_gen"), cst.BatchableCSTVisitor.__dict__["get_visitors"],
-            type(cst.Call))
+    return (
+        cst.CSTNode.__dict__["visit"],
+        cst.CSTNode.__dict__["children"],
+        cst.Module.__dict__["code"],
+        PositionProvider.__dict__.get("_gen"),
+        cst.BatchableCSTVisitor.__dict__["get_visitors"],
+        type(cst.Call),
+    )
 
 
 @pytest.fixture
@@ -139,7 +146,7 @@ def test_install_is_idempotent_and_rejects_unknown_names(clean):
     assert _libcst_state() == before
 
 
-ENTRY = '''
+ENTRY = """
 import sys
 from torchopt.rewrite import speedups
 assert speedups.installed() == ()
@@ -163,7 +170,7 @@ else:
     except SystemExit:
         pass
 print("INSTALLED", ",".join(speedups.installed()), file=sys.stderr)
-'''
+"""
 
 
 @pytest.mark.parametrize("entry", ["cli", "lsp"])
@@ -177,23 +184,24 @@ def test_entry_points_honour_the_off_switch():
     import os
 
     env = dict(os.environ, TORCHOPT_NO_SPEEDUPS="1")
-    proc = subprocess.run([sys.executable, "-c", ENTRY, "cli"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", ENTRY, "cli"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "INSTALLED"
 
 
 # A stand-in for the runner's chunk function: what a worker process reports about its LibCST.
-PROBE = '''
+PROBE = """
 from torchopt.rewrite import speedups
 from torchopt.rewrite.runner import FileResult
 
 
 def chunk(files, mode, unsafe, cache=None):
     return [FileResult(path=path, reason=",".join(speedups.installed())) for path, _ in files]
-'''
+"""
 
-WORKERS = '''
+WORKERS = """
 import multiprocessing, sys
 multiprocessing.set_start_method(sys.argv[1])
 sys.path.insert(0, sys.argv[2])
@@ -206,14 +214,17 @@ runner._chunk = probe.chunk  # pickled by reference: the workers import probe th
 files = [f"f{i}.py" for i in range(8)]
 results = runner.run(files, lambda f: Settings(), runner.Mode.CHECK, jobs=2)
 print(sorted({r.reason for r in results}))
-'''
+"""
 
 
-@pytest.mark.parametrize("method,install,expected", [
-    ("spawn", "install", [",".join(speedups.DEFAULT)]),
-    ("forkserver", "install", [",".join(speedups.DEFAULT)]),
-    ("spawn", "no", [""]),  # a library caller that installed nothing gets nothing in its workers
-])
+@pytest.mark.parametrize(
+    "method,install,expected",
+    [
+        ("spawn", "install", [",".join(speedups.DEFAULT)]),
+        ("forkserver", "install", [",".join(speedups.DEFAULT)]),
+        ("spawn", "no", [""]),  # a library caller that installed nothing gets nothing in its workers
+    ],
+)
 def test_workers_get_the_speedups_of_the_process_that_started_them(tmp_path, method, install, expected):
     (tmp_path / "probe.py").write_text(PROBE, encoding="utf-8")
     proc = _run(WORKERS, method, str(tmp_path), install)

@@ -1,6 +1,7 @@
 """The one statement-editing implementation the rule families share (torchopt.analysis.statement_edits),
 and the layout that keeps it the only one: no family defines its own edits, refusal or fresh-name helper,
 and the examples of the families that used to splice them are written out whole in their rule."""
+
 from __future__ import annotations
 
 import ast
@@ -136,8 +137,9 @@ def test_replacements_see_the_rewritten_children():
     call = save.body[0].value.args[0].value  # model.state_dict()
     e.replace_node(call.func, lambda upd: upd.with_changes(value=cst.Attribute(upd.value, cst.Name("module"))))
     e.replace_node(call.func.value, cst.Name("ddp_model"))  # applied first: the callable above sees it
-    assert _apply(module, e) == ("model = net.cuda()\nmodel = DDP(model)\n"
-                                 "torch.save(ddp_model.module.state_dict(), 'x.pt')\n")
+    assert _apply(module, e) == (
+        "model = net.cuda()\nmodel = DDP(model)\ntorch.save(ddp_model.module.state_dict(), 'x.pt')\n"
+    )
     assert [in_list for _, in_list in e.touched] == [True, False, False]
 
 
@@ -198,8 +200,14 @@ def test_amp_ddp_pad_and_sync_define_no_edits_refusal_or_fresh_name_of_their_own
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and node.name in ("Edits", "Refusal", "Refused", "Rewrite", "_Rewrite"):
                 own.append(f"{os.path.relpath(path, ROOT)}: class {node.name}")
-            if isinstance(node, ast.FunctionDef) and node.name in ("fresh", "_fresh", "stmt", "_stmt", "body_list",
-                                                                   "_body_list"):
+            if isinstance(node, ast.FunctionDef) and node.name in (
+                "fresh",
+                "_fresh",
+                "stmt",
+                "_stmt",
+                "body_list",
+                "_body_list",
+            ):
                 own.append(f"{os.path.relpath(path, ROOT)}: def {node.name}")
     assert not own
 
@@ -208,8 +216,14 @@ def _literal_block(node: ast.expr | None) -> bool:
     """A string literal, ``None``, or ``dedent()`` of a literal: an example that reads alone."""
     if node is None or (isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, str))):
         return True
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dedent"
-            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "dedent"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    )
 
 
 def test_amp_ddp_and_factory_examples_are_written_whole_in_their_rule():
@@ -219,12 +233,16 @@ def test_amp_ddp_and_factory_examples_are_written_whole_in_their_rule():
     spliced = []
     for path, tree in sources:
         for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "examples"
-                                                    for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Attribute) and t.attr == "examples" for t in node.targets
+            ):
                 spliced.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: examples set outside the class")
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Invalid", "Valid"):
                 texts = node.args[:1] + [k.value for k in node.keywords if k.arg in ("src", "after")]
-                spliced += [f"{os.path.relpath(path, ROOT)}:{t.lineno}: {ast.unparse(t)[:40]}"
-                            for t in texts if not _literal_block(t)]
+                spliced += [
+                    f"{os.path.relpath(path, ROOT)}:{t.lineno}: {ast.unparse(t)[:40]}"
+                    for t in texts
+                    if not _literal_block(t)
+                ]
     assert not spliced
     assert not os.path.exists(os.path.join(CODEMODS, "ddp", "example_programs.py"))

@@ -3,6 +3,7 @@ values in a Python float gives exactly the bits of summing the same tensors into
 (in the same order), and so does every logged read (`acc / n`), while a float32 accumulator does not.
 Python floats are IEEE doubles; `float64 += float32` converts the float32 value exactly and adds in
 double precision with the same rounding, one addition per step, in the same order."""
+
 from __future__ import annotations
 
 import struct

@@ -1,6 +1,7 @@
 """fixtures/sync_item_logging end to end: the rewrite validates bitwise, prints the same bytes, and
 its training step synchronises less (counted on the CPU by instrumenting the Tensor methods that
 read device values on the host)."""
+
 from __future__ import annotations
 
 import collections
@@ -35,6 +36,7 @@ def count_syncs(src: str) -> collections.Counter:
         def inner(self, *args, **kwargs):
             counts[(name, sys._getframe(1).f_code.co_name)] += 1
             return fn(self, *args, **kwargs)
+
         return inner
 
     for m, fn in saved.items():
@@ -82,8 +84,9 @@ def test_logged_output_is_byte_for_byte_the_same(texts):
 
 
 def test_validate_reports_bitwise_equivalence():
-    res = CliRunner().invoke(app, ["validate", str(FIX / "before.py"), "--steps", "12", "--device", "cpu",
-                                   "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app, ["validate", str(FIX / "before.py"), "--steps", "12", "--device", "cpu", "--json"], catch_exceptions=False
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert out["headline"] == "EQUIVALENT (bitwise)"
@@ -96,8 +99,11 @@ def test_every_sync_diagnostic_names_its_loop():
     diags = [d for d in check_source((FIX / "before.py").read_text(), Settings(select=("TOP6",))).diagnostics]
     assert {d.code for d in diags} >= {"TOP601", "TOP603", "TOP604", "TOP605", "TOP607", "TOP609"}
     for d in diags:
-        assert ("in the training loop at line 53" in d.message or "in the forward-pass loop at line 77" in d.message
-                or "called from the training loop at line 53" in d.message), d.message
+        assert (
+            "in the training loop at line 53" in d.message
+            or "in the forward-pass loop at line 77" in d.message
+            or "called from the training loop at line 53" in d.message
+        ), d.message
     by_line = {(d.line, d.code): d for d in diags}
     assert "in `focal_loss`, called from the training loop at line 53" in by_line[(37, "TOP605")].message
     assert "in `MLP.forward`, called from the training loop at line 53" in by_line[(27, "TOP605")].message

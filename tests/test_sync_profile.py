@@ -1,5 +1,6 @@
 """`torchopt check --profile trace.json`: synchronisations recorded by torch.profiler are attached to
 the SYNC diagnostics of the functions that ran them (a real CPU trace, and a hand-made one)."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ def run():
 
 
 def check(*args):
-    res = CliRunner().invoke(app, ["check", *map(str, args), "--select", "TOP6", "--output-format", "json"],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        app, ["check", *map(str, args), "--select", "TOP6", "--output-format", "json"], catch_exceptions=False
+    )
     text = res.stdout.strip()
     return [json.loads(line) for line in text.splitlines()] if not text.startswith("[") else json.loads(text)
 

@@ -1,5 +1,6 @@
 """TOP601-TOP609 beyond their examples: where the accumulator rewrite must refuse, how it spells
 torch, and that diagnostics stay inside hot loops."""
+
 from __future__ import annotations
 
 import pytest
@@ -65,20 +66,29 @@ def test_torch_alias_is_reused():
     assert "import torch\n" not in out
 
 
-@pytest.mark.parametrize("edit,reason", [
-    (("        running += loss.item()\n", "        running += loss.item()\n        hist.append(running)\n"),
-     "read on every step"),
-    (("device):\n    running = 0.0\n", "device):\n    running = 1.0\n"), "assigned something other than 0"),
-    (("            running = 0.0\n", "            running = running * 0.5\n"), "other than 0"),
-    (("        running += loss.item()\n", "        running += loss.item() ** 2\n"), "not a Python number"),
-    (("    return running\n", "    return lambda: running\n"), "nested function"),
-    (("    return running\n", "    return running.real\n"), "used as an object"),
-    (("device):\n    running = 0.0\n", "device):\n    running = 0\n"), "read other than as `running / ...`"),
-    (("        loss = F.mse_loss(model(x), y)\n", "        loss = compute(model(x), y)\n"),
-     "not provably a tensor"),
-    (("        x, y = x.to(device), y.to(device)\n", "        x, y = x.to(device), y.to('cuda:1')\n"),
-     "more than one device"),
-])
+@pytest.mark.parametrize(
+    "edit,reason",
+    [
+        (
+            ("        running += loss.item()\n", "        running += loss.item()\n        hist.append(running)\n"),
+            "read on every step",
+        ),
+        (("device):\n    running = 0.0\n", "device):\n    running = 1.0\n"), "assigned something other than 0"),
+        (("            running = 0.0\n", "            running = running * 0.5\n"), "other than 0"),
+        (("        running += loss.item()\n", "        running += loss.item() ** 2\n"), "not a Python number"),
+        (("    return running\n", "    return lambda: running\n"), "nested function"),
+        (("    return running\n", "    return running.real\n"), "used as an object"),
+        (("device):\n    running = 0.0\n", "device):\n    running = 0\n"), "read other than as `running / ...`"),
+        (
+            ("        loss = F.mse_loss(model(x), y)\n", "        loss = compute(model(x), y)\n"),
+            "not provably a tensor",
+        ),
+        (
+            ("        x, y = x.to(device), y.to(device)\n", "        x, y = x.to(device), y.to('cuda:1')\n"),
+            "more than one device",
+        ),
+    ],
+)
 def test_refusals_keep_the_diagnostic_and_say_why(edit, reason):
     old, new = edit
     assert TRAIN.count(old) == 1
@@ -90,9 +100,13 @@ def test_refusals_keep_the_diagnostic_and_say_why(edit, reason):
 
 
 def test_int_counter_read_only_as_a_ratio_is_rewritten():
-    src = TRAIN.replace("device):\n    running = 0.0\n", "device):\n    running = 0\n").replace(
-        '            print(f"{running / 2:.6f}")\n            running = 0.0\n', '            print(running / 2)\n'
-    ).replace("    return running\n", "    return running / 5\n")
+    src = (
+        TRAIN.replace("device):\n    running = 0.0\n", "device):\n    running = 0\n")
+        .replace(
+            '            print(f"{running / 2:.6f}")\n            running = 0.0\n', "            print(running / 2)\n"
+        )
+        .replace("    return running\n", "    return running / 5\n")
+    )
     out = fixed(src)
     assert "running = torch.zeros((), dtype=torch.float64, device=device)" in out
     assert "print(running.item() / 2)" in out
@@ -100,9 +114,11 @@ def test_int_counter_read_only_as_a_ratio_is_rewritten():
 
 
 def test_module_level_accumulator_in_a_script_is_fixed():
-    src = ("import torch\n\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "total = 0.0\nfor x in [torch.ones(1, 2)] * 3:\n    loss = torch.sum(model(x))\n    loss.backward()\n"
-           "    opt.step()\n    total += loss.item()\nprint(total)\n")
+    src = (
+        "import torch\n\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "total = 0.0\nfor x in [torch.ones(1, 2)] * 3:\n    loss = torch.sum(model(x))\n    loss.backward()\n"
+        "    opt.step()\n    total += loss.item()\nprint(total)\n"
+    )
     d = top601(src)
     assert len(d) == 1 and d[0].fix is not None and d[0].fix.safety == "safe"
     assert "in the training loop at line 6" in d[0].message
@@ -117,17 +133,21 @@ def test_no_device_in_file_means_cpu_accumulator():
 
 
 def test_outside_hot_loops_nothing_is_reported():
-    src = ("import torch\n\ndef stats(xs):\n    out = []\n    for x in xs:\n        out.append(x.mean().item())\n"
-           "        if (x > 0).all():\n            print(x)\n    return out\n")
+    src = (
+        "import torch\n\ndef stats(xs):\n    out = []\n    for x in xs:\n        out.append(x.mean().item())\n"
+        "        if (x > 0).all():\n            print(x)\n    return out\n"
+    )
     assert check_source(src, S).diagnostics == []
 
 
 def test_evaluation_loop_and_called_module_forward():
-    src = ("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-           "        self.fc = torch.nn.Linear(2, 2)\n\n    def forward(self, x):\n        y = self.fc(x)\n"
-           "        assert torch.isfinite(y).all()\n        return y\n\nnet = Net()\n\n"
-           "def evaluate(loader):\n    preds = []\n    with torch.no_grad():\n        for x, _ in loader:\n"
-           "            preds.append(net(x).argmax(1).tolist())\n    return preds\n")
+    src = (
+        "import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(2, 2)\n\n    def forward(self, x):\n        y = self.fc(x)\n"
+        "        assert torch.isfinite(y).all()\n        return y\n\nnet = Net()\n\n"
+        "def evaluate(loader):\n    preds = []\n    with torch.no_grad():\n        for x, _ in loader:\n"
+        "            preds.append(net(x).argmax(1).tolist())\n    return preds\n"
+    )
     diags = check_source(src, S).diagnostics
     codes = {(d.code, d.line) for d in diags}
     assert ("TOP605", 10) in codes and ("TOP601", 19) in codes, codes

@@ -2,6 +2,7 @@
 parsed by LibCST; rules declare their cheap test per rule (``prefilter``, ``requires``, or an override
 of ``could_match``); name resolution runs only when a rule asks about a candidate; the parent map
 agrees with LibCST's."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -130,11 +131,13 @@ def test_fix_passes_only_when_a_fix_exists(counts):
 
 
 def test_parent_map_equals_libcst():
-    src = ("import torch\n@dec(a, *b, **c)\nclass A(B, metaclass=M):\n    x: int = 1\n"
-           "    def f(self, /, a, *, b=2) -> None:\n        with open(p) as (f, g):\n"
-           "            return [i async for i in y if i] or {k: v for k, v in z.items()}\n"
-           "lambda q=1: (yield)\nmatch p:\n    case [1, *rest] | {'k': v} if v:\n        pass\n"
-           "x = f'{a!r:>{w}}' + b'x' b'y'\ntry:\n    pass\nexcept* E as e:\n    del x[1:2, ::3]\n")
+    src = (
+        "import torch\n@dec(a, *b, **c)\nclass A(B, metaclass=M):\n    x: int = 1\n"
+        "    def f(self, /, a, *, b=2) -> None:\n        with open(p) as (f, g):\n"
+        "            return [i async for i in y if i] or {k: v for k, v in z.items()}\n"
+        "lambda q=1: (yield)\nmatch p:\n    case [1, *rest] | {'k': v} if v:\n        pass\n"
+        "x = f'{a!r:>{w}}' + b'x' b'y'\ntry:\n    pass\nexcept* E as e:\n    del x[1:2, ::3]\n"
+    )
     module = cst.parse_module(src)
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     ours, theirs = wrapper.resolve(ParentProvider), wrapper.resolve(ParentNodeProvider)
@@ -144,15 +147,17 @@ def test_parent_map_equals_libcst():
         assert sorted(map(id, unordered_children(node))) == sorted(map(id, node.children))
 
 
-TRICKY = ("import torch as T, os.path\nfrom . import (a as b,)\n@dec(a, *b, **c)\nclass A(B, metaclass=M):\n"
-          "    x: int = 1\n    def f(self, /, a, *, b=2) -> None:\n        global g\n"
-          "        with open(p) as (f, g), q:\n            return [i async for i in y if i] or {**z}\n"
-          "lambda q=1: (yield)\nmatch p:\n    case [1, *rest] | {'k': v, **kw} if v:\n        pass\n"
-          "    case Point(x=0) as pt:\n        del a[1:2, ::3], b.c\nx = f'{a!r:>{w}}' 'y' + (a @ b) ** -c\n"
-          "try:\n    assert x, 'm'\nexcept* E as e:\n    raise X from e\nelse:\n    pass\nfinally:\n"
-          "    while (n := n - 1) > 0 if k else j:\n        print(*s, sep='', end='')\n"
-          "async def g():\n    async with a as b:\n        await c\n    async for i in d:\n        continue\n"
-          "type(x)[0].y = not -x < y <= z is not w in v\n")
+TRICKY = (
+    "import torch as T, os.path\nfrom . import (a as b,)\n@dec(a, *b, **c)\nclass A(B, metaclass=M):\n"
+    "    x: int = 1\n    def f(self, /, a, *, b=2) -> None:\n        global g\n"
+    "        with open(p) as (f, g), q:\n            return [i async for i in y if i] or {**z}\n"
+    "lambda q=1: (yield)\nmatch p:\n    case [1, *rest] | {'k': v, **kw} if v:\n        pass\n"
+    "    case Point(x=0) as pt:\n        del a[1:2, ::3], b.c\nx = f'{a!r:>{w}}' 'y' + (a @ b) ** -c\n"
+    "try:\n    assert x, 'm'\nexcept* E as e:\n    raise X from e\nelse:\n    pass\nfinally:\n"
+    "    while (n := n - 1) > 0 if k else j:\n        print(*s, sep='', end='')\n"
+    "async def g():\n    async with a as b:\n        await c\n    async for i in d:\n        continue\n"
+    "type(x)[0].y = not -x < y <= z is not w in v\n"
+)
 
 
 def test_fast_children_are_libcst_children_in_order():
@@ -200,8 +205,9 @@ def test_children_memo_never_answers_for_another_node_with_the_same_id():
     new = cst.parse_expression("g(c)")
     with analysing("f(a, b)\n", cst.parse_module("f(a, b)\n")) as facts:
         facts.children[id(new)] = (old, tuple(old.children))  # what a reused id would look like
-        assert [type(c).__name__ for c in metadata.children_of(new)] == [type(c).__name__ for c in
-                                                                         metadata._SLOW_CHILDREN(new)]
+        assert [type(c).__name__ for c in metadata.children_of(new)] == [
+            type(c).__name__ for c in metadata._SLOW_CHILDREN(new)
+        ]
         assert all(a is b for a, b in zip(metadata.children_of(new), metadata._SLOW_CHILDREN(new)))
 
 

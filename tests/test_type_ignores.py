@@ -2,6 +2,7 @@
 "Types"): an ignore without a code hides every future error on its line, and one without a reason
 cannot be judged when the stubs or the code change. ``mypy torchopt`` (in .ci/run) reports the ones
 that silence nothing."""
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,4 @@ def test_bare_and_unexplained_ignores_are_found(tmp_path):
         "s = '# type: ignore'  # a string, not a comment\n",
         encoding="utf-8",
     )
-    assert unexplained_ignores(tmp_path) == [
-        "pkg/a.py:1: # type: ignore",
-        "pkg/a.py:2: # type: ignore[assignment]",
-    ]
+    assert unexplained_ignores(tmp_path) == ["pkg/a.py:1: # type: ignore", "pkg/a.py:2: # type: ignore[assignment]"]

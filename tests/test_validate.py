@@ -65,8 +65,11 @@ def edit(text: str, old: str, new: str) -> str:
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` (pycache included) with a hash of its bytes."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -116,11 +119,15 @@ WRONG = {
     # step 0's gradients are fresh either way; step 1's update accumulates, so loss[2] differs.
     "dropped-zero_grad": (lambda s: edit(s, "    opt.zero_grad()\n", ""), 2),
     # step() before backward(): the first update uses no gradient, so loss[1] differs.
-    "swapped-statements": (lambda s: edit(s, "    loss.backward()\n    opt.step()\n",
-                                          "    opt.step()\n    loss.backward()\n"), 1),
+    "swapped-statements": (
+        lambda s: edit(s, "    loss.backward()\n    opt.step()\n", "    opt.step()\n    loss.backward()\n"),
+        1,
+    ),
     # dropout changes the very first forward pass.
-    "extra-dropout": (lambda s: edit(s, "    out = model(X)\n",
-                                     "    out = torch.nn.functional.dropout(model(X), 0.1)\n"), 0),
+    "extra-dropout": (
+        lambda s: edit(s, "    out = model(X)\n", "    out = torch.nn.functional.dropout(model(X), 0.1)\n"),
+        0,
+    ),
     # other initial weights: the very first loss differs.
     "changed-init-seed": (lambda s: edit(s, "torch.manual_seed(0)", "torch.manual_seed(1)"), 0),
 }
@@ -146,9 +153,14 @@ def test_wrong_rewrite_is_caught_at_its_first_step(tmp_path: Path, kind: str) ->
 
 def test_crash_in_after_only_is_a_divergence(tmp_path: Path) -> None:
     before = write(tmp_path / "before.py", TRAIN)
-    after = write(tmp_path / "after.py", edit(TRAIN, "    opt.step()\n",
-                                              "    opt.step()\n    if step == 1:\n"
-                                              "        raise RuntimeError('after-only boom')\n"))
+    after = write(
+        tmp_path / "after.py",
+        edit(
+            TRAIN,
+            "    opt.step()\n",
+            "    opt.step()\n    if step == 1:\n        raise RuntimeError('after-only boom')\n",
+        ),
+    )
     code, out = validate_json(before, after, "--steps", "4")
     assert code == 1, out
     assert out["verdict"] == "diverged"
@@ -163,8 +175,10 @@ def test_crash_in_after_only_is_a_divergence(tmp_path: Path) -> None:
 
 
 def test_both_crashing_could_not_run_with_programs_traceback(tmp_path: Path) -> None:
-    prog = write(tmp_path / "broken.py", "import torch\n\n\ndef load():\n"
-                                         "    raise ValueError('cannot load the data-xyz')\n\n\nload()\n")
+    prog = write(
+        tmp_path / "broken.py",
+        "import torch\n\n\ndef load():\n    raise ValueError('cannot load the data-xyz')\n\n\nload()\n",
+    )
     res = cli("validate", prog, write(tmp_path / "broken2.py", prog.read_text()), "--steps", "2")
     assert res.exit_code == 2, res.output
     assert res.stdout.startswith("COULD NOT RUN")
@@ -182,10 +196,13 @@ def test_hanging_versions_time_out(tmp_path: Path) -> None:
     # in the run's scratch copy, deleted with it, and the "process is gone" check could not fail.
     pids = tmp_path / "pids"
     pids.mkdir()
-    hang = TRAIN.replace("    opt.step()\n", "    opt.step()\n    if step == 1:\n        import os, time\n"
-                         f"        open(os.path.join({str(pids)!r}, os.path.basename(__file__) + '.pid'), 'w')"
-                         ".write(str(os.getpid()))\n"
-                         "        while True:\n            time.sleep(0.05)\n")
+    hang = TRAIN.replace(
+        "    opt.step()\n",
+        "    opt.step()\n    if step == 1:\n        import os, time\n"
+        f"        open(os.path.join({str(pids)!r}, os.path.basename(__file__) + '.pid'), 'w')"
+        ".write(str(os.getpid()))\n"
+        "        while True:\n            time.sleep(0.05)\n",
+    )
     a, b = write(tmp_path / "prog" / "a.py", hang), write(tmp_path / "prog" / "b.py", hang)
     code, out = validate_json(a, b, "--steps", "4", "--timeout", "15")
     assert code == 2, out
@@ -226,9 +243,26 @@ def test_script_arguments_reach_both_versions(tmp_path: Path) -> None:
     code, out = validate_json(before, after, "--steps", "2")
     assert code == 1 and out["first_divergence"]["step"] == 1, out
 
-    proc = subprocess.run([sys.executable, "-m", "torchopt", "validate", str(before), str(after),
-                           "--steps", "2", "--json", "--", "--lr", "0.1"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchopt",
+            "validate",
+            str(before),
+            str(after),
+            "--steps",
+            "2",
+            "--json",
+            "--",
+            "--lr",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["verdict"] == "equivalent"
 
@@ -262,7 +296,9 @@ for step in range(3):
 
 def test_entry_mode_serves_rewrite_from_memory(tmp_path: Path) -> None:
     write(tmp_path / "helper.py", "import torch\n\n\ndef weights():\n    return torch.randn(4, 4)\n")
-    mod = write(tmp_path / "mymod.py", """\
+    mod = write(
+        tmp_path / "mymod.py",
+        """\
 import torch
 
 from helper import weights
@@ -276,7 +312,8 @@ def func():
     b = torch.zeros(4).to(device)
     x = torch.ones(2, 4).to(device)
     return {"y": x @ w + b, "w": w}
-""")
+""",
+    )
     on_disk = snapshot(tmp_path)
     code, out = validate_json(mod, "--entry", "mymod:func", "--steps", "2")
     assert code == 0, out
@@ -336,11 +373,14 @@ def test_torchrun_two_processes(tmp_path: Path) -> None:
 
 
 def test_rewrite_validate_writes_fixes_that_pass(tmp_path: Path) -> None:
-    write(tmp_path / "pkg" / "helper.py", "import torch\n\n\ndef bias(device):\n"
-                                          "    return torch.zeros(4).to(device)\n")
-    entry = write(tmp_path / "pkg" / "entry.py", TRAIN.replace(
-        "for step in range(4):\n",
-        "from helper import bias\n\nY = Y + torch.ones(16, 1).to('cpu') + bias('cpu').sum()\nfor step in range(4):\n"))
+    write(tmp_path / "pkg" / "helper.py", "import torch\n\n\ndef bias(device):\n    return torch.zeros(4).to(device)\n")
+    entry = write(
+        tmp_path / "pkg" / "entry.py",
+        TRAIN.replace(
+            "for step in range(4):\n",
+            "from helper import bias\n\nY = Y + torch.ones(16, 1).to('cpu') + bias('cpu').sum()\nfor step in range(4):\n",
+        ),
+    )
     res = cli("rewrite", tmp_path / "pkg", "--validate", entry, "--steps", "2")
     assert res.exit_code == 0, res.output
     assert "computes the same thing with every fix (TOP101)" in res.stderr

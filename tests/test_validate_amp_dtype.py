@@ -24,24 +24,37 @@ PROGRAM = ROOT / "fixtures" / "amp_plain_loop" / "before.py"
 
 
 def _tree_hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _probes(loss_scale: float) -> list[dict]:
     """One rank's probes: four losses (scaled by ``loss_scale``), a parameter, the RNG state."""
-    return [{"status": "ok", "traceback": None, "device": "cuda", "steps_done": 4,
-             "losses": [torch.tensor(1.0 / (i + 1)) * loss_scale for i in range(4)],
-             "loss_steps": [0, 1, 2, 3],
-             "tensors": {"param/model.fc1.weight": torch.full((2, 2), 0.5 * loss_scale),
-                         "rng/cpu": torch.arange(8, dtype=torch.uint8)},
-             "notes": []}]
+    return [
+        {
+            "status": "ok",
+            "traceback": None,
+            "device": "cuda",
+            "steps_done": 4,
+            "losses": [torch.tensor(1.0 / (i + 1)) * loss_scale for i in range(4)],
+            "loss_steps": [0, 1, 2, 3],
+            "tensors": {
+                "param/model.fc1.weight": torch.full((2, 2), 0.5 * loss_scale),
+                "rng/cpu": torch.arange(8, dtype=torch.uint8),
+            },
+            "notes": [],
+        }
+    ]
 
 
 @pytest.fixture
 def canned_runs(monkeypatch):
     """Runs that return the original's probes, and a rewrite whose losses are 3 % higher:
     inside the bfloat16 row (5 %), outside the float16 one (1 %)."""
+
     def fake_run(version, opts, workdir=None, cancel=None):  # noqa: ARG001 - run_version's signature
         assert opts.device == "cuda"
         return _probes(1.0 if version.label == "before" else 1.03)
@@ -58,8 +71,19 @@ def _project(proj: Path, config: str) -> Path:
 
 def _validate(script: Path):
     settings = Resolver().for_path(str(script))
-    return validate(str(script), None, settings, unsafe=True, steps=4, device="cuda", argv=(), entry=None,
-                    nproc=1, timeout=30, bisect=False)
+    return validate(
+        str(script),
+        None,
+        settings,
+        unsafe=True,
+        steps=4,
+        device="cuda",
+        argv=(),
+        entry=None,
+        nproc=1,
+        timeout=30,
+        bisect=False,
+    )
 
 
 def test_amp_row_follows_the_dtype_the_rewrite_computes_in(tmp_path, canned_runs):

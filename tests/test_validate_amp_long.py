@@ -20,8 +20,11 @@ from test_validate_gate import CNN
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.slow
@@ -30,14 +33,36 @@ def test_amp_cnn_over_forty_steps_is_equivalent(tmp_path: Path) -> None:
     prog.mkdir()
     (prog / "cnn.py").write_text(CNN)
     before = _tree(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "torchopt", "validate", str(prog / "cnn.py"), "--unsafe-fixes",
-                           "--select", "TOP202", "--steps", "40", "--device", "cpu", "--json", "--jobs", "1"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchopt",
+            "validate",
+            str(prog / "cnn.py"),
+            "--unsafe-fixes",
+            "--select",
+            "TOP202",
+            "--steps",
+            "40",
+            "--device",
+            "cpu",
+            "--json",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     out = json.loads(proc.stdout)
     assert proc.returncode == 0, (out["headline"], out["first_divergence"])
     assert out["verdict"] == "equivalent"
     losses = {r["name"]: r for r in out["rows"] if r["name"].startswith("loss[")}
     assert len(losses) == 40
-    assert max(r["max_rel"] for r in losses.values()) > 0.5, "the losses near zero differ by far more than 15 % of themselves"
+    assert max(r["max_rel"] for r in losses.values()) > 0.5, (
+        "the losses near zero differ by far more than 15 % of themselves"
+    )
     assert losses["loss[30]"]["tolerance"] == "0.15·max|loss so far|"
     assert _tree(tmp_path) == before

@@ -13,18 +13,18 @@ from torchopt.validate.report import headline, render_text, to_json
 from torchopt.validate.tolerance import Tolerance, tolerance_for
 
 BITWISE = tolerance_for([])
-SAFE_FIX = {"code": "TOP101", "line": 3, "column": 5, "tags": [], "message": "create on device",
-            "safety": "safe"}
-RNG_FIX = {"code": "TOP102", "line": 7, "column": 1, "tags": ["rng"], "message": "randn on device",
-           "safety": "unsafe"}
-AMP_FIX = {"code": "AMP002", "line": 12, "column": 9, "tags": ["numerics"], "message": "autocast",
-           "safety": "unsafe"}
+SAFE_FIX = {"code": "TOP101", "line": 3, "column": 5, "tags": [], "message": "create on device", "safety": "safe"}
+RNG_FIX = {"code": "TOP102", "line": 7, "column": 1, "tags": ["rng"], "message": "randn on device", "safety": "unsafe"}
+AMP_FIX = {"code": "AMP002", "line": 12, "column": 9, "tags": ["numerics"], "message": "autocast", "safety": "unsafe"}
 
 
 def probe(n_losses: int = 6, **over) -> dict:
     g = torch.Generator().manual_seed(0)
     d = {
-        "status": "ok", "traceback": None, "device": "cpu", "steps_done": n_losses,
+        "status": "ok",
+        "traceback": None,
+        "device": "cpu",
+        "steps_done": n_losses,
         "losses": [torch.tensor(2.0 / (i + 1)) for i in range(n_losses)],
         "loss_steps": list(range(n_losses)),
         "tensors": {
@@ -87,10 +87,15 @@ def test_tolerance_tag_fp32_defaults_and_training_rel():
     assert "tolerance" in t.reason
 
 
-@pytest.mark.parametrize("dtype, rtol, atol, rel_l2, early, late", [
-    ("float16", 1e-2, 1e-3, 1e-2, 1e-2, 2e-2), ("fp16", 1e-2, 1e-3, 1e-2, 1e-2, 2e-2),
-    ("bfloat16", 5e-2, 1e-2, 5e-2, 5e-2, 1.5e-1), (None, 5e-2, 1e-2, 5e-2, 5e-2, 1.5e-1),
-])
+@pytest.mark.parametrize(
+    "dtype, rtol, atol, rel_l2, early, late",
+    [
+        ("float16", 1e-2, 1e-3, 1e-2, 1e-2, 2e-2),
+        ("fp16", 1e-2, 1e-3, 1e-2, 1e-2, 2e-2),
+        ("bfloat16", 5e-2, 1e-2, 5e-2, 5e-2, 1.5e-1),
+        (None, 5e-2, 1e-2, 5e-2, 5e-2, 1.5e-1),
+    ],
+)
 def test_numerics_amp_rows(dtype, rtol, atol, rel_l2, early, late):
     t = tolerance_for(["numerics"], dtype)
     b = t.bound("output")
@@ -205,10 +210,16 @@ def test_globals_in_one_version_only_are_notes_not_divergences():
 def test_clock_and_process_globals_are_not_compared():
     """Globals the harness found to hold clock/process values (provenance.py) differ between two
     runs of the same program: skipped on either side's word, every other global still compared."""
-    b = with_tensor(with_tensor(probe(), "global/dt", torch.tensor(0.25, dtype=torch.float64)),
-                    "global/stats['time'][0]", torch.tensor(1.0, dtype=torch.float64))
-    a = with_tensor(with_tensor(b, "global/dt", torch.tensor(0.5, dtype=torch.float64)),
-                    "global/stats['time'][0]", torch.tensor(2.0, dtype=torch.float64))
+    b = with_tensor(
+        with_tensor(probe(), "global/dt", torch.tensor(0.25, dtype=torch.float64)),
+        "global/stats['time'][0]",
+        torch.tensor(1.0, dtype=torch.float64),
+    )
+    a = with_tensor(
+        with_tensor(b, "global/dt", torch.tensor(0.5, dtype=torch.float64)),
+        "global/stats['time'][0]",
+        torch.tensor(2.0, dtype=torch.float64),
+    )
     assert compare(b, a, BITWISE).verdict == "diverged", "without provenance both would count"
     a["uncomputed"] = ["dt", "stats['time']"]
     cmp = compare(b, a, BITWISE)
@@ -239,8 +250,9 @@ def test_amp_losses_are_measured_against_the_largest_loss_so_far():
     assert cmp.verdict == "diverged" and cmp.first_divergence.name == "loss[1]"
 
     late = dict(b, loss_steps=[0, 1, 20, 21], losses=[torch.tensor(v) for v in (2.0, 1.0, 0.1, 0.05)])
-    assert compare(late, dict(late, losses=[torch.tensor(v) for v in (2.0, 1.0, 0.35, 0.05)]), tol).verdict \
-        == "equivalent"  # 0.25 = 12.5 % of 2.0, inside the late 15 %
+    assert (
+        compare(late, dict(late, losses=[torch.tensor(v) for v in (2.0, 1.0, 0.35, 0.05)]), tol).verdict == "equivalent"
+    )  # 0.25 = 12.5 % of 2.0, inside the late 15 %
     cmp = compare(late, dict(late, losses=[torch.tensor(v) for v in (2.0, 1.0, 0.5, 0.05)]), tol)
     assert cmp.verdict == "diverged" and cmp.first_divergence.name == "loss[2]"
 
@@ -295,8 +307,9 @@ def test_integer_tensors_exact_even_under_loose_tolerance():
     cmp = compare(b, a, tolerance_for(["numerics"]))
     assert row(cmp, "global/step").verdict == "diverged" and row(cmp, "global/step").tolerance == "exact"
     flags = torch.tensor([True, False])
-    cmp = compare(with_tensor(b, "global/mask", flags), with_tensor(b, "global/mask", ~flags),
-                  tolerance_for(["tolerance"]))
+    cmp = compare(
+        with_tensor(b, "global/mask", flags), with_tensor(b, "global/mask", ~flags), tolerance_for(["tolerance"])
+    )
     assert row(cmp, "global/mask").verdict == "diverged"
 
 
@@ -331,8 +344,10 @@ def test_negative_zero_is_not_bitwise_equal():
     cmp = compare(with_tensor(b, "output/z", pz), with_tensor(b, "output/z", nz), BITWISE)
     r = row(cmp, "output/z")
     assert r.verdict == "diverged" and r.max_abs == 0.0 and "bits" in r.detail
-    assert compare(with_tensor(b, "output/z", pz), with_tensor(b, "output/z", nz),
-                   tolerance_for(["tolerance"])).verdict == "equivalent"
+    assert (
+        compare(with_tensor(b, "output/z", pz), with_tensor(b, "output/z", nz), tolerance_for(["tolerance"])).verdict
+        == "equivalent"
+    )
 
 
 def test_fp32_default_tolerance_boundaries():
@@ -346,8 +361,10 @@ def test_fp32_default_tolerance_boundaries():
     # params after N steps get rel 1e-5 (compile row); outputs do not.
     p5 = ref * (1 + 5e-6)
     assert row(compare(with_tensor(b, "param/p", ref), with_tensor(b, "param/p", p5), tol), "param/p").verdict == "ok"
-    assert row(compare(with_tensor(b, "output/y", ref * 10), with_tensor(b, "output/y", p5 * 10), tol),
-               "output/y").verdict == "diverged"
+    assert (
+        row(compare(with_tensor(b, "output/y", ref * 10), with_tensor(b, "output/y", p5 * 10), tol), "output/y").verdict
+        == "diverged"
+    )
 
 
 def test_numerics_fp16_vs_bf16_and_rel_l2():
@@ -360,8 +377,17 @@ def test_numerics_fp16_vs_bf16_and_rel_l2():
     # atol scales with max|ref|: a small element may move by 1e-3 * max|ref| under fp16.
     ref2 = torch.tensor([100.0, 0.0])
     ok2 = torch.tensor([100.0, 0.05])
-    assert row(compare(with_tensor(b, "output/y", ref2), with_tensor(b, "output/y", ok2),
-                       tolerance_for(["numerics"], "float16")), "output/y").verdict == "ok"
+    assert (
+        row(
+            compare(
+                with_tensor(b, "output/y", ref2),
+                with_tensor(b, "output/y", ok2),
+                tolerance_for(["numerics"], "float16"),
+            ),
+            "output/y",
+        ).verdict
+        == "ok"
+    )
 
 
 def test_numerics_losses_within_one_percent():
@@ -465,8 +491,14 @@ def test_kind_of():
 
 
 def render(cmp, applied=(), device="cpu", width=100):
-    return render_text(cmp, before_label="train.py", after_label="train.py (fixed)", device=device,
-                       applied=list(applied), console_width=width)
+    return render_text(
+        cmp,
+        before_label="train.py",
+        after_label="train.py (fixed)",
+        device=device,
+        applied=list(applied),
+        console_width=width,
+    )
 
 
 def test_text_report_equivalent_has_headline_and_rows():

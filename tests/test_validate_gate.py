@@ -35,8 +35,11 @@ def write(path: Path, text: str) -> Path:
 
 
 def tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def row(out: dict, name: str) -> dict:
@@ -98,8 +101,17 @@ def test_same_program_with_clock_and_process_globals_is_equivalent(tmp_path: Pat
     code, out, _ = validate_json(script, script, "--steps", "3", "--device", "cpu")
     assert code == 0, out
     assert out["verdict"] == "equivalent"
-    for name in ("global/dt", "global/t0", "global/iter_time", "global/mfu", "global/running_mfu",
-                 "global/pid", "global/jitter", "global/started", "global/history['time'][0]"):
+    for name in (
+        "global/dt",
+        "global/t0",
+        "global/iter_time",
+        "global/mfu",
+        "global/running_mfu",
+        "global/pid",
+        "global/jitter",
+        "global/started",
+        "global/history['time'][0]",
+    ):
         assert row(out, name)["verdict"] == "skipped", name
     # What the program computed from its data is still compared, bit for bit.
     for name in ("global/lossf", "global/history['loss'][1]", "global/iter_num", "loss[2]", "param/model.weight"):
@@ -127,9 +139,13 @@ for step in range(3):
 
 def test_a_global_named_in_one_version_only_is_a_note(tmp_path: Path) -> None:
     a = write(tmp_path / "prog" / "a.py", ONE_TEMPORARY)
-    b = write(tmp_path / "prog" / "b.py", ONE_TEMPORARY.replace(
-        "    out = model(X)\n    loss = torch.nn.functional.mse_loss(out, Y)\n",
-        "    loss = torch.nn.functional.mse_loss(model(X), Y)\n"))
+    b = write(
+        tmp_path / "prog" / "b.py",
+        ONE_TEMPORARY.replace(
+            "    out = model(X)\n    loss = torch.nn.functional.mse_loss(out, Y)\n",
+            "    loss = torch.nn.functional.mse_loss(model(X), Y)\n",
+        ),
+    )
     before = tree(tmp_path)
     code, out, _ = validate_json(a, b, "--steps", "3", "--device", "cpu")
     assert code == 0, out
@@ -226,19 +242,43 @@ for step in range(3):
 def test_divergence_is_bisected_to_the_wrong_fix(tmp_path: Path) -> None:
     script = write(tmp_path / "prog" / "train.py", TWO_FIXES)
     before = tree(tmp_path)
-    code, out, _ = validate_json(script, "--unsafe-fixes", "--steps", "3", "--device", "cpu", "--jobs", "2",
-                                 "--script-arg=--dataset", "--script-arg=fake")
+    code, out, _ = validate_json(
+        script,
+        "--unsafe-fixes",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--jobs",
+        "2",
+        "--script-arg=--dataset",
+        "--script-arg=fake",
+    )
     assert code == 1, out
     # The report names every applied fix: code, file:line, title, safety and tags.
     assert [(f["code"], f["line"], f["safety"], f["tags"]) for f in out["applied"]] == [
-        ("TOP101", 13, "safe", []), ("TOP101", 14, "safe", []), ("TOP831", 16, "unsafe", ["semantics"])]
+        ("TOP101", 13, "safe", []),
+        ("TOP101", 14, "safe", []),
+        ("TOP831", 16, "unsafe", ["semantics"]),
+    ]
     assert all(f["path"] == str(script) and f["title"] for f in out["applied"])
     culprits = out["bisect"]["culprits"]
     assert [(f["code"], f["line"]) for f in culprits] == [("TOP831", 16)]
     first = out["bisect"]["first_divergence"]
     assert first["name"] == "param/head.weight" and first["max_abs"] > 0
-    res = cli("validate", script, "--unsafe-fixes", "--steps", "3", "--device", "cpu", "--jobs", "2",
-              "--script-arg=--dataset", "--script-arg=fake")
+    res = cli(
+        "validate",
+        script,
+        "--unsafe-fixes",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--jobs",
+        "2",
+        "--script-arg=--dataset",
+        "--script-arg=fake",
+    )
     assert "Fixes applied (3):" in res.stdout
     assert f"TOP831 {script}:16:5 Set gradients to None" in res.stdout
     assert "the smallest set of fixes that diverges (1 of 3)" in res.stdout
@@ -249,16 +289,34 @@ def test_divergence_is_bisected_to_the_wrong_fix(tmp_path: Path) -> None:
 def test_rewrite_validate_takes_script_args_and_writes_the_largest_passing_set(tmp_path: Path) -> None:
     script = write(tmp_path / "prog" / "train.py", TWO_FIXES)
     bystander = write(tmp_path / "notes.txt", "not part of the run\n")
-    argv = split_script_args(["torchopt", "rewrite", str(tmp_path / "prog"), "--unsafe-fixes", "--validate",
-                              str(script), "--steps", "3", "--device", "cpu", "--timeout", "120", "--no-cache",
-                              "--", "--dataset", "fake"])
+    argv = split_script_args(
+        [
+            "torchopt",
+            "rewrite",
+            str(tmp_path / "prog"),
+            "--unsafe-fixes",
+            "--validate",
+            str(script),
+            "--steps",
+            "3",
+            "--device",
+            "cpu",
+            "--timeout",
+            "120",
+            "--no-cache",
+            "--",
+            "--dataset",
+            "fake",
+        ]
+    )
     res = cli(*argv[1:])
     assert res.exit_code == 0, res.output
     assert "train.py: diverges: not written: param/head.weight at step 3" in res.stderr
     assert "max abs err" in res.stderr
     assert "TOP101 in " in res.stderr and "train.py: passes" in res.stderr
-    expected = (TWO_FIXES.replace("torch.ones(8, 4).to(device)", "torch.ones(8, 4, device=device)")
-                .replace("torch.zeros(8, 2).to(device)", "torch.zeros(8, 2, device=device)"))
+    expected = TWO_FIXES.replace("torch.ones(8, 4).to(device)", "torch.ones(8, 4, device=device)").replace(
+        "torch.zeros(8, 2).to(device)", "torch.zeros(8, 2, device=device)"
+    )
     assert script.read_text() == expected
     assert sorted(tree(tmp_path)) == ["notes.txt", "prog/train.py"]
     assert bystander.read_text() == "not part of the run\n"
@@ -276,7 +334,14 @@ def test_rewrite_validate_without_its_arguments_cannot_validate(tmp_path: Path) 
 
 def test_script_args_after_double_dash_go_to_the_script_only_with_validate() -> None:
     assert split_script_args(["torchopt", "rewrite", "src", "--validate", "t.py", "--", "--lr", "1"]) == [
-        "torchopt", "rewrite", "src", "--validate", "t.py", "--script-arg=--lr", "--script-arg=1"]
+        "torchopt",
+        "rewrite",
+        "src",
+        "--validate",
+        "t.py",
+        "--script-arg=--lr",
+        "--script-arg=1",
+    ]
     assert split_script_args(["torchopt", "rewrite", "--", "-odd.py"]) == ["torchopt", "rewrite", "--", "-odd.py"]
 
 
@@ -286,11 +351,14 @@ BENCHED = ONE_TEMPORARY.replace("range(3)", "range(8)")
 
 
 def test_bench_reports_step_times_memory_and_speedup_on_cpu(tmp_path: Path) -> None:
-    script = write(tmp_path / "prog" / "train.py", BENCHED.replace("Y = torch.randn(16, 1)\n",
-                                                                  "Y = torch.randn(16, 1)\nZ = torch.zeros(4).to('cpu')\n"))
+    script = write(
+        tmp_path / "prog" / "train.py",
+        BENCHED.replace("Y = torch.randn(16, 1)\n", "Y = torch.randn(16, 1)\nZ = torch.zeros(4).to('cpu')\n"),
+    )
     before = tree(tmp_path)
-    code, out, _ = validate_json(script, "--steps", "8", "--device", "cpu", "--bench", "--bench-repeats", "2",
-                                 "--bench-warmup", "2")
+    code, out, _ = validate_json(
+        script, "--steps", "8", "--device", "cpu", "--bench", "--bench-repeats", "2", "--bench-warmup", "2"
+    )
     assert code == 0, out
     bench = out["bench"]
     for side in ("before", "after"):

@@ -26,13 +26,21 @@ def _load():
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def _dry_run(*extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fixtures", "cnn_train,amp_gan", *extra],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--fixtures", "cnn_train,amp_gan", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 def test_dry_run_prints_one_bench_command_per_rewrite_and_runs_nothing():
@@ -42,12 +50,15 @@ def test_dry_run_prints_one_bench_command_per_rewrite_and_runs_nothing():
     commands = [shlex.split(line) for line in proc.stdout.splitlines()]
     # cnn_train: safe and unsafe rewrites differ; amp_gan: the safe rewrite changes nothing.
     assert [(Path(c[4]).parent.name, "--unsafe-fixes" in c) for c in commands] == [
-        ("cnn_train", False), ("cnn_train", True), ("amp_gan", True)]
+        ("cnn_train", False),
+        ("cnn_train", True),
+        ("amp_gan", True),
+    ]
     for c in commands:
         assert c[1:4] == ["-m", "torchopt", "validate"]
         assert c[c.index("--device") + 1] == "cuda"
         assert "--json" in c
-        assert c[c.index("--bench") + 1:c.index("--bench") + 5] == ["--bench-repeats", "3", "--bench-warmup", "2"]
+        assert c[c.index("--bench") + 1 : c.index("--bench") + 5] == ["--bench-repeats", "3", "--bench-warmup", "2"]
     assert _tree(ROOT / "fixtures") == before
 
     proc = _dry_run("--no-bench", "--device", "cpu")
@@ -56,8 +67,13 @@ def test_dry_run_prints_one_bench_command_per_rewrite_and_runs_nothing():
 
 
 def test_dry_run_names_an_unknown_fixture():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fixtures", "no_such_fixture"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--fixtures", "no_such_fixture"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: no such fixture: no_such_fixture"
     assert proc.stdout == ""
@@ -66,14 +82,33 @@ def test_dry_run_names_an_unknown_fixture():
 def test_table_reports_step_times_memory_and_speedup_interval():
     mod = _load()
     answer = {
-        "verdict": "equivalent", "headline": "EQUIVALENT (bitwise)", "applied": [{"code": "TOP101"}] * 3,
-        "tolerance": {"reason": "safe fixes only"}, "notes": [],
-        "bench": {"device": "cuda", "repeats": 3, "warmup_steps": 2,
-                  "before": {"median_step_s": 0.004, "steps_per_s": 250.0, "peak_memory_bytes": 64 * 2**20,
-                             "memory_kind": "max_memory_allocated"},
-                  "after": {"median_step_s": 0.0025, "steps_per_s": 400.0, "peak_memory_bytes": 48 * 2**20,
-                            "memory_kind": "max_memory_allocated"},
-                  "speedup": 1.6, "speedup_ci95": [1.41, 1.82], "notes": [], "errors": []}}
+        "verdict": "equivalent",
+        "headline": "EQUIVALENT (bitwise)",
+        "applied": [{"code": "TOP101"}] * 3,
+        "tolerance": {"reason": "safe fixes only"},
+        "notes": [],
+        "bench": {
+            "device": "cuda",
+            "repeats": 3,
+            "warmup_steps": 2,
+            "before": {
+                "median_step_s": 0.004,
+                "steps_per_s": 250.0,
+                "peak_memory_bytes": 64 * 2**20,
+                "memory_kind": "max_memory_allocated",
+            },
+            "after": {
+                "median_step_s": 0.0025,
+                "steps_per_s": 400.0,
+                "peak_memory_bytes": 48 * 2**20,
+                "memory_kind": "max_memory_allocated",
+            },
+            "speedup": 1.6,
+            "speedup_ci95": [1.41, 1.82],
+            "notes": [],
+            "errors": [],
+        },
+    }
     row = mod.summarize(answer, 0, 12.0)
     assert row["bench"]["speedup"] == 1.6 and row["fixes"] == 3
     text = mod.table([{"fixture": "cnn_train", "rewrite": "safe", "validation": row}])

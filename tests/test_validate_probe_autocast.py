@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-LM = '''\
+LM = """\
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -48,12 +48,15 @@ for batch in tokens:
     loss = F.cross_entropy(logits.reshape(-1, 20), y.reshape(-1))
     loss.backward()
     optimizer.step()
-'''
+"""
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.slow
@@ -62,9 +65,29 @@ def test_amp_rnn_with_carried_hidden_state_keeps_its_outputs(tmp_path: Path) -> 
     prog.mkdir()
     (prog / "lm.py").write_text(LM)
     before = _tree(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "torchopt", "validate", str(prog / "lm.py"), "--unsafe-fixes",
-                           "--select", "TOP202", "--steps", "3", "--device", "cpu", "--json", "--jobs", "1"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchopt",
+            "validate",
+            str(prog / "lm.py"),
+            "--unsafe-fixes",
+            "--select",
+            "TOP202",
+            "--steps",
+            "3",
+            "--device",
+            "cpu",
+            "--json",
+            "--jobs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     out = json.loads(proc.stdout)
     assert [f["code"] for f in out["applied"]] == ["TOP202"]
     assert proc.returncode == 0, (out["headline"], out["first_divergence"], out["notes"])

@@ -1,6 +1,7 @@
 """Fixes that used to change what a program computes: `torch.range` rewritten with one element too
 many, a conv-bias removal that did not say it moves the random stream, and a float64 tensor put on
 a device that may be MPS."""
+
 from __future__ import annotations
 
 import hashlib
@@ -114,8 +115,11 @@ def test_non_literal_bounds_are_unsafe_and_say_the_count_may_change() -> None:
 
 
 def _tree_hash(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_dropping_a_conv_bias_says_it_moves_the_random_stream(tmp_path: Path) -> None:

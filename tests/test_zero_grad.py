@@ -1,5 +1,6 @@
 """ZG rules (TOP831 `zero_grad(set_to_none=False)`, TOP832 hand-written zeroing loops): receivers,
 what blocks the fix, the semantics the `semantics` tag warns about, and the fixture's validation."""
+
 from __future__ import annotations
 
 import json
@@ -66,30 +67,34 @@ def test_non_torch_optimizer_is_reported_without_fix():
 
 
 def test_guarded_grad_reads_and_autograd_grad_do_not_block():
-    src = ("import torch\n\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "opt.zero_grad(set_to_none=False)\nx = torch.ones(1, 2, requires_grad=True)\n"
-           "g, = torch.autograd.grad(model(x).sum(), x)\nmodel(x).sum().backward()\n"
-           "norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]\n"
-           "for p in model.parameters():\n    if p.grad is not None:\n        print(p.grad.abs().max())\n")
+    src = (
+        "import torch\n\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "opt.zero_grad(set_to_none=False)\nx = torch.ones(1, 2, requires_grad=True)\n"
+        "g, = torch.autograd.grad(model(x).sum(), x)\nmodel(x).sum().backward()\n"
+        "norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]\n"
+        "for p in model.parameters():\n    if p.grad is not None:\n        print(p.grad.abs().max())\n"
+    )
     [d] = diags(src)
     assert d.fix is not None
 
 
 def test_unguarded_grad_read_blocks():
-    src = ("import torch\n\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-           "opt.zero_grad(set_to_none=False)\naccum = [p.grad.clone() for p in model.parameters()]\n")
+    src = (
+        "import torch\n\nmodel = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "opt.zero_grad(set_to_none=False)\naccum = [p.grad.clone() for p in model.parameters()]\n"
+    )
     [d] = diags(src)
     assert d.fix is None and "p.grad" in d.message
 
 
 def test_loop_over_a_non_module_is_reported_without_fix():
-    src = ("import numpy as np\n\nthing = np.zeros(3)\nfor p in thing.parameters():\n    p.grad.zero_()\n")
+    src = "import numpy as np\n\nthing = np.zeros(3)\nfor p in thing.parameters():\n    p.grad.zero_()\n"
     [d] = diags(src)
     assert d.code == "TOP832" and d.fix is None
 
 
 def test_loop_with_a_comment_keeps_it():
-    src = ("def reset(model):\n    for p in model.parameters():\n        # in place\n        p.grad.zero_()\n")
+    src = "def reset(model):\n    for p in model.parameters():\n        # in place\n        p.grad.zero_()\n"
     [d] = diags(src)
     assert d.fix is None and "comment" in d.message
 
@@ -97,11 +102,13 @@ def test_loop_with_a_comment_keeps_it():
 def test_semantics_tag_is_needed_when_a_parameter_skips_a_step():
     """A parameter that gets no gradient in a step is skipped by the optimizer when its grad
     is None, but still moved by momentum with a zero grad: the rewrite changes the values."""
-    before = ("import torch\n\ntorch.manual_seed(0)\na = torch.nn.Linear(2, 2)\nb = torch.nn.Linear(2, 2)\n"
-              "opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1, momentum=0.9)\n"
-              "for step in range(3):\n    opt.zero_grad(set_to_none=False)\n    x = torch.ones(1, 2)\n"
-              "    y = a(b(x)) if step == 0 else a(x)\n"
-              "    y.sum().backward()\n    opt.step()\n")
+    before = (
+        "import torch\n\ntorch.manual_seed(0)\na = torch.nn.Linear(2, 2)\nb = torch.nn.Linear(2, 2)\n"
+        "opt = torch.optim.SGD(list(a.parameters()) + list(b.parameters()), lr=0.1, momentum=0.9)\n"
+        "for step in range(3):\n    opt.zero_grad(set_to_none=False)\n    x = torch.ones(1, 2)\n"
+        "    y = a(b(x)) if step == 0 else a(x)\n"
+        "    y.sum().backward()\n    opt.step()\n"
+    )
     after = fix(before)
     assert "opt.zero_grad()\n" in after
     assert compare_programs(before, after), "b skips step 1: values must differ"
@@ -125,8 +132,23 @@ def test_fixture_validates_bitwise(tmp_path):
     before = ROOT / "fixtures" / "zg_accumulation" / "before.py"
     after = tmp_path / "after.py"
     after.write_text(fix(before.read_text(encoding="utf-8")), encoding="utf-8")
-    res = CliRunner().invoke(app, ["validate", str(before), str(after), "--select", "TOP83", "--unsafe-fixes",
-                                   "--device", "cpu", "--steps", "4", "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        app,
+        [
+            "validate",
+            str(before),
+            str(after),
+            "--select",
+            "TOP83",
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--steps",
+            "4",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
     assert out["tolerance"]["tags"] == ["semantics"] and out["tolerance"]["bitwise"]

@@ -1,6 +1,7 @@
 """`python -m torchopt`. Python puts the current folder first on ``sys.path`` for ``-m``, so a user's
 ``typer.py`` or ``libcst.py`` there would be imported in place of the real ones (and run): take it
 off before importing anything else, as the ``torchopt`` console script never has it."""
+
 import os
 import sys
 

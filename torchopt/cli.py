@@ -1,6 +1,7 @@
 """The command line. Thin: arguments -> settings -> engine -> report. Exit codes: 0 done or nothing
 to do; 1 changes pending (--diff/--check) or diagnostics found (check); 2 a file could not be
 processed, bad usage or bad configuration (every other file is still processed)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -49,16 +50,24 @@ def _root(
 # Shared options -------------------------------------------------------------------------------
 
 PathsArg = typer.Argument(None, help="Files or folders (default: the current folder); `-` reads stdin.")
-SelectOpt = typer.Option(None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated.")
+SelectOpt = typer.Option(
+    None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated."
+)
 IgnoreOpt = typer.Option(None, "--ignore", help="Codes, prefixes or families to leave out.")
-UnsafeOpt = typer.Option(None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics.")
+UnsafeOpt = typer.Option(
+    None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics."
+)
 JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: CPU count).")
 FormatOpt = typer.Option("text", "--output-format", help="text | json | sarif | github")
 StdinNameOpt = typer.Option(None, "--stdin-filename", help="Path used for config and messages when reading stdin.")
 ConfigOpt = typer.Option(None, "--config", help="Use this pyproject.toml instead of the nearest one.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="Print diagnostics and diffs only, no summary.")
 NoCacheOpt = typer.Option(False, "--no-cache", help="Analyse every file again; do not read or write the cache.")
-CacheDirOpt = typer.Option(None, "--cache-dir", help="Cache folder (default: $TORCHOPT_CACHE_DIR, else .torchopt_cache next to the pyproject.toml, else ~/.cache/torchopt).")
+CacheDirOpt = typer.Option(
+    None,
+    "--cache-dir",
+    help="Cache folder (default: $TORCHOPT_CACHE_DIR, else .torchopt_cache next to the pyproject.toml, else ~/.cache/torchopt).",
+)
 
 
 class _Usage(Exception):
@@ -88,8 +97,14 @@ def _progress(total: int):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    prog = Progress(TextColumn("torchopt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True)
+    prog = Progress(
+        TextColumn("torchopt"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
     task = prog.add_task("files", total=total)
     return prog, lambda n: prog.advance(task, n)
 
@@ -110,10 +125,15 @@ def _open_cache(paths: list[str], resolver: Resolver, no_cache: bool, cache_dir:
         return None
 
 
-def _run_files(paths: list[str], resolver: Resolver, mode: Mode, jobs: Optional[int], no_cache: bool = True,
-               cache_dir: Optional[str] = None) -> list[FileResult]:
-    files = discover(paths, resolver.for_path,
-                     on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
+def _run_files(
+    paths: list[str],
+    resolver: Resolver,
+    mode: Mode,
+    jobs: Optional[int],
+    no_cache: bool = True,
+    cache_dir: Optional[str] = None,
+) -> list[FileResult]:
+    files = discover(paths, resolver.for_path, on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
     cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
     if prog is None:
@@ -146,16 +166,27 @@ def _print_diff(text: str) -> None:
 
     con = Console(highlight=False)
     for line in text.splitlines():
-        style = ("bold" if line.startswith(("+++", "---")) else "green" if line.startswith("+")
-                 else "red" if line.startswith("-") else "cyan" if line.startswith("@@") else None)
+        style = (
+            "bold"
+            if line.startswith(("+++", "---"))
+            else "green"
+            if line.startswith("+")
+            else "red"
+            if line.startswith("-")
+            else "cyan"
+            if line.startswith("@@")
+            else None
+        )
         con.print(Text(line, style=style or ""))
 
 
 def _unsafe_hint(hidden: list[Diagnostic]) -> str:
     tags = sorted({t for d in hidden if d.fix for t in d.fix.tags})
     what = f" (they change: {', '.join(tags)})" if tags else ""
-    return (f"{report.plural(len(hidden), 'unsafe fix')} not applied ({report.per_code(hidden)}){what}; "
-            "add --unsafe-fixes to apply them after reading `torchopt rule CODE`.")
+    return (
+        f"{report.plural(len(hidden), 'unsafe fix')} not applied ({report.per_code(hidden)}){what}; "
+        "add --unsafe-fixes to apply them after reading `torchopt rule CODE`."
+    )
 
 
 # rewrite ---------------------------------------------------------------------------------------
@@ -164,7 +195,9 @@ def _unsafe_hint(hidden: list[Diagnostic]) -> str:
 @app.command()
 def rewrite(
     paths: Optional[List[str]] = PathsArg,
-    diff: bool = typer.Option(False, "--diff", help="Print a unified diff; write nothing. Exit 1 if anything would change."),
+    diff: bool = typer.Option(
+        False, "--diff", help="Print a unified diff; write nothing. Exit 1 if anything would change."
+    ),
     check: bool = typer.Option(False, "--check", help="List files that would change; write nothing. Exit 1 if any."),
     unsafe_fixes: Optional[bool] = UnsafeOpt,
     select: Optional[List[str]] = SelectOpt,
@@ -174,14 +207,24 @@ def rewrite(
     stdin_filename: Optional[str] = StdinNameOpt,
     config: Optional[str] = ConfigOpt,
     quiet: bool = QuietOpt,
-    validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY.py",
-                                           help="Run ENTRY.py before and after (rewritten files served from memory) and write only fixes that keep it computing the same thing."),
+    validate: Optional[str] = typer.Option(
+        None,
+        "--validate",
+        metavar="ENTRY.py",
+        help="Run ENTRY.py before and after (rewritten files served from memory) and write only fixes that keep it computing the same thing.",
+    ),
     steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
     timeout: float = typer.Option(600.0, "--timeout", min=1, help="With --validate: seconds each run may take."),
     device: str = typer.Option("auto", "--device", help="With --validate: auto | cpu | cuda"),
-    entry: Optional[str] = typer.Option(None, "--entry", metavar="MODULE:FUNC", help="With --validate: call this function and compare what it returns."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="With --validate: run each version under torchrun with this many processes."),
-    script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="With --validate: an argument for ENTRY.py (also: after `--`)."),
+    entry: Optional[str] = typer.Option(
+        None, "--entry", metavar="MODULE:FUNC", help="With --validate: call this function and compare what it returns."
+    ),
+    nproc: int = typer.Option(
+        1, "--nproc", min=1, help="With --validate: run each version under torchrun with this many processes."
+    ),
+    script_arg: Optional[List[str]] = typer.Option(
+        None, "--script-arg", help="With --validate: an argument for ENTRY.py (also: after `--`)."
+    ),
     no_cache: bool = NoCacheOpt,
     cache_dir: Optional[str] = CacheDirOpt,
 ) -> None:
@@ -200,11 +243,19 @@ def rewrite(
         if paths == ["-"]:
             if validate:
                 raise _Usage("--validate needs files, not stdin")
-            raise typer.Exit(_rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet,
-                                            stdin_data or b""))
+            raise typer.Exit(
+                _rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet, stdin_data or b"")
+            )
         if validate:
-            run_opts = dict(steps=steps, timeout=timeout, device=device, entry=entry, nproc=nproc,
-                            argv=tuple(script_arg or ()), jobs=jobs or os.cpu_count() or 1)
+            run_opts = dict(
+                steps=steps,
+                timeout=timeout,
+                device=device,
+                entry=entry,
+                nproc=nproc,
+                argv=tuple(script_arg or ()),
+                jobs=jobs or os.cpu_count() or 1,
+            )
             resolver = _validated_resolver(paths, resolver, validate, unsafe_fixes, run_opts)
             if resolver is None:
                 raise typer.Exit(EXIT_PENDING)
@@ -299,15 +350,19 @@ def _rewrite_report(results: list[FileResult], mode: Mode, fmt: str, quiet: bool
                 _err(f"{d.path}:{d.line}:{d.column}: {d.code} unsafe fix: {d.fix.title} — changes {d.fix.changes()}")
         verb = "Fixed" if mode is Mode.FIX else "Would fix"
         if applied:
-            _err(f"{verb} {report.plural(len(applied), 'issue')} in {report.plural(len(changed), 'file')} "
-                 f"({report.per_code(applied)}).")
+            _err(
+                f"{verb} {report.plural(len(applied), 'issue')} in {report.plural(len(changed), 'file')} "
+                f"({report.per_code(applied)})."
+            )
         else:
             _err("Nothing to fix." if not n_failed else "Nothing fixed.")
         if hidden:
             _err(_unsafe_hint(hidden))
         if unfixable:
-            _err(f"{report.plural(len(unfixable), 'diagnostic')} without an automatic fix; "
-                 "run `torchopt check` to see them.")
+            _err(
+                f"{report.plural(len(unfixable), 'diagnostic')} without an automatic fix; "
+                "run `torchopt check` to see them."
+            )
         if n_failed:
             _err(f"{report.plural(n_failed, 'file')} could not be processed (left unchanged).")
     if n_failed:
@@ -334,8 +389,11 @@ def check_cmd(
     no_cache: bool = NoCacheOpt,
     cache_dir: Optional[str] = CacheDirOpt,
     profile: Optional[str] = typer.Option(
-        None, "--profile", help="A torch.profiler Chrome trace (recorded with with_stack=True): attach the "
-        "synchronisations it recorded to the SYNC diagnostics of the functions that ran them."),
+        None,
+        "--profile",
+        help="A torch.profiler Chrome trace (recorded with with_stack=True): attach the "
+        "synchronisations it recorded to the SYNC diagnostics of the functions that ran them.",
+    ),
 ) -> None:
     """Report every diagnostic, fixable or not. Exit 1 when there is any."""
     try:
@@ -370,8 +428,10 @@ def check_cmd(
         if diags:
             safe = sum(1 for d in diags if d.fix and d.fix.safety == "safe")
             unsafe = sum(1 for d in diags if d.fix and d.fix.safety == "unsafe")
-            _err(f"Found {report.plural(len(diags), 'diagnostic')} ({report.per_code(diags)}): "
-                 f"{safe} fixable with `torchopt rewrite`, {unsafe} more with `--unsafe-fixes`.")
+            _err(
+                f"Found {report.plural(len(diags), 'diagnostic')} ({report.per_code(diags)}): "
+                f"{safe} fixable with `torchopt rewrite`, {unsafe} more with `--unsafe-fixes`."
+            )
         else:
             _err("All checks passed.")
     if n_failed:
@@ -403,8 +463,17 @@ def rules_cmd(output_format: str = typer.Option("text", "--output-format", help=
     if output_format == "json":
         import json
 
-        rows = [{"code": c, "name": r.name, "family": r.family, "fix": r.safety.value, "file": source_path(r),
-                 "summary": r.summary()} for c, r in rules.items()]
+        rows = [
+            {
+                "code": c,
+                "name": r.name,
+                "family": r.family,
+                "fix": r.safety.value,
+                "file": source_path(r),
+                "summary": r.summary(),
+            }
+            for c, r in rules.items()
+        ]
         print(json.dumps(rows, indent=2))
         return
     width = max((len(r.name) for r in rules.values()), default=4)
@@ -430,9 +499,13 @@ def rule_cmd(code: str = typer.Argument(..., help="A rule code such as TOP101, o
 @app.command("validate")
 def validate_cmd(
     before: str = typer.Argument(..., help="The program (a script, or the module an --entry imports)."),
-    after: Optional[str] = typer.Argument(None, help="Its rewritten version; default: the rewrite torchopt would make, in memory."),
+    after: Optional[str] = typer.Argument(
+        None, help="Its rewritten version; default: the rewrite torchopt would make, in memory."
+    ),
     steps: int = typer.Option(20, "--steps", min=1, help="Stop each run after this many optimizer steps."),
-    entry: Optional[str] = typer.Option(None, "--entry", metavar="MODULE:FUNC", help="Call this function in both versions and compare what it returns."),
+    entry: Optional[str] = typer.Option(
+        None, "--entry", metavar="MODULE:FUNC", help="Call this function in both versions and compare what it returns."
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     select: Optional[List[str]] = SelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
@@ -440,13 +513,33 @@ def validate_cmd(
     nproc: int = typer.Option(1, "--nproc", min=1, help="Run each version under torchrun with this many processes."),
     timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds each run may take."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    script_arg: Optional[List[str]] = typer.Option(None, "--script-arg", help="An argument for the script (also: after `--`)."),
+    script_arg: Optional[List[str]] = typer.Option(
+        None, "--script-arg", help="An argument for the script (also: after `--`)."
+    ),
     config: Optional[str] = ConfigOpt,
-    transplant: bool = typer.Option(False, "--transplant", help="Start the rewritten run from the original's weights, zero-padded (automatic after padding fixes, TOP301/TOP302)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Runs at once while bisecting a divergence to the fixes that cause it (default: CPU count)."),
-    bench: bool = typer.Option(False, "--bench", help="After the comparison, time both versions one at a time and report step times, memory and the speed-up."),
-    bench_repeats: int = typer.Option(3, "--bench-repeats", min=1, help="With --bench: rounds of (before, after) runs."),
-    bench_warmup: int = typer.Option(2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."),
+    transplant: bool = typer.Option(
+        False,
+        "--transplant",
+        help="Start the rewritten run from the original's weights, zero-padded (automatic after padding fixes, TOP301/TOP302).",
+    ),
+    jobs: Optional[int] = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        min=1,
+        help="Runs at once while bisecting a divergence to the fixes that cause it (default: CPU count).",
+    ),
+    bench: bool = typer.Option(
+        False,
+        "--bench",
+        help="After the comparison, time both versions one at a time and report step times, memory and the speed-up.",
+    ),
+    bench_repeats: int = typer.Option(
+        3, "--bench-repeats", min=1, help="With --bench: rounds of (before, after) runs."
+    ),
+    bench_warmup: int = typer.Option(
+        2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."
+    ),
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
     Exit 0 equivalent, 1 diverged, 2 could not run."""
@@ -468,10 +561,21 @@ def validate_cmd(
 
         from torchopt.validate.bench import BenchOptions
 
-        out = validate(before, after, settings, unsafe=settings.unsafe_fixes, steps=steps, device=device,
-                       argv=tuple(script_arg or ()), entry=entry, nproc=nproc, timeout=timeout,
-                       transplant=transplant, jobs=jobs or os.cpu_count() or 1,
-                       bench=BenchOptions(bench_repeats, bench_warmup) if bench else None)
+        out = validate(
+            before,
+            after,
+            settings,
+            unsafe=settings.unsafe_fixes,
+            steps=steps,
+            device=device,
+            argv=tuple(script_arg or ()),
+            entry=entry,
+            nproc=nproc,
+            timeout=timeout,
+            transplant=transplant,
+            jobs=jobs or os.cpu_count() or 1,
+            bench=BenchOptions(bench_repeats, bench_warmup) if bench else None,
+        )
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
@@ -485,28 +589,74 @@ def validate_cmd(
 @app.command("migrate")
 def migrate_cmd(
     repos: Optional[List[str]] = typer.Argument(None, help="Git repositories (their top folders)."),
-    repos_file: Optional[str] = typer.Option(None, "--repos-file", metavar="FILE", help="More repositories, one per line (# comments; relative to FILE's folder)."),
-    out: str = typer.Option("torchopt-migrate", "--out", help="Folder for patches, report.md, report.json and the --resume state."),
-    branch: str = typer.Option("torchopt/migrate", "--branch", help="With --commit: the branch to create in each repository."),
-    commit: bool = typer.Option(False, "--commit", help="Commit the rewrite on a new branch (built from git objects; your checkout is not touched)."),
-    validate: Optional[str] = typer.Option(None, "--validate", metavar="ENTRY", help="Run ENTRY (relative to each repository) before and after; keep only fixes that pass."),
+    repos_file: Optional[str] = typer.Option(
+        None,
+        "--repos-file",
+        metavar="FILE",
+        help="More repositories, one per line (# comments; relative to FILE's folder).",
+    ),
+    out: str = typer.Option(
+        "torchopt-migrate", "--out", help="Folder for patches, report.md, report.json and the --resume state."
+    ),
+    branch: str = typer.Option(
+        "torchopt/migrate", "--branch", help="With --commit: the branch to create in each repository."
+    ),
+    commit: bool = typer.Option(
+        False,
+        "--commit",
+        help="Commit the rewrite on a new branch (built from git objects; your checkout is not touched).",
+    ),
+    validate: Optional[str] = typer.Option(
+        None,
+        "--validate",
+        metavar="ENTRY",
+        help="Run ENTRY (relative to each repository) before and after; keep only fixes that pass.",
+    ),
     steps: int = typer.Option(20, "--steps", min=1, help="With --validate: optimizer steps to run."),
     select: Optional[List[str]] = SelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
     unsafe_fixes: Optional[bool] = UnsafeOpt,
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Repositories migrated at once (default: CPU count); a single repository's files share them."),
-    resume: bool = typer.Option(False, "--resume", help="Skip repositories an earlier run with the same options finished."),
+    jobs: Optional[int] = typer.Option(
+        None,
+        "--jobs",
+        "-j",
+        min=1,
+        help="Repositories migrated at once (default: CPU count); a single repository's files share them.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip repositories an earlier run with the same options finished."
+    ),
     allow_dirty: bool = typer.Option(False, "--allow-dirty", help="Migrate repositories with uncommitted changes too."),
     executor: str = typer.Option("local", "--executor", help="local | ray"),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="With --executor ray: the cluster (auto, ray://HOST:10001); default: a local Ray."),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="With --executor ray: the cluster (auto, ray://HOST:10001); default: a local Ray."
+    ),
     quiet: bool = QuietOpt,
 ) -> None:
     """Migrate many git repositories: a patch per repository (or a commit on a branch) and a report.
     Exit 0 nothing to change or all committed, 1 patches written, 2 a repository or file failed."""
     from torchopt.migrate.command import run_command
 
-    raise typer.Exit(run_command(repos or [], repos_file, out, branch, commit, validate, steps, select, ignore,
-                                 unsafe_fixes, jobs, resume, allow_dirty, executor, ray_address, quiet))
+    raise typer.Exit(
+        run_command(
+            repos or [],
+            repos_file,
+            out,
+            branch,
+            commit,
+            validate,
+            steps,
+            select,
+            ignore,
+            unsafe_fixes,
+            jobs,
+            resume,
+            allow_dirty,
+            executor,
+            ray_address,
+            quiet,
+        )
+    )
 
 
 def split_script_args(argv: list[str]) -> list[str]:
@@ -518,7 +668,7 @@ def split_script_args(argv: list[str]) -> list[str]:
     i = argv.index("--")
     validating = any(a == "--validate" or a.startswith("--validate=") for a in argv[2:i])
     if argv[1] == "validate" or (argv[1] == "rewrite" and validating):
-        return argv[:i] + [f"--script-arg={a}" for a in argv[i + 1:]]
+        return argv[:i] + [f"--script-arg={a}" for a in argv[i + 1 :]]
     return argv
 
 

@@ -1,4 +1,5 @@
 """Reading and editing call arguments: positional and keyword arguments, adding or dropping a keyword."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -52,8 +53,12 @@ def set_kwarg(call: cst.Call, name: str, value: cst.BaseExpression, before: Sequ
     new = make_kwarg(name, value)
     for i, a in enumerate(args):
         if a.keyword is not None and a.keyword.value in before:
-            args.insert(i, new.with_changes(comma=_sep(args) if len(args) > 1 else cst.Comma(
-                whitespace_after=cst.SimpleWhitespace(" "))))
+            args.insert(
+                i,
+                new.with_changes(
+                    comma=_sep(args) if len(args) > 1 else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                ),
+            )
             return call.with_changes(args=args)
     if not args:
         return call.with_changes(args=[new])

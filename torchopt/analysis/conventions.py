@@ -1,19 +1,39 @@
 """Naming conventions rules rely on: what a model, an evaluation function or a held-out loader is usually called."""
+
 from __future__ import annotations
 
 import re
 
-MODULE_ONLY_METHODS = {"parameters", "named_parameters", "train", "eval", "modules", "named_modules", "buffers",
-                   "requires_grad_"}
+MODULE_ONLY_METHODS = {
+    "parameters",
+    "named_parameters",
+    "train",
+    "eval",
+    "modules",
+    "named_modules",
+    "buffers",
+    "requires_grad_",
+}
 
 
-CONVENTIONAL_MODEL_NAMES = {"model", "net", "network", "module", "encoder", "decoder", "generator",
-                        "discriminator", "backbone", "classifier"}
+CONVENTIONAL_MODEL_NAMES = {
+    "model",
+    "net",
+    "network",
+    "module",
+    "encoder",
+    "decoder",
+    "generator",
+    "discriminator",
+    "backbone",
+    "classifier",
+}
 
 
 EVAL_FUNCTION = re.compile(
     r"^_*(?:(?:evaluate|eval|validate|validation|val|predict|infer|inference)(?:_\w+)?|test"
-    r"|\w+_(?:evaluate|eval|validate|validation|predict|infer|inference))$")
+    r"|\w+_(?:evaluate|eval|validate|validation|predict|infer|inference))$"
+)
 
 
 EVAL_WORDS = {"val", "valid", "validation", "test", "testing", "eval", "evaluation", "dev", "holdout"}
@@ -25,8 +45,21 @@ EVAL_PREFIXES = ("val", "valid", "test", "eval", "dev")
 LOADER_SUFFIXES = ("loader", "dl", "dataloader", "iter", "batches", "data", "set", "ds")
 
 
-MODEL_WORDS = ("model", "net", "encoder", "decoder", "classifier", "backbone", "teacher", "student",
-               "generator", "discriminator", "head", "policy", "critic")
+MODEL_WORDS = (
+    "model",
+    "net",
+    "encoder",
+    "decoder",
+    "classifier",
+    "backbone",
+    "teacher",
+    "student",
+    "generator",
+    "discriminator",
+    "head",
+    "policy",
+    "critic",
+)
 
 
 def eval_loader_name(name: str) -> bool:
@@ -34,7 +67,7 @@ def eval_loader_name(name: str) -> bool:
     parts = [p for p in re.split(r"[_\d]+", low) if p]
     if any(p in EVAL_WORDS for p in parts):
         return True
-    return any(low.startswith(p) and low[len(p):] in LOADER_SUFFIXES for p in EVAL_PREFIXES)
+    return any(low.startswith(p) and low[len(p) :] in LOADER_SUFFIXES for p in EVAL_PREFIXES)
 
 
 def model_name(name: str) -> bool:

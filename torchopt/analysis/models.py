@@ -6,6 +6,7 @@ whose every binding in its scope is a ``NAME = <call>`` statement written direct
 module or a function body). Its *set-up* is those assignments plus statements such as
 ``NAME.to(device)`` or ``NAME.load_state_dict(...)``; the set-up ends before the first other
 statement that mentions ``NAME`` (the training loop, a call that takes it)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,24 @@ from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.facts import source_of
 
-SETUP_METHODS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "load_state_dict", "train",
-                           "eval", "apply", "requires_grad_", "share_memory", "zero_grad"})
+SETUP_METHODS = frozenset(
+    {
+        "to",
+        "cuda",
+        "cpu",
+        "half",
+        "float",
+        "double",
+        "bfloat16",
+        "load_state_dict",
+        "train",
+        "eval",
+        "apply",
+        "requires_grad_",
+        "share_memory",
+        "zero_grad",
+    }
+)
 # Methods whose result holds no reference to the model's code path (optimizer construction).
 _PARAM_METHODS = frozenset({"parameters", "named_parameters"})
 # Random ops: a compiled graph draws them with its own generator unless
@@ -48,8 +65,7 @@ def _find_nn_module_classes(rule: Rule, module: cst.Module) -> frozenset[str]:
                 continue
             for b in c.bases:
                 q = torch_name(rule, b.value) if isinstance(b.value, (cst.Name, cst.Attribute)) else None
-                if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) \
-                        or dotted(b.value) in found:
+                if (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()) or dotted(b.value) in found:
                     found.add(c.name.value)
                     changed = True
                     break
@@ -67,8 +83,7 @@ class Model:
 
 def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``Net(...).to(device).cuda()`` → ``Net(...)``."""
-    while (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
-           and isinstance(expr.func.value, cst.Call)):
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and isinstance(expr.func.value, cst.Call):
         expr = expr.func.value
     return expr
 
@@ -76,8 +91,12 @@ def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
 def _assigned_name(stmt: cst.CSTNode) -> str | None:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         small = stmt.body[0]
-        if (isinstance(small, cst.Assign) and len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name) and isinstance(small.value, cst.Call)):
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+            and isinstance(small.value, cst.Call)
+        ):
             return small.targets[0].target.value
     return None
 
@@ -85,16 +104,26 @@ def _assigned_name(stmt: cst.CSTNode) -> str | None:
 def _setup_call(stmt: cst.CSTNode, name: str) -> bool:
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr):
         call = stmt.body[0].value
-        return (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-                and isinstance(call.func.value, cst.Name) and call.func.value.value == name
-                and call.func.attr.value in SETUP_METHODS)
+        return (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and isinstance(call.func.value, cst.Name)
+            and call.func.value.value == name
+            and call.func.attr.value in SETUP_METHODS
+        )
     return False
 
 
 def _mentions_outside_param_attr(stmt: cst.CSTNode, name: str) -> bool:
     names = [n for n in walk(stmt, cross_scopes=True) if isinstance(n, cst.Name) and n.value == name]
-    params = [n for n in walk(stmt, cross_scopes=True) if isinstance(n, cst.Attribute)
-              and isinstance(n.value, cst.Name) and n.value.value == name and n.attr.value in _PARAM_METHODS]
+    params = [
+        n
+        for n in walk(stmt, cross_scopes=True)
+        if isinstance(n, cst.Attribute)
+        and isinstance(n.value, cst.Name)
+        and n.value.value == name
+        and n.attr.value in _PARAM_METHODS
+    ]
     return len(names) > len(params)
 
 
@@ -104,16 +133,19 @@ def _candidates(rule: Rule, module: cst.Module) -> list[cst.Name]:
         if not isinstance(node, cst.Call):
             continue
         f = node.func
-        if (isinstance(f, cst.Attribute) and f.attr.value == "eval" and isinstance(f.value, cst.Name)
-                and not node.args):
+        if isinstance(f, cst.Attribute) and f.attr.value == "eval" and isinstance(f.value, cst.Name) and not node.args:
             out.append(f.value)
             continue
         args = positional(node)
         if not args:
             continue
         first = args[0].value
-        if (isinstance(first, cst.Call) and isinstance(first.func, cst.Attribute)
-                and first.func.attr.value in _PARAM_METHODS and isinstance(first.func.value, cst.Name)):
+        if (
+            isinstance(first, cst.Call)
+            and isinstance(first.func, cst.Attribute)
+            and first.func.attr.value in _PARAM_METHODS
+            and isinstance(first.func.value, cst.Name)
+        ):
             q = callee(rule, node)
             if q and q.startswith("torch.optim."):
                 out.append(first.func.value)
@@ -157,7 +189,7 @@ def find_models(rule: Rule, module: cst.Module) -> list[Model]:
         ordered = [s for s in body if isinstance(s, cst.SimpleStatementLine) and id(s) in ids]
         start = body.index(ordered[0])
         end = ordered[0]
-        for stmt in body[start + 1:]:
+        for stmt in body[start + 1 :]:
             if isinstance(stmt, cst.SimpleStatementLine) and (id(stmt) in ids or _setup_call(stmt, ref.value)):
                 end = stmt
                 continue
@@ -183,8 +215,11 @@ def statement_of(rule: Rule, node: cst.CSTNode) -> cst.BaseStatement | None:
 
 def calls_of(module: cst.Module, name: str) -> list[cst.Call]:
     """Calls ``name(...)`` anywhere in the file."""
-    return [n for n in walk(module, cross_scopes=True)
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name]
+    return [
+        n
+        for n in walk(module, cross_scopes=True)
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name
+    ]
 
 
 def has_random_ops(module: cst.Module) -> bool:
@@ -218,8 +253,13 @@ def models_possible(text: str) -> bool:
     cands: set[str] = set()
     for c in calls:
         f = c.func
-        if isinstance(f, _ast.Attribute) and f.attr == "eval" and isinstance(f.value, _ast.Name) \
-                and not c.args and not c.keywords:
+        if (
+            isinstance(f, _ast.Attribute)
+            and f.attr == "eval"
+            and isinstance(f.value, _ast.Name)
+            and not c.args
+            and not c.keywords
+        ):
             cands.add(f.value.id)
             continue
         if not c.args:
@@ -227,8 +267,12 @@ def models_possible(text: str) -> bool:
         first = c.args[0]
         if isinstance(first, _ast.Starred):
             first = first.value
-        if (isinstance(first, _ast.Call) and isinstance(first.func, _ast.Attribute)
-                and first.func.attr in _PARAM_METHODS and isinstance(first.func.value, _ast.Name)):
+        if (
+            isinstance(first, _ast.Call)
+            and isinstance(first.func, _ast.Attribute)
+            and first.func.attr in _PARAM_METHODS
+            and isinstance(first.func.value, _ast.Name)
+        ):
             if imports is None or any(q.startswith("torch.optim.") for q in ast_torch_names(imports, c.func)):
                 cands.add(first.func.value.id)
     if not cands:
@@ -236,5 +280,10 @@ def models_possible(text: str) -> bool:
     called = {c.func.id for c in calls if isinstance(c.func, _ast.Name)} & cands
     if not called:
         return False
-    return any(len(a.targets) == 1 and isinstance(a.targets[0], _ast.Name) and a.targets[0].id in called
-               and isinstance(a.value, _ast.Call) for a in index.get(_ast.Assign, ()))
+    return any(
+        len(a.targets) == 1
+        and isinstance(a.targets[0], _ast.Name)
+        and a.targets[0].id in called
+        and isinstance(a.value, _ast.Call)
+        for a in index.get(_ast.Assign, ())
+    )

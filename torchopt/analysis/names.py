@@ -1,4 +1,5 @@
 """Names and what they refer to: qualified names of torch APIs, how torch is imported, the values that reach a name."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ def _find_torch_ref(rule: Rule, module: cst.Module) -> TorchRef | None:
                         asname = alias.evaluated_alias or "torch"
                         if ref is None:
                             ref = TorchRef(asname)
-                    if (alias.asname is None and dotted and dotted.split(".")[0] == "torch"):
+                    if alias.asname is None and dotted and dotted.split(".")[0] == "torch":
                         bound_torch = True
     if ref is None:
         scope = None
@@ -287,11 +288,39 @@ def param_annotation(rule: Rule, name: cst.Name) -> str | None:
 
 # torch functions that do not return a tensor (for "is this name a tensor?").
 NOT_TENSOR = {
-    "device", "Size", "finfo", "iinfo", "dtype", "Generator", "get_default_dtype", "is_tensor",
-    "is_storage", "is_floating_point", "is_complex", "numel", "typename", "is_grad_enabled",
-    "get_num_threads", "manual_seed", "initial_seed", "seed", "no_grad", "enable_grad",
-    "inference_mode", "autocast", "compile", "load", "save", "set_grad_enabled", "get_device",
-    "is_nonzero", "equal", "allclose", "is_same_size", "broadcast_shapes", "use_deterministic_algorithms",
+    "device",
+    "Size",
+    "finfo",
+    "iinfo",
+    "dtype",
+    "Generator",
+    "get_default_dtype",
+    "is_tensor",
+    "is_storage",
+    "is_floating_point",
+    "is_complex",
+    "numel",
+    "typename",
+    "is_grad_enabled",
+    "get_num_threads",
+    "manual_seed",
+    "initial_seed",
+    "seed",
+    "no_grad",
+    "enable_grad",
+    "inference_mode",
+    "autocast",
+    "compile",
+    "load",
+    "save",
+    "set_grad_enabled",
+    "get_device",
+    "is_nonzero",
+    "equal",
+    "allclose",
+    "is_same_size",
+    "broadcast_shapes",
+    "use_deterministic_algorithms",
 }
 
 
@@ -308,13 +337,16 @@ def is_tensor_name(rule: Rule, name: cst.Name) -> bool:
         return False
     for v in values:
         base = v
-        while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
-                and isinstance(base.func.value, cst.Call):
+        while (
+            isinstance(base, cst.Call)
+            and isinstance(base.func, cst.Attribute)
+            and isinstance(base.func.value, cst.Call)
+        ):
             base = base.func.value  # `torch.zeros(3).float()` -> `torch.zeros(3)`
         if not isinstance(base, cst.Call):
             return False
         q = callee(rule, base)
-        if q is None or not any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES):
+        if q is None or not any(q.startswith(ns) and "." not in q[len(ns) :] for ns in TENSOR_NAMESPACES):
             return False
         if q.rsplit(".", 1)[1] in NOT_TENSOR:
             return False

@@ -1,5 +1,6 @@
 """What the optimizer rules need to know about an optimizer call: which modules' parameters it
 updates, and whether those modules are moved to a device that may be CUDA."""
+
 from __future__ import annotations
 
 import re
@@ -15,9 +16,12 @@ from torchopt.rewrite.rule import Rule
 
 # The optimizers with a fused kernel on CPU and CUDA (PyTorch >= 2.4), by every public name.
 FUSED_OPTIMIZERS = {
-    "torch.optim.Adam": "Adam", "torch.optim.adam.Adam": "Adam",
-    "torch.optim.AdamW": "AdamW", "torch.optim.adamw.AdamW": "AdamW",
-    "torch.optim.SGD": "SGD", "torch.optim.sgd.SGD": "SGD",
+    "torch.optim.Adam": "Adam",
+    "torch.optim.adam.Adam": "Adam",
+    "torch.optim.AdamW": "AdamW",
+    "torch.optim.adamw.AdamW": "AdamW",
+    "torch.optim.SGD": "SGD",
+    "torch.optim.sgd.SGD": "SGD",
 }
 ADAM_OPTIMIZERS = {k: v for k, v in FUSED_OPTIMIZERS.items() if v != "SGD"}
 
@@ -50,8 +54,7 @@ def parameter_owners(expr: cst.BaseExpression) -> list[cst.BaseExpression]:
     """``X`` of every ``X.parameters()`` inside ``expr`` (comprehensions and param groups included)."""
     out = []
     for node in walk(expr, cross_scopes=True):
-        if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value == "parameters"):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "parameters":
             out.append(node.func.value)
     return out
 
@@ -237,4 +240,3 @@ def assigned_value(rule: Rule, owner: cst.BaseExpression, at: cst.CSTNode) -> li
         elif isinstance(node, cst.AnnAssign) and node.value is not None and dotted(node.target) == name:
             out.append(node.value)
     return out
-

@@ -42,6 +42,7 @@ Public API (everything else is private):
 * ``Program.unknowns``: sentences saying what the file does not tell (a trainer class whose model
   comes from another file, a worker launched elsewhere).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,17 +61,42 @@ from torchopt.rewrite.facts import source_of
 KINDS = ("model", "optimizer", "scheduler", "loader", "loss", "device", "scaler")
 MODULE = "<module>"
 _LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
-_SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler",
-            "torch.amp.grad_scaler.GradScaler"}
+_SCALERS = {
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.cpu.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+}
 _SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes"}
-_WRAPPERS = {"torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-             "torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+_WRAPPERS = {
+    "torch.compile",
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+}
 _NOT_MODELS = {"Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Identity", "Module"}
 # Methods that return the module they are called on (`Net().to(device).train()`).
-_SELF_RETURNING = {"to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16", "requires_grad_",
-                   "share_memory", "to_empty"}
-_DEVICE_CALLS = {"torch.device", "torch.accelerator.current_accelerator", "torch.cuda.current_device",
-                 "torch.get_default_device"}
+_SELF_RETURNING = {
+    "to",
+    "cuda",
+    "cpu",
+    "train",
+    "eval",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "requires_grad_",
+    "share_memory",
+    "to_empty",
+}
+_DEVICE_CALLS = {
+    "torch.device",
+    "torch.accelerator.current_accelerator",
+    "torch.cuda.current_device",
+    "torch.get_default_device",
+}
 _TORCHRUN_ENV = ("LOCAL_RANK", "WORLD_SIZE", "RANK")
 _DEPTH = 16  # links followed through assignments, parameters and attributes
 
@@ -182,9 +208,12 @@ class Program:
             cur = self.parent(cur)
         qual = ".".join(reversed(parts))
         params = [p.name.value for p in fn.params.params]
-        compiled = any(torch_name(self.rule, d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
-                       == "torch.compile" for d in fn.decorators
-                       if isinstance(d.decorator, (cst.Name, cst.Attribute, cst.Call)))
+        compiled = any(
+            torch_name(self.rule, d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator)
+            == "torch.compile"
+            for d in fn.decorators
+            if isinstance(d.decorator, (cst.Name, cst.Attribute, cst.Call))
+        )
         f = Function(qual, fn, cls, params, compiled)
         self.functions.setdefault(qual, f)
         self._fn_of_node[id(fn)] = self.functions[qual]
@@ -243,8 +272,11 @@ class Program:
         found: set[str] = set()
         for a in self._assignments(name):
             value = self._bound_value(a)
-            if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name) \
-                    or value.func.value not in self.classes:
+            if (
+                not isinstance(value, cst.Call)
+                or not isinstance(value.func, cst.Name)
+                or value.func.value not in self.classes
+            ):
                 return None
             found.add(value.func.value)
         return found.pop() if len(found) == 1 else None
@@ -307,7 +339,11 @@ class Program:
         tup = self.parent(element)
         target = self.parent(tup) if tup is not None else None
         stmt = self.parent(target) if target is not None else None
-        if not isinstance(tup, cst.Tuple) or not isinstance(target, cst.AssignTarget) or not isinstance(stmt, cst.Assign):
+        if (
+            not isinstance(tup, cst.Tuple)
+            or not isinstance(target, cst.AssignTarget)
+            or not isinstance(stmt, cst.Assign)
+        ):
             return None
         index = next(i for i, e in enumerate(tup.elements) if e is element)
         value = stmt.value
@@ -338,15 +374,23 @@ class Program:
             other = self._role_of_value(value.orelse, at, depth + 1)
             if body is not None and other is not None and body.kind == other.kind:
                 return Role(body.kind, value)
-            if {type(value.body), type(value.orelse)} & {cst.Integer} and (either := body or other) is not None \
-                    and either.kind == "device":
+            if (
+                {type(value.body), type(value.orelse)} & {cst.Integer}
+                and (either := body or other) is not None
+                and either.kind == "device"
+            ):
                 return Role("device", value)  # `0 if cuda else "cpu"`: a GPU index or a device
             return None
         if isinstance(value, cst.IfExp) or isinstance(value, cst.Integer):
             return None  # an index is a device only where a device is expected (see IfExp above)
         if isinstance(value, (cst.SimpleString, cst.FormattedString)):
-            return Role("device", value) if classify_device(self.rule, value).is_device or \
-                isinstance(value, cst.FormattedString) and _fstring_head(value) in ("cuda", "cpu") else None
+            return (
+                Role("device", value)
+                if classify_device(self.rule, value).is_device
+                or isinstance(value, cst.FormattedString)
+                and _fstring_head(value) in ("cuda", "cpu")
+                else None
+            )
         if not isinstance(value, cst.Call):
             return None
         f = value.func
@@ -358,8 +402,9 @@ class Program:
         kind = _kind_of_torch(q) if q else None
         if q in _WRAPPERS and value.args:
             wrapped = self._role_of_value(value.args[0].value, at, depth + 1)
-            return Role("model", value, path=wrapped.path if wrapped else []) if wrapped or q != "torch.compile" \
-                else None
+            return (
+                Role("model", value, path=wrapped.path if wrapped else []) if wrapped or q != "torch.compile" else None
+            )
         if kind is not None:
             return Role(kind, value)
         if isinstance(f, cst.Name) and f.value in self.module_classes:
@@ -532,8 +577,12 @@ class Program:
                 role = self._role(value, call, 0)
                 param = any(isinstance(getattr(x, "node", None), cst.Param) for x in self._assignments(value))
                 named = matches_device_name(value.value, self.rule.ctx.device_names)
-                if (role is not None and role.kind == "device") or (param or named) and role is None \
-                        and isinstance(region, cst.FunctionDef):
+                if (
+                    (role is not None and role.kind == "device")
+                    or (param or named)
+                    and role is None
+                    and isinstance(region, cst.FunctionDef)
+                ):
                     return value
             elif self._role_of_value(value, call, 0) is not None:
                 return value
@@ -543,8 +592,11 @@ class Program:
     def _find_entry(self) -> Entry:
         guard = None
         for stmt in self.module.body:
-            if isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison) \
-                    and dotted(stmt.test.left) == "__name__":
+            if (
+                isinstance(stmt, cst.If)
+                and isinstance(stmt.test, cst.Comparison)
+                and dotted(stmt.test.left) == "__name__"
+            ):
                 guard = stmt
         entry = Entry("main-guard" if guard is not None else "module", guard)
         spawned = [self.functions[e.callee] for e in self.edges if e.how == "spawn"]
@@ -629,8 +681,10 @@ class Program:
                     continue
                 for stmt, value in binds:
                     if isinstance(value, cst.Name) and value.value in init.params and not init.callers:
-                        self.unknowns.append(f"`{name}` is built outside this file, so what `self.{attr}` holds "
-                                             "(model, optimizer, loader) comes from the script that builds it")
+                        self.unknowns.append(
+                            f"`{name}` is built outside this file, so what `self.{attr}` holds "
+                            "(model, optimizer, loader) comes from the script that builds it"
+                        )
                         break
         for w in self.entry.workers:
             if not w.callers:
@@ -658,8 +712,11 @@ def _kind_of_torch(q: str) -> str | None:
         return "scheduler" if cls[:1].isupper() else None
     if q.startswith("torch.optim.") and cls[:1].isupper() and q.count(".") <= 3:
         return "optimizer"
-    if q.startswith("torch.nn.") and not q.startswith(("torch.nn.functional", "torch.nn.init", "torch.nn.utils")) \
-            and cls[:1].isupper():
+    if (
+        q.startswith("torch.nn.")
+        and not q.startswith(("torch.nn.functional", "torch.nn.init", "torch.nn.utils"))
+        and cls[:1].isupper()
+    ):
         if cls.endswith("Loss"):
             return "loss"
         return None if cls in _NOT_MODELS else "model"

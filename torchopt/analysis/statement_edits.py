@@ -6,6 +6,7 @@ cannot offer a fix.
 Edits are keyed by the identity of the *original* nodes, so a rule plans them while it reads the
 parsed module and applies them all in one pass with ``ApplyEdits``; the rewritten children (already
 edited) are what the new statements surround."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -97,8 +98,9 @@ class Edits:
         self.after.setdefault(id(stmt), []).extend(new)
         self.touched.append((stmt, True))
 
-    def wrap(self, stmts: Sequence[cst.BaseStatement], with_node: cst.With,
-             trailing: Sequence[cst.BaseStatement] = ()) -> None:
+    def wrap(
+        self, stmts: Sequence[cst.BaseStatement], with_node: cst.With, trailing: Sequence[cst.BaseStatement] = ()
+    ) -> None:
         """Move ``stmts`` (consecutive statements of one block) into ``with_node``, whose own body is
         dropped; statements added after any of them follow the ``with`` and ``trailing``."""
         self.wraps[id(stmts[0])] = Wrap(with_node, len(stmts), list(trailing))
@@ -154,10 +156,11 @@ class ApplyEdits(cst.CSTTransformer):
                 i += 1
         return out
 
-    def _wrap(self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement], i: int,
-              out: list[cst.BaseStatement]) -> int:
+    def _wrap(
+        self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement], i: int, out: list[cst.BaseStatement]
+    ) -> int:
         wrap = self.edits.wraps[id(orig[i])]
-        inner = list(upd[i:i + wrap.count])
+        inner = list(upd[i : i + wrap.count])
         lead = _as_statement(inner[0]).leading_lines  # the comments above the first statement now sit above the `with`
         inner[0] = inner[0].with_changes(leading_lines=())
         out.append(wrap.with_node.with_changes(body=cst.IndentedBlock(body=inner), leading_lines=lead))
@@ -166,14 +169,20 @@ class ApplyEdits(cst.CSTTransformer):
             out.extend(self.edits.after.get(id(orig[j]), []))
         return i + wrap.count
 
-    def _guard(self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement], i: int,
-               out: list[cst.BaseStatement]) -> int:
+    def _guard(
+        self, orig: Sequence[cst.BaseStatement], upd: Sequence[cst.BaseStatement], i: int, out: list[cst.BaseStatement]
+    ) -> int:
         edits = self.edits
         test = edits.guards[id(orig[i])]
         group = [upd[i]]
         j = i + 1
-        while (j < len(orig) and edits.guards.get(id(orig[j])) == test and not edits.before.get(id(orig[j]))
-               and not edits.after.get(id(orig[j - 1])) and id(orig[j]) not in edits.replace):
+        while (
+            j < len(orig)
+            and edits.guards.get(id(orig[j])) == test
+            and not edits.before.get(id(orig[j]))
+            and not edits.after.get(id(orig[j - 1]))
+            and id(orig[j]) not in edits.replace
+        ):
             group.append(upd[j])
             j += 1
         lead = _as_statement(group[0]).leading_lines

@@ -10,6 +10,7 @@ instances are called, and methods called on ``self`` or on such instances.
 
 The analysis is computed once per module and shared by every SYNC and MEM rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,7 +20,13 @@ import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
 from torchopt.analysis.names import (
-    dotted, NOT_TENSOR, TENSOR_NAMESPACES, callee, param_annotation, plainly_assigned, reaching_values
+    dotted,
+    NOT_TENSOR,
+    TENSOR_NAMESPACES,
+    callee,
+    param_annotation,
+    plainly_assigned,
+    reaching_values,
 )
 from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
@@ -31,18 +38,97 @@ SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 LOOPS = (cst.For, cst.While)
 _LOOP_TYPES = frozenset(LOOPS)
 # The node types the whole-file scans of HotMap read; every other node is skipped by its exact type.
-_COLLECTED_TYPES = frozenset((*LOOPS, cst.FunctionDef, cst.ClassDef, cst.ImportFrom, cst.Assign, cst.AnnAssign,
-                              cst.Call))
+_COLLECTED_TYPES = frozenset(
+    (*LOOPS, cst.FunctionDef, cst.ClassDef, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.Call)
+)
 # Tensor methods whose result is again a tensor (a conservative list for the strict analysis).
 TENSOR_METHODS = {
-    "mean", "sum", "float", "double", "half", "bfloat16", "detach", "clone", "to", "cuda", "cpu", "view",
-    "reshape", "squeeze", "unsqueeze", "abs", "pow", "sqrt", "exp", "log", "argmax", "argmin", "softmax",
-    "log_softmax", "mul", "add", "sub", "div", "masked_fill", "contiguous", "flatten", "t", "transpose",
-    "permute", "norm", "std", "var", "prod", "all", "any", "eq", "ne", "gt", "lt", "ge", "le", "isnan",
-    "isfinite", "isinf", "long", "int", "bool", "type_as", "expand", "expand_as", "repeat", "gather",
-    "index_select", "cumsum", "matmul", "mm", "bmm", "relu", "sigmoid", "tanh", "clamp", "neg", "square",
-    "logsumexp", "nansum", "nanmean", "max", "min", "view_as", "reshape_as", "squeeze_", "sign", "round",
-    "floor", "ceil", "amax", "amin", "count_nonzero", "logical_not", "logical_and", "logical_or",
+    "mean",
+    "sum",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "detach",
+    "clone",
+    "to",
+    "cuda",
+    "cpu",
+    "view",
+    "reshape",
+    "squeeze",
+    "unsqueeze",
+    "abs",
+    "pow",
+    "sqrt",
+    "exp",
+    "log",
+    "argmax",
+    "argmin",
+    "softmax",
+    "log_softmax",
+    "mul",
+    "add",
+    "sub",
+    "div",
+    "masked_fill",
+    "contiguous",
+    "flatten",
+    "t",
+    "transpose",
+    "permute",
+    "norm",
+    "std",
+    "var",
+    "prod",
+    "all",
+    "any",
+    "eq",
+    "ne",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "isnan",
+    "isfinite",
+    "isinf",
+    "long",
+    "int",
+    "bool",
+    "type_as",
+    "expand",
+    "expand_as",
+    "repeat",
+    "gather",
+    "index_select",
+    "cumsum",
+    "matmul",
+    "mm",
+    "bmm",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "clamp",
+    "neg",
+    "square",
+    "logsumexp",
+    "nansum",
+    "nanmean",
+    "max",
+    "min",
+    "view_as",
+    "reshape_as",
+    "squeeze_",
+    "sign",
+    "round",
+    "floor",
+    "ceil",
+    "amax",
+    "amin",
+    "count_nonzero",
+    "logical_not",
+    "logical_and",
+    "logical_or",
 }
 TUPLE_REDUCTIONS = {"max", "min"}  # with a dim they return (values, indices)
 HOST_READS = {"item", "tolist", "numpy"}
@@ -141,8 +227,11 @@ class HotMap:
                 if isinstance(it, cst.Call) and isinstance(it.func, cst.Name):
                     if it.func.value in ("range", "len"):
                         continue
-                    if it.func.value == "enumerate" and isinstance(target, (cst.Tuple, cst.List)) \
-                            and len(target.elements) == 2:
+                    if (
+                        it.func.value == "enumerate"
+                        and isinstance(target, (cst.Tuple, cst.List))
+                        and len(target.elements) == 2
+                    ):
                         target = target.elements[1].value
                 self.batch_names |= {id(n) for n in walk(target) if isinstance(n, cst.Name)}
         return self
@@ -166,17 +255,27 @@ class HotMap:
                 funcs.setdefault(n.name.value, n)
             elif isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar):
                 for alias in n.names:
-                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name) \
-                            and (dotted(alias.name) or "").rsplit(".", 1)[-1][:1].isupper():
+                    if (
+                        alias.asname is not None
+                        and isinstance(alias.asname.name, cst.Name)
+                        and (dotted(alias.name) or "").rsplit(".", 1)[-1][:1].isupper()
+                    ):
                         class_aliases.add(alias.asname.name.value)
             elif isinstance(n, cst.Assign) and isinstance(n.value, cst.Call):
                 base = n.value
-                while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
-                        and isinstance(base.func.value, cst.Call):
+                while (
+                    isinstance(base, cst.Call)
+                    and isinstance(base.func, cst.Attribute)
+                    and isinstance(base.func.value, cst.Call)
+                ):
                     base = base.func.value
                 name = dotted(base.func) if isinstance(base, cst.Call) else None
                 built.append(((name or "").rsplit(".", 1)[-1], n))
-            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in MODULE_ONLY_METHODS:
+            elif (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value in MODULE_ONLY_METHODS
+            ):
                 d = dotted(n.func.value)
                 if d:
                     maybe_modules.add(d)
@@ -239,8 +338,11 @@ class HotMap:
                 self._assignment(n, n.targets[0].target, n.value)
             elif isinstance(n, cst.AnnAssign) and n.value is not None:
                 self._assignment(n, n.target, n.value)
-            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) \
-                    and n.func.attr.value in MODULE_ONLY_METHODS:
+            elif (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value in MODULE_ONLY_METHODS
+            ):
                 d = dotted(n.func.value)
                 if d:
                     self.modules.add(d)
@@ -250,14 +352,18 @@ class HotMap:
         if d is None:
             return
         base = value
-        while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) \
-                and isinstance(base.func.value, cst.Call) and base.func.attr.value in ("to", "cuda", "train", "eval",
-                                                                                      "float", "half", "double"):
+        while (
+            isinstance(base, cst.Call)
+            and isinstance(base.func, cst.Attribute)
+            and isinstance(base.func.value, cst.Call)
+            and base.func.attr.value in ("to", "cuda", "train", "eval", "float", "half", "double")
+        ):
             base = base.func.value
         if not isinstance(base, cst.Call):
             return
         if isinstance(base.func, cst.Attribute) and not (
-                base.func.attr.value[:1].isupper() or base.func.attr.value == "compile"):
+            base.func.attr.value[:1].isupper() or base.func.attr.value == "compile"
+        ):
             return  # neither an nn class nor torch.compile: skip resolving the name (scope analysis)
         if isinstance(base.func, cst.Name) and base.func.value in self.methods:
             cls = base.func.value
@@ -274,8 +380,12 @@ class HotMap:
         if not q:
             return
         cls = q.rsplit(".", 1)[1]
-        if q.startswith("torch.nn.") and not q.startswith("torch.nn.functional") and cls[:1].isupper() \
-                and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"):
+        if (
+            q.startswith("torch.nn.")
+            and not q.startswith("torch.nn.functional")
+            and cls[:1].isupper()
+            and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
+        ):
             self.modules.add(d)
             self.nn_class[d] = q
         elif q == "torch.compile" and base.args and dotted(base.args[0].value) in self.modules:
@@ -449,15 +559,24 @@ class Tensors:
         if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "len":
             return True
         # `t.size(i)` and `t.shape[i]` are taken to be ints (a documented assumption of TOP601).
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "size" \
-                and len(expr.args) == 1 and isinstance(expr.args[0].value, cst.Integer):
+        if (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value == "size"
+            and len(expr.args) == 1
+            and isinstance(expr.args[0].value, cst.Integer)
+        ):
             return True
-        if isinstance(expr, cst.Subscript) and isinstance(expr.value, cst.Attribute) \
-                and expr.value.attr.value == "shape" and len(expr.slice) == 1 \
-                and isinstance(expr.slice[0].slice, cst.Index) and isinstance(expr.slice[0].slice.value, cst.Integer):
+        if (
+            isinstance(expr, cst.Subscript)
+            and isinstance(expr.value, cst.Attribute)
+            and expr.value.attr.value == "shape"
+            and len(expr.slice) == 1
+            and isinstance(expr.slice[0].slice, cst.Index)
+            and isinstance(expr.slice[0].slice.value, cst.Integer)
+        ):
             return True
-        if isinstance(expr, cst.BinaryOperation) and isinstance(
-                expr.operator, (cst.Add, cst.Subtract, cst.Multiply)):
+        if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, (cst.Add, cst.Subtract, cst.Multiply)):
             return self.number(expr.left, depth) and self.number(expr.right, depth)
         if isinstance(expr, cst.Name) and depth < 3 and plainly_assigned(self.rule, expr):
             values = reaching_values(self.rule, expr) or []
@@ -484,7 +603,7 @@ class Tensors:
             f = expr.func
             q = callee(rule, expr) if isinstance(f, (cst.Name, cst.Attribute)) else None
             if q is not None:
-                if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES):
+                if any(q.startswith(ns) and "." not in q[len(ns) :] for ns in TENSOR_NAMESPACES):
                     return q.rsplit(".", 1)[1] not in NOT_TENSOR
                 return False
             if isinstance(f, cst.Attribute) and f.attr.value in TENSOR_METHODS:
@@ -499,8 +618,12 @@ class Tensors:
                     return True
                 if isinstance(f, cst.Name):
                     vals = self.values(f, True)
-                    if vals and all(isinstance(v, cst.Call) and (callee(rule, v) or "").endswith("Loss")
-                                    and (callee(rule, v) or "").startswith("torch.nn.") for v in vals):
+                    if vals and all(
+                        isinstance(v, cst.Call)
+                        and (callee(rule, v) or "").endswith("Loss")
+                        and (callee(rule, v) or "").startswith("torch.nn.")
+                        for v in vals
+                    ):
                         return True
                 return False
             cls = self.hot._enclosing_class(expr)
@@ -520,16 +643,19 @@ class Tensors:
             left = self.is_tensor(expr.left, strict, depth + 1)
             right = left or self.is_tensor(expr.right, strict, depth + 1)
             other = expr.right if left else expr.left
-            if isinstance(other, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.List, cst.Dict,
-                                  cst.Set, cst.Tuple)):
+            if isinstance(
+                other,
+                (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.List, cst.Dict, cst.Set, cst.Tuple),
+            ):
                 return False
             return left or right
         if isinstance(expr, cst.UnaryOperation) and not isinstance(expr.operator, cst.Not):
             return self.is_tensor(expr.expression, strict, depth + 1)
         if isinstance(expr, cst.Comparison):
             operands = [expr.left] + [c.comparator for c in expr.comparisons]
-            if len(operands) != 2 or any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn))
-                                         for c in expr.comparisons):
+            if len(operands) != 2 or any(
+                isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in expr.comparisons
+            ):
                 return False
             return any(self.is_tensor(o, strict, depth + 1) for o in operands)
         if isinstance(expr, cst.Subscript):
@@ -542,8 +668,7 @@ class Tensors:
             if param_annotation(rule, expr) in ("torch.Tensor", "Tensor"):
                 return True
             values = self.values(expr, strict)
-            if values and all(v is not None and (v is _BATCH or self.is_tensor(v, strict, depth + 1))
-                              for v in values):
+            if values and all(v is not None and (v is _BATCH or self.is_tensor(v, strict, depth + 1)) for v in values):
                 return True
             if not strict and expr.value in self.backward_names():
                 return True
@@ -583,9 +708,13 @@ class Tensors:
                 tup = self.hot.parent(parent)
                 at = self.hot.parent(tup) if tup is not None else None
                 stmt = self.hot.parent(at) if at is not None else None
-                if isinstance(tup, (cst.Tuple, cst.List)) and isinstance(at, cst.AssignTarget) \
-                        and isinstance(stmt, cst.Assign) and isinstance(stmt.value, (cst.Tuple, cst.List)) \
-                        and len(stmt.value.elements) == len(tup.elements):
+                if (
+                    isinstance(tup, (cst.Tuple, cst.List))
+                    and isinstance(at, cst.AssignTarget)
+                    and isinstance(stmt, cst.Assign)
+                    and isinstance(stmt.value, (cst.Tuple, cst.List))
+                    and len(stmt.value.elements) == len(tup.elements)
+                ):
                     i = next(k for k, e in enumerate(tup.elements) if e is parent)
                     el = stmt.value.elements[i]
                     out.append(None if isinstance(el, cst.StarredElement) else el.value)

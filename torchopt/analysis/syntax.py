@@ -1,4 +1,5 @@
 """Statement and subtree helpers on LibCST nodes: walking one scope, comments, source text, enclosing loops and version guards."""
+
 from __future__ import annotations
 
 from typing import Iterable, Iterator
@@ -79,8 +80,7 @@ def _walk(node: cst.CSTNode, cross_scopes: bool) -> Iterator[cst.CSTNode]:
 
 
 # Exceptions a `try:` catches when it probes for an API (`except ImportError: <old API>`).
-_PROBE_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError", "Exception",
-                     "BaseException"}
+_PROBE_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "AttributeError", "TypeError", "Exception", "BaseException"}
 
 
 _VERSION_TOKENS = ("hasattr(", "getattr(", "__version__", "version", "VERSION", "is_torch_")

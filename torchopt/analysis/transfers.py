@@ -1,4 +1,5 @@
 """Host-to-device copies: which loader batches a loop copies to the device, and how."""
+
 from __future__ import annotations
 
 import libcst as cst

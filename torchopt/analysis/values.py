@@ -1,4 +1,5 @@
 """Values a rule reasons about: dtypes, devices and literals, followed through assignments where that is sound."""
+
 from __future__ import annotations
 
 import enum
@@ -13,11 +14,26 @@ from torchopt.analysis.names import callee, plainly_assigned, reaching_values, t
 from torchopt.rewrite.rule import Rule
 
 DTYPES = {
-    "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
-    "float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
-    "int8": "int8", "int16": "int16", "short": "int16", "int32": "int32", "int": "int32",
-    "int64": "int64", "long": "int64", "uint8": "uint8", "bool": "bool",
-    "complex64": "complex64", "cfloat": "complex64", "complex128": "complex128", "cdouble": "complex128",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "float32": "float32",
+    "float": "float32",
+    "float64": "float64",
+    "double": "float64",
+    "int8": "int8",
+    "int16": "int16",
+    "short": "int16",
+    "int32": "int32",
+    "int": "int32",
+    "int64": "int64",
+    "long": "int64",
+    "uint8": "uint8",
+    "bool": "bool",
+    "complex64": "complex64",
+    "cfloat": "complex64",
+    "complex128": "complex128",
+    "cdouble": "complex128",
 }
 
 
@@ -28,9 +44,15 @@ INT_DTYPES = {"int8", "int16", "int32", "int64", "uint8"}
 
 # Tensor cast methods and the dtype spelled in the fix (`.half()` becomes `dtype=torch.half`).
 CAST_METHODS = {
-    "half": ("float16", "half"), "float": ("float32", "float32"), "double": ("float64", "float64"),
-    "bfloat16": ("bfloat16", "bfloat16"), "long": ("int64", "long"), "int": ("int32", "int32"),
-    "short": ("int16", "int16"), "char": ("int8", "int8"), "byte": ("uint8", "uint8"),
+    "half": ("float16", "half"),
+    "float": ("float32", "float32"),
+    "double": ("float64", "float64"),
+    "bfloat16": ("bfloat16", "bfloat16"),
+    "long": ("int64", "long"),
+    "int": ("int32", "int32"),
+    "short": ("int16", "int16"),
+    "char": ("int8", "int8"),
+    "byte": ("uint8", "uint8"),
     "bool": ("bool", "bool"),
 }
 
@@ -41,7 +63,7 @@ def dtype_of(rule: Rule, expr: cst.BaseExpression | None, depth: int = 0) -> str
         return None
     name = torch_name(rule, expr)
     if name and name.startswith("torch."):
-        return DTYPES.get(name[len("torch."):])
+        return DTYPES.get(name[len("torch.") :])
     if isinstance(expr, cst.Name) and depth < 3 and plainly_assigned(rule, expr):
         values = reaching_values(rule, expr)
         if values:

@@ -6,10 +6,17 @@
 SHARED_TOPICS = {
     "Sharding a DataLoader across processes": (
         ("TOP401", "TOP403"),
-        ("part of the DistributedDataParallel rewrite: TOP401 adds the `DistributedSampler`, "
-         "TOP403 calls its `set_epoch` every epoch")),
+        (
+            "part of the DistributedDataParallel rewrite: TOP401 adds the `DistributedSampler`, "
+            "TOP403 calls its `set_epoch` every epoch"
+        ),
+    ),
     "Reproducibility switches left on in training code": (
-        ("TOP503",), "`cudnn.deterministic`, `use_deterministic_algorithms` and friends are reported by TOP503"),
+        ("TOP503",),
+        "`cudnn.deterministic`, `use_deterministic_algorithms` and friends are reported by TOP503",
+    ),
     "Deprecated `torch.cuda.amp.*` / `torch.cpu.amp.*`": (
-        ("TOP201",), "migrated to `torch.amp` by TOP201, with the rest of the AMP family"),
+        ("TOP201",),
+        "migrated to `torch.amp` by TOP201, with the rest of the AMP family",
+    ),
 }

@@ -5,6 +5,7 @@ without a trailing newline then swallows the next frame's header: the server goe
 malformed frame is reported (the server answers it with a JSON-RPC parse error) and everything up
 to the next `Content-Length` header is dropped, so the next well-formed message is served.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,7 +46,7 @@ async def read_frames(reader: AsyncReader) -> AsyncIterator[bytes | FrameError]:
             return
         found = _CONTENT_LENGTH.search(line)
         if found:
-            if line[:found.start()].strip() and not skipping:
+            if line[: found.start()].strip() and not skipping:
                 yield FrameError("data outside a message (no Content-Length header before it)")
             skipping, in_headers = False, True
             value = found.group(1)

@@ -5,6 +5,7 @@ editor's text): no file discovery, no process pool, and it never writes a file (
 editor as edits). After an edit only the part of the module the edit can affect is re-analysed
 (rewrite/incremental.py); the diagnostics equal `torchopt check`'s.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -187,9 +188,11 @@ class TorchoptProtocol(LanguageServerProtocol):
                 self.log(f"ignored a malformed response from the client: {body[:200]!r}")
                 return
         elif raw.get("jsonrpc") != "2.0" or not isinstance(method, str) or ("id" in raw and not good_id):
-            self.send_error(msg_id if good_id else None, JsonRpcInvalidRequest.CODE,
-                            "Invalid request: needs \"jsonrpc\": \"2.0\", a string \"method\" and an integer "
-                            "or string \"id\"")
+            self.send_error(
+                msg_id if good_id else None,
+                JsonRpcInvalidRequest.CODE,
+                'Invalid request: needs "jsonrpc": "2.0", a string "method" and an integer or string "id"',
+            )
             return
         is_request = "method" in raw and "id" in raw
         if self.shutdown_requested and method != lsp.EXIT:
@@ -218,8 +221,12 @@ class TorchoptProtocol(LanguageServerProtocol):
 
 class TorchoptServer(LanguageServer):
     def __init__(self) -> None:
-        super().__init__("torchopt", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
-                         protocol_cls=TorchoptProtocol)
+        super().__init__(
+            "torchopt",
+            __version__,
+            text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
+            protocol_cls=TorchoptProtocol,
+        )
         self.docs: dict[str, Doc] = {}
         self.options = ClientOptions()
         self.resolver = Resolver(self.options.overrides())
@@ -281,8 +288,9 @@ class TorchoptServer(LanguageServer):
             msg = str(exc)
             if msg not in self._config_errors:
                 self._config_errors.add(msg)
-                self.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Warning,
-                                                               message=f"torchopt: {msg}"))
+                self.window_show_message(
+                    lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=f"torchopt: {msg}")
+                )
                 self.log_line(f"configuration error: {msg}", lsp.MessageType.Warning)
             return self._good_settings.get(folder) or self.options.overrides().apply(Settings(root=self.root))
         self._good_settings[folder] = s
@@ -360,7 +368,8 @@ class TorchoptServer(LanguageServer):
         lines = doc.lines(doc.checked_text)
         out = [self.to_lsp(d, lines) for d in doc.diags]
         self.text_document_publish_diagnostics(
-            lsp.PublishDiagnosticsParams(uri=doc.uri, version=doc.version, diagnostics=out))
+            lsp.PublishDiagnosticsParams(uri=doc.uri, version=doc.version, diagnostics=out)
+        )
 
     def lsp_range(self, d: Diagnostic, lines: Lines) -> lsp.Range:
         enc = self.encoding
@@ -372,8 +381,13 @@ class TorchoptServer(LanguageServer):
         """The LSP form of ``d``. Remembered: after an edit most diagnostics are the ones published
         before (the same finding on the same text), and building them again was a tenth of an edit's
         time on a large module. The key holds everything the result depends on."""
-        key = (d, self.encoding, self.options.rule_url, lines.line(d.line - 1),
-               lines.line(d.end_line - 1) if d.end_line != d.line else None)
+        key = (
+            d,
+            self.encoding,
+            self.options.rule_url,
+            lines.line(d.line - 1),
+            lines.line(d.end_line - 1) if d.end_line != d.line else None,
+        )
         memo = self._lsp_memo
         hit = memo.get(key)
         if hit is None:
@@ -399,8 +413,13 @@ class TorchoptServer(LanguageServer):
             code=d.code,
             code_description=lsp.CodeDescription(href=self.options.rule_url.format(code=d.code)),
             source=SOURCE,
-            data={"code": d.code, "line": d.line, "column": d.column, "fix": fix,
-                  "title": d.fix.title if d.fix else None},
+            data={
+                "code": d.code,
+                "line": d.line,
+                "column": d.column,
+                "fix": fix,
+                "title": d.fix.title if d.fix else None,
+            },
         )
 
     async def current(self, doc: Doc) -> tuple[str, list[Diagnostic]] | None:
@@ -423,8 +442,9 @@ class TorchoptServer(LanguageServer):
         for e in edits:
             sl, sc = lines.offset_to_client(e.start, enc)
             el, ec = lines.offset_to_client(e.end, enc)
-            text_edits.append(lsp.TextEdit(range=lsp.Range(lsp.Position(sl, sc), lsp.Position(el, ec)),
-                                           new_text=e.text))
+            text_edits.append(
+                lsp.TextEdit(range=lsp.Range(lsp.Position(sl, sc), lsp.Position(el, ec)), new_text=e.text)
+            )
         caps = self.client_capabilities.workspace
         versioned = bool(caps and caps.workspace_edit and caps.workspace_edit.document_changes)
         if versioned:
@@ -473,8 +493,9 @@ def _check_range(lines: Lines, start: lsp.Position, end: lsp.Position | None = N
     invalid params (a character past its line's end is not: LSP says it means the line's end)."""
     for pos in (start, end or start):
         if pos.line >= len(lines):
-            raise JsonRpcInvalidParams(f"Invalid params: line {pos.line} is past the end of the document "
-                                       f"({len(lines)} lines)")
+            raise JsonRpcInvalidParams(
+                f"Invalid params: line {pos.line} is past the end of the document ({len(lines)} lines)"
+            )
     if end is not None and (end.line, end.character) < (start.line, start.character):
         raise JsonRpcInvalidParams("Invalid params: the range ends before it starts")
 
@@ -509,9 +530,12 @@ def create_server() -> TorchoptServer:
         watched = caps.did_change_watched_files if caps else None
         if watched is not None and watched.dynamic_registration:
             reg = lsp.Registration(
-                id="torchopt-pyproject", method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                id="torchopt-pyproject",
+                method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
                 register_options=lsp.DidChangeWatchedFilesRegistrationOptions(
-                    watchers=[lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml")]))
+                    watchers=[lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml")]
+                ),
+            )
             try:
                 await ls.client_register_capability_async(lsp.RegistrationParams(registrations=[reg]))
             except Exception as exc:  # the client said no; settings then reload on save only
@@ -535,8 +559,9 @@ def create_server() -> TorchoptServer:
             if rng is None:
                 doc.text = ch.text
             else:
-                doc.text = apply_change(doc.text, (rng.start.line, rng.start.character),
-                                        (rng.end.line, rng.end.character), ch.text, enc)
+                doc.text = apply_change(
+                    doc.text, (rng.start.line, rng.start.character), (rng.end.line, rng.end.character), ch.text, enc
+                )
         doc.version = params.text_document.version
         ls.schedule(doc, ls.options.debounce_s)
 
@@ -589,8 +614,9 @@ def create_server() -> TorchoptServer:
 
     @server.feature(
         lsp.TEXT_DOCUMENT_CODE_ACTION,
-        lsp.CodeActionOptions(code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL, FIX_ALL_UNSAFE],
-                              resolve_provider=True),
+        lsp.CodeActionOptions(
+            code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL, FIX_ALL_UNSAFE], resolve_provider=True
+        ),
     )
     async def code_action(ls: TorchoptServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction] | None:
         doc = ls.docs.get(params.text_document.uri)
@@ -626,26 +652,55 @@ def create_server() -> TorchoptServer:
                     if d.fix.safety == "unsafe":
                         title += f" (unsafe: {d.fix.changes() or 'changes behaviour'})"
                     fix_data = {**base, "op": "fix", "code": d.code, "line": d.line, "column": d.column}
-                    actions.append((lsp.CodeAction(title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[ld],
-                                                   is_preferred=d.fix.safety == "safe"), fix_data))
+                    actions.append(
+                        (
+                            lsp.CodeAction(
+                                title=title,
+                                kind=lsp.CodeActionKind.QuickFix,
+                                diagnostics=[ld],
+                                is_preferred=d.fix.safety == "safe",
+                            ),
+                            fix_data,
+                        )
+                    )
                 if (d.code, d.line) not in ignored:
                     ignored.add((d.code, d.line))
                     edit = ignore_edit(text, d.code, (d.line - 1, d.end_line - 1))
                     if edit is not None:
-                        actions.append((lsp.CodeAction(title=f"Ignore {d.code} on this line",
-                                                       kind=lsp.CodeActionKind.QuickFix, diagnostics=[ld],
-                                                       edit=ls.workspace_edit(doc, text, [edit])), None))
+                        actions.append(
+                            (
+                                lsp.CodeAction(
+                                    title=f"Ignore {d.code} on this line",
+                                    kind=lsp.CodeActionKind.QuickFix,
+                                    diagnostics=[ld],
+                                    edit=ls.workspace_edit(doc, text, [edit]),
+                                ),
+                                None,
+                            )
+                        )
         settings = ls.settings_for(doc.path)
         has_safe = any(d.fix is not None and d.fix.safety == "safe" for d in diags)
         has_unsafe = any(d.fix is not None and d.fix.safety == "unsafe" for d in diags)
         if has_safe or (has_unsafe and settings.unsafe_fixes):
             if _kind_wanted(FIX_ALL, only):
-                actions.append((lsp.CodeAction(title="torchopt: fix all (safe fixes)" if not settings.unsafe_fixes
-                                               else "torchopt: fix all (unsafe fixes enabled)",
-                                               kind=FIX_ALL), {**base, "op": "fixAll"}))
+                actions.append(
+                    (
+                        lsp.CodeAction(
+                            title="torchopt: fix all (safe fixes)"
+                            if not settings.unsafe_fixes
+                            else "torchopt: fix all (unsafe fixes enabled)",
+                            kind=FIX_ALL,
+                        ),
+                        {**base, "op": "fixAll"},
+                    )
+                )
         if has_unsafe and not settings.unsafe_fixes and _kind_wanted(FIX_ALL_UNSAFE, only):
-            actions.append((lsp.CodeAction(title="torchopt: fix all, unsafe fixes too", kind=FIX_ALL_UNSAFE),
-                            {**base, "op": "fixAllUnsafe"}))
+            actions.append(
+                (
+                    lsp.CodeAction(title="torchopt: fix all, unsafe fixes too", kind=FIX_ALL_UNSAFE),
+                    {**base, "op": "fixAllUnsafe"},
+                )
+            )
         out = []
         for action, data in actions:
             if data is not None:
@@ -688,8 +743,10 @@ def create_server() -> TorchoptServer:
             return None
         codes = list(dict.fromkeys(d.code for d in hits))
         pages = await ls.run(lambda: [rule_page(c) for c in codes])
-        return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages)),
-                         range=ls.lsp_range(hits[0], lines))
+        return lsp.Hover(
+            contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages)),
+            range=ls.lsp_range(hits[0], lines),
+        )
 
     return server
 

@@ -5,6 +5,7 @@ split them (``\\r\\n``, ``\\r``, ``\\n``; not ``str.splitlines``, which also spl
 U+2028). Columns on the wire are counted in the negotiated position encoding: UTF-16 code units
 (the LSP default), UTF-8 bytes or code points (UTF-32).
 """
+
 from __future__ import annotations
 
 import ast
@@ -59,7 +60,7 @@ class Lines:
         if i < 0 or i >= len(self.starts):
             return ""
         end = self.starts[i + 1] if i + 1 < len(self.starts) else len(self.text)
-        return self.text[self.starts[i]:end].rstrip("\r\n")
+        return self.text[self.starts[i] : end].rstrip("\r\n")
 
     def offset(self, line: int, col: int) -> int:
         """Offset of (0-based line, code-point column), clamped to the text."""
@@ -90,8 +91,7 @@ class Lines:
         return self.offset(line, chars_for_units(self.line(line), character, encoding))
 
 
-def apply_change(text: str, start: tuple[int, int] | None, end: tuple[int, int] | None, new: str,
-                 encoding: str) -> str:
+def apply_change(text: str, start: tuple[int, int] | None, end: tuple[int, int] | None, new: str, encoding: str) -> str:
     """Apply one `didChange` content change (no range: the whole text)."""
     if start is None or end is None:
         return new
@@ -127,7 +127,7 @@ def minimal_edits(old: str, new: str) -> list[Edit]:
     tail = 0
     while tail < len(a) - head and tail < len(b) - head and a[-1 - tail] == b[-1 - tail]:
         tail += 1
-    mid_a, mid_b = a[head:len(a) - tail], b[head:len(b) - tail]
+    mid_a, mid_b = a[head : len(a) - tail], b[head : len(b) - tail]
     offsets = [0]
     for line in a:
         offsets.append(offsets[-1] + len(line))
@@ -146,13 +146,13 @@ def minimal_edits(old: str, new: str) -> list[Edit]:
         s = 0
         while s < limit - p and old_chunk[-1 - s] == new_chunk[-1 - s]:
             s += 1
-        out.append(Edit(start + p, start + len(old_chunk) - s, new_chunk[p:len(new_chunk) - s]))
+        out.append(Edit(start + p, start + len(old_chunk) - s, new_chunk[p : len(new_chunk) - s]))
     return out
 
 
 def apply_edits(text: str, edits: list[Edit]) -> str:
     for e in sorted(edits, key=lambda e: e.start, reverse=True):
-        text = text[:e.start] + e.text + text[e.end:]
+        text = text[: e.start] + e.text + text[e.end :]
     return text
 
 
@@ -174,15 +174,14 @@ def _comments(text: str) -> dict[int, tokenize.TokenInfo]:
     return out
 
 
-def _ignore_on(text: str, lines: Lines, line: int, code: str,
-               comments: dict[int, tokenize.TokenInfo]) -> Edit | None:
+def _ignore_on(text: str, lines: Lines, line: int, code: str, comments: dict[int, tokenize.TokenInfo]) -> Edit | None:
     content = lines.line(line)
     start = lines.starts[line] if line < len(lines) else len(text)
     tok = comments.get(line)
     edit = None
     if tok is not None:
         col = tok.start[1]
-        # A `# noqa: A1` or `# torchopt: ignore[A1]` already there: add the code to its list.
+        # A noqa comment (codes A1, ...) or a torchopt ignore comment already there: add the code to its list.
         for pattern in (_NOQA_CODES, _IGNORE_CODES):
             m = pattern.search(tok.string)
             if m:

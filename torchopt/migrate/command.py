@@ -4,6 +4,7 @@ Exit codes follow the rest of the CLI (like ruff's --diff): 0 nothing to change,
 committed (--commit); 1 patches written that are not applied yet (patch mode, like `rewrite --diff`);
 2 bad usage, or some repository was refused or failed, or some file could not be processed, or
 --validate could not run (every other repository is still migrated)."""
+
 from __future__ import annotations
 
 import os
@@ -52,17 +53,38 @@ def _progress(total: int):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    prog = Progress(TextColumn("torchopt migrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.description}"), console=Console(stderr=True), transient=True,
-                    auto_refresh=False)  # no refresh thread: the executors fork worker processes
+    prog = Progress(
+        TextColumn("torchopt migrate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=Console(stderr=True),
+        transient=True,
+        auto_refresh=False,
+    )  # no refresh thread: the executors fork worker processes
     task = prog.add_task("", total=total)
     return prog, lambda res: prog.update(task, advance=1, description=f"{res.name}: {res.status}", refresh=True)
 
 
-def run_command(repos: Sequence[str], repos_file: Optional[str], out: str, branch: str, commit: bool,
-                validate: Optional[str], steps: int, select, ignore, unsafe_fixes: Optional[bool],
-                jobs: Optional[int], resume: bool, allow_dirty: bool, executor: str,
-                ray_address: Optional[str], quiet: bool) -> int:
+def run_command(
+    repos: Sequence[str],
+    repos_file: Optional[str],
+    out: str,
+    branch: str,
+    commit: bool,
+    validate: Optional[str],
+    steps: int,
+    select,
+    ignore,
+    unsafe_fixes: Optional[bool],
+    jobs: Optional[int],
+    resume: bool,
+    allow_dirty: bool,
+    executor: str,
+    ray_address: Optional[str],
+    quiet: bool,
+) -> int:
     try:
         all_repos = list(repos)
         if repos_file:
@@ -84,21 +106,42 @@ def run_command(repos: Sequence[str], repos_file: Optional[str], out: str, branc
         total = len(dict.fromkeys(os.path.abspath(r) for r in all_repos))
         prog, advance = _progress(total)
         if prog is None:
-            outcome = migrate(all_repos, out, pin, options, jobs=jobs, resume=resume, executor=executor,
-                              ray_address=ray_address, on_progress=advance)
+            outcome = migrate(
+                all_repos,
+                out,
+                pin,
+                options,
+                jobs=jobs,
+                resume=resume,
+                executor=executor,
+                ray_address=ray_address,
+                on_progress=advance,
+            )
         else:
             with prog:
-                outcome = migrate(all_repos, out, pin, options, jobs=jobs, resume=resume, executor=executor,
-                                  ray_address=ray_address, on_progress=advance)
+                outcome = migrate(
+                    all_repos,
+                    out,
+                    pin,
+                    options,
+                    jobs=jobs,
+                    resume=resume,
+                    executor=executor,
+                    ray_address=ray_address,
+                    on_progress=advance,
+                )
     except (MigrateError, ExecutorError) as exc:
         _err(f"error: {exc}")
         return EXIT_ERROR
     results = outcome.results
     if outcome.unfinished:
-        shown = ", ".join(outcome.unfinished[:5]) + (f" and {len(outcome.unfinished) - 5} more"
-                                                    if len(outcome.unfinished) > 5 else "")
-        _err(f"--resume: the earlier run stopped before finishing {plural(len(outcome.unfinished), 'repository')}: "
-             f"{shown}")
+        shown = ", ".join(outcome.unfinished[:5]) + (
+            f" and {len(outcome.unfinished) - 5} more" if len(outcome.unfinished) > 5 else ""
+        )
+        _err(
+            f"--resume: the earlier run stopped before finishing {plural(len(outcome.unfinished), 'repository')}: "
+            f"{shown}"
+        )
     for r in results:
         if r.stale_removed:
             _err(f"{r.path}: removed what an interrupted run had left: {', '.join(r.stale_removed)}")
@@ -108,14 +151,19 @@ def run_command(repos: Sequence[str], repos_file: Optional[str], out: str, branc
             _err(f"error: {r.path}/{path}: {why}")
     if not quiet:
         s = summary(results)
-        _err(f"{plural(s['repos'], 'repository')}: {s['changed']} changed, {s['unchanged']} unchanged, "
-             f"{s['refused']} refused, {s['failed']} failed"
-             + (f" ({outcome.resumed} done by an earlier run, skipped)" if outcome.resumed else "") + ".")
+        _err(
+            f"{plural(s['repos'], 'repository')}: {s['changed']} changed, {s['unchanged']} unchanged, "
+            f"{s['refused']} refused, {s['failed']} failed"
+            + (f" ({outcome.resumed} done by an earlier run, skipped)" if outcome.resumed else "")
+            + "."
+        )
         if s["fixes"]:
             what = "committed" if commit else "in patches"
             _err(f"{plural(s['files_changed'], 'file')} changed, fixes {what}: {per_code(s['fixes'])}.")
         if s["unsafe_not_applied"]:
-            _err(f"Unsafe fixes not applied: {per_code(s['unsafe_not_applied'])} (--unsafe-fixes applies them "
-                 "after reading `torchopt rule CODE`).")
+            _err(
+                f"Unsafe fixes not applied: {per_code(s['unsafe_not_applied'])} (--unsafe-fixes applies them "
+                "after reading `torchopt rule CODE`)."
+            )
         _err(f"Report: {os.path.join(out, 'report.md')} and report.json")
     return exit_code(results, commit)

@@ -1,6 +1,7 @@
 """Where the per-repository tasks run: here (one after the other, or a process pool over
 repositories), or on a Ray cluster. Every executor calls ``on_result`` once per task, as each
 finishes, in the calling thread."""
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,14 @@ def import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ExecutorError(f"--executor ray needs Ray, which cannot be imported here ({exc}); "
-                            "install it with: pip install 'torchopt[ray]'") from None
+        raise ExecutorError(
+            f"--executor ray needs Ray, which cannot be imported here ({exc}); "
+            "install it with: pip install 'torchopt[ray]'"
+        ) from None
     return ray
 
 
-def run_ray(tasks: Sequence[RepoTask], jobs: int | None, on_result: ResultCallback,
-            address: str | None = None) -> None:
+def run_ray(tasks: Sequence[RepoTask], jobs: int | None, on_result: ResultCallback, address: str | None = None) -> None:
     """One Ray task per repository. Connects to ``address`` (a cluster: "auto", "ray://head:10001",
     "host:6379") or starts a local instance when None; reuses a Ray already initialised in this
     process (and leaves it running)."""

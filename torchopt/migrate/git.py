@@ -8,6 +8,7 @@ HEAD's files are read as stored blobs into a plain temporary folder (not a git w
 commit is made from blobs, a temporary index and `commit-tree`, then its branch created with
 `update-ref`. Nothing here changes a repository's working tree, index or HEAD.
 """
+
 from __future__ import annotations
 
 import errno
@@ -23,8 +24,17 @@ SCRATCH_PREFIX = "torchopt-migrate-"
 SYMLINK, SUBMODULE = "120000", "160000"
 
 # Kept from the caller's environment: the identity of commits, and which global config is the user's.
-_KEPT_GIT_VARS = frozenset({"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE", "GIT_COMMITTER_NAME",
-                            "GIT_COMMITTER_EMAIL", "GIT_COMMITTER_DATE", "GIT_CONFIG_GLOBAL"})
+_KEPT_GIT_VARS = frozenset(
+    {
+        "GIT_AUTHOR_NAME",
+        "GIT_AUTHOR_EMAIL",
+        "GIT_AUTHOR_DATE",
+        "GIT_COMMITTER_NAME",
+        "GIT_COMMITTER_EMAIL",
+        "GIT_COMMITTER_DATE",
+        "GIT_CONFIG_GLOBAL",
+    }
+)
 
 # Command-line config wins over every config file, the repository's (and what it includes) too.
 _SAFE_CONFIG = (
@@ -43,8 +53,9 @@ class GitError(Exception):
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in _KEPT_GIT_VARS}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", GIT_OPTIONAL_LOCKS="0",
-               LC_ALL="C", LANG="C")
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", GIT_OPTIONAL_LOCKS="0", LC_ALL="C", LANG="C"
+    )
     env.pop("PAGER", None)
     if extra:
         env.update(extra)
@@ -62,11 +73,22 @@ def _one_line(proc: subprocess.CompletedProcess) -> str:
     return " ".join(proc.stderr.decode("utf-8", "replace").split()) or f"exit status {proc.returncode}"
 
 
-def git(repo: str, *args: str, check: bool = True, input: bytes | None = None,
-        env: dict[str, str] | None = None, config: Sequence[tuple[str, str]] = ()) -> subprocess.CompletedProcess:
+def git(
+    repo: str,
+    *args: str,
+    check: bool = True,
+    input: bytes | None = None,
+    env: dict[str, str] | None = None,
+    config: Sequence[tuple[str, str]] = (),
+) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(_command(repo, args, config), capture_output=True, env=_env(env), input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+        proc = subprocess.run(
+            _command(repo, args, config),
+            capture_output=True,
+            env=_env(env),
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
     except FileNotFoundError:
         raise GitError("git is not installed (no `git` on PATH)") from None
     if check and proc.returncode != 0:
@@ -118,7 +140,7 @@ def _filters_off(repo: str) -> list[tuple[str, str]]:
     for scope, record in records:
         key = record.split(b"\n", 1)[0].decode("utf-8", "surrogateescape")
         if scope != "global" and key.startswith("filter.") and key.count(".") >= 2:
-            names.add(key[len("filter."):key.rindex(".")])
+            names.add(key[len("filter.") : key.rindex(".")])
     overrides = []
     for name in sorted(names):
         if "=" in name or "\n" in name:  # `-c` cannot name it, so it could not be switched off
@@ -131,8 +153,15 @@ def _filters_off(repo: str) -> list[tuple[str, str]]:
 def dirty_paths(repo: str) -> list[str]:
     """Paths with uncommitted changes, untracked files included (ignored files and submodules are not:
     a migration never touches a submodule)."""
-    raw = git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=normal", "--ignore-submodules=all",
-              config=_filters_off(repo)).stdout
+    raw = git(
+        repo,
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=normal",
+        "--ignore-submodules=all",
+        config=_filters_off(repo),
+    ).stdout
     paths = []
     entries = raw.split(b"\0")
     i = 0
@@ -160,8 +189,12 @@ def branch_exists(repo: str, name: str) -> bool:
 
 def valid_branch_name(name: str) -> bool:
     try:
-        return subprocess.run(["git", "check-ref-format", "--branch", name], capture_output=True,
-                              env=_env(), stdin=subprocess.DEVNULL).returncode == 0
+        return (
+            subprocess.run(
+                ["git", "check-ref-format", "--branch", name], capture_output=True, env=_env(), stdin=subprocess.DEVNULL
+            ).returncode
+            == 0
+        )
     except FileNotFoundError:
         return False
 
@@ -194,8 +227,13 @@ def read_blobs(repo: str, shas: Sequence[str]) -> Iterator[bytes]:
     """The stored bytes of each blob, in order (no filter or end-of-line conversion: `cat-file`)."""
     if not shas:
         return
-    proc = subprocess.Popen(_command(repo, ["cat-file", "--batch"]), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env())
+    proc = subprocess.Popen(
+        _command(repo, ["cat-file", "--batch"]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=_env(),
+    )
     assert proc.stdin is not None and proc.stdout is not None
     stdin = proc.stdin
 
@@ -237,8 +275,11 @@ def _materialize(repo: str, commit: str, folder: str) -> dict[str, str]:
     for (mode, _sha, rel), data in zip(files, read_blobs(repo, [sha for _m, sha, _r in files])):
         path = os.path.join(folder, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                     0o755 if mode == "100755" else 0o644)
+        fd = os.open(
+            path,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+            0o755 if mode == "100755" else 0o644,
+        )
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
     for (_mode, _sha, rel), target in zip(links, read_blobs(repo, [sha for _m, sha, _r in links])):
@@ -258,15 +299,18 @@ def _pid_alive(pid: int) -> bool:
 
 def _scratch_owner_alive(folder_name: str) -> bool:
     """Scratch folders are named ``torchopt-migrate-<pid>-<random>``; older ones have no pid."""
-    pid = folder_name[len(SCRATCH_PREFIX):].split("-", 1)[0]
+    pid = folder_name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
     return pid.isdigit() and _pid_alive(int(pid))
 
 
 def _is_stale_scratch(path: str) -> bool:
     parent = os.path.dirname(os.path.realpath(path))
     name = os.path.basename(parent)
-    return (os.path.dirname(parent) == os.path.realpath(tempfile.gettempdir()) and name.startswith(SCRATCH_PREFIX)
-            and not _scratch_owner_alive(name))
+    return (
+        os.path.dirname(parent) == os.path.realpath(tempfile.gettempdir())
+        and name.startswith(SCRATCH_PREFIX)
+        and not _scratch_owner_alive(name)
+    )
 
 
 def remove_stale_scratch(repo: str) -> list[str]:
@@ -284,8 +328,11 @@ def remove_stale_scratch(repo: str) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
     removed = []
     listing = git(repo, "worktree", "list", "--porcelain", "-z", check=False).stdout
-    paths = [r[len(b"worktree "):].decode("utf-8", "surrogateescape") for r in listing.split(b"\0")
-             if r.startswith(b"worktree ")]
+    paths = [
+        r[len(b"worktree ") :].decode("utf-8", "surrogateescape")
+        for r in listing.split(b"\0")
+        if r.startswith(b"worktree ")
+    ]
     common = None
     for path in paths[1:]:  # the first is the main working tree
         if not _is_stale_scratch(path):

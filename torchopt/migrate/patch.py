@@ -1,12 +1,12 @@
 """Patches that `git apply` takes: built from bytes (the file's own encoding and line endings), lines
 split on LF only (as git does: a form feed or U+2028 inside a line stays inside it), git's quoting
 for unusual file names."""
+
 from __future__ import annotations
 
 import difflib
 
-_ESCAPES = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r",
-            34: b'\\"', 92: b"\\\\"}
+_ESCAPES = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r", 34: b'\\"', 92: b"\\\\"}
 NO_NEWLINE = b"\\ No newline at end of file\n"
 
 
@@ -44,4 +44,3 @@ def file_patch(rel: str, old: bytes, new: bytes, context: int = 3) -> bytes:
             line = line.rstrip(b"\n") + tab + b"\n"
         out.append(line)
     return b"".join(out)
-

@@ -1,4 +1,5 @@
 """The roll-up report of a migration, in JSON (for programs) and Markdown (for people)."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -19,18 +20,33 @@ def summary(results: Sequence[RepoResult]) -> dict:
         _add(fixes, r.fixes)
         _add(unsafe, r.unsafe_not_applied)
     by = {s: sum(1 for r in results if r.status == s) for s in (CHANGED, UNCHANGED, REFUSED, FAILED)}
-    return {"repos": len(results), **by,
-            "files_changed": sum(len(r.files_changed) for r in results),
-            "fixes": dict(sorted(fixes.items())), "unsafe_not_applied": dict(sorted(unsafe.items())),
-            "file_failures": sum(len(r.file_failures) for r in results),
-            "validation_failed": sum(1 for r in results if r.validation and r.validation["verdict"] != "equivalent"
-                                     and r.validation["verdict"] != "nothing to validate")}
+    return {
+        "repos": len(results),
+        **by,
+        "files_changed": sum(len(r.files_changed) for r in results),
+        "fixes": dict(sorted(fixes.items())),
+        "unsafe_not_applied": dict(sorted(unsafe.items())),
+        "file_failures": sum(len(r.file_failures) for r in results),
+        "validation_failed": sum(
+            1
+            for r in results
+            if r.validation
+            and r.validation["verdict"] != "equivalent"
+            and r.validation["verdict"] != "nothing to validate"
+        ),
+    }
 
 
 def to_json(results: Sequence[RepoResult], pin: Pin, options: Options, meta: dict) -> dict:
-    return {"tool": "torchopt migrate", "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "selection": pin.to_json(), "options": options.to_json(), **meta,
-            "summary": summary(results), "repos": [r.to_json() for r in results]}
+    return {
+        "tool": "torchopt migrate",
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "selection": pin.to_json(),
+        "options": options.to_json(),
+        **meta,
+        "summary": summary(results),
+        "repos": [r.to_json() for r in results],
+    }
 
 
 def per_code(counts: dict[str, int]) -> str:
@@ -52,23 +68,31 @@ def _output(r: RepoResult) -> str:
 
 def to_markdown(results: Sequence[RepoResult], pin: Pin, options: Options, meta: dict) -> str:
     s = summary(results)
-    mode = (f"commits on branch `{options.branch}` (and patches)" if options.commit else "patches")
-    lines = ["# torchopt migrate report", "",
-             f"- torchopt {pin.version}; {pin.describe()}",
-             f"- output: {mode} in `{meta.get('out', '')}`; executor: {meta.get('executor', 'local')}",
-             f"- validation: `{options.validate}` ({options.steps} steps)" if options.validate else "- validation: not requested",
-             f"- {plural(s['repos'], 'repository')}: {s['changed']} changed, {s['unchanged']} unchanged, "
-             f"{s['refused']} refused, {s['failed']} failed"
-             + (f" ({meta['resumed']} done by an earlier run)" if meta.get("resumed") else ""),
-             f"- {plural(s['files_changed'], 'file')} changed; fixes: {per_code(s['fixes'])}",
-             f"- unsafe fixes not applied: {per_code(s['unsafe_not_applied'])}", "",
-             "| Repository | Status | Files changed | Fixes | Unsafe fixes not applied | Validation | Output |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    mode = f"commits on branch `{options.branch}` (and patches)" if options.commit else "patches"
+    lines = [
+        "# torchopt migrate report",
+        "",
+        f"- torchopt {pin.version}; {pin.describe()}",
+        f"- output: {mode} in `{meta.get('out', '')}`; executor: {meta.get('executor', 'local')}",
+        f"- validation: `{options.validate}` ({options.steps} steps)"
+        if options.validate
+        else "- validation: not requested",
+        f"- {plural(s['repos'], 'repository')}: {s['changed']} changed, {s['unchanged']} unchanged, "
+        f"{s['refused']} refused, {s['failed']} failed"
+        + (f" ({meta['resumed']} done by an earlier run)" if meta.get("resumed") else ""),
+        f"- {plural(s['files_changed'], 'file')} changed; fixes: {per_code(s['fixes'])}",
+        f"- unsafe fixes not applied: {per_code(s['unsafe_not_applied'])}",
+        "",
+        "| Repository | Status | Files changed | Fixes | Unsafe fixes not applied | Validation | Output |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
         status = r.status if not r.reason else f"{r.status}: {r.reason}"
         val = r.validation["verdict"] if r.validation else "—"
-        lines.append(f"| `{_cell(r.name)}` | {_cell(status)} | {len(r.files_changed)} | {per_code(r.fixes)} | "
-                     f"{per_code(r.unsafe_not_applied)} | {_cell(val)} | {_output(r)} |")
+        lines.append(
+            f"| `{_cell(r.name)}` | {_cell(status)} | {len(r.files_changed)} | {per_code(r.fixes)} | "
+            f"{per_code(r.unsafe_not_applied)} | {_cell(val)} | {_output(r)} |"
+        )
     for r in results:
         details = []
         if r.files_changed:

@@ -1,5 +1,6 @@
 """One repository's migration: the task every executor runs (locally, in a process pool, or as a Ray
 task). Plain data in, plain data out, so it pickles; it never raises (a failure is a result)."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,12 @@ class Pin:
         return Overrides(select=self.select, ignore=self.ignore, unsafe_fixes=self.unsafe_fixes)
 
     def to_json(self) -> dict:
-        return {"torchopt": self.version, "select": list(self.select) if self.select is not None else None,
-                "ignore": list(self.ignore), "unsafe_fixes": self.unsafe_fixes}
+        return {
+            "torchopt": self.version,
+            "select": list(self.select) if self.select is not None else None,
+            "ignore": list(self.ignore),
+            "unsafe_fixes": self.unsafe_fixes,
+        }
 
     def describe(self) -> str:
         sel = ", ".join(self.select) if self.select is not None else "each repository's config (default ALL)"
@@ -205,8 +210,10 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
             limit = settings.for_path(f).max_file_size
             size = os.stat(f).st_size
             if limit and size > limit:
-                raise source.SourceError(f"file is {size / 1e6:.1f} MB, over the {limit / 1e6:.1f} MB limit "
-                                         "(raise `max-file-size` in [tool.torchopt] to process it)")
+                raise source.SourceError(
+                    f"file is {size / 1e6:.1f} MB, over the {limit / 1e6:.1f} MB limit "
+                    "(raise `max-file-size` in [tool.torchopt] to process it)"
+                )
             with open(f, "rb") as fh:
                 data = fh.read()
             src = source.decode(data)
@@ -274,7 +281,7 @@ def _fix_all(items: list, jobs: int) -> list:
     from torchopt.rewrite import budget
 
     size = max(1, min(16, len(items) // (jobs * 4)))
-    chunks = [items[i:i + size] for i in range(0, len(items), size)]
+    chunks = [items[i : i + size] for i in range(0, len(items), size)]
     outcomes: list[list] = [[] for _ in chunks]
 
     def on_done(index: int, fixed: list | None, error: BaseException | None) -> None:
@@ -314,8 +321,9 @@ def _record(rel: str, src: source.SourceText, outcome, res: RepoResult) -> bytes
 _DIVERGES = re.compile(r"^\s*(TOP\d+): diverges")
 
 
-def _validate(task: RepoTask, res: RepoResult, tree: str, files: list[str], settings: RepoSettings,
-              root_settings: Settings) -> set[str] | None:
+def _validate(
+    task: RepoTask, res: RepoResult, tree: str, files: list[str], settings: RepoSettings, root_settings: Settings
+) -> set[str] | None:
     """Run ENTRY before and after the rewrite (torchopt.validate); returns the codes that may be
     written (None: all). Sets res.validation; raises _Failed when ENTRY cannot run."""
     from torchopt.validate.command import check_rewrite
@@ -324,8 +332,15 @@ def _validate(task: RepoTask, res: RepoResult, tree: str, files: list[str], sett
     entry = os.path.join(tree, entry_rel)
     if not os.path.isfile(entry):
         raise _Failed(f"--validate: {entry_rel} is not a file in this repository")
-    keep, lines = check_rewrite(files, settings.for_path, entry, unsafe=root_settings.unsafe_fixes,
-                                steps=task.options.steps, device="auto", timeout=task.options.timeout)
+    keep, lines = check_rewrite(
+        files,
+        settings.for_path,
+        entry,
+        unsafe=root_settings.unsafe_fixes,
+        steps=task.options.steps,
+        device="auto",
+        timeout=task.options.timeout,
+    )
     text = "\n".join(line.rstrip("\n") for line in lines).replace(tree + os.sep, "")
     withheld = sorted({m.group(1) for line in text.splitlines() if (m := _DIVERGES.match(line))})
     if keep is None:
@@ -336,9 +351,14 @@ def _validate(task: RepoTask, res: RepoResult, tree: str, files: list[str], sett
         verdict = "diverged: no fix kept"
     else:
         verdict = f"diverged: kept {', '.join(sorted(keep))}; withheld {', '.join(withheld) or 'the rest'}"
-    res.validation = {"entry": entry_rel, "steps": task.options.steps, "verdict": verdict,
-                      "kept": sorted(keep) if keep is not None else None, "withheld": withheld,
-                      "log": text[-6000:]}
+    res.validation = {
+        "entry": entry_rel,
+        "steps": task.options.steps,
+        "verdict": verdict,
+        "kept": sorted(keep) if keep is not None else None,
+        "withheld": withheld,
+        "log": text[-6000:],
+    }
     if verdict == "could not run":
         raise _Failed(f"--validate: {entry_rel} could not run; nothing written (see the validation log in report.json)")
     return keep
@@ -352,11 +372,17 @@ def plural(n: int, word: str) -> str:
 
 def commit_message(task: RepoTask, res: RepoResult) -> str:
     n = sum(res.fixes.values())
-    lines = [f"torchopt: {plural(n, 'fix')} in {plural(len(res.files_changed), 'file')}", "",
-             f"Rewritten by `torchopt migrate` (torchopt {task.pin.version}); {task.pin.describe()}.", "",
-             "Fixes per code:"]
-    lines += [f"- {c} ({res.rule_names[c]}): {k}" if res.rule_names.get(c) else f"- {c}: {k}"
-              for c, k in sorted(res.fixes.items())]
+    lines = [
+        f"torchopt: {plural(n, 'fix')} in {plural(len(res.files_changed), 'file')}",
+        "",
+        f"Rewritten by `torchopt migrate` (torchopt {task.pin.version}); {task.pin.describe()}.",
+        "",
+        "Fixes per code:",
+    ]
+    lines += [
+        f"- {c} ({res.rule_names[c]}): {k}" if res.rule_names.get(c) else f"- {c}: {k}"
+        for c, k in sorted(res.fixes.items())
+    ]
     if res.unsafe_not_applied:
         left = ", ".join(f"{c} ×{k}" for c, k in sorted(res.unsafe_not_applied.items()))
         lines += ["", f"Unsafe fixes not applied: {left} (see `torchopt rule CODE`; --unsafe-fixes applies them)."]

@@ -5,6 +5,7 @@ fixtures) and by ``benchmarks/prefilter_audit.py`` (over a corpus).
 The rules run here *without* their prefilters (all of them in one batched traversal), so the
 answer is what the engine would report if every file were parsed for every rule.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -20,9 +21,9 @@ from torchopt.rewrite.rule import Rule
 @dataclass
 class RuleAudit:
     code: str
-    passed: int = 0          # texts could_match let through
+    passed: int = 0  # texts could_match let through
     passed_lines: int = 0
-    found: int = 0           # texts the rule reports on (run without its prefilter)
+    found: int = 0  # texts the rule reports on (run without its prefilter)
     hidden: list[str] = field(default_factory=list)  # texts it reports on that could_match rejects
 
     @property
@@ -31,8 +32,9 @@ class RuleAudit:
         return self.passed - (self.found - len(self.hidden))
 
 
-def unfiltered_codes(text: str, rules: Iterable[type[Rule]], settings: Settings | None = None,
-                     path: str = "<audit>") -> set[str]:
+def unfiltered_codes(
+    text: str, rules: Iterable[type[Rule]], settings: Settings | None = None, path: str = "<audit>"
+) -> set[str]:
     """The codes of ``rules`` that report something in ``text`` when run on it regardless of their
     prefilters (suppression comments still apply). Raises ParseError for text that does not parse."""
     settings = settings or Settings()
@@ -40,8 +42,9 @@ def unfiltered_codes(text: str, rules: Iterable[type[Rule]], settings: Settings 
     return {f.rule.code for f, _ in p.findings}
 
 
-def audit(texts: Iterable[tuple[str, str]], codes: Iterable[str] | None = None,
-          settings: Settings | None = None) -> dict[str, RuleAudit]:
+def audit(
+    texts: Iterable[tuple[str, str]], codes: Iterable[str] | None = None, settings: Settings | None = None
+) -> dict[str, RuleAudit]:
     """Audit ``codes`` (default: every rule) over ``(name, text)`` pairs; unparsable texts are skipped."""
     rules = all_rules()
     chosen = [rules[c] for c in (sorted(codes) if codes is not None else sorted(rules))]

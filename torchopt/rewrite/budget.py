@@ -6,6 +6,7 @@ So before LibCST sees a text, :func:`over_budget` refuses what it could not surv
 (the size, CPython's own parse, bracket depth); :func:`time_limit` bounds the time a file may take.
 Workers also get an address-space limit (:func:`limit_worker_memory`), as a last line of defence.
 """
+
 from __future__ import annotations
 
 import ast
@@ -112,8 +113,10 @@ def _memory_problem(source_size: int) -> str | None:
     allowed = _memory_for_this_process()
     need = source_size * MEMORY_PER_SOURCE_BYTE
     if allowed and need > allowed:
-        return (f"too large to analyse within the memory budget (needs about {_mb(need)}, "
-                f"{_mb(allowed)} allowed; set {MEMORY_ENV} or lower --jobs)")
+        return (
+            f"too large to analyse within the memory budget (needs about {_mb(need)}, "
+            f"{_mb(allowed)} allowed; set {MEMORY_ENV} or lower --jobs)"
+        )
     return None
 
 

@@ -19,6 +19,7 @@ Writes go through a temp file and an atomic rename, so a reader (another worker,
 whole entry or none; anything unreadable or malformed is a miss. When its folder cannot be written,
 caching is silently off; a folder it refuses raises :class:`CacheRefused` so the caller can say so.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,11 @@ from torchopt.rewrite.engine import Diagnostic, FixInfo
 CACHE_DIR_NAME = ".torchopt_cache"
 ENV_VAR = "TORCHOPT_CACHE_DIR"
 FORMAT = 1  # bump when the entry layout changes
-CACHEDIR_TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
-                "# This file is a cache directory tag created by torchopt.\n"
-                "# For information about cache directory tags see https://bford.info/cachedir/\n")
+CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by torchopt.\n"
+    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
 TAG_NAME = "CACHEDIR.TAG"
 GITIGNORE_TEXT = "# Created by torchopt automatically.\n*\n"
 FOLDER_MARKER = "TORCHOPT-CACHE-FOLDER"
@@ -68,8 +71,10 @@ def canonical(value: Any) -> Any:
     """A JSON-able, order-independent form of settings: dataclasses by their fields (so a field added
     later is part of the key without anyone touching this file), mappings sorted, sets sorted."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"__dc__": type(value).__qualname__,
-                **{f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "__dc__": type(value).__qualname__,
+            **{f.name: canonical(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, enum.Enum):
         return canonical(value.value)
     if isinstance(value, Mapping):
@@ -117,8 +122,7 @@ def fingerprint(rules: Mapping[str, type] | None = None) -> str:
         rules = all_rules()
     rule_ids = ";".join(f"{code}={cls.__module__}.{cls.__qualname__}" for code, cls in sorted(rules.items()))
     libcst_version = getattr(libcst, "__version__", "") or _dist_version("libcst")
-    return _h(str(FORMAT), torchopt.__version__, _package_source_hash(), rule_ids, libcst_version,
-              sys.version)[:20]
+    return _h(str(FORMAT), torchopt.__version__, _package_source_hash(), rule_ids, libcst_version, sys.version)[:20]
 
 
 def _dist_version(name: str) -> str:
@@ -155,8 +159,17 @@ def _diag_out(d: Diagnostic) -> list:
 def _diag_in(row: list, path: str) -> Diagnostic:
     code, name, message, line, col, end_line, end_col, fix = row
     info = None if fix is None else FixInfo(title=fix[0], safety=fix[1], tags=tuple(fix[2]), note=fix[3])
-    return Diagnostic(code=code, name=name, message=message, path=path, line=line, column=col,
-                      end_line=end_line, end_column=end_col, fix=info)
+    return Diagnostic(
+        code=code,
+        name=name,
+        message=message,
+        path=path,
+        line=line,
+        column=col,
+        end_line=end_line,
+        end_column=end_col,
+        fix=info,
+    )
 
 
 @dataclasses.dataclass
@@ -244,20 +257,27 @@ class Cache:
                 data = json.loads(fh.read())
             if data["key"] != self.key(text, path, settings, kind):
                 return None
-            return Entry(status=data["status"], reason=data["reason"],
-                         diagnostics=[_diag_in(r, path) for r in data["diagnostics"]],
-                         applied=[_diag_in(r, path) for r in data["applied"]],
-                         remaining=[_diag_in(r, path) for r in data["remaining"]],
-                         new_text=data["new_text"])
+            return Entry(
+                status=data["status"],
+                reason=data["reason"],
+                diagnostics=[_diag_in(r, path) for r in data["diagnostics"]],
+                applied=[_diag_in(r, path) for r in data["applied"]],
+                remaining=[_diag_in(r, path) for r in data["remaining"]],
+                new_text=data["new_text"],
+            )
         except Exception:  # missing, truncated, corrupt, an older layout: all just a miss
             return None
 
     def put(self, text: str, path: str, settings: Any, kind: str, entry: Entry) -> None:
-        data = {"key": self.key(text, path, settings, kind), "status": entry.status, "reason": entry.reason,
-                "diagnostics": [_diag_out(d) for d in entry.diagnostics],
-                "applied": [_diag_out(d) for d in entry.applied],
-                "remaining": [_diag_out(d) for d in entry.remaining],
-                "new_text": entry.new_text}
+        data = {
+            "key": self.key(text, path, settings, kind),
+            "status": entry.status,
+            "reason": entry.reason,
+            "diagnostics": [_diag_out(d) for d in entry.diagnostics],
+            "applied": [_diag_out(d) for d in entry.applied],
+            "remaining": [_diag_out(d) for d in entry.remaining],
+            "new_text": entry.new_text,
+        }
         target = self._entry_path(path, kind)
         shard = os.path.dirname(target)
         try:
@@ -281,8 +301,12 @@ class Cache:
             if not (_real_dir(self.root) and _has_torchopt_tag(self.root)):
                 return
             for entry in os.scandir(self.root):
-                if (entry.name != self.fp and FINGERPRINT_SHAPE.fullmatch(entry.name)
-                        and entry.is_dir(follow_symlinks=False) and _is_marked(entry.path)):
+                if (
+                    entry.name != self.fp
+                    and FINGERPRINT_SHAPE.fullmatch(entry.name)
+                    and entry.is_dir(follow_symlinks=False)
+                    and _is_marked(entry.path)
+                ):
                     _remove_folder(entry.path)
             if not _real_dir(self.folder):
                 return

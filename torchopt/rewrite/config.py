@@ -2,6 +2,7 @@
 
 Everything here is plain data so it can travel to worker processes.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -126,7 +127,7 @@ def _size(value: Any, where: str) -> int:
                 return int(float(m.group(1)) * mult)
             except OverflowError:  # more digits than a float holds: no real limit was meant
                 pass
-    raise ConfigError(f"{where}: `max-file-size` must be a byte count or a size like \"4MB\", got {value!r}")
+    raise ConfigError(f'{where}: `max-file-size` must be a byte count or a size like "4MB", got {value!r}')
 
 
 def _str_list(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -172,8 +173,7 @@ def from_table(table: Mapping[str, Any], where: str, root: str) -> Settings:
     unknown = sorted(set(table) - _KEYS)
     if unknown:
         raise ConfigError(
-            f"{where}: unknown key(s) in [tool.torchopt]: {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(_KEYS))})"
+            f"{where}: unknown key(s) in [tool.torchopt]: {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})"
         )
     kw: dict[str, Any] = {"root": root, "config_path": where}
     if "select" in table:
@@ -223,8 +223,9 @@ def load_file(path: str) -> Settings | None:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                          "TOML files must be UTF-8") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); TOML files must be UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     tool = data.get("tool", {})

@@ -1,6 +1,7 @@
 """Paths -> the Python files to process: folders walked with .gitignore files and `exclude`
 patterns honoured; files named on the command line are always taken. A walk never leaves the
 folders it was given through a symbolic link and never returns what is not a regular file."""
+
 from __future__ import annotations
 
 import os
@@ -14,11 +15,29 @@ from torchopt.rewrite.source import file_kind, shown
 # Told about each path a walk leaves out for a reason the user should hear: (path, reason).
 OnSkip = Optional[Callable[[str, str], None]]
 
-DEFAULT_EXCLUDES = frozenset({
-    ".git", ".hg", ".svn", ".bzr", ".venv", "venv", ".tox", ".nox", "__pycache__", "node_modules",
-    "site-packages", "__pypackages__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".eggs",
-    "build", "dist", ".ipynb_checkpoints",
-})
+DEFAULT_EXCLUDES = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        ".bzr",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        "__pycache__",
+        "node_modules",
+        "site-packages",
+        "__pypackages__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".eggs",
+        "build",
+        "dist",
+        ".ipynb_checkpoints",
+    }
+)
 
 
 def _gitignore(folder: str) -> pathspec.GitIgnoreSpec | None:
@@ -93,8 +112,9 @@ def _leaves_roots(entry: os.DirEntry, roots: list[str], on_skip: Callable[[str, 
     return True
 
 
-def _walk(top: str, settings_for: Callable[[str], Settings], roots: list[str],
-          on_skip: Callable[[str, str], None]) -> Iterable[str]:
+def _walk(
+    top: str, settings_for: Callable[[str], Settings], roots: list[str], on_skip: Callable[[str, str], None]
+) -> Iterable[str]:
     # Each entry of the stack: (folder, [(spec, base folder)]) of the .gitignore files above it.
     stack: list[tuple[str, list[tuple[pathspec.PathSpec, str]]]] = [(top, [])]
     seen: set[tuple[int, int]] = set()

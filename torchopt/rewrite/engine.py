@@ -4,6 +4,7 @@ One parse per pass; every enabled rule runs in one batched traversal; fixes that
 the next pass; passes repeat until nothing changes (capped). The output of every pass is re-parsed
 and compiled, and a pass that breaks either is rolled back and reported.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -68,8 +69,12 @@ class Diagnostic:
     def to_json(self) -> dict:
         d = asdict(self)
         if self.fix is not None:
-            d["fix"] = {"safety": self.fix.safety, "title": self.fix.title, "tags": list(self.fix.tags),
-                        "changes": self.fix.changes() if self.fix.safety == "unsafe" else ""}
+            d["fix"] = {
+                "safety": self.fix.safety,
+                "title": self.fix.title,
+                "tags": list(self.fix.tags),
+                "changes": self.fix.changes() if self.fix.safety == "unsafe" else "",
+            }
         return d
 
 
@@ -132,28 +137,39 @@ class _Pass:
     positions: Mapping[cst.CSTNode, CodeRange]
 
 
-def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str,
-               text: str) -> _Pass:
+def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str, text: str) -> _Pass:
     with analysing(text, module) as facts:
         return _run_rules_on(facts, module, rules, settings, path)
 
 
-def _run_rules_on(facts: SourceFacts, module: cst.Module, rules: list[type[Rule]], settings: Settings,
-                  path: str) -> _Pass:
+def _run_rules_on(
+    facts: SourceFacts, module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str
+) -> _Pass:
     text = facts.text
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     findings: list[Finding] = []
     visitors = []
     for rule in rules:
-        ctx = RuleContext(module=module, options=settings.options_for(rule.code),
-                          device_names=settings.device_names, path=path, findings=findings, text=text,
-                          facts=facts)
+        ctx = RuleContext(
+            module=module,
+            options=settings.options_for(rule.code),
+            device_names=settings.device_names,
+            path=path,
+            findings=findings,
+            text=text,
+            facts=facts,
+        )
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)
     # positions of the reported nodes only (and of the nodes their fixes replace)
-    positions = positions_of(wrapper, text, facts.python_ast,
-                             [n for f in findings for n in (f.node, f.target) if n is not None]) if findings else {}
+    positions = (
+        positions_of(
+            wrapper, text, facts.python_ast, [n for f in findings for n in (f.node, f.target) if n is not None]
+        )
+        if findings
+        else {}
+    )
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
     for f in findings:
@@ -165,18 +181,31 @@ def _run_rules_on(facts: SourceFacts, module: cst.Module, rules: list[type[Rule]
         fix = None
         if f.replacement is not None and f.safety is not Safety.DISPLAY:
             safe = settings.fix_is_safe(code, f.safety is Safety.SAFE)
-            fix = FixInfo(title=f.fix_title or "", safety="safe" if safe else "unsafe",
-                          tags=tuple(t.value for t in f.tags), note=f.note)
-        diag = Diagnostic(code=code, name=f.rule.name, message=f.message, path=path,
-                          line=start.line, column=start.column + 1, end_line=end.line,
-                          end_column=end.column + 1, fix=fix)
+            fix = FixInfo(
+                title=f.fix_title or "",
+                safety="safe" if safe else "unsafe",
+                tags=tuple(t.value for t in f.tags),
+                note=f.note,
+            )
+        diag = Diagnostic(
+            code=code,
+            name=f.rule.name,
+            message=f.message,
+            path=path,
+            line=start.line,
+            column=start.column + 1,
+            end_line=end.line,
+            end_column=end.column + 1,
+            fix=fix,
+        )
         out.append((f, diag))
     out.sort(key=lambda fd: fd[1].sort_key())
     return _Pass(module=module, findings=out, positions=positions)
 
 
-def check_source(text: str, settings: Settings, path: str = "<stdin>",
-                 codes: Iterable[str] | None = None) -> CheckResult:
+def check_source(
+    text: str, settings: Settings, path: str = "<stdin>", codes: Iterable[str] | None = None
+) -> CheckResult:
     """Every diagnostic (fixable or not) for ``text``."""
     codes = settings.enabled_codes(path) if codes is None else codes
     with analysing(text):  # the prefilters, the syntax check and the rules share one SourceFacts
@@ -204,8 +233,9 @@ class _Apply(cst.CSTTransformer):
         return self.replacements.get(id(original_node), updated_node)
 
 
-def _choose(p: _Pass, unsafe: bool,
-            only: Callable[[Diagnostic], bool] | None = None) -> list[tuple[Finding, Diagnostic]]:
+def _choose(
+    p: _Pass, unsafe: bool, only: Callable[[Diagnostic], bool] | None = None
+) -> list[tuple[Finding, Diagnostic]]:
     """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass."""
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
     for f, d in p.findings:
@@ -250,9 +280,14 @@ def verify(text: str, path: str) -> None:
         raise FixError(" ".join(str(exc).split())) from None
 
 
-def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: bool | None = None,
-               codes: Iterable[str] | None = None,
-               only: Callable[[Diagnostic], bool] | None = None) -> FixResult:
+def fix_source(
+    text: str,
+    settings: Settings,
+    path: str = "<stdin>",
+    unsafe: bool | None = None,
+    codes: Iterable[str] | None = None,
+    only: Callable[[Diagnostic], bool] | None = None,
+) -> FixResult:
     """Apply fixes until a fix-point. Safe fixes always; unsafe ones when ``unsafe`` (default: the
     settings' ``unsafe_fixes``). Raises ParseError for bad input, FixError if a pass breaks the code.
     ``only`` (the language server's quick fix for one diagnostic): apply only the fixes whose
@@ -292,4 +327,3 @@ def fix_source(text: str, settings: Settings, path: str = "<stdin>", unsafe: boo
         module = None
     result.text = current
     return result
-

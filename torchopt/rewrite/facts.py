@@ -11,6 +11,7 @@ Rules reach it as ``RuleContext.facts``. Helpers that are handed only the text (
 :func:`current_facts`: the engine marks the text it is analysing with :func:`analysing`, a context
 variable, so the mark is private to the thread or task that set it and gone when it returns.
 """
+
 from __future__ import annotations
 
 import ast
@@ -100,8 +101,11 @@ def analysing(text: str, module: cst.Module | None = None) -> Iterator[SourceFac
     """Mark ``text`` (and the LibCST ``module`` parsed from it) as the one being analysed until the
     block ends. Inside a block for the same text, the same facts are reused (and given the module)."""
     current = _ANALYSING.get()
-    if current is not None and current.text is text \
-            and (module is None or current.module is None or current.module is module):
+    if (
+        current is not None
+        and current.text is text
+        and (module is None or current.module is None or current.module is module)
+    ):
         if module is not None:
             current.module = module
         yield current

@@ -18,6 +18,7 @@ Nothing here changes LibCST by itself: ``torchopt.rewrite.speedups`` installs :f
 ``CSTNode.visit``. ``tests/test_libcst_fast_paths.py``
 compares the full event sequence of both walks over real modules.
 """
+
 from __future__ import annotations
 
 import abc
@@ -201,8 +202,10 @@ def _tables(visitor: cst.CSTVisitor) -> tuple[dict | None, dict | None]:
     try:
         return _TABLES[t]
     except KeyError:
-        tabs = _TABLES[t] = ({} if t.on_visit is cst.CSTVisitor.on_visit else None,
-                             {} if t.on_leave is cst.CSTVisitor.on_leave else None)
+        tabs = _TABLES[t] = (
+            {} if t.on_visit is cst.CSTVisitor.on_visit else None,
+            {} if t.on_leave is cst.CSTVisitor.on_leave else None,
+        )
         return tabs
 
 
@@ -211,8 +214,9 @@ def _method(vtype: type, prefix: str, cls: type) -> Any:
     return None if fn is None or getattr(fn, "_is_no_op", False) else fn
 
 
-def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: frozenset[str] | None,
-          tabs: tuple[dict | None, dict | None]) -> None:
+def _walk(
+    node: cst.CSTNode, visitor: cst.CSTVisitor, hooks: frozenset[str] | None, tabs: tuple[dict | None, dict | None]
+) -> None:
     cls = type(node)
     visits = tabs[0]
     if visits is None:
@@ -296,16 +300,20 @@ def _batched_entry(visitor: _BatchedCSTVisitor, cls: type[cst.CSTNode]) -> tuple
     attrs: dict[tuple[str, str], list] = {}
     prefix_v, prefix_l = f"visit_{name}_", f"leave_{name}_"
     for key, fns in methods.items():
-        if key.startswith(prefix_v) and key[len(prefix_v):] in _fields(cls):
-            attrs[("visit", key[len(prefix_v):])] = fns
-        elif key.startswith(prefix_l) and key[len(prefix_l):] in _fields(cls):
-            attrs[("leave", key[len(prefix_l):])] = fns
+        if key.startswith(prefix_v) and key[len(prefix_v) :] in _fields(cls):
+            attrs[("visit", key[len(prefix_v) :])] = fns
+        elif key.startswith(prefix_l) and key[len(prefix_l) :] in _fields(cls):
+            attrs[("leave", key[len(prefix_l) :])] = fns
     return (tuple(methods.get(f"visit_{name}", ())), tuple(methods.get(f"leave_{name}", ())), attrs or None)
 
 
 def _module_only(node: cst.CSTNode, visitor: _BatchedCSTVisitor) -> bool:
-    return (type(node) is cst.Module and visitor.before_visit is None and visitor.after_leave is None
-            and all(k in ("visit_Module", "leave_Module") for k in visitor.visitor_methods))
+    return (
+        type(node) is cst.Module
+        and visitor.before_visit is None
+        and visitor.after_leave is None
+        and all(k in ("visit_Module", "leave_Module") for k in visitor.visitor_methods)
+    )
 
 
 def fast_visit(self: cst.CSTNode, visitor: Any) -> Any:
@@ -360,9 +368,14 @@ def plain_isinstance() -> Callable[[], None]:
     """Give every LibCST node class that is a plain ABC (empty registry, no ``__subclasshook__``)
     :class:`PlainChecks` as its metaclass; returns what puts ABCMeta back."""
     registry = getattr(abc, "_get_dump", None)  # CPython's view of an ABC's registered subclasses
-    changed = [cls for cls in node_classes()
-               if type(cls) is abc.ABCMeta and registry is not None and not registry(cls)[0]
-               and "__subclasshook__" not in cls.__dict__]
+    changed = [
+        cls
+        for cls in node_classes()
+        if type(cls) is abc.ABCMeta
+        and registry is not None
+        and not registry(cls)[0]
+        and "__subclasshook__" not in cls.__dict__
+    ]
     for cls in changed:
         cls.__class__ = PlainChecks
 

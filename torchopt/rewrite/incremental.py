@@ -14,6 +14,7 @@ Results are memoised by the text of each group, so an edit inside one function r
 function's group. ``tests/test_incremental.py`` checks that the result equals ``check_source`` on every
 fixture and rule example; ``benchmarks/incremental_audit.py`` does the same over a corpus.
 """
+
 from __future__ import annotations
 
 import ast
@@ -118,7 +119,7 @@ def _cut(body: list[ast.stmt], lines: list[str], lo: int, hi: int, first_at_lo: 
             kind = "def"
         else:
             kind = "stmt"
-        body_text = "".join(line + "\n" for line in lines[start - 1:end])
+        body_text = "".join(line + "\n" for line in lines[start - 1 : end])
         chunks.append(Chunk(start, end, frozenset(binds), frozenset(refs), kind, body_text))
     return chunks
 
@@ -167,20 +168,20 @@ def resplit(old_lines: list[str], old: list[Chunk], text: str) -> tuple[list[str
     if body is None:
         return lines, split(text)
     before = list(old[:a])
-    after = [replace(c, start=c.start + delta, end=c.end + delta) for c in old[b + 1:]] if delta else old[b + 1:]
+    after = [replace(c, start=c.start + delta, end=c.end + delta) for c in old[b + 1 :]] if delta else old[b + 1 :]
     mid = _cut(body, lines, r0, r1, first_at_lo=(a == 0)) if body else []
     if mid and mid[0].start > r0 + 1 and before:
         # Lines before the region's first statement are comments or blank: the chunk above owns them.
         prev = before[-1]
         end = mid[0].start - 1
-        before[-1] = replace(prev, end=end, text="".join(line + "\n" for line in lines[prev.start - 1:end]))
+        before[-1] = replace(prev, end=end, text="".join(line + "\n" for line in lines[prev.start - 1 : end]))
     elif not mid:
         if before:
             prev = before[-1]
-            before[-1] = replace(prev, end=r1, text="".join(line + "\n" for line in lines[prev.start - 1:r1]))
+            before[-1] = replace(prev, end=r1, text="".join(line + "\n" for line in lines[prev.start - 1 : r1]))
         elif after:
             nxt = after[0]
-            after[0] = replace(nxt, start=1, text="".join(line + "\n" for line in lines[0:nxt.end]))
+            after[0] = replace(nxt, start=1, text="".join(line + "\n" for line in lines[0 : nxt.end]))
         else:
             return lines, None
     return lines, before + mid + after
@@ -276,8 +277,9 @@ class IncrementalChecker:
                 self._docs.popitem(last=False)
         return chunks
 
-    def _group(self, key: tuple, chunks: list[Chunk], members: list[int], settings: Settings, path: str,
-               codes: frozenset[str]) -> _Group:
+    def _group(
+        self, key: tuple, chunks: list[Chunk], members: list[int], settings: Settings, path: str, codes: frozenset[str]
+    ) -> _Group:
         hit = self._memo.get(key)
         if hit is not None:
             self._memo.move_to_end(key)
@@ -323,13 +325,24 @@ class IncrementalChecker:
             fix = d.fix
             if fix is not None and ("line " in fix.title or "line " in fix.note):
                 fix = replace(fix, title=_map_refs(fix.title, sizes, starts), note=_map_refs(fix.note, sizes, starts))
-            out.append((members[k], replace(d, line=starts[k] + off, end_line=starts[k2] + off2,
-                                             message=_map_refs(d.message, sizes, starts), fix=fix)))
+            out.append(
+                (
+                    members[k],
+                    replace(
+                        d,
+                        line=starts[k] + off,
+                        end_line=starts[k2] + off2,
+                        message=_map_refs(d.message, sizes, starts),
+                        fix=fix,
+                    ),
+                )
+            )
         group.starts, group.mapped = starts, out
         return out
 
-    def check(self, text: str, settings: Settings, path: str = "<stdin>",
-              codes: Iterable[str] | None = None) -> list[Diagnostic]:
+    def check(
+        self, text: str, settings: Settings, path: str = "<stdin>", codes: Iterable[str] | None = None
+    ) -> list[Diagnostic]:
         """Every diagnostic for ``text``: the same list ``check_source`` returns (sorted the same way).
         Raises ParseError for text that does not parse."""
         from torchopt.rewrite.cache import settings_hash
@@ -352,8 +365,9 @@ class IncrementalChecker:
             hit = self._memo.get(key)
             if hit is None:
                 self.last_whole = True
-                hit = self._memo[key] = _Group([(0, 0, 0, 0, d) for d in
-                                                check_source(text, settings, path, file_codes).diagnostics])
+                hit = self._memo[key] = _Group(
+                    [(0, 0, 0, 0, d) for d in check_source(text, settings, path, file_codes).diagnostics]
+                )
             out += [d for *_, d in hit.found]
         if local_codes:
             header, comps = groups(chunks)

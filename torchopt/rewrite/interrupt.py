@@ -6,6 +6,7 @@ abandoned. Pool workers ignore Ctrl-C (their parent decides), stop on SIGTERM, a
 parent even when it is killed outright (Linux: the parent-death signal; elsewhere a check of the
 parent before each file and each write).
 """
+
 from __future__ import annotations
 
 import os

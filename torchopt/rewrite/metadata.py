@@ -4,6 +4,7 @@ LibCST's ParentNodeProvider and QualifiedNameProvider each run a full visitor ov
 large file that costs more than the parse. A parent map built from ``children`` and qualified names
 read straight from the scope analysis give the same answers for a fraction of the time.
 """
+
 from __future__ import annotations
 
 import ast
@@ -172,6 +173,7 @@ class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
 # Anything else (other bindings, star imports, uses before the import, text the engine did not
 # register) goes to the full analysis. tests/test_fast_names.py compares the two node by node.
 
+
 def _in_imports(module: cst.Module) -> set[int]:
     """ids of the nodes inside import statements: a walk over statements only (expressions are not
     entered), far cheaper than a parent map."""
@@ -202,7 +204,6 @@ def _in_imports(module: cst.Module) -> set[int]:
         if isinstance(cur, cst.Match):
             stack.extend(cur.cases)
     return out
-
 
 
 def _import_table(text: str) -> dict | None:
@@ -289,8 +290,8 @@ def _answers(table: dict, root: str) -> dict[str, frozenset] | None:
 def _segment(lines: list[str], st: ast.stmt) -> str:
     first, last = st.lineno - 1, (st.end_lineno or st.lineno) - 1
     if first == last:
-        return lines[first][st.col_offset:st.end_col_offset] + "\n"
-    out = [lines[first][st.col_offset:]] + lines[first + 1:last] + [lines[last][:st.end_col_offset]]
+        return lines[first][st.col_offset : st.end_col_offset] + "\n"
+    out = [lines[first][st.col_offset :]] + lines[first + 1 : last] + [lines[last][: st.end_col_offset]]
     return "".join(out) + "\n"
 
 
@@ -302,7 +303,7 @@ def _resolve_small(head: str, names: list[str]) -> dict[str, frozenset]:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     scopes = wrapper.resolve(ScopeProvider)
     out = {}
-    for stmt, name in zip(module.body[-len(names):], names):
+    for stmt, name in zip(module.body[-len(names) :], names):
         assert isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)  # a dotted name
         expr = stmt.body[0].value
         scope = scopes.get(expr)

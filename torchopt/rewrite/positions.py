@@ -9,6 +9,7 @@ same walk stores plain tuples, and a ``CodeRange`` is built only for the nodes s
 node. ``torchopt.rewrite.speedups`` installs :func:`fast_gen` as ``PositionProvider._gen``; importing
 this module changes nothing.
 """
+
 from __future__ import annotations
 
 import ast
@@ -73,8 +74,9 @@ class _Syntactic:
 
     __slots__ = ("state", "node", "start_node", "end_node", "start")
 
-    def __init__(self, state: _State, node: cst.CSTNode, start_node: cst.CSTNode | None,
-                 end_node: cst.CSTNode | None) -> None:
+    def __init__(
+        self, state: _State, node: cst.CSTNode, start_node: cst.CSTNode | None, end_node: cst.CSTNode | None
+    ) -> None:
         self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
 
     def __enter__(self) -> None:
@@ -205,8 +207,7 @@ def _owning_statements(module: cst.Module, nodes: list[cst.CSTNode]) -> set[int]
     return None
 
 
-def _generate(module: cst.Module, text: str, starts: list[int], owners: set[int],
-              table: dict[int, tuple]) -> bool:
+def _generate(module: cst.Module, text: str, starts: list[int], owners: set[int], table: dict[int, tuple]) -> bool:
     """Generate the statements ``owners`` from their own lines into ``table``; False when one of them
     does not read exactly like the text there."""
     offsets = [0]
@@ -220,6 +221,6 @@ def _generate(module: cst.Module, text: str, starts: list[int], owners: set[int]
         state.line = line
         module.body[index]._codegen(state)  # noqa: SLF001
         code = "".join(state.tokens)
-        if text[offsets[line - 1]:offsets[line - 1] + len(code)] != code:
+        if text[offsets[line - 1] : offsets[line - 1] + len(code)] != code:
             return False
     return True

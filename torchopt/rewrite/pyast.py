@@ -1,6 +1,7 @@
 """CPython's AST of the text being processed, parsed once per text: the rules' cheap prefilters
 (torchopt/analysis/precheck) and the engine's syntax check of files no rule needs share it through
 the text's ``SourceFacts`` (torchopt/rewrite/facts.py)."""
+
 from __future__ import annotations
 
 import ast

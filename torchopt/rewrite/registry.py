@@ -1,4 +1,5 @@
 """Finds every rule class in ``torchopt.codemods`` and checks that codes and names are unique."""
+
 from __future__ import annotations
 
 import functools

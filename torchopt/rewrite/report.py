@@ -1,4 +1,5 @@
 """Reports: diagnostics as text (ruff-like), json, sarif or github annotations, and run summaries."""
+
 from __future__ import annotations
 
 import json
@@ -77,31 +78,49 @@ def sarif(diags: Sequence[Diagnostic]) -> dict:
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
-        "runs": [{
-            # Columns are counted in characters (code points), not SARIF's default UTF-16 units.
-            "columnKind": "unicodeCodePoints",
-            "tool": {"driver": {
-                "name": "torchopt",
-                "version": __version__,
-                "informationUri": "https://github.com/torchopt/torchopt",
-                "rules": [{
-                    "id": c,
-                    "name": rules[c].name,
-                    "shortDescription": {"text": rules[c].summary()},
-                    "helpUri": DOCS_URL.format(code=c),
-                } for c in used],
-            }},
-            "results": [{
-                "ruleId": d.code,
-                "level": "warning" if d.fix is not None else "note",
-                "message": {"text": d.message},
-                "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": sarif_uri(d.path)},
-                    "region": {"startLine": d.line, "startColumn": d.column,
-                               "endLine": d.end_line, "endColumn": d.end_column},
-                }}],
-            } for d in diags],
-        }],
+        "runs": [
+            {
+                # Columns are counted in characters (code points), not SARIF's default UTF-16 units.
+                "columnKind": "unicodeCodePoints",
+                "tool": {
+                    "driver": {
+                        "name": "torchopt",
+                        "version": __version__,
+                        "informationUri": "https://github.com/torchopt/torchopt",
+                        "rules": [
+                            {
+                                "id": c,
+                                "name": rules[c].name,
+                                "shortDescription": {"text": rules[c].summary()},
+                                "helpUri": DOCS_URL.format(code=c),
+                            }
+                            for c in used
+                        ],
+                    }
+                },
+                "results": [
+                    {
+                        "ruleId": d.code,
+                        "level": "warning" if d.fix is not None else "note",
+                        "message": {"text": d.message},
+                        "locations": [
+                            {
+                                "physicalLocation": {
+                                    "artifactLocation": {"uri": sarif_uri(d.path)},
+                                    "region": {
+                                        "startLine": d.line,
+                                        "startColumn": d.column,
+                                        "endLine": d.end_line,
+                                        "endColumn": d.end_column,
+                                    },
+                                }
+                            }
+                        ],
+                    }
+                    for d in diags
+                ],
+            }
+        ],
     }
 
 

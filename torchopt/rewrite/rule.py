@@ -2,6 +2,7 @@
 
 The engine knows this protocol and nothing about any particular rule.
 """
+
 from __future__ import annotations
 
 import enum
@@ -17,7 +18,6 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from torchopt.rewrite.facts import SourceFacts, analysing, current_facts
 from torchopt.rewrite.metadata import ParentProvider
-
 
 
 class Safety(str, enum.Enum):

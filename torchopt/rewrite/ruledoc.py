@@ -2,6 +2,7 @@
 
 Regenerate the committed pages with `python -m torchopt.rewrite.ruledoc docs/rules`.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -45,8 +46,11 @@ def render(rule: type[Rule]) -> str:
         f"# {rule.code} `{rule.name}`",
         "",
         f"*Family:* {rule.family} · *Fix:* {fix}"
-        + (f" · *Needs:* PyTorch ≥ {rule.min_torch[0]}.{rule.min_torch[1]} (not run when `target-torch` is older)"
-           if rule.min_torch else ""),
+        + (
+            f" · *Needs:* PyTorch ≥ {rule.min_torch[0]}.{rule.min_torch[1]} (not run when `target-torch` is older)"
+            if rule.min_torch
+            else ""
+        ),
         "",
         f"Source: {source_path(rule)}",
         "",
@@ -85,17 +89,31 @@ def render(rule: type[Rule]) -> str:
 
 
 def render_index() -> str:
-    lines = ["# Rules", "", "Generated from the rule classes; `torchopt rule CODE` prints the same pages.", "",
-             "| code | name | fix | summary |", "|---|---|---|---|"]
+    lines = [
+        "# Rules",
+        "",
+        "Generated from the rule classes; `torchopt rule CODE` prints the same pages.",
+        "",
+        "| code | name | fix | summary |",
+        "|---|---|---|---|",
+    ]
     for code, rule in all_rules().items():
         lines.append(f"| [{code}]({code}.md) | `{rule.name}` | {rule.safety.value} | {rule.summary()} |")
     topics = shared_topics()
     if topics:
-        lines += ["", "## Topics handled by another rule", "",
-                  "These tuning-guide topics have no code of their own: the rules named here cover them.", "",
-                  "| topic | handled by | how |", "|---|---|---|"]
-        lines += [f"| {topic} | {', '.join(f'[{c}]({c}.md)' for c in codes)} | {how} |"
-                  for topic, (codes, how) in topics.items()]
+        lines += [
+            "",
+            "## Topics handled by another rule",
+            "",
+            "These tuning-guide topics have no code of their own: the rules named here cover them.",
+            "",
+            "| topic | handled by | how |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {topic} | {', '.join(f'[{c}]({c}.md)' for c in codes)} | {how} |"
+            for topic, (codes, how) in topics.items()
+        ]
     return "\n".join(lines) + "\n"
 
 

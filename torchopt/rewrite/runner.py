@@ -1,5 +1,6 @@
 """Runs the engine over files, in a process pool. Every file ends as ok, failed (with a one-line
 reason; the file is left byte-for-byte as it was) or skipped; one file's failure never stops a run."""
+
 from __future__ import annotations
 
 import enum
@@ -76,8 +77,14 @@ def _kind(settings: Settings, mode: Mode, unsafe: bool | None) -> str:
 def _to_entry(res: FileResult, text: str) -> "Entry":
     from torchopt.rewrite.cache import Entry
 
-    return Entry(status=res.status, reason=res.reason, diagnostics=res.diagnostics, applied=res.applied,
-                 remaining=res.remaining, new_text=res.new_text if res.changed else None)
+    return Entry(
+        status=res.status,
+        reason=res.reason,
+        diagnostics=res.diagnostics,
+        applied=res.applied,
+        remaining=res.remaining,
+        new_text=res.new_text if res.changed else None,
+    )
 
 
 def _from_entry(entry: "Entry", text: str, path: str, mode: Mode) -> FileResult:
@@ -93,8 +100,9 @@ def _from_entry(entry: "Entry", text: str, path: str, mode: Mode) -> FileResult:
     return res
 
 
-def process_cached(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None,
-                   cache: "Cache | None" = None) -> FileResult:
+def process_cached(
+    text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
+) -> FileResult:
     """process_text through the cache: a hit answers without analysing the file again."""
     if cache is None:
         return process_text(text, path, settings, mode, unsafe)
@@ -107,8 +115,9 @@ def process_cached(text: str, path: str, settings: Settings, mode: Mode, unsafe:
     return res
 
 
-def process_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None = None,
-                 cache: "Cache | None" = None) -> FileResult:
+def process_file(
+    path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
+) -> FileResult:
     try:
         src = source.read(path, settings.max_file_size)
     except source.SourceError as exc:
@@ -144,8 +153,9 @@ def tune_gc() -> None:
 GC_THRESHOLD = 100_000
 
 
-def _chunk(files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None,
-           cache: "Cache | None" = None) -> list[FileResult]:
+def _chunk(
+    files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None
+) -> list[FileResult]:
     """Process ``files`` one after the other. After a stop signal: the results so far (a write under
     way finishes first; the files not reached have no result)."""
     tune_gc()
@@ -185,9 +195,15 @@ def worker_count(jobs: int | None, files: int) -> int:
     return max(1, min(jobs or cpus, cpus, files))
 
 
-def run(files: Sequence[str], settings_for: Callable[[str], Settings], mode: Mode, jobs: int | None = None,
-        unsafe: bool | None = None, on_progress: Callable[[int], None] | None = None,
-        cache: "Cache | None" = None) -> list[FileResult]:
+def run(
+    files: Sequence[str],
+    settings_for: Callable[[str], Settings],
+    mode: Mode,
+    jobs: int | None = None,
+    unsafe: bool | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    cache: "Cache | None" = None,
+) -> list[FileResult]:
     """Process ``files``; results come back in the order of ``files``. With ``cache``, files whose
     text, path and settings were analysed before (by this torchopt) are answered from it.
     On SIGINT/SIGTERM: no new file is started, writes under way finish, and Interrupted is raised
@@ -222,22 +238,31 @@ def run(files: Sequence[str], settings_for: Callable[[str], Settings], mode: Mod
 CHUNKS_AHEAD_PER_WORKER = 2
 # After a stop signal: how long workers get to finish the write under way before they are killed.
 STOP_GRACE_SECONDS = 3.0
-WORKER_DIED = ("the worker process analysing it died (a crash in LibCST's parser, or out of memory); "
-               "left unchanged")
+WORKER_DIED = "the worker process analysing it died (a crash in LibCST's parser, or out of memory); left unchanged"
 
 
-def _run_pool(items: list[tuple[str, Settings]], mode: Mode, unsafe: bool | None, cache: "Cache | None",
-              jobs: int, progress: Callable[[int], None], results: dict[str, FileResult]) -> None:
+def _run_pool(
+    items: list[tuple[str, Settings]],
+    mode: Mode,
+    unsafe: bool | None,
+    cache: "Cache | None",
+    jobs: int,
+    progress: Callable[[int], None],
+    results: dict[str, FileResult],
+) -> None:
     """Chunks of files in a process pool. A worker that dies takes only its own file with it: the
     files of every chunk the broken pool lost are run again one at a time in a new pool, so that a
     second death names the file that caused it."""
     size = max(1, min(16, len(items) // (jobs * 4) or 1))
-    pending = deque(items[i:i + size] for i in range(0, len(items), size))
+    pending = deque(items[i : i + size] for i in range(0, len(items), size))
     suspects: deque[tuple[str, Settings]] = deque()
     while pending or suspects:
         # spawn/forkserver workers do not inherit this process's LibCST speed-ups: install them there too
-        pool = ProcessPoolExecutor(max_workers=jobs, initializer=interrupt.init_worker,
-                                   initargs=(os.getpid(), budget.memory_budget(jobs), speedups.worker_initializer()))
+        pool = ProcessPoolExecutor(
+            max_workers=jobs,
+            initializer=interrupt.init_worker,
+            initargs=(os.getpid(), budget.memory_budget(jobs), speedups.worker_initializer()),
+        )
         inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]] = {}
         try:
             _feed_pool(pool, inflight, pending, suspects, (mode, unsafe, cache), jobs, progress, results)
@@ -249,9 +274,16 @@ def _run_pool(items: list[tuple[str, Settings]], mode: Mode, unsafe: bool | None
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _feed_pool(pool: ProcessPoolExecutor, inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]],
-               pending: deque, suspects: deque, args: tuple,
-               jobs: int, progress: Callable[[int], None], results: dict[str, FileResult]) -> None:
+def _feed_pool(
+    pool: ProcessPoolExecutor,
+    inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]],
+    pending: deque,
+    suspects: deque,
+    args: tuple,
+    jobs: int,
+    progress: Callable[[int], None],
+    results: dict[str, FileResult],
+) -> None:
     """Keep ``pool`` busy until the work is done or the pool breaks (then return: the caller starts
     a new one for what is left)."""
     while True:
@@ -281,8 +313,14 @@ def _feed_pool(pool: ProcessPoolExecutor, inflight: dict[Future, tuple[list[tupl
             return
 
 
-def _collect(fut: Future, chunk: list[tuple[str, Settings]], alone: bool, suspects: deque,
-             progress: Callable[[int], None], results: dict[str, FileResult]) -> bool:
+def _collect(
+    fut: Future,
+    chunk: list[tuple[str, Settings]],
+    alone: bool,
+    suspects: deque,
+    progress: Callable[[int], None],
+    results: dict[str, FileResult],
+) -> bool:
     """Record what ``fut`` produced; True when its pool broke."""
     try:
         done = fut.result()
@@ -294,18 +332,20 @@ def _collect(fut: Future, chunk: list[tuple[str, Settings]], alone: bool, suspec
             suspects.extend(chunk)
         return True
     except Exception as exc:  # e.g. a result that cannot be sent back: report, keep going
-        done = [FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
-                for p, _ in chunk]
+        done = [
+            FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}") for p, _ in chunk
+        ]
     for res in done:
         results[res.path] = res
-    for path, _ in chunk[len(done):]:  # a worker stopped by someone else's SIGTERM
+    for path, _ in chunk[len(done) :]:  # a worker stopped by someone else's SIGTERM
         results[path] = FileResult(path=path, status="failed", reason="its worker process was stopped; left unchanged")
     progress(len(chunk))
     return False
 
 
-def _stop_pool(pool: ProcessPoolExecutor, inflight: dict, progress: Callable[[int], None],
-               results: dict[str, FileResult]) -> None:
+def _stop_pool(
+    pool: ProcessPoolExecutor, inflight: dict, progress: Callable[[int], None], results: dict[str, FileResult]
+) -> None:
     """After a stop signal: nothing new starts, workers stop after the write under way (the files
     they finished are recorded), and any still running after a grace period are killed."""
     for fut in inflight:

@@ -1,4 +1,5 @@
 """Rule selectors: a full code (TOP101), a prefix (TOP1), a family name (device), a rule name, or ALL."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -15,8 +16,10 @@ def expand(selector: str) -> set[str]:
     sel = selector.strip()
     if not sel:
         # An empty entry is a typo (a stray comma, an unset variable), never a request for nothing.
-        raise SelectorError(f"empty rule selector {selector!r} (expected a code such as TOP101, a prefix such "
-                            "as TOP1, a family name, a rule name, or ALL)")
+        raise SelectorError(
+            f"empty rule selector {selector!r} (expected a code such as TOP101, a prefix such "
+            "as TOP1, a family name, a rule name, or ALL)"
+        )
     if sel.upper() == "ALL":
         return set(rules)
     up = sel.upper()
@@ -48,7 +51,8 @@ def split_arg(values: Iterable[str] | None, flag: str = "a selector option") -> 
     for v in values or ():
         parts = [p.strip() for p in v.split(",")]
         if not all(parts):
-            raise SelectorError(f"empty rule selector in {flag} {v!r} (expected codes separated by commas, "
-                                "such as TOP101,TOP2)")
+            raise SelectorError(
+                f"empty rule selector in {flag} {v!r} (expected codes separated by commas, such as TOP101,TOP2)"
+            )
         out.extend(parts)
     return out

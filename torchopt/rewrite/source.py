@@ -1,6 +1,7 @@
 """Reading source files: bytes -> text, keeping what is needed to write the exact same bytes back
 (declared encoding, UTF-8 BOM) and what the file was when read (so a later write can tell whether
 someone changed it meanwhile). Line endings stay inside the text untouched."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +24,7 @@ class SourceError(Exception):
 @dataclass(frozen=True)
 class FileState:
     """The identity and content of a file when it was read; a write is refused unless it still matches."""
+
     device: int
     inode: int
     size: int
@@ -34,8 +36,7 @@ class FileState:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, content_digest(data))
 
     def same_stat(self, st: os.stat_result) -> bool:
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (self.device, self.inode, self.size,
-                                                                      self.mtime_ns)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (self.device, self.inode, self.size, self.mtime_ns)
 
 
 def content_digest(data: bytes) -> bytes:
@@ -72,8 +73,10 @@ def _ascii_compatible(encoding: str) -> bool:
     try:
         with warnings.catch_warnings():  # escape codecs warn about the probe's backslash sequences
             warnings.simplefilter("ignore")
-            return (_ASCII_PROBE.decode(encoding) == _ASCII_PROBE.decode("ascii")
-                    and _ASCII_PROBE.decode("ascii").encode(encoding) == _ASCII_PROBE)
+            return (
+                _ASCII_PROBE.decode(encoding) == _ASCII_PROBE.decode("ascii")
+                and _ASCII_PROBE.decode("ascii").encode(encoding) == _ASCII_PROBE
+            )
     except (UnicodeError, LookupError, TypeError):
         return False
 
@@ -89,8 +92,7 @@ def decode(data: bytes) -> SourceText:
             raise SourceError("cannot decode: not valid UTF-8 and no encoding declared (PEP 263)") from None
         raise SourceError(f"bad encoding declaration: {_one_line(exc)}") from None
     if not _ascii_compatible(encoding):
-        raise SourceError(f"declared encoding {encoding} is not an ASCII-compatible text encoding; "
-                          "left unchanged")
+        raise SourceError(f"declared encoding {encoding} is not an ASCII-compatible text encoding; left unchanged")
     try:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:
@@ -100,8 +102,9 @@ def decode(data: bytes) -> SourceText:
     except UnicodeError:
         same = False
     if not same:
-        raise SourceError(f"declared encoding {encoding} does not give these bytes back when re-encoded; "
-                          "left unchanged")
+        raise SourceError(
+            f"declared encoding {encoding} does not give these bytes back when re-encoded; left unchanged"
+        )
     return SourceText(text=text, encoding=encoding)
 
 
@@ -158,10 +161,9 @@ def unkept_bytes(text: str) -> str | None:
         return None
     at = next((i for i, (a, b) in enumerate(zip(text, again)) if a != b), min(len(text), len(again)))
     line = text.count("\n", 0, at) + text.count("\r", 0, at) - text.count("\r\n", 0, at) + 1
-    near = text[at:at + 1]
+    near = text[at : at + 1]
     what = {"\x0c": "a form feed", "\r": "a carriage return", "": "the end of the file"}.get(near, repr(near))
-    return (f"LibCST would not keep {what} at line {line} byte for byte, so no fix is written "
-            "(left unchanged)")
+    return f"LibCST would not keep {what} at line {line} byte for byte, so no fix is written (left unchanged)"
 
 
 def shown(path: str) -> str:

@@ -11,6 +11,7 @@ the code generation state), so they are installed only on the LibCST versions th
 with (:data:`TESTED_LIBCST`); elsewhere LibCST's own code runs, just slower.
 ``TORCHOPT_NO_SPEEDUPS=1`` also keeps LibCST's own code, for a comparison or to rule them out.
 """
+
 from __future__ import annotations
 
 import functools
@@ -103,8 +104,7 @@ def install(names: Iterable[str] = DEFAULT) -> tuple[str, ...]:
     if not supported(version):
         shown = ".".join(map(str, version)) if version else "unknown"
         low, high = (".".join(map(str, v)) for v in TESTED_LIBCST)
-        log.debug("LibCST speed-ups not installed: LibCST %s is outside the tested range >=%s,<%s",
-                  shown, low, high)
+        log.debug("LibCST speed-ups not installed: LibCST %s is outside the tested range >=%s,<%s", shown, low, high)
         return installed()
     for name in names:
         if name not in _UNDO:

@@ -1,4 +1,5 @@
 """Suppression comments: `# noqa`, `# noqa: TOP101,TOP102`, `# torchopt: ignore[TOP101]`."""
+
 from __future__ import annotations
 
 import io

@@ -1,6 +1,7 @@
 """Atomic writes that keep the file's mode, owner, encoding and bytes we did not change, and that
 refuse rather than lose something: a file edited since it was read, a read-only file, a file with
 several hard links, or one whose owner cannot be kept."""
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,7 @@ def _refuse_unsafe_target(real: str, st: os.stat_result) -> None:
     if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(real, os.W_OK):
         raise WriteRefused(f"file is read-only (mode {mode:04o}); not written")
     if st.st_nlink > 1:
-        raise WriteRefused(f"file has {st.st_nlink} hard links and replacing it would split them; "
-                           "not written")
+        raise WriteRefused(f"file has {st.st_nlink} hard links and replacing it would split them; not written")
 
 
 def _keep_owner(fd: int, st: os.stat_result) -> None:

@@ -9,6 +9,7 @@ steps/s and peak memory (CUDA: ``max_memory_allocated``; CPU: the process's peak
 The speed-up is the median step time before over after, with a 95 % confidence interval from the
 rounds (Student t on the log of each round's ratio).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,9 +64,14 @@ def _side(runs: list[dict], warmup: int) -> dict:
             medians.append(statistics.median(times))
     med = statistics.median(medians) if medians else None
     peak = max((r.get("peak_memory") or 0 for r in runs), default=0)
-    return {"median_step_s": med, "steps_per_s": (1.0 / med) if med else None, "peak_memory_bytes": peak,
-            "memory_kind": runs[0].get("memory_kind", "") if runs else "", "run_medians_s": medians,
-            "warmup_too_long": short}
+    return {
+        "median_step_s": med,
+        "steps_per_s": (1.0 / med) if med else None,
+        "peak_memory_bytes": peak,
+        "memory_kind": runs[0].get("memory_kind", "") if runs else "",
+        "run_medians_s": medians,
+        "warmup_too_long": short,
+    }
 
 
 def measure(out: "Outcome", before: "Version", after: "Version", opts: "RunOptions", bench: BenchOptions) -> None:
@@ -90,13 +96,22 @@ def measure(out: "Outcome", before: "Version", after: "Version", opts: "RunOptio
     device = opts.device
     notes = [CPU_NOTE] if device == "cpu" else []
     if b["warmup_too_long"] or a["warmup_too_long"]:
-        notes.append(f"fewer than {bench.warmup + 2} optimizer steps: the warm-up could not be skipped "
-                     "entirely; raise --steps")
+        notes.append(
+            f"fewer than {bench.warmup + 2} optimizer steps: the warm-up could not be skipped entirely; raise --steps"
+        )
     if not b["median_step_s"] and not a["median_step_s"] and not errors:
         notes.append("no optimizer step was timed (the program never steps an optimizer)")
-    result = {"device": device, "repeats": bench.repeats, "warmup_steps": bench.warmup,
-              "before": b, "after": a, "speedup": None if math.isnan(speed) else speed,
-              "speedup_ci95": None if low is None else [low, high], "notes": notes, "errors": errors}
+    result = {
+        "device": device,
+        "repeats": bench.repeats,
+        "warmup_steps": bench.warmup,
+        "before": b,
+        "after": a,
+        "speedup": None if math.isnan(speed) else speed,
+        "speedup_ci95": None if low is None else [low, high],
+        "notes": notes,
+        "errors": errors,
+    }
     out.json["bench"] = result
     out.text += render(result)
 
@@ -106,14 +121,18 @@ def _mem(n: int, kind: str) -> str:
 
 
 def render(result: dict) -> str:
-    lines = [f"Benchmark ({result['repeats']} round(s), each version alone, {result['warmup_steps']} warm-up "
-             f"step(s) skipped, device {result['device']}):"]
+    lines = [
+        f"Benchmark ({result['repeats']} round(s), each version alone, {result['warmup_steps']} warm-up "
+        f"step(s) skipped, device {result['device']}):"
+    ]
     for side in ("before", "after"):
         r = result[side]
         if r["median_step_s"]:
-            lines.append(f"  {side + ':':7} median step {r['median_step_s'] * 1e3:.3g} ms, "
-                         f"{r['steps_per_s']:.3g} steps/s, peak memory "
-                         f"{_mem(r['peak_memory_bytes'], r['memory_kind'])}")
+            lines.append(
+                f"  {side + ':':7} median step {r['median_step_s'] * 1e3:.3g} ms, "
+                f"{r['steps_per_s']:.3g} steps/s, peak memory "
+                f"{_mem(r['peak_memory_bytes'], r['memory_kind'])}"
+            )
         else:
             lines.append(f"  {side + ':':7} not timed")
     if result["speedup"] is not None:

@@ -9,6 +9,7 @@ leaving one culprit out each time, until what is left validates: the selection
 Both work on any hashable units (a single fix for `validate`, a rule in one file for `rewrite
 --validate`) through a ``probe(subset) -> Outcome`` callback; each subset runs once.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -73,8 +74,8 @@ def smallest_failing(units: Sequence[U], search: Search[U]) -> Trial[U]:
         chunks = _split(current, n)
         complements = [tuple(u for u in current if u not in c) for c in chunks] if n > 2 else []
         trials = search.run(chunks + complements)
-        failing_chunk = next((t for t in trials[:len(chunks)] if t.diverged), None)
-        failing_rest = next((t for t in trials[len(chunks):] if t.diverged), None)
+        failing_chunk = next((t for t in trials[: len(chunks)] if t.diverged), None)
+        failing_rest = next((t for t in trials[len(chunks) :] if t.diverged), None)
         if failing_chunk is not None:
             best, current, n = failing_chunk, failing_chunk.units, 2
         elif failing_rest is not None:

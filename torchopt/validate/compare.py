@@ -123,8 +123,9 @@ def _errors(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, torch.Tenso
     if diff.numel() == 0:
         return 0.0, 0.0, diff.real.double(), ref.real.double(), problem
     max_abs = float(diff.max())
-    rel = torch.where(ref > 0, diff / torch.where(ref > 0, ref, 1.0),
-                      torch.where(diff > 0, math.inf, 0.0).to(diff.dtype))
+    rel = torch.where(
+        ref > 0, diff / torch.where(ref > 0, ref, 1.0), torch.where(diff > 0, math.inf, 0.0).to(diff.dtype)
+    )
     return max_abs, float(rel.real.max()), diff.real.double(), ref.real.double(), problem
 
 
@@ -143,8 +144,16 @@ def _within(diff: torch.Tensor, ref: torch.Tensor, bound: Bound) -> tuple[bool, 
     return True, ""
 
 
-def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
-                  step: int | None = None, trained: bool = False, scale: float | None = None) -> Row:
+def _compare_pair(
+    name: str,
+    kind: str,
+    before: Any,
+    after: Any,
+    tol: Tolerance,
+    step: int | None = None,
+    trained: bool = False,
+    scale: float | None = None,
+) -> Row:
     rg_b, rg_a = (bool(getattr(t, "requires_grad", False)) for t in (before, after))
     b, a = _prep(before), _prep(after)
     detail = []
@@ -161,12 +170,21 @@ def _compare_pair(name: str, kind: str, before: Any, after: Any, tol: Tolerance,
         return Row(name, kind, None, None, "", "diverged", step, f"requires_grad {rg_b} -> {rg_a}")
     exact = not (_is_float(a) and _is_float(b))
     bound = Bound(bitwise=True) if exact else tol.bound(kind, step, trained=trained, scale=scale)
-    max_abs, max_rel, diff, ref, problem = _errors(a.to(torch.int64) if a.dtype == torch.bool else a,
-                                                   b.to(torch.int64) if b.dtype == torch.bool else b)
+    max_abs, max_rel, diff, ref, problem = _errors(
+        a.to(torch.int64) if a.dtype == torch.bool else a, b.to(torch.int64) if b.dtype == torch.bool else b
+    )
     label = "exact" if exact else bound.describe()
     if not tol.compare_values:
-        return Row(name, kind, max_abs, max_rel, f"not compared ({', '.join(tol.tags) or 'rng'})",
-                   "skipped", step, "; ".join(detail))
+        return Row(
+            name,
+            kind,
+            max_abs,
+            max_rel,
+            f"not compared ({', '.join(tol.tags) or 'rng'})",
+            "skipped",
+            step,
+            "; ".join(detail),
+        )
     if bound.bitwise:
         ok = a.dtype == b.dtype and _bitwise_equal(a, b)
         if not ok and not problem:
@@ -197,8 +215,18 @@ def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: boo
         step = sb[i] if i < len(sb) else (sa[i] if i < len(sa) else None)
         if i >= len(lb) or i >= len(la):
             side = "before" if i >= len(lb) else "after"
-            rows.append(Row(f"loss[{i}]", "loss", None, None, "", "missing", step,
-                            f"{len(lb)} losses before, {len(la)} after; none in {side}"))
+            rows.append(
+                Row(
+                    f"loss[{i}]",
+                    "loss",
+                    None,
+                    None,
+                    "",
+                    "missing",
+                    step,
+                    f"{len(lb)} losses before, {len(la)} after; none in {side}",
+                )
+            )
         else:
             rows.append(_compare_pair(f"loss[{i}]", "loss", lb[i], la[i], tol, step, scale=scale))
     return rows
@@ -209,7 +237,7 @@ def _uncomputed(name: str, entries: set[str]) -> bool:
     clock, process or random value."""
     if not name.startswith("global/"):
         return False
-    rest = name[len("global/"):]
+    rest = name[len("global/") :]
     return any(rest == e or (rest.startswith(e) and rest[len(e)] in "[.") for e in entries)
 
 
@@ -225,8 +253,9 @@ def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
     for name in list(tb) + [n for n in ta if n not in tb]:
         if _uncomputed(name, uncomputed):
             # Wall-clock readings, process ids, memory statistics: two runs of the same program differ.
-            rows.append(Row(name, "global", None, None, "", "skipped", None,
-                            "clock, process or random value: not compared"))
+            rows.append(
+                Row(name, "global", None, None, "", "skipped", None, "clock, process or random value: not compared")
+            )
         elif (name not in tb or name not in ta) and kind_of(name) == "global":
             # A variable one version names and the other does not (a scaler or AMP switch the rewrite
             # introduced, a temporary it inlined): nothing to compare it with. What it held reaches
@@ -263,28 +292,30 @@ def _is_unsafe(f: Mapping) -> bool:
 
 
 # Which tags plausibly cause which kind of failure (beyond the tolerance the tags buy).
-_RELEVANT = {
-    "missing": {"semantics", "numerics", "rng"},
-    "shape": {"semantics"},
-    "dtype": {"numerics", "semantics"},
-}
+_RELEVANT = {"missing": {"semantics", "numerics", "rng"}, "shape": {"semantics"}, "dtype": {"numerics", "semantics"}}
 
 
 def _explain(div: Divergence | None, verdict: str, fixes: Sequence[Mapping]) -> list[str]:
     if div is None:
         return []
     if not fixes:
-        return ["No torchopt fix explains the difference: the two versions compute different things "
-                "(or, if they are the same program, it is not deterministic)."]
+        return [
+            "No torchopt fix explains the difference: the two versions compute different things "
+            "(or, if they are the same program, it is not deterministic)."
+        ]
     unsafe = [f for f in fixes if _is_unsafe(f)]
     relevant_tags = _RELEVANT.get(verdict)
     if relevant_tags is not None:
         unsafe = [f for f in unsafe if relevant_tags & set(f.get("tags") or ())] or unsafe
     if not unsafe:
-        return ["Unexpected divergence: only safe fixes were applied, and a safe fix must keep every bit. "
-                "This is likely a bug in torchopt. Fixes applied:"] + [f"  {_describe_fix(f)}" for f in fixes]
-    head = ("Fixes that change results and could explain it (revert them one at a time to find which; "
-            "the divergence exceeds what their tags allow):")
+        return [
+            "Unexpected divergence: only safe fixes were applied, and a safe fix must keep every bit. "
+            "This is likely a bug in torchopt. Fixes applied:"
+        ] + [f"  {_describe_fix(f)}" for f in fixes]
+    head = (
+        "Fixes that change results and could explain it (revert them one at a time to find which; "
+        "the divergence exceeds what their tags allow):"
+    )
     safe = [f for f in fixes if not _is_unsafe(f)]
     listed = ", ".join(_describe_fix(f) for f in safe)
     tail = [f"Also applied (safe, should not change bits): {listed}"] if safe else []
@@ -302,15 +333,17 @@ def _first(rows: list[Row], steps_done: int | None) -> tuple[Divergence | None, 
 def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Mapping] = ()) -> Comparison:
     """Compare the probes of the original (``before``) and rewritten (``after``) program."""
     notes: list[str] = []
-    tracebacks = {side: p["traceback"] for side, p in (("before", before), ("after", after))
-                  if p.get("status", "ok") != "ok" and p.get("traceback")}
+    tracebacks = {
+        side: p["traceback"]
+        for side, p in (("before", before), ("after", after))
+        if p.get("status", "ok") != "ok" and p.get("traceback")
+    }
     if before.get("device") != after.get("device"):
         notes.append(f"runs on different devices: {before.get('device')} before, {after.get('device')} after")
     status = {"before": before.get("status", "ok"), "after": after.get("status", "ok")}
     failed = [side for side, s in status.items() if s != "ok"]
     for side in failed:
-        notes.append(f"{side} version: {status[side]}"
-                     + (f"\n{tracebacks[side]}" if side in tracebacks else ""))
+        notes.append(f"{side} version: {status[side]}" + (f"\n{tracebacks[side]}" if side in tracebacks else ""))
 
     if len(failed) == 2:
         notes.insert(0, "neither version ran to the end, so nothing can be compared; fix the original first")
@@ -322,9 +355,11 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
         other = "after" if side == "before" else "before"
         name = "timeout" if status[side] == "timeout" else "crash"
         how = "timed out" if name == "timeout" else "raised"
-        div: Divergence | None = Divergence(probe.get("steps_done"), name,
-                         f"the {side} version {how} after {probe.get('steps_done')} optimizer steps; "
-                         f"the {other} version completed")
+        div: Divergence | None = Divergence(
+            probe.get("steps_done"),
+            name,
+            f"the {side} version {how} after {probe.get('steps_done')} optimizer steps; the {other} version completed",
+        )
         rows = _loss_rows(before, after, tol, common_only=True)
         earlier, _ = _first(rows, None)
         if earlier is not None:
@@ -335,19 +370,31 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
     _documented_changes(rows, fixes)
     padded = [r for r in rows if r.detail.startswith("padded ")]
     if padded:
-        notes.append(f"{len(padded)} padded tensor(s) compared on their leading slice, e.g. {padded[0].name}: "
-                     f"{padded[0].detail}")
+        notes.append(
+            f"{len(padded)} padded tensor(s) compared on their leading slice, e.g. {padded[0].name}: {padded[0].detail}"
+        )
     one_sided = [r.name for r in rows if r.verdict == "skipped" and r.detail.startswith("only in ")]
     if one_sided:
-        notes.append(f"{len(one_sided)} global(s) exist in one version only (not compared): "
-                     + ", ".join(one_sided[:8]) + (", ..." if len(one_sided) > 8 else ""))
+        notes.append(
+            f"{len(one_sided)} global(s) exist in one version only (not compared): "
+            + ", ".join(one_sided[:8])
+            + (", ..." if len(one_sided) > 8 else "")
+        )
     clocks = [r.name for r in rows if r.detail == "clock, process or random value: not compared"]
     if clocks:
-        notes.append(f"{len(clocks)} global(s) hold clock, process or random values and are not compared: "
-                     + ", ".join(clocks[:8]) + (", ..." if len(clocks) > 8 else ""))
+        notes.append(
+            f"{len(clocks)} global(s) hold clock, process or random values and are not compared: "
+            + ", ".join(clocks[:8])
+            + (", ..." if len(clocks) > 8 else "")
+        )
     for r in rows:
-        if (r.verdict in _OK and r.detail and not r.detail.startswith("padded ") and r.name not in one_sided
-                and r.name not in clocks):
+        if (
+            r.verdict in _OK
+            and r.detail
+            and not r.detail.startswith("padded ")
+            and r.name not in one_sided
+            and r.name not in clocks
+        ):
             notes.append(f"{r.name}: {r.detail}")
     if not tol.compare_values:
         notes.append("values not compared: " + tol.reason)
@@ -371,12 +418,14 @@ def _documented_changes(rows: list[Row], fixes: Sequence[Mapping]) -> None:
     for r in rows:
         if r.verdict in _OK:
             continue
-        removed = (r.verdict == "missing" and r.detail == "absent after" and r.kind in ("param", "optim")
-                   and ".bias" in r.name)
+        removed = (
+            r.verdict == "missing" and r.detail == "absent after" and r.kind in ("param", "optim") and ".bias" in r.name
+        )
         if removed or r.name.endswith(".running_mean") or r.kind in ("output", "rng"):
             why = "removed by" if removed else "changed by"
-            r.detail = "; ".join(x for x in (r.detail, f"{why} {_CBN_CODE} (conv bias before a norm): reported, "
-                                                       "not compared") if x)
+            r.detail = "; ".join(
+                x for x in (r.detail, f"{why} {_CBN_CODE} (conv bias before a norm): reported, not compared") if x
+            )
             r.verdict = "skipped"
 
 

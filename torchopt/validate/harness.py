@@ -8,6 +8,7 @@ cooperation, then records parameters, optimizer state, the model's outputs on th
 saw (eval mode), the script's global tensors and the RNG state. Rewritten modules are served by an
 import hook, so nothing on disk changes.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -151,8 +152,11 @@ class Recorder:
                 return None
             try:
                 cloned = tuple(_detach(a, torch) for a in args)
-                rec.first_inputs[key] = (module, cloned, {"after_step": rec.steps_done > 0,
-                                                          "autocast": _autocast_state(cloned, torch)})
+                rec.first_inputs[key] = (
+                    module,
+                    cloned,
+                    {"after_step": rec.steps_done > 0, "autocast": _autocast_state(cloned, torch)},
+                )
             except Exception:
                 pass
             return None
@@ -207,7 +211,12 @@ class Recorder:
                 m.train(was_training)
         if namespace is not None:
             for k, v in namespace.items():
-                if k.startswith("_") or isinstance(v, (types.ModuleType, type)) or callable(v) and not isinstance(v, torch.nn.Module):
+                if (
+                    k.startswith("_")
+                    or isinstance(v, (types.ModuleType, type))
+                    or callable(v)
+                    and not isinstance(v, torch.nn.Module)
+                ):
                     continue
                 if isinstance(v, torch.nn.Module):
                     if any(v is r for r in roots):
@@ -224,9 +233,16 @@ class Recorder:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 tensors[f"rng/cuda{i}"] = s
-        return {"losses": self.losses, "loss_steps": self.loss_steps, "steps_done": self.steps_done,
-                "tensors": tensors, "notes": self.notes, "site_errors": self.site_errors,
-                "site_calls": dict(self.site_calls), "uncomputed": list(self.uncomputed)}
+        return {
+            "losses": self.losses,
+            "loss_steps": self.loss_steps,
+            "steps_done": self.steps_done,
+            "tensors": tensors,
+            "notes": self.notes,
+            "site_errors": self.site_errors,
+            "site_calls": dict(self.site_calls),
+            "uncomputed": list(self.uncomputed),
+        }
 
 
 def _autocast_state(args: tuple, torch: Any) -> tuple[str, Any] | None:
@@ -392,8 +408,16 @@ class StepClock:
 
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
             kind = "process peak RSS"
-        return {"marks": list(self.marks), "steps_done": len(self.marks), "peak_memory": int(peak),
-                "memory_kind": kind, "losses": [], "loss_steps": [], "tensors": {}, "notes": []}
+        return {
+            "marks": list(self.marks),
+            "steps_done": len(self.marks),
+            "peak_memory": int(peak),
+            "memory_kind": kind,
+            "losses": [],
+            "loss_steps": [],
+            "tensors": {},
+            "notes": [],
+        }
 
 
 # --------------------------------------------------------------------------- set-up
@@ -428,9 +452,19 @@ def _determinism(torch: Any, threads: int) -> None:
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # audit event -> positions of the path arguments it changes; the NOFOLLOW ones act on a link itself
-_PATH_EVENTS = {"os.remove": (0,), "os.rmdir": (0,), "os.rename": (0, 1), "os.mkdir": (0,),
-                "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,),
-                "os.link": (1,), "os.symlink": (1,), "shutil.rmtree": (0,)}
+_PATH_EVENTS = {
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.rename": (0, 1),
+    "os.mkdir": (0,),
+    "os.truncate": (0,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.utime": (0,),
+    "os.link": (1,),
+    "os.symlink": (1,),
+    "shutil.rmtree": (0,),
+}
 _NOFOLLOW_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.symlink", "os.link"})
 
 
@@ -459,14 +493,18 @@ class _WriteGuard:
             real = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(path))
         if self._inside(real, self.protect) and not self._inside(real, self.allow):
             raise PermissionError(
-                13, "torchopt validate: refusing to write into your folder (the program runs in a scratch "
-                    "copy of it; write relative to the working directory instead)", real)
+                13,
+                "torchopt validate: refusing to write into your folder (the program runs in a scratch "
+                "copy of it; write relative to the working directory instead)",
+                real,
+            )
 
     def hook(self, event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
             if writing:
                 self.check(path)
         elif event in _PATH_EVENTS:
@@ -526,8 +564,9 @@ def main(spec_path: str) -> int:
     if spec.get("transplant"):  # padded parameters start from the original's weights (transplant.py)
         from torchopt.validate.transplant import Transplant
 
-        transplant = Transplant(torch, spec["transplant"]["mode"], f"{spec['transplant']['path']}.rank{rank}",
-                                rec.notes)
+        transplant = Transplant(
+            torch, spec["transplant"]["mode"], f"{spec['transplant']['path']}.rank{rank}", rec.notes
+        )
         transplant.install()
     if spec.get("protect"):
         _guard_writes(torch, spec["protect"], spec.get("allow", []))
@@ -566,10 +605,14 @@ def main(spec_path: str) -> int:
     try:
         probes = clock.collect() if bench else rec.collect(namespace, returned, has_return=has_return)
     except Exception:
-        probes = {"losses": rec.losses, "loss_steps": rec.loss_steps, "steps_done": rec.steps_done,
-                  "tensors": {}, "notes": [f"collecting probes failed: {traceback.format_exc()}"]}
-    probes.update(status=status, traceback=tb, device="cuda" if torch.cuda.is_available() else "cpu",
-                  rank=rank)
+        probes = {
+            "losses": rec.losses,
+            "loss_steps": rec.loss_steps,
+            "steps_done": rec.steps_done,
+            "tensors": {},
+            "notes": [f"collecting probes failed: {traceback.format_exc()}"],
+        }
+    probes.update(status=status, traceback=tb, device="cuda" if torch.cuda.is_available() else "cpu", rank=rank)
     torch.save(probes, out_path)
     return 0
 

@@ -10,6 +10,7 @@ from a tainted value is tainted too, including through functions that return one
 The result is conservative in the "do not compare" direction: a value computed from both a tensor
 and a clock reading is not compared (the losses and parameters it came from still are).
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,17 +19,48 @@ from typing import Iterable, Sequence
 from torchopt.rewrite.pyast import dotted_name
 
 # Dotted names whose values (called or not) say nothing about what the program computes.
-_SOURCES = frozenset({
-    "time.time", "time.time_ns", "time.perf_counter", "time.perf_counter_ns", "time.monotonic",
-    "time.monotonic_ns", "time.process_time", "time.process_time_ns", "time.thread_time",
-    "time.thread_time_ns", "time.localtime", "time.gmtime", "time.ctime", "time.asctime", "time.strftime",
-    "timeit.default_timer", "datetime.datetime.now", "datetime.datetime.utcnow", "datetime.datetime.today",
-    "datetime.date.today", "os.getpid", "os.getppid", "os.times", "os.urandom", "os.getloadavg",
-    "socket.gethostname", "platform.node", "uuid.uuid1", "uuid.uuid4", "resource.getrusage",
-    "torch.cuda.max_memory_allocated", "torch.cuda.memory_allocated", "torch.cuda.memory_reserved",
-    "torch.cuda.max_memory_reserved", "torch.cuda.memory_stats", "torch.cuda.mem_get_info",
-    "torch.cuda.utilization", "torch.cuda.memory_summary",
-})
+_SOURCES = frozenset(
+    {
+        "time.time",
+        "time.time_ns",
+        "time.perf_counter",
+        "time.perf_counter_ns",
+        "time.monotonic",
+        "time.monotonic_ns",
+        "time.process_time",
+        "time.process_time_ns",
+        "time.thread_time",
+        "time.thread_time_ns",
+        "time.localtime",
+        "time.gmtime",
+        "time.ctime",
+        "time.asctime",
+        "time.strftime",
+        "timeit.default_timer",
+        "datetime.datetime.now",
+        "datetime.datetime.utcnow",
+        "datetime.datetime.today",
+        "datetime.date.today",
+        "os.getpid",
+        "os.getppid",
+        "os.times",
+        "os.urandom",
+        "os.getloadavg",
+        "socket.gethostname",
+        "platform.node",
+        "uuid.uuid1",
+        "uuid.uuid4",
+        "resource.getrusage",
+        "torch.cuda.max_memory_allocated",
+        "torch.cuda.memory_allocated",
+        "torch.cuda.memory_reserved",
+        "torch.cuda.max_memory_reserved",
+        "torch.cuda.memory_stats",
+        "torch.cuda.mem_get_info",
+        "torch.cuda.utilization",
+        "torch.cuda.memory_summary",
+    }
+)
 # Every attribute of these modules is a source (`secrets.token_hex()`, `psutil.cpu_percent()`).
 _SOURCE_MODULES = ("secrets", "psutil")
 # The harness seeds `random` and `numpy.random` before the program starts, so their draws are the
@@ -36,15 +68,14 @@ _SOURCE_MODULES = ("secrets", "psutil")
 # system (`random.seed()` without a seed); these are those reseeding calls.
 _OS_RESEEDS = {"random.seed": "random", "numpy.random.seed": "numpy.random"}
 # Generators that seed themselves from the operating system when given no seed.
-_UNSEEDED_GENERATORS = frozenset({"random.Random", "numpy.random.default_rng", "numpy.random.RandomState",
-                                  "numpy.random.SeedSequence"})
+_UNSEEDED_GENERATORS = frozenset(
+    {"random.Random", "numpy.random.default_rng", "numpy.random.RandomState", "numpy.random.SeedSequence"}
+)
 _ALWAYS_OS_RANDOM = frozenset({"random.SystemRandom"})
 # Methods that read a clock whatever object they are called on (CUDA events).
 _SOURCE_METHODS = frozenset({"elapsed_time"})
 # Methods that put their arguments into the object they are called on.
 _MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "appendleft", "setdefault"})
-
-
 
 
 class _Scan:
@@ -64,14 +95,16 @@ class _Scan:
 
     def _is_source(self, dotted: str) -> bool:
         full = self._resolve(dotted)
-        return full in _SOURCES or full in _ALWAYS_OS_RANDOM or any(
-            full.startswith(m + ".") for m in self.source_modules)
+        return (
+            full in _SOURCES or full in _ALWAYS_OS_RANDOM or any(full.startswith(m + ".") for m in self.source_modules)
+        )
 
     def _unseeded(self, call: ast.Call) -> bool:
         """A generator constructed without a seed (`np.random.default_rng()`): OS entropy."""
         dotted = dotted_name(call.func)
-        return (dotted is not None and self._resolve(dotted) in _UNSEEDED_GENERATORS
-                and not call.args and not call.keywords)
+        return (
+            dotted is not None and self._resolve(dotted) in _UNSEEDED_GENERATORS and not call.args and not call.keywords
+        )
 
     def depends(self, node: ast.AST | None, local: set[str], shadow: frozenset[str] = frozenset()) -> bool:
         """Whether ``node`` reads a source or a tainted name; names in ``shadow`` are a function's
@@ -81,8 +114,13 @@ class _Scan:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Call) and self._unseeded(sub):
                 return True
-            if isinstance(sub, ast.Name) and (sub.id in local or (sub.id not in shadow and (
-                    sub.id in self.tainted or sub.id in self.functions or self._is_source(sub.id)))):
+            if isinstance(sub, ast.Name) and (
+                sub.id in local
+                or (
+                    sub.id not in shadow
+                    and (sub.id in self.tainted or sub.id in self.functions or self._is_source(sub.id))
+                )
+            ):
                 return True
             if isinstance(sub, ast.Attribute):
                 dotted = dotted_name(sub)
@@ -133,8 +171,9 @@ class _Scan:
                 return [([call.func.value], ast.Tuple(elts=[*call.args, *(k.value for k in call.keywords)]))]
         return []
 
-    def _walk_body(self, body: list[ast.stmt], local: set[str] | None, declared: set[str],
-                   shadow: frozenset[str] = frozenset()) -> bool:
+    def _walk_body(
+        self, body: list[ast.stmt], local: set[str] | None, declared: set[str], shadow: frozenset[str] = frozenset()
+    ) -> bool:
         """Taint names bound in ``body`` (module level when ``local`` is None); True if anything changed."""
         changed = False
         for stmt in body:
@@ -180,9 +219,15 @@ class _Scan:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-        reseeded = {_OS_RESEEDS[self._resolve(d)] for node in ast.walk(self.tree)
-                    if isinstance(node, ast.Call) and not node.args and not node.keywords
-                    and (d := dotted_name(node.func)) is not None and self._resolve(d) in _OS_RESEEDS}
+        reseeded = {
+            _OS_RESEEDS[self._resolve(d)]
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.Call)
+            and not node.args
+            and not node.keywords
+            and (d := dotted_name(node.func)) is not None
+            and self._resolve(d) in _OS_RESEEDS
+        }
         self.source_modules = _SOURCE_MODULES + tuple(sorted(reseeded))
         for _ in range(50):  # a fix-point; each round taints at least one more name
             if not self._walk_body(self.tree.body, None, set()):

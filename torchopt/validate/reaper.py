@@ -9,6 +9,7 @@ init; when the command ends, passes TIMEOUT seconds, or this process is told to 
 parent dies), it kills every descendant it still has, reaps them, and exits: 124 after a
 timeout, otherwise the command's own status.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -88,7 +89,7 @@ def kill_tree(pid: int, deadline_s: float = 10.0) -> None:
 
 def main(argv: list[str]) -> int:
     timeout = float(argv[0])
-    cmd = argv[argv.index("--") + 1:]
+    cmd = argv[argv.index("--") + 1 :]
     linux = sys.platform.startswith("linux") and os.path.isdir("/proc")
     if linux:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)

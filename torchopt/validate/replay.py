@@ -10,6 +10,7 @@ The rewritten run evaluates the new expression under a forked RNG state (so no g
 checks that it has the original's shape, dtype and device and plausible moments, then returns the
 value of the original expression: the baseline's numbers, drawn from the baseline's generator.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,11 +53,15 @@ class _Wrap(cst.CSTTransformer):
         if site_id is None:
             return updated_node
         self.sites.append(Site(site_id, pos.start.line, pos.start.column + 1, self.module.code_for_node(original_node)))
-        return cst.Call(func=cst.Name(SITE), args=[
-            cst.Arg(cst.SimpleString(repr(site_id))),
-            cst.Arg(cst.Lambda(params=cst.Parameters(), body=updated_node.with_changes(lpar=[], rpar=[])),
-                    ),
-        ], lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return cst.Call(
+            func=cst.Name(SITE),
+            args=[
+                cst.Arg(cst.SimpleString(repr(site_id))),
+                cst.Arg(cst.Lambda(params=cst.Parameters(), body=updated_node.with_changes(lpar=[], rpar=[]))),
+            ],
+            lpar=updated_node.lpar,
+            rpar=updated_node.rpar,
+        )
 
 
 def wrap_sites(text: str, diagnostics) -> tuple[str, list[Site]]:

@@ -58,14 +58,22 @@ def _num(x: float | None) -> str:
 
 def _summary(label: str, rows: list[Row]) -> Row:
     """Collapse rows into one: worst errors, and how many failed."""
+
     def worst(vals: Iterable[float | None]) -> float | None:
         known = [v for v in vals if v is not None]
         return max(known) if known else None
+
     bad = [r for r in rows if r.verdict not in _OK]
     verdict = f"{len(bad)} not ok" if bad else ("skipped" if all(r.verdict == "skipped" for r in rows) else "ok")
     tols = sorted({r.tolerance for r in rows if r.tolerance})
-    return Row(label, rows[0].kind, worst(r.max_abs for r in rows), worst(r.max_rel for r in rows),
-               tols[0] if len(tols) == 1 else "mixed", verdict)
+    return Row(
+        label,
+        rows[0].kind,
+        worst(r.max_abs for r in rows),
+        worst(r.max_rel for r in rows),
+        tols[0] if len(tols) == 1 else "mixed",
+        verdict,
+    )
 
 
 def _display_rows(rows: list[Row]) -> list[Row]:
@@ -109,8 +117,15 @@ def _table(cmp: Comparison) -> Table:
     for r in _display_rows(cmp.rows):
         verdict = r.verdict + (f" ({r.detail})" if r.detail and r.verdict not in _OK else "")
         style = None if r.verdict in _OK else "bold red"
-        table.add_row(Text(r.name), "" if r.step is None else str(r.step), _num(r.max_abs), _num(r.max_rel),
-                      Text(r.tolerance), Text(verdict), style=style)
+        table.add_row(
+            Text(r.name),
+            "" if r.step is None else str(r.step),
+            _num(r.max_abs),
+            _num(r.max_rel),
+            Text(r.tolerance),
+            Text(verdict),
+            style=style,
+        )
     return table
 
 
@@ -121,12 +136,21 @@ def _numerics_involved(cmp: Comparison, applied: Sequence[Mapping]) -> bool:
     return "numerics" in tags
 
 
-def render_text(cmp: Comparison, *, before_label: str, after_label: str, device: str,
-                applied: Sequence[Mapping], console_width: int = 100) -> str:
+def render_text(
+    cmp: Comparison,
+    *,
+    before_label: str,
+    after_label: str,
+    device: str,
+    applied: Sequence[Mapping],
+    console_width: int = 100,
+) -> str:
     """The human report: headline, probe table, first divergence, explanations, notes, tracebacks."""
     text_out = io.StringIO()
-    console = Console(file=text_out, width=console_width, force_terminal=False,
-                      color_system=None, highlight=False, emoji=False)
+    console = Console(
+        file=text_out, width=console_width, force_terminal=False, color_system=None, highlight=False, emoji=False
+    )
+
     def say(text: Text) -> None:  # a line is never folded: paths and tracebacks stay whole
         console.print(text, soft_wrap=True)
 
@@ -148,8 +172,10 @@ def render_text(cmp: Comparison, *, before_label: str, after_label: str, device:
         say(Text(line))
     notes = [n.splitlines()[0] for n in cmp.notes]
     if device == "cpu" and _numerics_involved(cmp, applied):
-        notes.append("CPU autocast numerics (bfloat16) are not CUDA numerics: re-validate on a GPU "
-                     "before trusting the numerics tolerance there")
+        notes.append(
+            "CPU autocast numerics (bfloat16) are not CUDA numerics: re-validate on a GPU "
+            "before trusting the numerics tolerance there"
+        )
     if notes:
         say(Text("Notes:", style="bold"))
         for n in notes:
@@ -173,23 +199,37 @@ def _plain(x: Any) -> Any:
     return str(x)
 
 
-def to_json(cmp: Comparison, *, before_label: str | None = None, after_label: str | None = None,
-            device: str | None = None, applied: Sequence[Mapping] = ()) -> dict:
+def to_json(
+    cmp: Comparison,
+    *,
+    before_label: str | None = None,
+    after_label: str | None = None,
+    device: str | None = None,
+    applied: Sequence[Mapping] = (),
+) -> dict:
     """The machine report: every row (not summarised), verdict and reasons; passes json.dumps(allow_nan=False)."""
     tol = cmp.tolerance
-    return _plain({
-        "verdict": cmp.verdict,
-        "headline": headline(cmp),
-        "before": before_label,
-        "after": after_label,
-        "device": device,
-        "tolerance": None if tol is None else {
-            "tags": list(tol.tags), "bitwise": tol.bitwise, "compare_values": tol.compare_values,
-            "criterion": tol.describe(), "reason": tol.reason},
-        "first_divergence": None if cmp.first_divergence is None else asdict(cmp.first_divergence),
-        "rows": [asdict(r) for r in cmp.rows],
-        "explanations": list(cmp.explanations),
-        "notes": list(cmp.notes),
-        "tracebacks": dict(cmp.tracebacks),
-        "applied": [dict(f) for f in applied],
-    })
+    return _plain(
+        {
+            "verdict": cmp.verdict,
+            "headline": headline(cmp),
+            "before": before_label,
+            "after": after_label,
+            "device": device,
+            "tolerance": None
+            if tol is None
+            else {
+                "tags": list(tol.tags),
+                "bitwise": tol.bitwise,
+                "compare_values": tol.compare_values,
+                "criterion": tol.describe(),
+                "reason": tol.reason,
+            },
+            "first_divergence": None if cmp.first_divergence is None else asdict(cmp.first_divergence),
+            "rows": [asdict(r) for r in cmp.rows],
+            "explanations": list(cmp.explanations),
+            "notes": list(cmp.notes),
+            "tracebacks": dict(cmp.tracebacks),
+            "applied": [dict(f) for f in applied],
+        }
+    )

@@ -7,6 +7,7 @@ once the copy budget is spent, linked read-only: the harness refuses writes thro
 The user's folders are also snapshotted (size, mtime, inode) before and after, so a write the
 harness could not intercept (a C extension writing to an absolute path) is at least reported.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,10 +16,24 @@ import stat
 from dataclasses import dataclass, field
 
 # Folders that never hold what a program reads by relative path, and can be huge.
-SKIP_DIRS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", "node_modules",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache", ".torchopt_cache", ".ipynb_checkpoints",
-})
+SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        "node_modules",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".torchopt_cache",
+        ".ipynb_checkpoints",
+    }
+)
 COPY_FILE_LIMIT = 16 * 1024 * 1024  # a larger file is linked, not copied
 COPY_TOTAL_LIMIT = 256 * 1024 * 1024  # bytes copied per version
 ENTRY_LIMIT = 20_000  # entries copied per version; the rest of a folder is linked whole
@@ -27,8 +42,7 @@ LISTED = 10  # file names listed per note
 
 def _skipped(dirpath: str, name: str, avoid: set[str]) -> bool:
     full = os.path.join(dirpath, name)
-    return (name in SKIP_DIRS or os.path.realpath(full) in avoid
-            or os.path.exists(os.path.join(full, "pyvenv.cfg")))
+    return name in SKIP_DIRS or os.path.realpath(full) in avoid or os.path.exists(os.path.join(full, "pyvenv.cfg"))
 
 
 def _walk(root: str, avoid: set[str]):
@@ -83,7 +97,7 @@ class Scratch:
         """``path`` in the user's folder -> the same path in the copy (others unchanged)."""
         real = os.path.realpath(path)
         if real == self.source or real.startswith(self.source + os.sep):
-            return self.root + real[len(self.source):]
+            return self.root + real[len(self.source) :]
         return path
 
     def unmapped(self, text: str) -> str:
@@ -93,7 +107,7 @@ class Scratch:
     def written(self) -> list[str]:
         """What the program created, changed or deleted in its copy, relative to the folder."""
         now = fingerprint([self.root], set())
-        return [c[len(self.root) + 1:] for c in changes(self.initial, now)]
+        return [c[len(self.root) + 1 :] for c in changes(self.initial, now)]
 
 
 def _link_target(link: str, source_dir: str) -> str:
@@ -116,7 +130,7 @@ def make(source_dir: str, dest: str, avoid: set[str]) -> Scratch:
     copied_bytes = 0
     entries = 0
     for dirpath, dirnames, filenames in _walk(source_dir, avoid):
-        target_dir = dest + dirpath[len(source_dir):]
+        target_dir = dest + dirpath[len(source_dir) :]
         for name in list(dirnames):
             src, dst = os.path.join(dirpath, name), os.path.join(target_dir, name)
             entries += 1
@@ -140,8 +154,7 @@ def make(source_dir: str, dest: str, avoid: set[str]) -> Scratch:
                 os.symlink(_link_target(src, source_dir), dst)
             elif not stat.S_ISREG(st.st_mode):
                 continue  # sockets, fifos: nothing a program reads as data
-            elif (entries > ENTRY_LIMIT or st.st_size > COPY_FILE_LIMIT
-                  or copied_bytes + st.st_size > COPY_TOTAL_LIMIT):
+            elif entries > ENTRY_LIMIT or st.st_size > COPY_FILE_LIMIT or copied_bytes + st.st_size > COPY_TOTAL_LIMIT:
                 os.symlink(src, dst)
                 scratch.linked.append(src)
             else:

@@ -33,8 +33,13 @@ _AMP = {"float16": (1e-2, 1e-3, 1e-2), "bfloat16": (5e-2, 1e-2, 5e-2)}
 # on real programs here: no GPU).
 _AMP_LOSS = {"float16": (1e-2, 2e-2), "bfloat16": (5e-2, 1.5e-1)}
 _DTYPE_ALIASES = {
-    "float16": "float16", "fp16": "float16", "half": "float16", "torch.float16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16", "torch.bfloat16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "torch.float16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "torch.bfloat16": "bfloat16",
 }
 _TAGS = ("semantics", "tolerance", "numerics", "rng")
 
@@ -89,8 +94,7 @@ class Tolerance:
     transplant: bool = False  # padded tensors are compared on their leading slice (transplant.py)
     tags: tuple[str, ...] = ()
 
-    def bound(self, kind: str, step: int | None = None, trained: bool = False,
-              scale: float | None = None) -> Bound:
+    def bound(self, kind: str, step: int | None = None, trained: bool = False, scale: float | None = None) -> Bound:
         """The criterion for one probe of ``kind`` ("loss", "param", ...), at ``step`` for losses;
         ``trained``: both runs took optimizer steps (the outputs come from trained weights);
         ``scale``: for a loss, the largest loss of the original up to it (AMP rows)."""
@@ -126,26 +130,44 @@ SAFE = Tolerance(0.0, 0.0, True, reason="safe fixes only: every probe must keep 
 
 def _for_tag(tag: str, dtype: str, replayed: bool) -> Tolerance:
     if tag == "semantics":
-        return replace(SAFE, check_requires_grad=False,
-                       reason="semantics: values bitwise; leaf-ness and requires_grad may change")
+        return replace(
+            SAFE, check_requires_grad=False, reason="semantics: values bitwise; leaf-ness and requires_grad may change"
+        )
     if tag == "tolerance":
-        return Tolerance(_FP32_RTOL, _FP32_ATOL, False, step_rtol=_STEP_RTOL,
-                         reason="tolerance: fp32 assert_close defaults; training probes rel 1e-5 "
-                                "(compile row, error compounds over steps)")
+        return Tolerance(
+            _FP32_RTOL,
+            _FP32_ATOL,
+            False,
+            step_rtol=_STEP_RTOL,
+            reason="tolerance: fp32 assert_close defaults; training probes rel 1e-5 "
+            "(compile row, error compounds over steps)",
+        )
     if tag == "numerics":
         rtol, atol_frac, rel_l2 = _AMP[dtype]
         early, late = _AMP_LOSS[dtype]
-        return Tolerance(rtol, atol_frac, False, rel_l2=rel_l2, atol_relative=True,
-                         loss_rtol=early, late_loss_rtol=late, allow_dtype_change=True,
-                         reason=f"numerics ({dtype}): AMP row; losses within {early:.0%} of the largest loss so far "
-                                f"for the first 20 steps, {late:.0%} after; parameters, optimizer state and outputs after "
-                                "training reported")
+        return Tolerance(
+            rtol,
+            atol_frac,
+            False,
+            rel_l2=rel_l2,
+            atol_relative=True,
+            loss_rtol=early,
+            late_loss_rtol=late,
+            allow_dtype_change=True,
+            reason=f"numerics ({dtype}): AMP row; losses within {early:.0%} of the largest loss so far "
+            f"for the first 20 steps, {late:.0%} after; parameters, optimizer state and outputs after "
+            "training reported",
+        )
     if tag == "rng":
         if replayed:
             return replace(SAFE, reason="rng (replayed): random values replayed, rest bitwise")
-        return replace(SAFE, bitwise=False, compare_values=False,
-                       reason="rng: random values come from another stream; without replay only "
-                              "structure (names, shapes, dtypes, loss count) is comparable")
+        return replace(
+            SAFE,
+            bitwise=False,
+            compare_values=False,
+            reason="rng: random values come from another stream; without replay only "
+            "structure (names, shapes, dtypes, loss count) is comparable",
+        )
     raise ValueError(f"unknown fix tag {tag!r}; expected one of {list(_TAGS)}")
 
 

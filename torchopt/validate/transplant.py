@@ -20,6 +20,7 @@ transplant stops and says so in the report's notes.
 Used automatically when the applied fixes include a code in ``CODES`` (``torchopt validate
 --transplant`` forces it for two hand-written files).
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,8 +72,12 @@ class Transplant:
         torch = self.torch
         for name in dir(torch.nn):
             cls = getattr(torch.nn, name, None)
-            if (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and cls is not torch.nn.Module
-                    and "__init__" in cls.__dict__):
+            if (
+                isinstance(cls, type)
+                and issubclass(cls, torch.nn.Module)
+                and cls is not torch.nn.Module
+                and "__init__" in cls.__dict__
+            ):
                 self._patched.append((cls, "__init__", cls.__dict__["__init__"]))
                 setattr(cls, "__init__", self._wrap_init(cls.__dict__["__init__"]))  # on the class, for every instance
         init = torch.nn.init
@@ -133,16 +138,23 @@ class Transplant:
         if not state:
             return  # activations, empty containers: nothing to copy
         if self.mode == "record":
-            self.events.append({"kind": "module", "name": type(module).__name__,
-                                "state": {k: v.detach().cpu().clone() for k, v in state.items()},
-                                "rng": self._rng()})
+            self.events.append(
+                {
+                    "kind": "module",
+                    "name": type(module).__name__,
+                    "state": {k: v.detach().cpu().clone() for k, v in state.items()},
+                    "rng": self._rng(),
+                }
+            )
             return
         ev = self._next("module", type(module).__name__)
         if ev is None:
             return
         if set(ev["state"]) != set(state):
-            return self._stop(f"{type(module).__name__} has state keys {sorted(state)[:4]}..., "
-                              f"the original {sorted(ev['state'])[:4]}...")
+            return self._stop(
+                f"{type(module).__name__} has state keys {sorted(state)[:4]}..., "
+                f"the original {sorted(ev['state'])[:4]}..."
+            )
         for key, dst in state.items():
             if not self._copy(dst, ev["state"][key], f"{type(module).__name__}.{key}"):
                 return
@@ -150,8 +162,9 @@ class Transplant:
 
     def _tensor_event(self, name: str, tensor: Any) -> None:
         if self.mode == "record":
-            self.events.append({"kind": "init", "name": name, "tensor": tensor.detach().cpu().clone(),
-                                "rng": self._rng()})
+            self.events.append(
+                {"kind": "init", "name": name, "tensor": tensor.detach().cpu().clone(), "rng": self._rng()}
+            )
             return
         ev = self._next("init", name)
         if ev is not None and self._copy(tensor, ev["tensor"], f"torch.nn.init.{name}"):
@@ -198,7 +211,10 @@ class Transplant:
             self.torch.save(self.events, self.path)
             return
         if self.active and self.index != len(self.events):
-            self.notes.append(f"transplant: the original built {len(self.events)} modules/inits, "
-                              f"the rewrite {self.index}")
-        self.notes.append(f"transplant: {self.index} construction/init event(s) copied from the original run, "
-                          f"{self.grown} tensor(s) into the leading slices of padded ones (zeros elsewhere)")
+            self.notes.append(
+                f"transplant: the original built {len(self.events)} modules/inits, the rewrite {self.index}"
+            )
+        self.notes.append(
+            f"transplant: {self.index} construction/init event(s) copied from the original run, "
+            f"{self.grown} tensor(s) into the leading slices of padded ones (zeros elsewhere)"
+        )

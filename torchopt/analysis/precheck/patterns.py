@@ -1,5 +1,6 @@
 """Cheap pre-checks on the raw text or CPython's ast: necessary conditions a rule's ``could_match`` tests
 before LibCST parses the file (each says True whenever the rule could report, and when in doubt)."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -12,14 +13,7 @@ from torchopt.analysis.conventions import (
     eval_loader_name,
     model_name,
 )
-from torchopt.analysis.precheck.tree import (
-    AST_SCOPES,
-    ast_calls,
-    ast_dotted,
-    ast_index,
-    ast_tree,
-    nodes_of,
-)
+from torchopt.analysis.precheck.tree import AST_SCOPES, ast_calls, ast_dotted, ast_index, ast_tree, nodes_of
 from torchopt.rewrite.facts import facts_for
 
 
@@ -31,13 +25,20 @@ def _step_loops_possible(index: dict[type, list]) -> bool:
     maybe_modules: set[str] = set()
     for n in nodes_of(index, _ast.FunctionDef, _ast.AsyncFunctionDef):
         funcs.setdefault(n.name, []).append(n)
-    class_aliases = {a.asname for n in nodes_of(index, _ast.ImportFrom) for a in n.names
-                     if a.asname and a.name.rsplit(".", 1)[-1][:1].isupper()}
+    class_aliases = {
+        a.asname
+        for n in nodes_of(index, _ast.ImportFrom)
+        for a in n.names
+        if a.asname and a.name.rsplit(".", 1)[-1][:1].isupper()
+    }
     for n in nodes_of(index, _ast.Assign, _ast.Call):
         if isinstance(n, _ast.Assign) and isinstance(n.value, _ast.Call):
             base = n.value
-            while isinstance(base, _ast.Call) and isinstance(base.func, _ast.Attribute) \
-                    and isinstance(base.func.value, _ast.Call):
+            while (
+                isinstance(base, _ast.Call)
+                and isinstance(base.func, _ast.Attribute)
+                and isinstance(base.func.value, _ast.Call)
+            ):
                 base = base.func.value
             name = ast_dotted(base.func) if isinstance(base, _ast.Call) else None
             last = (name or "").rsplit(".", 1)[-1]
@@ -124,8 +125,10 @@ def _ast_loop_under_context(tree: _ast.AST) -> bool:
             elif isinstance(child, withs) and any(isinstance(i.context_expr, _ast.Call) for i in child.items):
                 c = True
             if isinstance(child, loops):
-                if c or any(isinstance(s, withs) and any(isinstance(i.context_expr, _ast.Call) for i in s.items)
-                            for s in child.body):
+                if c or any(
+                    isinstance(s, withs) and any(isinstance(i.context_expr, _ast.Call) for i in s.items)
+                    for s in child.body
+                ):
                     return True
             if visit(child, c):
                 return True
@@ -141,9 +144,9 @@ def loop_under_context(text: str) -> bool:
         return True
     if not nodes_of(index, _ast.For, _ast.AsyncFor, _ast.While):
         return False
-    if not any(isinstance(i.context_expr, _ast.Call) for w in nodes_of(index, _ast.With, _ast.AsyncWith)
-               for i in w.items) and not any(f.decorator_list for f in
-                                              nodes_of(index, _ast.FunctionDef, _ast.AsyncFunctionDef)):
+    if not any(
+        isinstance(i.context_expr, _ast.Call) for w in nodes_of(index, _ast.With, _ast.AsyncWith) for i in w.items
+    ) and not any(f.decorator_list for f in nodes_of(index, _ast.FunctionDef, _ast.AsyncFunctionDef)):
         return False  # neither a `with <call>:` nor a decorator anywhere
     return _ast_loop_under_context(tree) if (tree := ast_tree(text)) is not None else True
 
@@ -194,8 +197,11 @@ def eval_sites_possible(text: str) -> bool:
             if EVAL_FUNCTION.match(n.name) and ast_model_call(n.body):
                 return True
         elif isinstance(n, (_ast.For, _ast.AsyncFor)):
-            names = [x.id if isinstance(x, _ast.Name) else x.attr for x in _ast.walk(n.iter)
-                     if isinstance(x, (_ast.Name, _ast.Attribute))]
+            names = [
+                x.id if isinstance(x, _ast.Name) else x.attr
+                for x in _ast.walk(n.iter)
+                if isinstance(x, (_ast.Name, _ast.Attribute))
+            ]
             if any(eval_loader_name(x) for x in names) and ast_model_call(n.body):
                 return True
     return False
@@ -238,12 +244,20 @@ def int_sized_layer_call(text: str, layers: Iterable[str]) -> bool:
     for n in nodes_of(index, _ast.Assign, _ast.AnnAssign):
         if isinstance(n, _ast.Assign) and _ast_int_looking(n.value, None):
             names |= {t.id for t in n.targets if isinstance(t, _ast.Name)}
-        elif isinstance(n, _ast.AnnAssign) and isinstance(n.target, _ast.Name) and n.value is not None \
-                and _ast_int_looking(n.value, None):
+        elif (
+            isinstance(n, _ast.AnnAssign)
+            and isinstance(n.target, _ast.Name)
+            and n.value is not None
+            and _ast_int_looking(n.value, None)
+        ):
             names.add(n.target.id)
     for c in calls:
         for a in [*c.args, *(k.value for k in c.keywords)]:
-            if isinstance(a, _ast.Constant) and isinstance(a.value, int) and _ast_last_name(c.func) != "MultiheadAttention":
+            if (
+                isinstance(a, _ast.Constant)
+                and isinstance(a.value, int)
+                and _ast_last_name(c.func) != "MultiheadAttention"
+            ):
                 # A bare literal is flagged only from 8 up and when not a multiple of the padding
                 # multiple (8 or 64); MultiheadAttention's head_dim is derived, so any literal counts.
                 if a.value >= 8 and a.value % 64:
@@ -278,8 +292,13 @@ def embedding_and_head_in_init(text: str) -> bool:
             for n in _ast.walk(init):
                 if isinstance(n, _ast.Call):
                     last = _ast_last_name(n.func)
-                    a = arg(n, 0, "num_embeddings") if last == "Embedding" else \
-                        arg(n, 1, "out_features") if last == "Linear" else None
+                    a = (
+                        arg(n, 0, "num_embeddings")
+                        if last == "Embedding"
+                        else arg(n, 1, "out_features")
+                        if last == "Linear"
+                        else None
+                    )
                     if a is not None:
                         (vocab if last == "Embedding" else outs).add(_ast.dump(a))
             if vocab & outs:
@@ -327,8 +346,12 @@ def chained_call(text: str, methods: Iterable[str], inner: Iterable[str]) -> boo
                 names.add(alias.asname)
     for c in index.get(_ast.Call, ()):
         f = c.func
-        if isinstance(f, _ast.Attribute) and f.attr in methods and isinstance(f.value, _ast.Call) \
-                and _ast_last_name(f.value.func) in names:
+        if (
+            isinstance(f, _ast.Attribute)
+            and f.attr in methods
+            and isinstance(f.value, _ast.Call)
+            and _ast_last_name(f.value.func) in names
+        ):
             return True
     return False
 

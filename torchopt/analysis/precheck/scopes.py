@@ -1,4 +1,5 @@
 """Scopes, loops and the values that reach a name, on CPython's ast."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -35,8 +36,16 @@ def _loop_calls(text: str) -> list[tuple[_ast.Call, _ast.AST]] | None:
     return out
 
 
-_AST_SCOPE_TYPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda, _ast.ClassDef, _ast.ListComp, _ast.SetComp,
-                    _ast.DictComp, _ast.GeneratorExp)
+_AST_SCOPE_TYPES = (
+    _ast.FunctionDef,
+    _ast.AsyncFunctionDef,
+    _ast.Lambda,
+    _ast.ClassDef,
+    _ast.ListComp,
+    _ast.SetComp,
+    _ast.DictComp,
+    _ast.GeneratorExp,
+)
 
 
 def _ast_pos(n: _ast.AST) -> tuple[int, int]:
@@ -103,7 +112,9 @@ def _ast_scope_values(scope: _ast.AST, name: str):
     stack: list[_ast.AST]
     if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
         a = scope.args
-        params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name]
+        params = [
+            p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name
+        ]
         stack = list(scope.body) if isinstance(scope.body, list) else [scope.body]
     elif isinstance(scope, _ast.ClassDef):
         stack = list(scope.body)

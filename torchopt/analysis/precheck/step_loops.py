@@ -2,6 +2,7 @@
 ``analysis.step_loops.HotMap`` computes (names are matched file-wide, every def of a name counts,
 classes are unioned by name), so a rule's pre-check can ask "is one of my trigger nodes in a step?"
 without LibCST; a False answer is a proof that the rule cannot report."""
+
 from __future__ import annotations
 
 from bisect import bisect_right
@@ -127,8 +128,9 @@ class AstHot:
                 if isinstance(s, _ALOOPS):
                     if not isinstance(s, _ast.AsyncFor):
                         self.loops.append(s)
-                    r = self._region("loop", s, _span(s.body[0])[0], (s.body[-1].end_lineno, s.body[-1].end_col_offset),
-                                     region)
+                    r = self._region(
+                        "loop", s, _span(s.body[0])[0], (s.body[-1].end_lineno, s.body[-1].end_col_offset), region
+                    )
                     stack.append((s.body, r, False))
                     if s.orelse:
                         stack.append((s.orelse, region, False))
@@ -169,9 +171,14 @@ class AstHot:
                 if cd.name in module_classes:
                     continue
                 for b in cd.bases:
-                    hit = self.imports is None or ast_dotted(b) in module_classes or any(
-                        q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()
-                        for q in ast_torch_names(self.imports, b))
+                    hit = (
+                        self.imports is None
+                        or ast_dotted(b) in module_classes
+                        or any(
+                            q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper()
+                            for q in ast_torch_names(self.imports, b)
+                        )
+                    )
                     if hit:
                         module_classes.add(cd.name)
                         changed = True
@@ -182,8 +189,11 @@ class AstHot:
             if value is None:
                 continue
             base = value
-            while isinstance(base, _ast.Call) and isinstance(base.func, _ast.Attribute) \
-                    and isinstance(base.func.value, _ast.Call):
+            while (
+                isinstance(base, _ast.Call)
+                and isinstance(base.func, _ast.Attribute)
+                and isinstance(base.func.value, _ast.Call)
+            ):
                 base = base.func.value
             if not isinstance(base, _ast.Call):
                 continue
@@ -202,8 +212,11 @@ class AstHot:
                 self.modules.update(names)
                 continue
             for q in ast_torch_names(self.imports, func):
-                if q == "torch.compile" or (q.startswith("torch.nn.") and not q.startswith("torch.nn.functional")
-                                            and q.rsplit(".", 1)[1][:1].isupper()):
+                if q == "torch.compile" or (
+                    q.startswith("torch.nn.")
+                    and not q.startswith("torch.nn.functional")
+                    and q.rsplit(".", 1)[1][:1].isupper()
+                ):
                     self.modules.update(names)
                     break
 
@@ -283,7 +296,11 @@ class AstHot:
         interesting = []
         for c in self.index.get(_ast.Call, ()):
             f = c.func
-            if (isinstance(f, _ast.Attribute) and f.attr == "backward") or self.is_module_call(c) or self._may_resolve(c):
+            if (
+                (isinstance(f, _ast.Attribute) and f.attr == "backward")
+                or self.is_module_call(c)
+                or self._may_resolve(c)
+            ):
                 r = self.region(c)
                 if r is not None:
                     r.calls.append(c)
@@ -308,8 +325,9 @@ class AstHot:
 
         # Events of every function: the least fixed point over the call graph (a superset of
         # HotMap._fn_events, which cuts cycles).
-        defs = [d for ds in self.functions.values() for d in ds] + \
-            [d for ms in self.methods.values() for ds in ms.values() for d in ds]
+        defs = [d for ds in self.functions.values() for d in ds] + [
+            d for ms in self.methods.values() for ds in ms.values() for d in ds
+        ]
         ev = {id(fn): set(direct(self.region_of[id(fn)])[0]) for fn in defs}
         changed = True
         while changed:
@@ -350,8 +368,11 @@ class AstHot:
                 if isinstance(it, _ast.Call) and isinstance(it.func, _ast.Name):
                     if it.func.id in ("range", "len"):
                         continue
-                    if it.func.id == "enumerate" and isinstance(target, (_ast.Tuple, _ast.List)) \
-                            and len(target.elts) == 2:
+                    if (
+                        it.func.id == "enumerate"
+                        and isinstance(target, (_ast.Tuple, _ast.List))
+                        and len(target.elts) == 2
+                    ):
                         target = target.elts[1]
                 owner = self.scope_of(self.region_of[id(loop)].parent)
                 key = id(owner.node) if owner is not None and owner.kind == "def" else 0
@@ -400,8 +421,9 @@ class AstHot:
             func = func.value
         return isinstance(func, _ast.Name) and func.id in self.imports
 
-    def maybe_tensor(self, e: _ast.AST | None, own: _ast.AST | None, depth: int = 0,
-                     pending: frozenset = frozenset()) -> bool:
+    def maybe_tensor(
+        self, e: _ast.AST | None, own: _ast.AST | None, depth: int = 0, pending: frozenset = frozenset()
+    ) -> bool:
         if e is None:
             return False
         if depth > 14:
@@ -417,8 +439,10 @@ class AstHot:
                 from torchopt.analysis.precheck.torch_imports import ast_torch_names
 
                 for q in ast_torch_names(self.imports, f):
-                    if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES) \
-                            and q.rsplit(".", 1)[1] not in NOT_TENSOR:
+                    if (
+                        any(q.startswith(ns) and "." not in q[len(ns) :] for ns in TENSOR_NAMESPACES)
+                        and q.rsplit(".", 1)[1] not in NOT_TENSOR
+                    ):
                         return True
             if isinstance(f, _ast.Attribute) and f.attr in TENSOR_METHODS:
                 if not (f.attr in TUPLE_REDUCTIONS and e.args) and self.maybe_tensor(f.value, own, depth + 1, pending):
@@ -434,15 +458,17 @@ class AstHot:
             for o in (e.left, e.right):
                 if isinstance(o, lits) or (isinstance(o, _ast.Constant) and isinstance(o.value, (str, bytes))):
                     return False
-            return self.maybe_tensor(e.left, own, depth + 1, pending) or \
-                self.maybe_tensor(e.right, own, depth + 1, pending)
+            return self.maybe_tensor(e.left, own, depth + 1, pending) or self.maybe_tensor(
+                e.right, own, depth + 1, pending
+            )
         if isinstance(e, _ast.UnaryOp):
             return not isinstance(e.op, _ast.Not) and self.maybe_tensor(e.operand, own, depth + 1, pending)
         if isinstance(e, _ast.Compare):
             if len(e.ops) != 1 or isinstance(e.ops[0], (_ast.Is, _ast.IsNot, _ast.In, _ast.NotIn)):
                 return False
-            return self.maybe_tensor(e.left, own, depth + 1, pending) or \
-                self.maybe_tensor(e.comparators[0], own, depth + 1, pending)
+            return self.maybe_tensor(e.left, own, depth + 1, pending) or self.maybe_tensor(
+                e.comparators[0], own, depth + 1, pending
+            )
         if isinstance(e, _ast.Subscript):
             return self.maybe_tensor(e.value, own, depth + 1, pending)
         if isinstance(e, _ast.Attribute):
@@ -474,8 +500,9 @@ class AstHot:
                 stack += h.body
             for case in getattr(st, "cases", ()):
                 stack += case.body
-        return bool(returns) and all(r.value is not None and self.maybe_tensor(r.value, fn, depth + 1, pending)
-                                     for r in returns)
+        return bool(returns) and all(
+            r.value is not None and self.maybe_tensor(r.value, fn, depth + 1, pending) for r in returns
+        )
 
     def bindings(self, name: str, own) -> tuple[_ast.AST | None, list] | None:
         """(scope, bindings) of ``name`` seen from def ``own`` (None: the module): the innermost def
@@ -514,8 +541,12 @@ class AstHot:
             a = scope.args
             for i, p in enumerate(a.args):
                 add(p.arg, "param", scope, (i, p.annotation))
-            for p in [*a.posonlyargs, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
-                      *([a.kwarg] if a.kwarg else [])]:
+            for p in [
+                *a.posonlyargs,
+                *a.kwonlyargs,
+                *([a.vararg] if a.vararg else []),
+                *([a.kwarg] if a.kwarg else []),
+            ]:
                 add(p.arg, "other", None, p.annotation)
         stack: list = list(scope.body if scope is not None else self.tree.body)
         while stack:

@@ -1,4 +1,5 @@
 """How a file imports torch, seen through CPython's ast: which names may resolve to which torch APIs."""
+
 from __future__ import annotations
 
 import ast as _ast

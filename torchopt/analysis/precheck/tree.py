@@ -1,4 +1,5 @@
 """CPython's ast of a file, indexed by node type: the cheap parse every pre-check shares."""
+
 from __future__ import annotations
 
 import ast as _ast

@@ -1,6 +1,7 @@
 """What the AMP rules share: the deprecated `torch.cuda.amp` / `torch.cpu.amp` API and its `torch.amp`
 replacement (TOP201), whether a file uses AMP, and the names the advice rules look for (TOP204
 pure-fp16 model, TOP206 gradient penalty under AMP, TOP207 custom autograd Functions under autocast)."""
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,12 @@ AMP_MODULES: dict[str, tuple[str, frozenset[str]]] = {
 }
 MEMBERS = frozenset({"autocast", "GradScaler", "custom_fwd", "custom_bwd"})
 # Where each member lives now, below the torch module (`torch.autocast is torch.amp.autocast`).
-NEW_ATTR = {"autocast": "autocast", "GradScaler": "amp.GradScaler",
-            "custom_fwd": "amp.custom_fwd", "custom_bwd": "amp.custom_bwd"}
+NEW_ATTR = {
+    "autocast": "autocast",
+    "GradScaler": "amp.GradScaler",
+    "custom_fwd": "amp.custom_fwd",
+    "custom_bwd": "amp.custom_bwd",
+}
 # The old autocast signature; every positional argument becomes one of these keywords.
 OLD_AUTOCAST_PARAMS = ("enabled", "dtype", "cache_enabled")
 OLD_KEYWORDS = {
@@ -114,8 +119,12 @@ def migrate_call(call: cst.Call, func: cst.BaseExpression, device: str, member: 
                 i += 1
                 if name in kws:
                     return None
-                a = a.with_changes(keyword=cst.Name(name), equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+                a = a.with_changes(
+                    keyword=cst.Name(name),
+                    equal=cst.AssignEqual(
+                        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+                    ),
+                )
             args.append(a)
         return _prepend(new.with_changes(args=args), cst.Arg(dev))
     if member == "GradScaler":
@@ -130,8 +139,15 @@ def _one_line(code: str) -> str:
     return code if len(code) <= 60 else code[:57] + "..."
 
 
-_TYPE_CONTAINERS = (cst.Subscript, cst.SubscriptElement, cst.Index, cst.BinaryOperation, cst.Tuple,
-                    cst.List, cst.Element)
+_TYPE_CONTAINERS = (
+    cst.Subscript,
+    cst.SubscriptElement,
+    cst.Index,
+    cst.BinaryOperation,
+    cst.Tuple,
+    cst.List,
+    cst.Element,
+)
 
 
 def use_kind(rule: Rule, ref: cst.CSTNode) -> tuple[str, cst.CSTNode | None]:
@@ -154,9 +170,13 @@ def use_kind(rule: Rule, ref: cst.CSTNode) -> tuple[str, cst.CSTNode | None]:
             node, par = tup, rule.get_metadata(ParentProvider, tup, None)
     if isinstance(par, cst.Arg) and par.value is node and par.keyword is None:
         call = rule.get_metadata(ParentProvider, par, None)
-        if (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)
-                and call.func.value in ("isinstance", "issubclass") and len(call.args) == 2
-                and call.args[1] is par):
+        if (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Name)
+            and call.func.value in ("isinstance", "issubclass")
+            and len(call.args) == 2
+            and call.args[1] is par
+        ):
             return "type", None
     return "value", None
 
@@ -178,8 +198,10 @@ class _Site:
 def _alias_list(aliases: list[cst.ImportAlias], original: Sequence[cst.ImportAlias]) -> list[cst.ImportAlias]:
     """``aliases`` as an import list: separators in the original's style, its trailing comma kept."""
     out = []
-    sep = next((a.comma for a in original[:-1] if isinstance(a.comma, cst.Comma)),
-               cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    sep = next(
+        (a.comma for a in original[:-1] if isinstance(a.comma, cst.Comma)),
+        cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")),
+    )
     for i, a in enumerate(aliases):
         last = i == len(aliases) - 1
         out.append(a.with_changes(comma=original[-1].comma if last else sep))
@@ -198,16 +220,28 @@ class _Edits(cst.CSTTransformer):
 
 # --------------------------------------------------------------------------- shared: does the file use AMP?
 
-AUTOCAST_NAMES = frozenset({
-    "torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast",
-    "torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast",
-    "torch.cpu.amp.autocast", "torch.cpu.amp.autocast_mode.autocast",
-})
-SCALER_NAMES = frozenset({
-    "torch.GradScaler", "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
-    "torch.cuda.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
-    "torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler.GradScaler",
-})
+AUTOCAST_NAMES = frozenset(
+    {
+        "torch.autocast",
+        "torch.amp.autocast",
+        "torch.amp.autocast_mode.autocast",
+        "torch.cuda.amp.autocast",
+        "torch.cuda.amp.autocast_mode.autocast",
+        "torch.cpu.amp.autocast",
+        "torch.cpu.amp.autocast_mode.autocast",
+    }
+)
+SCALER_NAMES = frozenset(
+    {
+        "torch.GradScaler",
+        "torch.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.cuda.amp.GradScaler",
+        "torch.cuda.amp.grad_scaler.GradScaler",
+        "torch.cpu.amp.GradScaler",
+        "torch.cpu.amp.grad_scaler.GradScaler",
+    }
+)
 
 
 class _AmpUses(Rule):
@@ -236,11 +270,29 @@ class _AmpUses(Rule):
 
 # --------------------------------------------------------------------------- TOP204
 
-_NOT_MODULES = frozenset({"Parameter", "Buffer", "UninitializedParameter", "UninitializedBuffer",
-                          "LinearCrossEntropyOptions"})
+_NOT_MODULES = frozenset(
+    {"Parameter", "Buffer", "UninitializedParameter", "UninitializedBuffer", "LinearCrossEntropyOptions"}
+)
 # Methods of nn.Module that return the module itself.
-_SELF_RETURNING = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "eval",
-                             "requires_grad_", "type", "apply", "to_empty", "xpu", "mps"})
+_SELF_RETURNING = frozenset(
+    {
+        "to",
+        "cuda",
+        "cpu",
+        "float",
+        "double",
+        "half",
+        "bfloat16",
+        "train",
+        "eval",
+        "requires_grad_",
+        "type",
+        "apply",
+        "to_empty",
+        "xpu",
+        "mps",
+    }
+)
 
 
 def nn_module_class(qname: str | None) -> bool:

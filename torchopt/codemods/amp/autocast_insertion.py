@@ -14,6 +14,7 @@ function is resolved through the function's call sites inside loops of the same 
 each name in the scope that reads it (the function's own binding, then enclosing functions, then the
 module), so every training function is analysed, and rewritten, as if it were alone in the file.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,30 +31,60 @@ from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_n
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Option, Rule
 
-_AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
-              "torch.amp.autocast_mode.autocast"}
-_SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler",
-            "torch.amp.grad_scaler.GradScaler"}
+_AUTOCASTS = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+}
+_SCALERS = {
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.cpu.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+}
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 _GRAD_READERS = ("clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "get_total_norm", "clip_grads_with_norm_")
 # Calls that must stay outside an autocast region (metrics, host conversions, optimizer traffic).
-_EXCLUDED_METHODS = {"backward", "step", "zero_grad", "item", "cpu", "numpy", "tolist", "update", "unscale_",
-                     "append", "extend", "state_dict", "load_state_dict"}
+_EXCLUDED_METHODS = {
+    "backward",
+    "step",
+    "zero_grad",
+    "item",
+    "cpu",
+    "numpy",
+    "tolist",
+    "update",
+    "unscale_",
+    "append",
+    "extend",
+    "state_dict",
+    "load_state_dict",
+}
 _EXCLUDED_FUNCS = {"float", "int", "bool", "print", "len", "list"}
 _HALF_METHODS = {"half", "bfloat16"}
 # BCE raises under CUDA autocast ("Prefer binary_cross_entropy_with_logits").
 _BCE_FUNCS = {"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"}
 _BCE_CLASSES = {"torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss", "torch.nn.modules.BCELoss"}
 # Autocast state is thread-local; DataParallel runs the replicas in other threads.
-_DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                  "torch.nn.parallel.data_parallel.DataParallel"}
+_DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
 # Calls that return the module they are given, ready to be called in its place.
-_MODEL_WRAPPERS = {"torch.compile", "torch.nn.parallel.DistributedDataParallel",
-                   "torch.nn.parallel.distributed.DistributedDataParallel"}
+_MODEL_WRAPPERS = {
+    "torch.compile",
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+}
 _MOVE_CHAIN = {"to", "cuda", "train", "eval", "float", "requires_grad_", "share_memory"}
 
 OPTION_DTYPE = Option(
-    "dtype", str, "float16",
+    "dtype",
+    str,
+    "float16",
     "autocast dtype on CUDA. float16 (default) also inserts a GradScaler; off CUDA the program picks "
     "bfloat16 at run time. bfloat16: autocast only, no scaler.",
     choices=("float16", "bfloat16"),
@@ -65,8 +96,12 @@ OPTION_DTYPE = Option(
 def _base_call(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Call]]:
     """``Net(3).to(device).train()`` -> (``Net(3)``, [the .to call, the .train call])."""
     chain: list[cst.Call] = []
-    while (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
-           and isinstance(expr.func.value, cst.Call) and expr.func.attr.value in _MOVE_CHAIN | _HALF_METHODS):
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+        and expr.func.attr.value in _MOVE_CHAIN | _HALF_METHODS
+    ):
         chain.append(expr)
         expr = expr.func.value
     return expr, chain
@@ -131,13 +166,22 @@ def _no_model_reason(feeding: Sequence[cst.CSTNode]) -> str:
     """Why no model was found: name the calls that do feed the loss, none of them known to be a module
     (a model built by `models.__dict__[name]()` or returned from another file is not)."""
     # Objects called like a model (`model(x)`, `self.net(x)`), not methods (`images.to(...)`).
-    names = sorted({name for stmt in feeding for c in _calls(stmt) if (name := dotted(c.func))
-                    and (isinstance(c.func, cst.Name) or name.count(".") == 1 and name.startswith("self."))})
+    names = sorted(
+        {
+            name
+            for stmt in feeding
+            for c in _calls(stmt)
+            if (name := dotted(c.func))
+            and (isinstance(c.func, cst.Name) or name.count(".") == 1 and name.startswith("self."))
+        }
+    )
     if not names:
         return "no call of a torch.nn.Module feeds the loss passed to `backward()`"
     shown = ", ".join(f"`{n}(...)`" for n in names[:4])
-    return (f"the loss passed to `backward()` comes from {shown}, none of which is known to be a torch.nn.Module "
-            "(its class or factory is not visible in this file)")
+    return (
+        f"the loss passed to `backward()` comes from {shown}, none of which is known to be a torch.nn.Module "
+        "(its class or factory is not visible in this file)"
+    )
 
 
 def _calls(node: cst.CSTNode) -> Iterable[cst.Call]:
@@ -183,8 +227,11 @@ def dict_with_entry(d: cst.Dict, entry: cst.DictElement) -> cst.Dict:
     moves to the new entry)."""
     els = list(d.elements)
     last = els[-1]
-    sep = els[-2].comma if len(els) > 1 and isinstance(els[-2].comma, cst.Comma) else \
-        cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    sep = (
+        els[-2].comma
+        if len(els) > 1 and isinstance(els[-2].comma, cst.Comma)
+        else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    )
     els[-1] = last.with_changes(comma=sep)
     els.append(entry.with_changes(comma=last.comma) if isinstance(last.comma, cst.Comma) else entry)
     return d.with_changes(elements=els)
@@ -319,8 +366,13 @@ class _Analysis:
             if k in self.kmodels:
                 self._chain(target, k, chain)
 
-    def _assignment(self, stmt: cst.SimpleStatementLine, target: str | None, value: cst.BaseExpression,
-                    target_node: cst.CSTNode | None = None) -> None:
+    def _assignment(
+        self,
+        stmt: cst.SimpleStatementLine,
+        target: str | None,
+        value: cst.BaseExpression,
+        target_node: cst.CSTNode | None = None,
+    ) -> None:
         if target is None:
             return
         k = self.key(target, target_node if target_node is not None else stmt)
@@ -341,9 +393,14 @@ class _Analysis:
                 self.data_parallel.add(target)
                 self.kdata_parallel.add(k)
             is_module = False
-            if q and q.startswith("torch.nn.") and not q.startswith("torch.nn.functional") and cls[:1].isupper() \
-                    and not cls.endswith("Loss") and cls not in ("Parameter", "ModuleList", "ModuleDict",
-                                                                 "ParameterList", "ParameterDict", "Identity"):
+            if (
+                q
+                and q.startswith("torch.nn.")
+                and not q.startswith("torch.nn.functional")
+                and cls[:1].isupper()
+                and not cls.endswith("Loss")
+                and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Identity")
+            ):
                 is_module = True
             if isinstance(base.func, cst.Name) and base.func.value in self.module_classes:
                 is_module = True
@@ -364,8 +421,7 @@ class _Analysis:
                 self._unknown_chains.append((target, k, chain))
         d = dotted(base) if not isinstance(base, cst.Call) else None
         if d is not None and chain:  # model = model.to(device)
-            self._chain(target if d in self.models else None, k if self.key(d, base) in self.kmodels else None,
-                        chain)
+            self._chain(target if d in self.models else None, k if self.key(d, base) in self.kmodels else None, chain)
 
     def _expr_stmt(self, value: cst.BaseExpression) -> None:
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
@@ -497,8 +553,12 @@ class _Analysis:
                 if arg.star:
                     break
                 pname = arg.keyword.value if arg.keyword is not None else (params[i] if i < len(params) else None)
-                if pname is None or pname not in params or dotted(arg.value) != pname or \
-                        (scope is not None and len(scope[pname]) != 1):
+                if (
+                    pname is None
+                    or pname not in params
+                    or dotted(arg.value) != pname
+                    or (scope is not None and len(scope[pname]) != 1)
+                ):
                     continue  # not a parameter, another name, or rebound in the function
                 k = self.key(dotted(arg.value), arg.value)
                 if k and (k in self.kmodels or k in self.koptimizers or k in self.kbce):
@@ -543,8 +603,7 @@ class _Visible:
     """The names that, read in ``scope``, are one of ``keys`` (a parameter listed in ``alias`` stands for
     its caller's argument). Supports ``name in visible`` only."""
 
-    def __init__(self, analysis: _Analysis, scope: Scope | None, keys: Container[Key],
-                 alias: dict[str, Key]) -> None:
+    def __init__(self, analysis: _Analysis, scope: Scope | None, keys: Container[Key], alias: dict[str, Key]) -> None:
         self.a, self.scope, self.keys, self.alias = analysis, scope, keys, alias
 
     def __contains__(self, name: object) -> bool:
@@ -568,8 +627,17 @@ def _loop_sites(analysis: _Analysis) -> list[StepSite]:
             if body:
                 scope = analysis.scope_of(n)
                 alias = analysis.param_alias(n)
-                sites.append(StepSite(body, n, _Visible(analysis, scope, analysis.kmodels, alias),
-                                      _Visible(analysis, scope, analysis.koptimizers, alias), alias, n, scope))
+                sites.append(
+                    StepSite(
+                        body,
+                        n,
+                        _Visible(analysis, scope, analysis.kmodels, alias),
+                        _Visible(analysis, scope, analysis.koptimizers, alias),
+                        alias,
+                        n,
+                        scope,
+                    )
+                )
     for fname, fn in analysis.functions.items():
         body = body_list(fn.body)
         if not body:
@@ -662,8 +730,9 @@ def _bce_call(analysis: "_Analysis", site: "StepSite", node: cst.CSTNode, depth:
     return None
 
 
-def before_bce_loss(analysis: "_Analysis", site: "StepSite",
-                    region: list[cst.BaseStatement]) -> tuple[list[cst.BaseStatement], bool]:
+def before_bce_loss(
+    analysis: "_Analysis", site: "StepSite", region: list[cst.BaseStatement]
+) -> tuple[list[cst.BaseStatement], bool]:
     """The region up to the statement computing binary cross-entropy, and whether it was cut there.
 
     CUDA autocast raises on ``binary_cross_entropy`` (it is unsafe in float16), so that loss and what
@@ -673,13 +742,19 @@ def before_bce_loss(analysis: "_Analysis", site: "StepSite",
         if bce is None:
             continue
         if analysis.calls_model(s, site.models):
-            raise Refusal(bce, "the binary cross-entropy loss (unsafe to autocast) takes the model's output in the "
-                               "same statement that runs the forward, so the forward cannot go under autocast "
-                               "without the loss: assign the model's output to a name first")
-        later = next((t for t in region[k + 1:] if analysis.calls_model(t, site.models)), None)
+            raise Refusal(
+                bce,
+                "the binary cross-entropy loss (unsafe to autocast) takes the model's output in the "
+                "same statement that runs the forward, so the forward cannot go under autocast "
+                "without the loss: assign the model's output to a name first",
+            )
+        later = next((t for t in region[k + 1 :] if analysis.calls_model(t, site.models)), None)
         if later is not None:
-            raise Refusal(bce, "the forward continues after the binary cross-entropy loss (unsafe to autocast), "
-                               "so no single autocast block covers the forward without that loss")
+            raise Refusal(
+                bce,
+                "the forward continues after the binary cross-entropy loss (unsafe to autocast), "
+                "so no single autocast block covers the forward without that loss",
+            )
         return list(region[:k]), True
     return list(region), False
 
@@ -692,8 +767,11 @@ def recurrent_state(analysis: "_Analysis", site: "StepSite", region: Sequence[cs
     state: set[str] = set()
     for s in region:
         for n in walk(s):
-            if not isinstance(n, cst.Assign) or not isinstance(n.value, cst.Call) or \
-                    dotted(n.value.func) not in site.models:
+            if (
+                not isinstance(n, cst.Assign)
+                or not isinstance(n.value, cst.Call)
+                or dotted(n.value.func) not in site.models
+            ):
                 continue
             passed = {dotted(arg.value) for arg in n.value.args}
             state |= {d for d in (dotted(t) for t in _targets(n)) if d is not None and d in passed}
@@ -707,14 +785,16 @@ def _accelerate_backward(analysis: "_Analysis", c: cst.Call) -> bool:
     receiver = dotted(method_receiver(c))
     for stmt in analysis.assigning(receiver) if receiver else ():
         value = getattr(_single_small(stmt), "value", None)
-        if isinstance(value, cst.Call) and any(q.split(".")[0] == "accelerate"
-                                               for q in qualified_names(analysis.rule, value.func)):
+        if isinstance(value, cst.Call) and any(
+            q.split(".")[0] == "accelerate" for q in qualified_names(analysis.rule, value.func)
+        ):
             return True
     return False
 
 
-def hand_update(analysis: "_Analysis", stmts: Sequence[cst.BaseStatement],
-                models: "set[str] | _Visible") -> cst.For | None:
+def hand_update(
+    analysis: "_Analysis", stmts: Sequence[cst.BaseStatement], models: "set[str] | _Visible"
+) -> cst.For | None:
     """A ``for p in model.parameters():`` loop in the step (also under ``if``/``else`` or ``with``)
     that writes each parameter in place from its gradient, as plain SGD by hand does."""
     for s in stmts:
@@ -722,8 +802,12 @@ def hand_update(analysis: "_Analysis", stmts: Sequence[cst.BaseStatement],
             if not isinstance(n, cst.For) or not isinstance(n.target, cst.Name):
                 continue
             it = n.iter
-            if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Attribute)
-                    and it.func.attr.value == "parameters" and dotted(it.func.value) in models):
+            if not (
+                isinstance(it, cst.Call)
+                and isinstance(it.func, cst.Attribute)
+                and it.func.attr.value == "parameters"
+                and dotted(it.func.value) in models
+            ):
                 continue
             p = n.target.value
             if _reads_grads(n.body) and any(_writes_in_place(m, p) for m in walk(n.body)):
@@ -749,8 +833,12 @@ def _step_call(stmt: cst.CSTNode, optimizers: "set[str] | _Visible") -> cst.Call
         value = small.value
     elif isinstance(small, cst.Assign):
         value = small.value
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "step" \
-            and dotted(value.func.value) in optimizers:
+    if (
+        isinstance(value, cst.Call)
+        and isinstance(value.func, cst.Attribute)
+        and value.func.attr.value == "step"
+        and dotted(value.func.value) in optimizers
+    ):
         return value
     return None
 
@@ -772,8 +860,9 @@ def _excluded(stmt: cst.CSTNode) -> bool:
             return True
         if isinstance(c.func, cst.Name) and c.func.value in _EXCLUDED_FUNCS:
             return True
-    return isinstance(stmt, (cst.Return,)) or any(isinstance(n, (cst.Return, cst.Yield, cst.Break, cst.Continue))
-                                                  for n in walk(stmt))
+    return isinstance(stmt, (cst.Return,)) or any(
+        isinstance(n, (cst.Return, cst.Yield, cst.Break, cst.Continue)) for n in walk(stmt)
+    )
 
 
 @dataclass
@@ -804,7 +893,9 @@ def _escapes(analysis: _Analysis, site: StepSite, region: list[cst.BaseStatement
     pending = set(names)
     found: set[str] = set()
     scope_node = analysis.scope_owner(region[0])
-    for n in (walk(scope_node, True) if not isinstance(scope_node, cst.Module) else analysis.all_nodes):  # one walk for all
+    for n in (
+        walk(scope_node, True) if not isinstance(scope_node, cst.Module) else analysis.all_nodes
+    ):  # one walk for all
         if isinstance(n, cst.Name) and n.value in pending:
             p = analysis.pos(n)
             if lo <= p <= hi:
@@ -812,8 +903,10 @@ def _escapes(analysis: _Analysis, site: StepSite, region: list[cst.BaseStatement
             parent = analysis.parent(n)
             if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
                 continue
-            if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg)) and \
-                    getattr(parent, "keyword", None) is n:
+            if (
+                isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg))
+                and getattr(parent, "keyword", None) is n
+            ):
                 continue
             if isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef)):
                 continue
@@ -859,28 +952,43 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     first_back = backs[0][1]
     for _, _, c, opt in steps if manual is None else ():
         if c.args:
-            raise Refusal(c, f"`{opt}.step(...)` takes a closure, which GradScaler does not support "
-                             "(`GradScaler.step` raises \"Closure use is not currently supported\")")
+            raise Refusal(
+                c,
+                f"`{opt}.step(...)` takes a closure, which GradScaler does not support "
+                '(`GradScaler.step` raises "Closure use is not currently supported")',
+            )
     for c in _calls(body_node):
         if isinstance(c.func, (cst.Name, cst.Attribute)) and callee(analysis.rule, c) == "torch.autograd.grad":
-            raise Refusal(c, "the step calls `torch.autograd.grad` (a gradient penalty needs the AMP "
-                             "template: scale the inputs of autograd.grad and unscale its outputs)")
+            raise Refusal(
+                c,
+                "the step calls `torch.autograd.grad` (a gradient penalty needs the AMP "
+                "template: scale the inputs of autograd.grad and unscale its outputs)",
+            )
     step_lists = {id(lst) for lst, _, _, _ in steps}
     if len(step_lists) != 1 and manual is None:
-        raise Refusal(first_back, "optimizer steps sit in different blocks, so no single `scaler.update()` "
-                                  "placement runs once per iteration after all of them")
+        raise Refusal(
+            first_back,
+            "optimizer steps sit in different blocks, so no single `scaler.update()` "
+            "placement runs once per iteration after all of them",
+        )
     used_models = {m for s in stmts for m in analysis.model_of_stmt(s, site.models)}
     fmodels = {_site_key(analysis, site, m) for m in used_models}
     dp = fmodels & analysis.kdata_parallel
     if dp:
-        raise Refusal(first_back, f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
-                                  "other threads while autocast state is thread-local, so an autocast block in the "
-                                  "step would not reach them: convert to DistributedDataParallel (TOP401) or "
-                                  "decorate the model's `forward` with `@torch.autocast(...)`")
+        raise Refusal(
+            first_back,
+            f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
+            "other threads while autocast state is thread-local, so an autocast block in the "
+            "step would not reach them: convert to DistributedDataParallel (TOP401) or "
+            "decorate the model's `forward` with `@torch.autocast(...)`",
+        )
     half = fmodels & analysis.khalf
     if half:
-        raise Refusal(first_back, f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
-                                  "training): autocast must not be combined with `.half()`")
+        raise Refusal(
+            first_back,
+            f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
+            "training): autocast must not be combined with `.half()`",
+        )
     # Regions: one per group of consecutive backward calls.
     regions: list[Region] = []
     prev = -1
@@ -911,13 +1019,16 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
             prev = g[-1]
             continue
         start, end = min(model_stmts), max(in_slice)
-        region, cut = before_bce_loss(analysis, site, stmts[start:end + 1])
+        region, cut = before_bce_loss(analysis, site, stmts[start : end + 1])
         bce_outside = bce_outside or cut
         for s in region:
             if _excluded(s) or analysis.autocast_with(s):
-                raise Refusal(s, "a statement between the forward and the loss ("
-                              + " ".join(analysis.module.code_for_node(s).split())[:50]
-                              + ") cannot run under autocast (optimizer, metric or host conversion)")
+                raise Refusal(
+                    s,
+                    "a statement between the forward and the loss ("
+                    + " ".join(analysis.module.code_for_node(s).split())[:50]
+                    + ") cannot run under autocast (optimizer, metric or host conversion)",
+                )
         regions.append(Region(list(region)))
         prev = g[-1]
     for r in regions:
@@ -941,11 +1052,17 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
             if _reads_grads(stmts[j]):
                 test = " ".join(analysis.module.code_for_node(host.test).split())
                 if "%" in test:
-                    raise Refusal(stmts[j], "gradients are read on micro-batches that do not step "
-                                            "(unscale_ there would be repeated before update())")
-                raise Refusal(stmts[j], f"gradients are read before the step, which runs only `if {test}:`, so "
-                                        "`unscale_` would run on iterations that do not step (move the gradient "
-                                        "read under the same condition)")
+                    raise Refusal(
+                        stmts[j],
+                        "gradients are read on micro-batches that do not step "
+                        "(unscale_ there would be repeated before update())",
+                    )
+                raise Refusal(
+                    stmts[j],
+                    f"gradients are read before the step, which runs only `if {test}:`, so "
+                    "`unscale_` would run on iterations that do not step (move the gradient "
+                    "read under the same condition)",
+                )
         candidates = [(j, step_list[j]) for j in range(0, step_idx[-1])]
     for j, s in candidates:
         if j in opt_at or not _reads_grads(s):
@@ -960,8 +1077,9 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
         if opts:
             done.update(opts)
             unscale.append((s, opts))
-    return StepPlan(site, regions, [c for _, c in backs], [(c, o) for _, _, c, o in steps], step_list, unscale,
-                    anchor, bce_outside)
+    return StepPlan(
+        site, regions, [c for _, c in backs], [(c, o) for _, _, c, o in steps], step_list, unscale, anchor, bce_outside
+    )
 
 
 # --------------------------------------------------------------------------- the rules
@@ -970,8 +1088,16 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
 class _AmpBase(Rule):
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
 
-    def _setup(self, analysis: _Analysis, anchor_scope: cst.CSTNode, models: Iterable[str | Key], anchors: list[cst.CSTNode],
-               loop: cst.CSTNode, scaler: bool, node: cst.CSTNode):
+    def _setup(
+        self,
+        analysis: _Analysis,
+        anchor_scope: cst.CSTNode,
+        models: Iterable[str | Key],
+        anchors: list[cst.CSTNode],
+        loop: cst.CSTNode,
+        scaler: bool,
+        node: cst.CSTNode,
+    ):
         """Names, setup statements and the statement to insert them after; raises Refusal."""
         ref = torch_ref(self)
         if ref is None:
@@ -980,8 +1106,11 @@ class _AmpBase(Rule):
         if dev is None:
             dev = _program_device(self, analysis, node)
         if dev is None:
-            raise Refusal(node, "cannot tell which device the model runs on (no `.to(device)` / `.cuda()` "
-                                "on it); CPU training is not an AMP target")
+            raise Refusal(
+                node,
+                "cannot tell which device the model runs on (no `.to(device)` / `.cuda()` "
+                "on it); CPU training is not an AMP target",
+            )
         dev_code, dev_var = dev
         anchors = list(anchors)
         if isinstance(dev_var, cst.Name):
@@ -993,9 +1122,14 @@ class _AmpBase(Rule):
         owner = analysis.scope_owner(anchor)
         if not (isinstance(owner, cst.Module) or owner is anchor_scope):
             where = f"`{owner.name.value}`" if isinstance(owner, (cst.FunctionDef, cst.ClassDef)) else "another scope"
-            raise Refusal(node, f"the optimizer is created in {where}, and this file does not show how it "
-                                "reaches the step's function (neither a parameter every caller fills nor an attribute)")
-        if analysis.pos(anchor) >= analysis.pos(loop) and (isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner):
+            raise Refusal(
+                node,
+                f"the optimizer is created in {where}, and this file does not show how it "
+                "reaches the step's function (neither a parameter every caller fills nor an attribute)",
+            )
+        if analysis.pos(anchor) >= analysis.pos(loop) and (
+            isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner
+        ):
             raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
@@ -1003,8 +1137,11 @@ class _AmpBase(Rule):
             names["scaler"] = fresh_name(taken, "scaler")
         T = ref.name
         stmts = [statement(s) for s in amp_setup_lines(T, dev_code.format(T=T), names, self.option("dtype"), scaler)]
-        item = cst.WithItem(item=cst.parse_expression(
-            f'{T}.autocast(device_type={names["amp_device_type"]}, dtype={names["amp_dtype"]})'))
+        item = cst.WithItem(
+            item=cst.parse_expression(
+                f"{T}.autocast(device_type={names['amp_device_type']}, dtype={names['amp_dtype']})"
+            )
+        )
         return names, stmts, anchor, item, tuple(ref.imports)
 
 

@@ -1,4 +1,5 @@
 """TOP207 `custom-function-amp`: Points at the `forward` / `backward` of a custom `torch.autograd.Function` that lack."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -13,12 +14,24 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_CUSTOM_FWD = frozenset({"torch.amp.custom_fwd", "torch.amp.autocast_mode.custom_fwd",
-                         "torch.cuda.amp.custom_fwd", "torch.cuda.amp.autocast_mode.custom_fwd"})
+_CUSTOM_FWD = frozenset(
+    {
+        "torch.amp.custom_fwd",
+        "torch.amp.autocast_mode.custom_fwd",
+        "torch.cuda.amp.custom_fwd",
+        "torch.cuda.amp.autocast_mode.custom_fwd",
+    }
+)
 
 
-_CUSTOM_BWD = frozenset({"torch.amp.custom_bwd", "torch.amp.autocast_mode.custom_bwd",
-                         "torch.cuda.amp.custom_bwd", "torch.cuda.amp.autocast_mode.custom_bwd"})
+_CUSTOM_BWD = frozenset(
+    {
+        "torch.amp.custom_bwd",
+        "torch.amp.autocast_mode.custom_bwd",
+        "torch.cuda.amp.custom_bwd",
+        "torch.cuda.amp.autocast_mode.custom_bwd",
+    }
+)
 
 
 class CustomFunctionAmp(_AmpUses):
@@ -84,6 +97,7 @@ class CustomFunctionAmp(_AmpUses):
     @classmethod
     def could_match(cls, text: str) -> bool:
         return super().could_match(text) and prechecks.custom_function_possible(text)
+
     _amp_watch = frozenset({"autocast"})
 
     examples = (
@@ -91,12 +105,12 @@ class CustomFunctionAmp(_AmpUses):
             "import torch\n\n\nclass Square(torch.autograd.Function):\n    @staticmethod\n"
             "    def forward(ctx, x):\n        ctx.save_for_backward(x)\n        return x * x\n\n"
             "    @staticmethod\n    def backward(ctx, g):\n        (x,) = ctx.saved_tensors\n        return 2 * x * g\n\n\n"
-            "def run(x):\n    with torch.autocast(\"cuda\"):\n        return Square.apply(x)\n",
+            'def run(x):\n    with torch.autocast("cuda"):\n        return Square.apply(x)\n',
             after=None,
         ),
         Invalid(
             "import torch\nfrom torch.autograd import Function\nfrom torch.cuda.amp import autocast\n\n\n"
-            "class Double(Function):\n    @staticmethod\n    @torch.amp.custom_fwd(device_type=\"cuda\")\n"
+            'class Double(Function):\n    @staticmethod\n    @torch.amp.custom_fwd(device_type="cuda")\n'
             "    def forward(ctx, x):\n        return x * 2\n\n"
             "    @staticmethod\n    def backward(ctx, g):\n        return g * 2\n\n\nctx = autocast()\n",
             after=None,
@@ -109,16 +123,16 @@ class CustomFunctionAmp(_AmpUses):
         ),
         Valid(
             "import torch\n\n\nclass Square(torch.autograd.Function):\n    @staticmethod\n"
-            "    @torch.amp.custom_fwd(device_type=\"cuda\", cast_inputs=torch.float32)\n"
+            '    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)\n'
             "    def forward(ctx, x):\n        return x * x\n\n    @staticmethod\n"
-            "    @torch.amp.custom_bwd(device_type=\"cuda\")\n    def backward(ctx, g):\n        return g\n\n\n"
-            "with torch.autocast(\"cpu\"):\n    y = Square.apply(torch.ones(2))\n",
+            '    @torch.amp.custom_bwd(device_type="cuda")\n    def backward(ctx, g):\n        return g\n\n\n'
+            'with torch.autocast("cpu"):\n    y = Square.apply(torch.ones(2))\n',
             runnable=True,
         ),
         Valid(
             "import torch\n\n\nclass Square(torch.autograd.Function):\n    @staticmethod\n"
-            "    @torch.autocast(\"cuda\", enabled=False)\n    def forward(ctx, x):\n        return x * x\n\n"
-            "    @staticmethod\n    def backward(ctx, g):\n        return g\n\n\nctx = torch.autocast(\"cuda\")\n",
+            '    @torch.autocast("cuda", enabled=False)\n    def forward(ctx, x):\n        return x * x\n\n'
+            '    @staticmethod\n    def backward(ctx, g):\n        return g\n\n\nctx = torch.autocast("cuda")\n',
             note="forward disables autocast itself",
         ),
     )
@@ -136,8 +150,7 @@ class CustomFunctionAmp(_AmpUses):
                 continue
             if torch_name(self, base.value) in _FUNCTION_BASES:
                 return True
-            if isinstance(base.value, cst.Name) and base.value.value in self._classes \
-                    and base.value.value not in seen:
+            if isinstance(base.value, cst.Name) and base.value.value in self._classes and base.value.value not in seen:
                 if self._is_function(self._classes[base.value.value], seen | {cls.name.value}):
                     return True
         return False

@@ -1,4 +1,5 @@
 """TOP206 `gradient-penalty-amp`: Points at `torch.autograd.grad(..., create_graph=True)` (a gradient penalty, double backward)."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -83,13 +84,16 @@ class GradientPenaltyAmp(_AmpUses):
 
     @classmethod
     def could_match(cls, text: str) -> bool:
-        return super().could_match(text) and ("autocast" in text or "GradScaler" in text) \
+        return (
+            super().could_match(text)
+            and ("autocast" in text or "GradScaler" in text)
             and prechecks.gradient_penalty_possible(text)
+        )
 
     examples = (
         Invalid(
-            "import torch\n\nscaler = torch.amp.GradScaler(\"cuda\")\n\n\ndef step(model, x):\n"
-            "    with torch.autocast(\"cuda\"):\n        loss = model(x).sum()\n"
+            'import torch\n\nscaler = torch.amp.GradScaler("cuda")\n\n\ndef step(model, x):\n'
+            '    with torch.autocast("cuda"):\n        loss = model(x).sum()\n'
             "    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)\n"
             "    penalty = sum(g.pow(2).sum() for g in grads)\n    scaler.scale(loss + penalty).backward()\n",
             after=None,
@@ -104,14 +108,14 @@ class GradientPenaltyAmp(_AmpUses):
             note="no AMP in the file",
         ),
         Valid(
-            "import torch\n\nscaler = torch.amp.GradScaler(\"cuda\")\n\n\ndef step(loss, params):\n"
+            'import torch\n\nscaler = torch.amp.GradScaler("cuda")\n\n\ndef step(loss, params):\n'
             "    scaled = torch.autograd.grad(scaler.scale(loss), params, create_graph=True)\n"
             "    inv = 1.0 / scaler.get_scale()\n    return [g * inv for g in scaled]\n",
             note="already follows the recipe",
         ),
         Valid(
-            "import torch\n\nscaler = torch.amp.GradScaler(\"cuda\")\n\n\ndef step(loss, params):\n"
-            "    return torch.autograd.grad(loss, params, create_graph=False)\n",
+            'import torch\n\nscaler = torch.amp.GradScaler("cuda")\n\n\ndef step(loss, params):\n'
+            "    return torch.autograd.grad(loss, params, create_graph=False)\n"
         ),
     )
 

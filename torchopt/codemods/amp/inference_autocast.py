@@ -1,4 +1,5 @@
 """TOP205 `inference-autocast`: In an inference-only script (no `backward()` anywhere in the file), wraps the model forward."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -12,7 +13,15 @@ from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, body_list
 from torchopt.codemods.amp.autocast_insertion import (
-    OPTION_DTYPE, Region, StepSite, _AmpBase, _Analysis, _NO_GRAD, _escapes, _excluded, wrap_region
+    OPTION_DTYPE,
+    Region,
+    StepSite,
+    _AmpBase,
+    _Analysis,
+    _NO_GRAD,
+    _escapes,
+    _excluded,
+    wrap_region,
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -186,11 +195,15 @@ class InferenceAutocast(_AmpBase):
                 j1 = j0
                 while j1 + 1 < len(lst) and a.calls_model(lst[j1 + 1], a.models):
                     j1 += 1
-                region = list(lst[j0:j1 + 1])
+                region = list(lst[j0 : j1 + 1])
                 bad = [s for s in region if _excluded(s) or not isinstance(s, cst.SimpleStatementLine)]
                 if bad:
-                    self.report(bad[0], message=self.refuse_message.format(
-                        reason="the forward shares its statement with metric or host-conversion code"))
+                    self.report(
+                        bad[0],
+                        message=self.refuse_message.format(
+                            reason="the forward shares its statement with metric or host-conversion code"
+                        ),
+                    )
                     continue
                 r = Region(region)
                 site = StepSite(lst, n, a.models, set(), {}, n)
@@ -207,7 +220,8 @@ class InferenceAutocast(_AmpBase):
             return
         try:
             names, setup, anchor, item, imports = self._setup(
-                a, a.scope_owner(loops[0]), used, anchors, min(loops, key=a.pos), False, first)
+                a, a.scope_owner(loops[0]), used, anchors, min(loops, key=a.pos), False, first
+            )
         except Refusal as r:
             self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
             return
@@ -216,8 +230,14 @@ class InferenceAutocast(_AmpBase):
         for planned in regions:
             wrap_region(e, planned, item)
         new = a.module.visit(ApplyEdits(e))
-        self.report(first, replacement=new, target=a.module, tags=[Tag.NUMERICS], imports=imports,
-                    note="the forward runs in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)")
+        self.report(
+            first,
+            replacement=new,
+            target=a.module,
+            tags=[Tag.NUMERICS],
+            imports=imports,
+            note="the forward runs in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)",
+        )
 
     def _no_grad(self, item: cst.BaseExpression) -> bool:
         return isinstance(item, cst.Call) and callee(self, item) in _NO_GRAD

@@ -1,4 +1,5 @@
 """TOP203 `missing-grad-scaler`: Flags float16 autocast in a training step (a step with `backward()` and `optimizer.step()`)."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -10,9 +11,7 @@ from torchopt.analysis.values import dtype_of
 from torchopt.analysis.values import string_value
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.codemods.amp.autocast_insertion import (
-    _AUTOCASTS, _AmpBase, _Analysis, _backward_call
-)
+from torchopt.codemods.amp.autocast_insertion import _AUTOCASTS, _AmpBase, _Analysis, _backward_call
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
@@ -104,7 +103,7 @@ class MissingGradScaler(_AmpBase):
                     scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -141,7 +140,7 @@ class MissingGradScaler(_AmpBase):
                     scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
-            """),
+            """)
         ),
     )
 
@@ -149,8 +148,7 @@ class MissingGradScaler(_AmpBase):
         a = _Analysis(self)
         if a.has_scaler() or not a.optimizers:
             return
-        has_backward = any(_backward_call(s) is not None for s in a.all_nodes
-                           if isinstance(s, cst.SimpleStatementLine))
+        has_backward = any(_backward_call(s) is not None for s in a.all_nodes if isinstance(s, cst.SimpleStatementLine))
         if not has_backward:
             return
         for n in a.all_nodes:

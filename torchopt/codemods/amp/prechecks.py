@@ -5,6 +5,7 @@ conditions with names resolved through the file's imports (``torch_import_map``,
 QualifiedNameProvider resolves), and says True whenever it cannot tell (the text does not parse, a
 ``from torch... import *``). Never LibCST here.
 """
+
 from __future__ import annotations
 
 import ast
@@ -54,8 +55,12 @@ class _Facts:
         from torchopt.codemods.amp.autocast_insertion import _HALF_METHODS, _MOVE_CHAIN
 
         chain = _MOVE_CHAIN | _HALF_METHODS
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
-                and isinstance(value.func.value, ast.Call) and value.func.attr in chain:
+        while (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and isinstance(value.func.value, ast.Call)
+            and value.func.attr in chain
+        ):
             value = value.func.value
         return value
 
@@ -80,8 +85,10 @@ class _Facts:
                 if c.name in out:
                     continue
                 for b in c.bases:
-                    if any(q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() for q in self.names(b)) \
-                            or ast_dotted(b) in out:
+                    if (
+                        any(q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() for q in self.names(b))
+                        or ast_dotted(b) in out
+                    ):
                         out.add(c.name)
                         changed = True
                         break
@@ -108,13 +115,15 @@ class _Facts:
             for q in self.names(base.func):
                 cls = q.rsplit(".", 1)[1]
                 if q in _DATA_PARALLEL or (
-                        q.startswith("torch.nn.") and not q.startswith("torch.nn.functional")
-                        and cls[:1].isupper() and not cls.endswith("Loss")
-                        and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList",
-                                        "ParameterDict", "Identity")):
+                    q.startswith("torch.nn.")
+                    and not q.startswith("torch.nn.functional")
+                    and cls[:1].isupper()
+                    and not cls.endswith("Loss")
+                    and cls
+                    not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Identity")
+                ):
                     return True
-        if any(_method(c, _PARAMS) and _receiver(c) in names
-               for c in self.calls()):
+        if any(_method(c, _PARAMS) and _receiver(c) in names for c in self.calls()):
             return bool(self.optimizers())
         return False
 
@@ -198,9 +207,11 @@ def _live_step(body: list, optimizers: set[str]) -> bool:
     if not any(b for b, _ in backs):
         return False
     lists = [body] + [s.body for s in body if isinstance(s, ast.If)]
-    if not any(isinstance(s, (ast.Expr, ast.Assign)) and _method(s.value, "step")
-               and _receiver(s.value) in optimizers
-               for lst in lists for s in lst) and not _hand_update(body):
+    if not any(
+        isinstance(s, (ast.Expr, ast.Assign)) and _method(s.value, "step") and _receiver(s.value) in optimizers
+        for lst in lists
+        for s in lst
+    ) and not _hand_update(body):
         return False
     if any(_method(loss, "scale") for b, loss in backs if b):
         return False  # already scaled: the step is left alone
@@ -211,8 +222,11 @@ def _hand_update(body: list) -> bool:
     """A ``for p in m.parameters():`` loop in ``body`` that reads ``.grad``: weights updated by hand."""
     for stmt in body:
         for n in ast.walk(stmt):
-            if isinstance(n, ast.For) and _method(n.iter, "parameters") and \
-                    any(isinstance(x, ast.Attribute) and x.attr == "grad" for x in ast.walk(n)):
+            if (
+                isinstance(n, ast.For)
+                and _method(n.iter, "parameters")
+                and any(isinstance(x, ast.Attribute) and x.attr == "grad" for x in ast.walk(n))
+            ):
                 return True
     return False
 
@@ -251,8 +265,9 @@ def missing_autocast_possible(text: str) -> bool:
     for fn in (n for t in _FUNCS for n in f.index.get(t, ())):
         a = fn.args
         names = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p is not None}
-        names |= {d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step"))
-                  if d and d.startswith("self.")}
+        names |= {
+            d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step")) if d and d.startswith("self.")
+        }
         bodies = [fn.body] + [n.body for n in ast.walk(fn) if isinstance(n, _LOOPS)]
         if any(_live_step(body, optimizers | names) for body in bodies):
             return True
@@ -309,18 +324,31 @@ def inference_autocast_possible(text: str) -> bool:
     # Where loops run under no_grad: `with no_grad():` blocks and no_grad-decorated functions, by
     # line span (a superset: a loop in a function nested there counts too).
     spans = [_span(w) for t in _WITHS for w in f.index.get(t, ()) if any(no_grad(i.context_expr) for i in w.items)]
-    spans += [_span(fn) for t in _FUNCS for fn in f.index.get(t, ())
-              if fn.decorator_list and any(f.names(d.func if isinstance(d, ast.Call) else d) & _NO_GRAD
-                                           for d in fn.decorator_list)]
+    spans += [
+        _span(fn)
+        for t in _FUNCS
+        for fn in f.index.get(t, ())
+        if fn.decorator_list
+        and any(f.names(d.func if isinstance(d, ast.Call) else d) & _NO_GRAD for d in fn.decorator_list)
+    ]
     if not spans:
         return False  # a loop holding such a `with` needs one too
     bodies = [loop.body for loop in loops if any(lo <= loop.lineno <= hi for lo, hi in spans)]
-    bodies += [s.body for loop in loops for s in loop.body
-               if isinstance(s, _WITHS) and any(no_grad(i.context_expr) for i in s.items)]
+    bodies += [
+        s.body
+        for loop in loops
+        for s in loop.body
+        if isinstance(s, _WITHS) and any(no_grad(i.context_expr) for i in s.items)
+    ]
     if not bodies:
         return False
-    called = {d for body in bodies for s in body for c in ast.walk(s)
-              if isinstance(c, ast.Call) and (d := ast_dotted(c.func)) is not None}
+    called = {
+        d
+        for body in bodies
+        for s in body
+        for c in ast.walk(s)
+        if isinstance(c, ast.Call) and (d := ast_dotted(c.func)) is not None
+    }
     return bool(called) and f.any_model(called)
 
 
@@ -364,10 +392,15 @@ def pure_fp16_possible(text: str) -> bool:
             continue
         if c.func.attr == "half" and not c.args and not c.keywords:
             casts.append(c)
-        elif c.func.attr == "to" and not any(isinstance(a, ast.Starred) for a in c.args) \
-                and all(k.arg is not None for k in c.keywords) \
-                and any((isinstance(v, ast.Attribute) and v.attr in ("float16", "half")) or isinstance(v, ast.Name)
-                        for v in [*c.args, *(k.value for k in c.keywords)]):
+        elif (
+            c.func.attr == "to"
+            and not any(isinstance(a, ast.Starred) for a in c.args)
+            and all(k.arg is not None for k in c.keywords)
+            and any(
+                (isinstance(v, ast.Attribute) and v.attr in ("float16", "half")) or isinstance(v, ast.Name)
+                for v in [*c.args, *(k.value for k in c.keywords)]
+            )
+        ):
             casts.append(c)
     if not casts:
         return False
@@ -381,8 +414,12 @@ def pure_fp16_possible(text: str) -> bool:
                     parts = q.split(".")
                     if q == "torch.autograd.grad":
                         grad = True
-                    elif parts[:2] == ["torch", "optim"] and parts[-1][:1].isupper() and "lr_scheduler" not in parts \
-                            and "swa_utils" not in parts:
+                    elif (
+                        parts[:2] == ["torch", "optim"]
+                        and parts[-1][:1].isupper()
+                        and "lr_scheduler" not in parts
+                        and "swa_utils" not in parts
+                    ):
                         optim = True
     if not (optim or grad or ("backward" in text and any(_method(c, "backward") for c in f.calls()))):
         return False  # the file does not train
@@ -400,8 +437,9 @@ def pure_fp16_possible(text: str) -> bool:
         if isinstance(expr, ast.Attribute):
             return False
         if isinstance(expr, ast.Call):
-            return (isinstance(expr.func, ast.Name) and expr.func.id in classes) or \
-                any(nn_module_class(q) for q in f.names(expr.func))
+            return (isinstance(expr.func, ast.Name) and expr.func.id in classes) or any(
+                nn_module_class(q) for q in f.names(expr.func)
+            )
         if isinstance(expr, ast.Name):
             if len(seen) > 6:
                 return True
@@ -472,7 +510,11 @@ def custom_function_possible(text: str) -> bool:
                 changed = True
     if not functions:
         return False
-    if not any(c.name in functions and any(isinstance(s, _FUNCS) and s.name == "forward" for s in c.body)
-               and not any(isinstance(s, _FUNCS) and s.name == "setup_context" for s in c.body) for c in classes):
+    if not any(
+        c.name in functions
+        and any(isinstance(s, _FUNCS) and s.name == "forward" for s in c.body)
+        and not any(isinstance(s, _FUNCS) and s.name == "setup_context" for s in c.body)
+        for c in classes
+    ):
         return False
     return amp_uses(f, frozenset({"autocast"}), AUTOCAST_NAMES)

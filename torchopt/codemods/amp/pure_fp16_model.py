@@ -1,4 +1,5 @@
 """TOP204 `pure-fp16-model`: Points at a model converted to float16 as a whole — `model.half()`, `model.to(torch.float16)`,."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -170,8 +171,12 @@ class PureFp16Model(Rule):
             if q == "torch.autograd.grad":
                 self._trains = True
             parts = q.split(".")
-            if parts[:2] == ["torch", "optim"] and parts[-1][:1].isupper() and "lr_scheduler" not in parts \
-                    and "swa_utils" not in parts:
+            if (
+                parts[:2] == ["torch", "optim"]
+                and parts[-1][:1].isupper()
+                and "lr_scheduler" not in parts
+                and "swa_utils" not in parts
+            ):
                 self._trains = True
                 for arg in node.args:
                     self._collect_params(arg.value)
@@ -204,8 +209,11 @@ class PureFp16Model(Rule):
         """True: surely an nn.Module; False: surely not or unknown; None: no evidence (a cycle)."""
         if depth > 6:
             return False
-        while (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
-               and expr.func.attr.value in _SELF_RETURNING):
+        while (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value in _SELF_RETURNING
+        ):
             expr = expr.func.value
         d = _dotted(expr)
         if d is not None and d in self._opt_receivers:
@@ -222,8 +230,7 @@ class PureFp16Model(Rule):
             values = reaching_values(self, expr)
             if not values:
                 return False
-            results = [self._is_module(v, seen | {expr.value}, depth + 1) if v is not None else False
-                       for v in values]
+            results = [self._is_module(v, seen | {expr.value}, depth + 1) if v is not None else False for v in values]
             return any(r is True for r in results) and all(r is not False for r in results)
         return False
 

@@ -1,4 +1,5 @@
 """TOP901: convert a CNN and its 4-D input batches to ``torch.channels_last``."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -13,21 +14,29 @@ from torchopt.analysis.models import calls_of, find_models
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Tag, Valid
 from torchopt.rewrite.facts import source_of
 
-_CONV2D = ("torch.nn.Conv2d", "torch.nn.modules.conv.Conv2d", "torch.nn.ConvTranspose2d",
-           "torch.nn.modules.conv.ConvTranspose2d")
+_CONV2D = (
+    "torch.nn.Conv2d",
+    "torch.nn.modules.conv.Conv2d",
+    "torch.nn.ConvTranspose2d",
+    "torch.nn.modules.conv.ConvTranspose2d",
+)
 _BLOCKERS = ("is_contiguous(", "jit.trace", "jit.script", "cpp_extension", "load_inline")
-_NOTE = ("Outputs come back channels_last (not `is_contiguous()`); values agree within rounding (9.5e-7 measured in float32). "
-         "`.view` on them fails, so `.view(` in `forward` becomes `.reshape(`. Checkpoints are unaffected: "
-         "state_dict values are equal and load into either layout. 3-D inputs cannot be converted "
-         "(only `.to(...)`/`.cuda()` batch copies passed straight to the model are).")
+_NOTE = (
+    "Outputs come back channels_last (not `is_contiguous()`); values agree within rounding (9.5e-7 measured in float32). "
+    "`.view` on them fails, so `.view(` in `forward` becomes `.reshape(`. Checkpoints are unaffected: "
+    "state_dict values are equal and load into either layout. 3-D inputs cannot be converted "
+    "(only `.to(...)`/`.cuda()` batch copies passed straight to the model are)."
+)
 
 
 def _is_cnn(rule: Rule, module: cst.Module, base: cst.Call) -> bool:
     if any(q.startswith("torchvision.models.") for q in qualified_names(rule, base.func)):
         return True
     for node in walk(module, cross_scopes=True):
-        if isinstance(node, (cst.Attribute, cst.Name)) and getattr(node, "attr", node).value in ("Conv2d",
-                                                                                                  "ConvTranspose2d"):
+        if isinstance(node, (cst.Attribute, cst.Name)) and getattr(node, "attr", node).value in (
+            "Conv2d",
+            "ConvTranspose2d",
+        ):
             if torch_name(rule, node) in _CONV2D:
                 return True
     return False
@@ -39,13 +48,20 @@ def _views_in_forward(rule: Rule, module: cst.Module) -> list[cst.Call]:
         if not (isinstance(fn, cst.FunctionDef) and fn.name.value == "forward"):
             continue
         for node in walk(fn.body):
-            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "view"
-                    and node.args and not has_star(node)):
-                dtype_like = any(isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
-                                 or a.keyword is not None or "dtype" in module.code_for_node(a.value)
-                                 or any(torch_name(rule, n) for n in walk(a.value) if isinstance(n, (cst.Name,
-                                                                                                     cst.Attribute)))
-                                 for a in node.args)
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "view"
+                and node.args
+                and not has_star(node)
+            ):
+                dtype_like = any(
+                    isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
+                    or a.keyword is not None
+                    or "dtype" in module.code_for_node(a.value)
+                    or any(torch_name(rule, n) for n in walk(a.value) if isinstance(n, (cst.Name, cst.Attribute)))
+                    for a in node.args
+                )
                 if not dtype_like:
                     out.append(node)
     return out
@@ -118,6 +134,7 @@ class ChannelsLast(Rule):
         from torchopt.analysis.models import models_possible
 
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
+
     min_torch = (1, 5)
     examples = (
         Invalid(
@@ -310,29 +327,57 @@ class ChannelsLast(Rule):
                 continue
             fmt = {"name": m.name}
             if blocked is not None:
-                self.report(first, fmt=fmt, message=self.message.format(**fmt) + (
-                    f"; not rewritten: the file uses `{blocked.rstrip('(')}`, which may expect NCHW-contiguous "
-                    "tensors (convert by hand, adding `.contiguous()` where they need it)"))
+                self.report(
+                    first,
+                    fmt=fmt,
+                    message=self.message.format(**fmt)
+                    + (
+                        f"; not rewritten: the file uses `{blocked.rstrip('(')}`, which may expect NCHW-contiguous "
+                        "tensors (convert by hand, adding `.contiguous()` where they need it)"
+                    ),
+                )
                 continue
-            new = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("to")),
-                           args=[cst.Arg(keyword=cst.Name("memory_format"), value=cl,
-                                         equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                                               whitespace_after=cst.SimpleWhitespace("")))])
+            new = cst.Call(
+                func=cst.Attribute(value=value, attr=cst.Name("to")),
+                args=[
+                    cst.Arg(
+                        keyword=cst.Name("memory_format"),
+                        value=cl,
+                        equal=cst.AssignEqual(
+                            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+                        ),
+                    )
+                ],
+            )
             self.report(first, fmt=fmt, target=value, replacement=new, imports=ref.imports, note=_NOTE)
             for call in calls_of(node, m.name):
                 if not call.args or call.args[0].keyword is not None or call.args[0].star:
                     continue
                 arg = call.args[0].value
-                if not (isinstance(arg, cst.Call) and isinstance(arg.func, cst.Attribute)
-                        and arg.func.attr.value in ("to", "cuda") and not has_star(arg)
-                        and keyword(arg, "memory_format") is None):
+                if not (
+                    isinstance(arg, cst.Call)
+                    and isinstance(arg.func, cst.Attribute)
+                    and arg.func.attr.value in ("to", "cuda")
+                    and not has_star(arg)
+                    and keyword(arg, "memory_format") is None
+                ):
                     continue
-                self.report(arg, fmt=fmt, message="input batch of CNN `{name}`: copy it as channels_last",
-                            replacement=set_kwarg(arg, "memory_format", cl), imports=ref.imports, note=_NOTE)
+                self.report(
+                    arg,
+                    fmt=fmt,
+                    message="input batch of CNN `{name}`: copy it as channels_last",
+                    replacement=set_kwarg(arg, "memory_format", cl),
+                    imports=ref.imports,
+                    note=_NOTE,
+                )
             converted = True
         if converted:
             for view in _views_in_forward(self, node):
                 attr = view.func
                 assert isinstance(attr, cst.Attribute)
-                self.report(attr.attr, message="`.view` of a channels_last activation fails: use `.reshape`",
-                            replacement=cst.Name("reshape"), note=_NOTE)
+                self.report(
+                    attr.attr,
+                    message="`.view` of a channels_last activation fails: use `.reshape`",
+                    replacement=cst.Name("reshape"),
+                    note=_NOTE,
+                )

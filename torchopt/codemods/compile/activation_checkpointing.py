@@ -1,5 +1,6 @@
 """TOP931: activation checkpointing advice where a script copes with running out
 of memory. Display-only: never inserted automatically."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -55,18 +56,24 @@ class ActivationCheckpointing(Rule):
     code = "TOP931"
     name = "activation-checkpointing"
     family = FAMILY
-    message = ("out-of-memory handling: activation checkpointing (`torch.utils.checkpoint.checkpoint(block, x, "
-               "use_reentrant=False)`) trades one extra forward of compute for memory, so the batch can stay large")
+    message = (
+        "out-of-memory handling: activation checkpointing (`torch.utils.checkpoint.checkpoint(block, x, "
+        "use_reentrant=False)`) trades one extra forward of compute for memory, so the batch can stay large"
+    )
     safety = Safety.DISPLAY
     prefilter = ("OutOfMemoryError", "out of memory")
     requires = ("torch",)
     examples = (
         Invalid("import torch\n\ntry:\n    step(batch)\nexcept torch.cuda.OutOfMemoryError:\n    bs //= 2\n"),
-        Invalid("import torch\n\ntry:\n    step(batch)\nexcept RuntimeError as e:\n    if 'out of memory' in str(e):\n"
-                "        torch.cuda.empty_cache()\n    else:\n        raise\n"),
+        Invalid(
+            "import torch\n\ntry:\n    step(batch)\nexcept RuntimeError as e:\n    if 'out of memory' in str(e):\n"
+            "        torch.cuda.empty_cache()\n    else:\n        raise\n"
+        ),
         Valid("import torch\n\ntry:\n    step(batch)\nexcept RuntimeError:\n    raise\n"),
-        Valid("class OutOfMemoryError(Exception):\n    pass\n\ntry:\n    f()\nexcept OutOfMemoryError:\n    pass\n",
-              note="not torch's"),
+        Valid(
+            "class OutOfMemoryError(Exception):\n    pass\n\ntry:\n    f()\nexcept OutOfMemoryError:\n    pass\n",
+            note="not torch's",
+        ),
     )
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:

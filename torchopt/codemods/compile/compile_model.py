@@ -1,5 +1,6 @@
 """TOP911: compile the model with ``model.compile()`` once it is built, moved
 and wrapped."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -122,6 +123,7 @@ class CompileModel(Rule):
         from torchopt.analysis.models import models_possible
 
         return super().could_match(text) and models_possible(text)  # visit_Module: find_models
+
     min_torch = (2, 2)
     examples = (
         Invalid(
@@ -347,22 +349,41 @@ class CompileModel(Rule):
                 continue
             first = m.assigns[0]
             if debug:
-                self.report(first, fmt={"name": m.name}, message=(
-                    "`{name}` could be compiled (`{name}.compile()`), but a debugging set-up is on "
-                    "(CUDA_LAUNCH_BLOCKING / anomaly detection): compile once it is off").format(name=m.name))
+                self.report(
+                    first,
+                    fmt={"name": m.name},
+                    message=(
+                        "`{name}` could be compiled (`{name}.compile()`), but a debugging set-up is on "
+                        "(CUDA_LAUNCH_BLOCKING / anomaly detection): compile once it is off"
+                    ).format(name=m.name),
+                )
                 continue
-            if any(isinstance(built := strip_chain(cst.ensure_type(a.body[0], cst.Assign).value), cst.Call)
-                   and (callee(self, built) or "").endswith(".DataParallel") for a in m.assigns):
+            if any(
+                isinstance(built := strip_chain(cst.ensure_type(a.body[0], cst.Assign).value), cst.Call)
+                and (callee(self, built) or "").endswith(".DataParallel")
+                for a in m.assigns
+            ):
                 continue  # nn.DataParallel: TOP401 converts it to DDP first; compiling DP is not supported
             root = builtin_root(self, m)
             if root is not None:
-                self.report(first, fmt={"name": m.name}, message=(
-                    "`{name}` is a `{root}` of torch.nn layers only: `{name}.compile()` compiles nothing "
-                    "there (dynamo skips torch.nn's own frames); use `{name} = torch.compile({name})`, whose "
-                    "state_dict keys gain `_orig_mod.`").format(name=m.name, root=root.rsplit(".", 1)[-1]))
+                self.report(
+                    first,
+                    fmt={"name": m.name},
+                    message=(
+                        "`{name}` is a `{root}` of torch.nn layers only: `{name}.compile()` compiles nothing "
+                        "there (dynamo skips torch.nn's own frames); use `{name} = torch.compile({name})`, whose "
+                        "state_dict keys gain `_orig_mod.`"
+                    ).format(name=m.name, root=root.rsplit(".", 1)[-1]),
+                )
                 continue
             end = m.setup_end
             stmt = cst.SimpleStatementLine(body=[cst.Expr(cst.parse_expression(f"{m.name}.compile()"))])
             note = CHECKPOINT_NOTE + (" " + RNG_NOTE if Tag.RNG in tags else "")
-            self.report(first, fmt={"name": m.name}, target=end,
-                        replacement=cst.FlattenSentinel([end, stmt]), tags=tags, note=note)
+            self.report(
+                first,
+                fmt={"name": m.name},
+                target=end,
+                replacement=cst.FlattenSentinel([end, stmt]),
+                tags=tags,
+                note=note,
+            )

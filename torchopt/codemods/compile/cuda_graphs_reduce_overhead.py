@@ -1,4 +1,5 @@
 """TOP921 `cuda-graphs-reduce-overhead`: Adds `mode="reduce-overhead"` (CUDA graphs) to an existing model compile (opt-in)."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -28,8 +29,8 @@ _MODE_KEYS = ("mode", "backend", "options")
 
 _KEPT_NOTE = (
     "CUDA-graph outputs are overwritten by the next replay: a tensor kept across iterations (a logged "
-    "loss, stored predictions, an EMA) must be `.clone()`d, or reading it raises \"accessing tensor "
-    "output of CUDAGraphs that has been overwritten by a subsequent run\"; call "
+    'loss, stored predictions, an EMA) must be `.clone()`d, or reading it raises "accessing tensor '
+    'output of CUDAGraphs that has been overwritten by a subsequent run"; call '
     "`torch.compiler.cudagraph_mark_step_begin()` at the start of an iteration if the step heuristic "
     "is wrong. Memory use grows (the graph pool is static). Needs static input shapes, inputs on the "
     "GPU and no CPU synchronisation in the compiled region. On the CPU the mode only compiles "
@@ -37,8 +38,10 @@ _KEPT_NOTE = (
 )
 
 
-_RNG_NOTE = ("Random ops inside the graph draw from inductor's generator: dropout masks differ from eager "
-             "ones under the same seed unless `torch._inductor.config.fallback_random = True`.")
+_RNG_NOTE = (
+    "Random ops inside the graph draw from inductor's generator: dropout masks differ from eager "
+    "ones under the same seed unless `torch._inductor.config.fallback_random = True`."
+)
 
 
 class CudaGraphsReduceOverhead(Rule):
@@ -88,8 +91,8 @@ class CudaGraphsReduceOverhead(Rule):
     name = "cuda-graphs-reduce-overhead"
     family = FAMILY
     opt_in = True
-    message = "`{call}` can replay CUDA graphs: `mode=\"reduce-overhead\"` removes per-kernel launch overhead"
-    fix_title = "Add `mode=\"reduce-overhead\"` (CUDA graphs)"
+    message = '`{call}` can replay CUDA graphs: `mode="reduce-overhead"` removes per-kernel launch overhead'
+    fix_title = 'Add `mode="reduce-overhead"` (CUDA graphs)'
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
     prefilter = ("compile(",)
@@ -101,6 +104,7 @@ class CudaGraphsReduceOverhead(Rule):
 
         # visit_Module: `<model>.compile(...)` or `torch.compile(...)` of a model find_models finds.
         return super().could_match(text) and models_possible(text)
+
     min_torch = (2, 0)
     examples = (
         Invalid(
@@ -228,7 +232,7 @@ class CudaGraphsReduceOverhead(Rule):
 
                 model.compile(mode="reduce-overhead")
             """),
-            unsafe=('tolerance', 'rng'),
+            unsafe=("tolerance", "rng"),
             note="dropout: the masks come from inductor's generator",
         ),
         Invalid(
@@ -294,14 +298,14 @@ class CudaGraphsReduceOverhead(Rule):
                 import torch
 
                 net = torch.compile(make_net(), backend='eager')
-            """),
+            """)
         ),
         Valid(
             dedent("""\
                 import re
 
                 rx = re.compile('a')
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -319,8 +323,12 @@ class CudaGraphsReduceOverhead(Rule):
         if isinstance(first, cst.Name) and first.value in models:
             return True
         parent = self.get_metadata(ParentProvider, call, None)
-        return (isinstance(parent, cst.Assign) and len(parent.targets) == 1
-                and isinstance(parent.targets[0].target, cst.Name) and parent.targets[0].target.value in models)
+        return (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+            and parent.targets[0].target.value in models
+        )
 
     def visit_Module(self, node: cst.Module) -> None:
         models = {m.name for m in find_models(self, node)}
@@ -330,8 +338,12 @@ class CudaGraphsReduceOverhead(Rule):
             if not isinstance(call, cst.Call):
                 continue
             f = call.func
-            is_method = (isinstance(f, cst.Attribute) and f.attr.value == "compile" and isinstance(f.value, cst.Name)
-                         and f.value.value in models)
+            is_method = (
+                isinstance(f, cst.Attribute)
+                and f.attr.value == "compile"
+                and isinstance(f.value, cst.Name)
+                and f.value.value in models
+            )
             if not is_method and (callee(self, call) != "torch.compile" or not self._compiles_model(call, models)):
                 continue
             if in_version_guard(self, call):
@@ -344,11 +356,19 @@ class CudaGraphsReduceOverhead(Rule):
             fmt = {"call": text if len(text) <= 60 else text[:57] + "..."}
             dyn = keyword(call, "dynamic")
             if kept is not None or (dyn is not None and isinstance(dyn.value, cst.Name) and dyn.value.value == "True"):
-                why = ("`dynamic=True`: every new shape records another graph" if kept is None else
-                       f"`{' '.join(node.code_for_node(kept).split())}` keeps an output that the next replay "
-                       "overwrites (`.clone()` it first)")
+                why = (
+                    "`dynamic=True`: every new shape records another graph"
+                    if kept is None
+                    else f"`{' '.join(node.code_for_node(kept).split())}` keeps an output that the next replay "
+                    "overwrites (`.clone()` it first)"
+                )
                 self.report(call, fmt=fmt, message=self.message.format(**fmt) + "; not rewritten: " + why)
                 continue
             new = set_kwarg(call, "mode", cst.SimpleString('"reduce-overhead"'))
-            self.report(call, fmt=fmt, replacement=new, tags=tags,
-                        note=_KEPT_NOTE + (" " + _RNG_NOTE if Tag.RNG in tags else ""))
+            self.report(
+                call,
+                fmt=fmt,
+                replacement=new,
+                tags=tags,
+                note=_KEPT_NOTE + (" " + _RNG_NOTE if Tag.RNG in tags else ""),
+            )

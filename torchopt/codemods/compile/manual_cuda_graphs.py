@@ -1,4 +1,5 @@
 """TOP922 `manual-cuda-graphs`: Reports hand-made CUDA graphs with the constraints they must meet."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -45,10 +46,12 @@ class ManualCudaGraphs(Rule):
     code = "TOP922"
     name = "manual-cuda-graphs"
     family = FAMILY
-    message = ("hand-made CUDA graph (`{api}`): sample args must be tensors, no double backward, only "
-               "parameters may require grad, no hooks at capture, no parameters added later, same argument "
-               "order/format on replay, autocast only with cache_enabled=False; outputs are overwritten by "
-               "the next replay. `model.compile(mode=\"reduce-overhead\")` checks these for you")
+    message = (
+        "hand-made CUDA graph (`{api}`): sample args must be tensors, no double backward, only "
+        "parameters may require grad, no hooks at capture, no parameters added later, same argument "
+        "order/format on replay, autocast only with cache_enabled=False; outputs are overwritten by "
+        'the next replay. `model.compile(mode="reduce-overhead")` checks these for you'
+    )
     safety = Safety.DISPLAY
     prefilter = ("make_graphed_callables", "graph", "CUDAGraph")
     requires = ("torch",)
@@ -66,8 +69,14 @@ class ManualCudaGraphs(Rule):
         Valid("import torch\n\nmodel.compile(mode='reduce-overhead')\n"),
         Valid("import networkx\n\ng = networkx.graph(x)\n", note="not torch's"),
     )
-    _APIS = ("torch.cuda.make_graphed_callables", "torch.cuda.graphs.make_graphed_callables", "torch.cuda.graph",
-             "torch.cuda.graphs.graph", "torch.cuda.CUDAGraph", "torch.cuda.graphs.CUDAGraph")
+    _APIS = (
+        "torch.cuda.make_graphed_callables",
+        "torch.cuda.graphs.make_graphed_callables",
+        "torch.cuda.graph",
+        "torch.cuda.graphs.graph",
+        "torch.cuda.CUDAGraph",
+        "torch.cuda.graphs.CUDAGraph",
+    )
 
     def visit_Call(self, node: cst.Call) -> None:
         q = callee(self, node)

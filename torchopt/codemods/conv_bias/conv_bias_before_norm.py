@@ -1,4 +1,5 @@
 """TOP841 `conv-bias-before-norm`: Flags a convolution (`nn.Conv{1,2,3}d`, `nn.ConvTranspose{1,2,3}d`) with a bias whose output."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -13,7 +14,16 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.conv_bias import FAMILY
 from torchopt.codemods.conv_bias.conv_norm_pairs import (
-    _BIAS_POS, _CONVS, _NORMS, _arg, _bias_reads, _could_match, _pairs, _self_attr, _text, _torch_nn_class
+    _BIAS_POS,
+    _CONVS,
+    _NORMS,
+    _arg,
+    _bias_reads,
+    _could_match,
+    _pairs,
+    _self_attr,
+    _text,
+    _torch_nn_class,
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -115,13 +125,19 @@ class ConvBiasBeforeNorm(Rule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # Both layers must resolve to torch.nn, and every name in _NORMS spells one of these.
-        return super().could_match(text) and "torch" in text and (
-            "BatchNorm" in text or "InstanceNorm" in text or "GroupNorm" in text) and _could_match(text)
+        return (
+            super().could_match(text)
+            and "torch" in text
+            and ("BatchNorm" in text or "InstanceNorm" in text or "GroupNorm" in text)
+            and _could_match(text)
+        )
 
-    note = ("train-mode outputs equal up to rounding; BatchNorm running means no longer include the bias, so "
-            "eval-mode outputs differ until they converge; construction draws fewer random numbers, so "
-            "default-initialised weights and later draws shift; the state_dict loses `{key}.bias`: fold it "
-            "into `running_mean` to load old checkpoints (see `torchopt rule TOP841`)")
+    note = (
+        "train-mode outputs equal up to rounding; BatchNorm running means no longer include the bias, so "
+        "eval-mode outputs differ until they converge; construction draws fewer random numbers, so "
+        "default-initialised weights and later draws shift; the state_dict loses `{key}.bias`: fold it "
+        "into `running_mean` to load old checkpoints (see `torchopt rule TOP841`)"
+    )
 
     examples = (
         Invalid(
@@ -155,25 +171,40 @@ class ConvBiasBeforeNorm(Rule):
             after=None,
             note="the bias is initialised explicitly: with bias=False that line would fail",
         ),
-        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, bias=False), nn.BatchNorm2d(64))\n",
-              runnable=True, note="already done: a second run changes nothing"),
-        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.GroupNorm(8, 64))\n",
-              runnable=True, note="fewer groups than channels: the bias is not cancelled"),
-        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.LayerNorm([64, 30, 30]))\n",
-              runnable=True),
-        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.BatchNorm2d(64))\n",
-              runnable=True, note="an op in between"),
-        Valid("import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 32, 3), nn.BatchNorm2d(64))\n",
-              note="channel counts differ"),
+        Valid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, bias=False), nn.BatchNorm2d(64))\n",
+            runnable=True,
+            note="already done: a second run changes nothing",
+        ),
+        Valid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.GroupNorm(8, 64))\n",
+            runnable=True,
+            note="fewer groups than channels: the bias is not cancelled",
+        ),
+        Valid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.LayerNorm([64, 30, 30]))\n",
+            runnable=True,
+        ),
+        Valid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3), nn.ReLU(), nn.BatchNorm2d(64))\n",
+            runnable=True,
+            note="an op in between",
+        ),
+        Valid(
+            "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 32, 3), nn.BatchNorm2d(64))\n",
+            note="channel counts differ",
+        ),
         Valid(
             "import torch.nn as nn\n\n\nclass Res(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             "        self.conv = nn.Conv2d(8, 8, 3, padding=1)\n        self.bn = nn.BatchNorm2d(8)\n\n"
             "    def forward(self, x):\n        y = self.conv(x)\n        return self.bn(y) + y\n",
             note="the conv output is also tapped (residual)",
         ),
-        Valid("import torchvision\nimport torch.nn as nn\n\n"
-              "block = nn.Sequential(nn.Conv2d(3, 8, 3), torchvision.ops.FrozenBatchNorm2d(8))\n",
-              note="frozen statistics do not cancel the bias"),
+        Valid(
+            "import torchvision\nimport torch.nn as nn\n\n"
+            "block = nn.Sequential(nn.Conv2d(3, 8, 3), torchvision.ops.FrozenBatchNorm2d(8))\n",
+            note="frozen statistics do not cancel the bias",
+        ),
     )
 
     # ------------------------------------------------------------------ detection
@@ -213,8 +244,11 @@ class ConvBiasBeforeNorm(Rule):
                 self._flag(conv, second, key="<index>", attr=None)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        methods = {s.name.value: s for s in (node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
-                   if isinstance(s, cst.FunctionDef)}
+        methods = {
+            s.name.value: s
+            for s in (node.body.body if isinstance(node.body, cst.IndentedBlock) else ())
+            if isinstance(s, cst.FunctionDef)
+        }
         init, forward = methods.get("__init__"), methods.get("forward")
         if init is None or forward is None:
             return
@@ -258,5 +292,6 @@ class ConvBiasBeforeNorm(Rule):
             self.report(conv, message=self.blocked_message, fmt={**fmt, "why": why})
             return
         new = set_kwarg(conv, "bias", cst.Name("False"))
-        self.report(conv, fmt=fmt, replacement=new, tags=[Tag.SEMANTICS, Tag.TOLERANCE, Tag.RNG],
-                    note=self.note.format(key=key))
+        self.report(
+            conv, fmt=fmt, replacement=new, tags=[Tag.SEMANTICS, Tag.TOLERANCE, Tag.RNG], note=self.note.format(key=key)
+        )

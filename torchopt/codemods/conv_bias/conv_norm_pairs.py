@@ -1,5 +1,6 @@
 """TOP841: ``bias=False`` on a convolution whose output goes straight into a normalisation that
 cancels a per-channel constant."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -13,8 +14,12 @@ from torchopt.rewrite.rule import Rule
 
 _CONVS = {f"{p}{d}d": d for p in ("Conv", "ConvTranspose") for d in (1, 2, 3)}
 # Normalisations that subtract a per-channel mean: name -> spatial dims (0: any).
-_NORMS = {**{f"BatchNorm{d}d": d for d in (1, 2, 3)}, **{f"InstanceNorm{d}d": d for d in (1, 2, 3)},
-          "SyncBatchNorm": 0, "GroupNorm": 0}
+_NORMS = {
+    **{f"BatchNorm{d}d": d for d in (1, 2, 3)},
+    **{f"InstanceNorm{d}d": d for d in (1, 2, 3)},
+    "SyncBatchNorm": 0,
+    "GroupNorm": 0,
+}
 # Positional index of `bias` in Conv*d / ConvTranspose*d: (in, out, kernel, stride, padding,
 # dilation | output_padding, groups, bias, ...).
 _BIAS_POS = 7
@@ -54,8 +59,12 @@ def _ast_key(node) -> str:
             return "b" + repr(b" ".join(v.split()))
         return "c" + repr(v)
     if isinstance(node, _ast.AST):
-        return type(node).__name__ + "(" + ",".join(
-            _ast_key(getattr(node, f, None)) for f in node._fields if f != "ctx") + ")"
+        return (
+            type(node).__name__
+            + "("
+            + ",".join(_ast_key(getattr(node, f, None)) for f in node._fields if f != "ctx")
+            + ")"
+        )
     if isinstance(node, list):
         return "[" + ",".join(_ast_key(x) for x in node) + "]"
     return repr(node)
@@ -92,8 +101,11 @@ def _could_match(text: str) -> bool:
         for q in names:
             if (conv := _torch_nn_class(q, _CONVS)) is not None:
                 bias = next((k.value for k in c.keywords if k.arg == "bias"), None)
-                if (bias is None or (isinstance(bias, _ast.Constant) and bias.value is True)) \
-                        and len(c.args) <= _BIAS_POS and _ast_arg(c, 1, "out_channels") is not None:
+                if (
+                    (bias is None or (isinstance(bias, _ast.Constant) and bias.value is True))
+                    and len(c.args) <= _BIAS_POS
+                    and _ast_arg(c, 1, "out_channels") is not None
+                ):
                     convs[id(c)] = conv
             elif (norm := _torch_nn_class(q, _NORMS)) is not None:
                 norms[id(c)] = norm
@@ -121,8 +133,11 @@ def _could_match(text: str) -> bool:
         methods = {s.name: s for s in cls.body if isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef))}
         if "__init__" not in methods or "forward" not in methods:
             continue
-        built = {attr: n.value for n in _ast.walk(methods["__init__"]) if isinstance(n, _ast.Assign)
-                 and len(n.targets) == 1 and (attr := _ast_self_attr(n.targets[0])) is not None}
+        built = {
+            attr: n.value
+            for n in _ast.walk(methods["__init__"])
+            if isinstance(n, _ast.Assign) and len(n.targets) == 1 and (attr := _ast_self_attr(n.targets[0])) is not None
+        }
         cs = {k: v for k, v in built.items() if id(v) in convs}
         ns = {k: v for k, v in built.items() if id(v) in norms}
         if not any(cancels(a, b) for a in cs.values() for b in ns.values()):
@@ -145,8 +160,13 @@ def _ast_self_attr(node) -> str | None:
 
 def _ast_self_call(expr) -> tuple[str, _ast.AST] | None:
     """``self.x(arg)`` -> ("x", arg) (_self_call)."""
-    if isinstance(expr, _ast.Call) and len(expr.args) == 1 and not expr.keywords \
-            and not isinstance(expr.args[0], _ast.Starred) and (attr := _ast_self_attr(expr.func)) is not None:
+    if (
+        isinstance(expr, _ast.Call)
+        and len(expr.args) == 1
+        and not expr.keywords
+        and not isinstance(expr.args[0], _ast.Starred)
+        and (attr := _ast_self_attr(expr.func)) is not None
+    ):
         return attr, expr.args[0]
     return None
 
@@ -163,9 +183,14 @@ def _ast_pairs(forward) -> list[tuple[str, str]]:
             if not isinstance(stmts, list):
                 continue
             for a, b in zip(stmts, stmts[1:]):
-                if not (isinstance(a, _ast.Assign) and isinstance(b, _ast.Assign) and len(a.targets) == 1
-                        and len(b.targets) == 1 and isinstance(a.targets[0], _ast.Name)
-                        and isinstance(b.targets[0], _ast.Name)):
+                if not (
+                    isinstance(a, _ast.Assign)
+                    and isinstance(b, _ast.Assign)
+                    and len(a.targets) == 1
+                    and len(b.targets) == 1
+                    and isinstance(a.targets[0], _ast.Name)
+                    and isinstance(b.targets[0], _ast.Name)
+                ):
                     continue
                 c1, c2 = _ast_self_call(a.value), _ast_self_call(b.value)
                 if c1 is not None and c2 is not None and isinstance(c2[1], _ast.Name) and c2[1].id == a.targets[0].id:
@@ -174,7 +199,7 @@ def _ast_pairs(forward) -> list[tuple[str, str]]:
 
 
 def _self_attr(node: cst.CSTNode) -> str | None:
-    if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"):
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
         return node.attr.value
     return None
 
@@ -216,8 +241,13 @@ def _pairs(forward: cst.FunctionDef, convs: dict[str, cst.Call], built: dict[str
 
 
 def _simple_assign(stmt: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
-    if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
-            and len(stmt.body[0].targets) == 1 and isinstance(stmt.body[0].targets[0].target, cst.Name)):
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Assign)
+        and len(stmt.body[0].targets) == 1
+        and isinstance(stmt.body[0].targets[0].target, cst.Name)
+    ):
         return stmt.body[0].targets[0].target.value, stmt.body[0].value
     return None
 
@@ -238,19 +268,28 @@ def _bias_reads(rule: Rule, conv_attr: str | None) -> cst.Attribute | None:
     module = rule.ctx.module
     hit = rule.__dict__.get("_bias_attrs_memo")
     if hit is None or hit[0] is not module:  # the file's `.bias` attributes, collected once per parse
-        hit = rule.__dict__["_bias_attrs_memo"] = (module, [n for n in walk(module, cross_scopes=True)
-                                                          if isinstance(n, cst.Attribute) and n.attr.value == "bias"])
+        hit = rule.__dict__["_bias_attrs_memo"] = (
+            module,
+            [n for n in walk(module, cross_scopes=True) if isinstance(n, cst.Attribute) and n.attr.value == "bias"],
+        )
     for n in hit[1]:
         parent = rule.get_metadata(ParentProvider, n, None)
         if isinstance(parent, cst.Call) and parent.func is n:
             continue
-        if isinstance(parent, cst.Comparison) and len(parent.comparisons) == 1 and isinstance(
-                parent.comparisons[0].operator, (cst.Is, cst.IsNot)):
+        if (
+            isinstance(parent, cst.Comparison)
+            and len(parent.comparisons) == 1
+            and isinstance(parent.comparisons[0].operator, (cst.Is, cst.IsNot))
+        ):
             continue
         other = _self_attr(n.value)
         if other is not None and other != conv_attr:
             continue
-        if isinstance(n.value, cst.Attribute) and _self_attr(n.value) is None and isinstance(n.value.value, cst.Attribute):
+        if (
+            isinstance(n.value, cst.Attribute)
+            and _self_attr(n.value) is None
+            and isinstance(n.value.value, cst.Attribute)
+        ):
             continue  # e.g. self.head.fc.bias: a named sub-layer
         if _guarded(rule, n):
             continue
@@ -267,8 +306,11 @@ def _guarded(rule: Rule, attr: cst.Attribute) -> bool:
             return False
         if isinstance(parent, cst.If) and cur is parent.body:
             test = parent.test
-            if (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-                    and isinstance(test.comparisons[0].operator, cst.IsNot)
-                    and rule.ctx.module.code_for_node(test.left) == code):
+            if (
+                isinstance(test, cst.Comparison)
+                and len(test.comparisons) == 1
+                and isinstance(test.comparisons[0].operator, cst.IsNot)
+                and rule.ctx.module.code_for_node(test.left) == code
+            ):
                 return True
         cur = parent

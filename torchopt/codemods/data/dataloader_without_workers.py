@@ -1,4 +1,5 @@
 """TOP701 `dataloader-without-workers`: Flags a `torch.utils.data.DataLoader(...)` without worker processes (`num_workers` missing or."""
+
 from __future__ import annotations
 
 import ast
@@ -15,9 +16,7 @@ from torchopt.codemods.data.loader_analysis import LoaderInfo
 from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
-from torchopt.codemods.data.loader_arguments import (
-    AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _loader_text, _replace_arg
-)
+from torchopt.codemods.data.loader_arguments import AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _loader_text, _replace_arg
 from torchopt.rewrite.rule import ImportSpec
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Option
@@ -27,8 +26,13 @@ from torchopt.rewrite.rule import Valid
 from torchopt.rewrite.facts import source_of
 
 
-_DISTRIBUTED_HINTS = ("torch.distributed", "DistributedSampler", "DistributedDataParallel", "LOCAL_RANK",
-                      "init_process_group")
+_DISTRIBUTED_HINTS = (
+    "torch.distributed",
+    "DistributedSampler",
+    "DistributedDataParallel",
+    "LOCAL_RANK",
+    "init_process_group",
+)
 
 
 class SingleProcessLoading(LoaderRule):
@@ -75,8 +79,10 @@ class SingleProcessLoading(LoaderRule):
     name = "dataloader-without-workers"
     family = FAMILY
     message = "`{loader}` loads every batch in the main process (no worker processes)"
-    blocked_message = ("`{loader}` loads every batch in the main process (no worker processes); "
-                       "add workers by hand once this is fixed: {why}")
+    blocked_message = (
+        "`{loader}` loads every batch in the main process (no worker processes); "
+        "add workers by hand once this is fixed: {why}"
+    )
     fix_title = "Load batches in worker processes: `num_workers={workers}`"
     safety = Safety.UNSAFE
     tags = (Tag.RNG,)
@@ -85,13 +91,26 @@ class SingleProcessLoading(LoaderRule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # _check: num_workers absent or the literal 0.
-        return super().could_match(text) and loader_calls_possible(text, lambda a: a.get("num_workers") is None or (
-            isinstance(a["num_workers"], ast.Constant) and type(a["num_workers"].value) is int
-            and a["num_workers"].value == 0))
+        return super().could_match(text) and loader_calls_possible(
+            text,
+            lambda a: (
+                a.get("num_workers") is None
+                or (
+                    isinstance(a["num_workers"], ast.Constant)
+                    and type(a["num_workers"].value) is int
+                    and a["num_workers"].value == 0
+                )
+            ),
+        )
+
     options = (
-        Option("num-workers", int, 0,
-               "the worker count to write; 0 writes `min(8, os.cpu_count() or 1)` (divided by the "
-               "`LOCAL_WORLD_SIZE` environment variable in distributed scripts)"),
+        Option(
+            "num-workers",
+            int,
+            0,
+            "the worker count to write; 0 writes `min(8, os.cpu_count() or 1)` (divided by the "
+            "`LOCAL_WORLD_SIZE` environment variable in distributed scripts)",
+        ),
     )
 
     examples = (
@@ -148,7 +167,7 @@ class SingleProcessLoading(LoaderRule):
                 def make_loader(ds):
                     return DataLoader(ds, 32, True, None, None, min(8, os.cpu_count() or 1))
             """),
-            unsafe=('rng', 'semantics'),
+            unsafe=("rng", "semantics"),
             note="positional `num_workers=0`; the dataset's type is unknown (an IterableDataset would be duplicated)",
         ),
         Invalid(
@@ -169,7 +188,7 @@ class SingleProcessLoading(LoaderRule):
                 def make_loader(ds):
                     return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=min(8, max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
             """),
-            unsafe=('rng', 'semantics'),
+            unsafe=("rng", "semantics"),
             note="one process per GPU: the CPUs are shared by the local ranks",
         ),
         Invalid(
@@ -220,7 +239,7 @@ class SingleProcessLoading(LoaderRule):
 
                 def make(ds, args):
                     return DataLoader(ds, batch_size=4, num_workers=args.workers)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -247,7 +266,7 @@ class SingleProcessLoading(LoaderRule):
                 from mylib import DataLoader
 
                 loader = DataLoader(ds)
-            """),
+            """)
         ),
     )
 
@@ -266,8 +285,11 @@ class SingleProcessLoading(LoaderRule):
         why = self.worker_blockers(call, cls)
         if kind is DatasetKind.ITERABLE:
             name = cls.name.value if cls is not None else "the dataset"
-            why.insert(0, f"`{name}` is an IterableDataset whose `__iter__` does not shard with "
-                          "`torch.utils.data.get_worker_info()`, so every worker would yield all of it")
+            why.insert(
+                0,
+                f"`{name}` is an IterableDataset whose `__iter__` does not shard with "
+                "`torch.utils.data.get_worker_info()`, so every worker would yield all of it",
+            )
         fmt = {"loader": _loader_text(self, call)}
         if why:
             self.report(call, message=self.blocked_message, fmt={**fmt, "why": "; ".join(why)})
@@ -279,15 +301,18 @@ class SingleProcessLoading(LoaderRule):
         text = cst.Module([]).code_for_node(value)
         replacement = set_kwarg(call, "num_workers", value) if nw is None else _replace_arg(call, nw, value)
         tags: tuple[Tag, ...] = (Tag.RNG,)
-        note = ("random augmentation in the dataset draws from the workers' generators; sample order "
-                "is unchanged; the dataset and collate_fn must be picklable")
+        note = (
+            "random augmentation in the dataset draws from the workers' generators; sample order "
+            "is unchanged; the dataset and collate_fn must be picklable"
+        )
         if kind is DatasetKind.UNKNOWN:
             tags = (Tag.RNG, Tag.SEMANTICS)
-            note += ("; if the dataset is an IterableDataset that does not shard with get_worker_info(), "
-                     "every worker yields all of it")
+            note += (
+                "; if the dataset is an IterableDataset that does not shard with get_worker_info(), "
+                "every worker yields all of it"
+            )
         imports = () if self.option("num-workers") > 0 else (ImportSpec("os"),)
-        self.report(call, fmt={**fmt, "workers": text}, replacement=replacement, tags=tags, note=note,
-                    imports=imports)
+        self.report(call, fmt={**fmt, "workers": text}, replacement=replacement, tags=tags, note=note, imports=imports)
 
     def _workers(self) -> cst.BaseExpression | None:
         k = self.option("num-workers")
@@ -314,9 +339,10 @@ class SingleProcessLoading(LoaderRule):
                 return False
             for a in scope["os"]:
                 node = getattr(a, "node", None)
-                if not (isinstance(node, cst.Import) and any(
-                        cst.helpers.get_full_name_for_node(n.name) == "os" and n.asname is None
-                        for n in node.names)):
+                if not (
+                    isinstance(node, cst.Import)
+                    and any(cst.helpers.get_full_name_for_node(n.name) == "os" and n.asname is None for n in node.names)
+                ):
                     return True
             return False
         return False

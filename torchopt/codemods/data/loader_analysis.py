@@ -1,6 +1,7 @@
 """What the DATA rules need to know about a `DataLoader(...)` call: its arguments by name, the kind of
 dataset it wraps, the loops that iterate it (also through a function parameter), whether worker
 processes could start safely under the `spawn`/`forkserver` start methods."""
+
 from __future__ import annotations
 
 import enum
@@ -18,20 +19,42 @@ from torchopt.rewrite.rule import Rule
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
 #            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator, *, ...)
-POSITION = {"dataset": 0, "batch_size": 1, "shuffle": 2, "sampler": 3, "batch_sampler": 4, "num_workers": 5,
-            "collate_fn": 6, "pin_memory": 7, "drop_last": 8, "timeout": 9, "worker_init_fn": 10,
-            "multiprocessing_context": 11, "generator": 12}
+POSITION = {
+    "dataset": 0,
+    "batch_size": 1,
+    "shuffle": 2,
+    "sampler": 3,
+    "batch_sampler": 4,
+    "num_workers": 5,
+    "collate_fn": 6,
+    "pin_memory": 7,
+    "drop_last": 8,
+    "timeout": 9,
+    "worker_init_fn": 10,
+    "multiprocessing_context": 11,
+    "generator": 12,
+}
 
 _DATA = ("torch.utils.data.", "torch.utils.data.dataset.")
 MAP_DATASETS = {p + n for p in _DATA for n in ("TensorDataset", "Subset", "ConcatDataset", "StackDataset")}
 MAP_BASES = {p + "Dataset" for p in _DATA}
 ITERABLE_BASES = {p + n for p in _DATA for n in ("IterableDataset", "IterDataPipe")} | {
-    "torch.utils.data.datapipes.datapipe.IterDataPipe"}
+    "torch.utils.data.datapipes.datapipe.IterDataPipe"
+}
 # Third-party map-style dataset namespaces (every class there implements __getitem__/__len__).
 MAP_NAMESPACES = ("torchvision.datasets.",)
 # Calls in a dataset's __init__ that open a handle a worker process cannot share or pickle.
-HANDLE_OPENERS = {"open", "io.open", "h5py.File", "lmdb.open", "sqlite3.connect", "zipfile.ZipFile",
-                  "tarfile.open", "np.memmap", "numpy.memmap"}
+HANDLE_OPENERS = {
+    "open",
+    "io.open",
+    "h5py.File",
+    "lmdb.open",
+    "sqlite3.connect",
+    "zipfile.ZipFile",
+    "tarfile.open",
+    "np.memmap",
+    "numpy.memmap",
+}
 
 
 class DatasetKind(enum.Enum):
@@ -51,8 +74,6 @@ def loader_arg(call: cst.Call, name: str) -> cst.Arg | None:
     if i is not None and i < len(pos):
         return pos[i]
     return None
-
-
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
@@ -76,8 +97,9 @@ class LoaderInfo:
     passed_to: list[cst.Call] = field(default_factory=list)  # calls that get the loader as an argument
 
 
-def unwrap_iter(it: cst.BaseExpression, target: cst.BaseExpression
-                ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+def unwrap_iter(
+    it: cst.BaseExpression, target: cst.BaseExpression
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """``loader`` and the batch target for ``for b in loader``, ``enumerate(loader)``, ``tqdm(loader)``."""
     for _ in range(4):
         if isinstance(it, cst.Name) or (isinstance(it, cst.Call) and not _wrapper_name(it)):
@@ -98,8 +120,11 @@ def unwrap_iter(it: cst.BaseExpression, target: cst.BaseExpression
 def _wrapper_name(call: cst.Call) -> str | None:
     if isinstance(call.func, cst.Name) and call.func.value == "enumerate":
         return "enumerate"
-    name = call.func.value if isinstance(call.func, cst.Name) else (
-        call.func.attr.value if isinstance(call.func, cst.Attribute) else "")
+    name = (
+        call.func.value
+        if isinstance(call.func, cst.Name)
+        else (call.func.attr.value if isinstance(call.func, cst.Attribute) else "")
+    )
     return name if name in ("tqdm", "track", "progress_bar", "iter") else None
 
 
@@ -124,8 +149,11 @@ class LoaderRule(Rule):
     def _is_loader(self, node: cst.Call) -> bool:
         if isinstance(node.func, cst.Call):
             return False
-        name = node.func.value if isinstance(node.func, cst.Name) else (
-            node.func.attr.value if isinstance(node.func, cst.Attribute) else "")
+        name = (
+            node.func.value
+            if isinstance(node.func, cst.Name)
+            else (node.func.attr.value if isinstance(node.func, cst.Attribute) else "")
+        )
         if name != "DataLoader":
             return False
         return bool(qualified_names(self, node.func) & DATALOADERS)
@@ -187,8 +215,10 @@ class LoaderRule(Rule):
     def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
         a = self.get_metadata(PositionProvider, node)
         b = self.get_metadata(PositionProvider, container)
-        return (b.start.line, b.start.column) <= (a.start.line, a.start.column) and \
-            (a.end.line, a.end.column) <= (b.end.line, b.end.column)
+        return (b.start.line, b.start.column) <= (a.start.line, a.start.column) and (a.end.line, a.end.column) <= (
+            b.end.line,
+            b.end.column,
+        )
 
     def enclosing_loops(self, node: cst.CSTNode) -> list[cst.For | cst.While]:
         """Loops whose body holds ``node``, innermost first, within its function."""
@@ -208,7 +238,11 @@ class LoaderRule(Rule):
     def _info(self, call: cst.Call) -> LoaderInfo:
         parent = self.get_metadata(ParentProvider, call, None)
         binding = None
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name):
+        if (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+        ):
             binding = parent.targets[0].target
         elif isinstance(parent, cst.AnnAssign) and isinstance(parent.target, cst.Name):
             binding = parent.target
@@ -328,9 +362,13 @@ class LoaderRule(Rule):
         return DatasetKind.UNKNOWN
 
     def _shards(self, cls: cst.ClassDef) -> bool:
-        return any(isinstance(n, cst.Name) and n.value == "get_worker_info" or
-                   isinstance(n, cst.Attribute) and n.attr.value == "get_worker_info"
-                   for n in walk(cls, cross_scopes=True))
+        return any(
+            isinstance(n, cst.Name)
+            and n.value == "get_worker_info"
+            or isinstance(n, cst.Attribute)
+            and n.attr.value == "get_worker_info"
+            for n in walk(cls, cross_scopes=True)
+        )
 
     # ------------------------------------------------------------------ can workers start?
 
@@ -340,28 +378,42 @@ class LoaderRule(Rule):
         for name in ("collate_fn", "worker_init_fn"):
             arg = loader_arg(call, name)
             if arg is not None and self._unpicklable(arg.value):
-                out.append(f"`{name}` is a lambda or a local function, which the `spawn`/`forkserver` "
-                           "start methods cannot pickle")
+                out.append(
+                    f"`{name}` is a lambda or a local function, which the `spawn`/`forkserver` "
+                    "start methods cannot pickle"
+                )
         ds = loader_arg(call, "dataset")
         ds_call = ds.value if ds is not None else None
         if isinstance(ds_call, cst.Name):
             vals = reaching_values(self, ds_call) or []
             ds_call = vals[0] if len(vals) == 1 else None
-        if isinstance(ds_call, cst.Call) and isinstance(ds_call.func, cst.Name) \
-                and ds_call.func.value in self._local_classes and ds_call.func.value not in self._classes:
-            out.append(f"the dataset class `{ds_call.func.value}` is defined inside a function and cannot be "
-                       "pickled for `spawn`/`forkserver` workers")
+        if (
+            isinstance(ds_call, cst.Call)
+            and isinstance(ds_call.func, cst.Name)
+            and ds_call.func.value in self._local_classes
+            and ds_call.func.value not in self._classes
+        ):
+            out.append(
+                f"the dataset class `{ds_call.func.value}` is defined inside a function and cannot be "
+                "pickled for `spawn`/`forkserver` workers"
+            )
         if ds is not None and self._on_device(ds.value, 0):
-            out.append("the dataset holds tensors on the device, which worker processes cannot use "
-                       "(CUDA cannot be re-initialised in a forked process)")
+            out.append(
+                "the dataset holds tensors on the device, which worker processes cannot use "
+                "(CUDA cannot be re-initialised in a forked process)"
+            )
         if cls is not None:
             opener = self._opens_handle(cls)
             if opener:
-                out.append(f"`{cls.name.value}.__init__` opens a handle (`{opener}(...)`) that every worker "
-                           "would share; open it lazily in `__getitem__` or in a `worker_init_fn`")
+                out.append(
+                    f"`{cls.name.value}.__init__` opens a handle (`{opener}(...)`) that every worker "
+                    "would share; open it lazily in `__getitem__` or in a `worker_init_fn`"
+                )
         if not self._main_guarded() and self._runs_at_import(call):
-            out.append("the script has no `if __name__ == \"__main__\":` guard, so a worker started with "
-                       "`spawn`/`forkserver` (macOS, Windows, Python 3.14 on Linux) would run it again")
+            out.append(
+                'the script has no `if __name__ == "__main__":` guard, so a worker started with '
+                "`spawn`/`forkserver` (macOS, Windows, Python 3.14 on Linux) would run it again"
+            )
         return out
 
     def _on_device(self, expr: cst.BaseExpression | None, depth: int) -> bool:
@@ -563,10 +615,16 @@ def _loader_looped(index: dict, call) -> bool:
     for loop in [*index.get(ast.For, ()), *index.get(ast.AsyncFor, ()), *index.get(ast.While, ())]:
         if any(mentions(n) for n in ast.walk(loop)):
             return True
-    looping_fns = {f.name for f in [*index.get(ast.FunctionDef, ()), *index.get(ast.AsyncFunctionDef, ())]
-                   if any(isinstance(n, ast.For) for n in ast.walk(f))}
+    looping_fns = {
+        f.name
+        for f in [*index.get(ast.FunctionDef, ()), *index.get(ast.AsyncFunctionDef, ())]
+        if any(isinstance(n, ast.For) for n in ast.walk(f))
+    }
     for c in index.get(ast.Call, ()):
-        if isinstance(c.func, ast.Name) and c.func.id in looping_fns and \
-                any(mentions(a) for a in [*c.args, *(k.value for k in c.keywords)]):
+        if (
+            isinstance(c.func, ast.Name)
+            and c.func.id in looping_fns
+            and any(mentions(a) for a in [*c.args, *(k.value for k in c.keywords)])
+        ):
             return True
     return False

@@ -1,14 +1,13 @@
 """DataLoader construction: TOP701 `num_workers`, TOP702 `pin_memory`,
 TOP703 `persistent_workers`."""
+
 from __future__ import annotations
 
 
 import libcst as cst
 
 from torchopt.analysis.syntax import source
-from torchopt.codemods.data.loader_analysis import (
-    LoaderRule,
-)
+from torchopt.codemods.data.loader_analysis import LoaderRule
 
 # What TOP701 writes when no `num-workers` option is set (TOP703 recognises them as > 0).
 AUTO_WORKERS = "min(8, os.cpu_count() or 1)"
@@ -21,5 +20,3 @@ def _replace_arg(call: cst.Call, arg: cst.Arg, value: cst.BaseExpression) -> cst
 
 def _loader_text(rule: LoaderRule, call: cst.Call) -> str:
     return source(rule, call.func) + "(...)"
-
-

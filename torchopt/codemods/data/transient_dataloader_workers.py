@@ -1,4 +1,5 @@
 """TOP703 `transient-dataloader-workers`: Flags a `DataLoader(...)` with worker processes (`num_workers` > 0) that is iterated once per."""
+
 from __future__ import annotations
 
 import ast
@@ -65,9 +66,11 @@ class TransientWorkers(LoaderRule):
     name = "transient-dataloader-workers"
     family = FAMILY
     message = "`{loader}` starts and stops its {workers} every epoch"
-    stale_message = ("`{change}` changes the dataset of `{loader}` every epoch: persistent workers would keep "
-                     "a stale copy; keep re-creating the workers, or make the change in the main process "
-                     "(e.g. in a sampler)")
+    stale_message = (
+        "`{change}` changes the dataset of `{loader}` every epoch: persistent workers would keep "
+        "a stale copy; keep re-creating the workers, or make the change in the main process "
+        "(e.g. in a sampler)"
+    )
     fix_title = "Keep the workers between epochs: `persistent_workers={value}`"
     safety = Safety.UNSAFE
     tags = (Tag.RNG,)
@@ -205,7 +208,7 @@ class TransientWorkers(LoaderRule):
                 for epoch in range(3):
                     for batch in loader:
                         step(batch)
-            """),
+            """)
         ),
     )
 
@@ -242,8 +245,10 @@ class TransientWorkers(LoaderRule):
         if change is not None:
             self.report(change, message=self.stale_message, fmt={**fmt, "change": source(self, change)})
             return
-        note = ("the workers' base seed is drawn once, not every epoch: from the second epoch on the shuffled "
-                "order, worker-side random augmentation and later draws from the global torch generator change")
+        note = (
+            "the workers' base seed is drawn once, not every epoch: from the second epoch on the shuffled "
+            "order, worker-side random augmentation and later draws from the global torch generator change"
+        )
         self.report(call, fmt=fmt, replacement=set_kwarg(call, "persistent_workers", value), note=note)
 
     def _epoch_loop(self, info: LoaderInfo) -> cst.For | cst.While | None:
@@ -270,8 +275,12 @@ class TransientWorkers(LoaderRule):
                 expr = expr.value
             if isinstance(expr, cst.Name):
                 return expr.value == ds_name
-            return (isinstance(expr, cst.Attribute) and expr.attr.value == "dataset"
-                    and isinstance(expr.value, cst.Name) and expr.value.value == loader_name)
+            return (
+                isinstance(expr, cst.Attribute)
+                and expr.attr.value == "dataset"
+                and isinstance(expr.value, cst.Name)
+                and expr.value.value == loader_name
+            )
 
         for n in walk(epoch.body):
             if isinstance(n, cst.Call):

@@ -1,4 +1,5 @@
 """TOP702 `unpinned-dataloader`: Flags a `DataLoader(...)` without `pin_memory` whose batches reach the device in a way TOP104."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -74,7 +75,8 @@ class UnpinnedLoader(LoaderRule):
     def could_match(cls, text: str) -> bool:
         # analyse: no pin_memory, at most 7 positional arguments, a loop over the loader.
         return super().could_match(text) and loader_calls_possible(
-            text, lambda a: a.get("pin_memory") is None and a["__positional__"] <= 7, looped=True)
+            text, lambda a: a.get("pin_memory") is None and a["__positional__"] <= 7, looped=True
+        )
 
     examples = (
         Invalid(
@@ -176,7 +178,7 @@ class UnpinnedLoader(LoaderRule):
                 loader = DataLoader(ds)
                 for x, y in loader:
                     x = x.float().to('cpu')
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -199,7 +201,7 @@ class UnpinnedLoader(LoaderRule):
                 loader = DataLoader(ds, pin_memory=False)
                 for b in loader:
                     b = {k: v.cuda() for k, v in b.items()}
-            """),
+            """)
         ),
     )
 
@@ -210,9 +212,10 @@ class UnpinnedLoader(LoaderRule):
                 continue
             if len(positional(call)) > 7:
                 continue
-            if any(not lp.via_parameter and info.binding is not None
-                   and loop_copies(self, lp.node, lp.target)[0]
-                   for lp in info.loops):
+            if any(
+                not lp.via_parameter and info.binding is not None and loop_copies(self, lp.node, lp.target)[0]
+                for lp in info.loops
+            ):
                 continue  # TOP104 pins this loader
             kinds: set[str] = set()
             for lp in info.loops:
@@ -229,8 +232,12 @@ class UnpinnedLoader(LoaderRule):
                 value = ref.attr("cuda.is_available()")
                 imports = ref.imports
             text = cst.Module([]).code_for_node(value)
-            self.report(call, fmt={"loader": _loader_text(self, call), "value": text},
-                        replacement=set_kwarg(call, "pin_memory", value), imports=imports)
+            self.report(
+                call,
+                fmt={"loader": _loader_text(self, call), "value": text},
+                replacement=set_kwarg(call, "pin_memory", value),
+                imports=imports,
+            )
 
     def _device_kinds(self, lp: Loop) -> set[str]:
         """How values derived from the loop's batch reach a device: {"cuda"} for literal CUDA,
@@ -243,8 +250,12 @@ class UnpinnedLoader(LoaderRule):
                 if isinstance(n, cst.Assign) and names_in(n.value) & tainted:
                     for t in n.targets:
                         tainted |= {x.value for x in walk(t.target) if isinstance(x, cst.Name)}
-                elif isinstance(n, (cst.AnnAssign, cst.AugAssign)) and n.value is not None \
-                        and names_in(n.value) & tainted and isinstance(n.target, cst.Name):
+                elif (
+                    isinstance(n, (cst.AnnAssign, cst.AugAssign))
+                    and n.value is not None
+                    and names_in(n.value) & tainted
+                    and isinstance(n.target, cst.Name)
+                ):
                     tainted.add(n.target.value)
                 elif isinstance(n, (cst.For, cst.CompFor)) and names_in(n.iter) & tainted:
                     tainted |= {x.value for x in walk(n.target) if isinstance(x, cst.Name)}

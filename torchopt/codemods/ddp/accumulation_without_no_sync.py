@@ -1,4 +1,5 @@
 """TOP404 `accumulation-without-no-sync`: In a gradient-accumulation loop of a DistributedDataParallel model (`backward()` every."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -79,6 +80,7 @@ class NoSyncAccumulation(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -164,7 +166,7 @@ class NoSyncAccumulation(Rule):
             """),
             unsafe="tolerance",
             note="DDP on some paths only: getattr(model, 'no_sync', nullcontext); the extra end-of-loader "
-                 "condition is kept in the predicate",
+            "condition is kept in the predicate",
         ),
         Valid(
             dedent("""\
@@ -186,7 +188,7 @@ class NoSyncAccumulation(Rule):
                     if (i + 1) % 2 == 0:
                         optimizer.step()
                         optimizer.zero_grad()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -210,7 +212,7 @@ class NoSyncAccumulation(Rule):
                     if sync_grads:
                         optimizer.step()
                         optimizer.zero_grad()
-            """),
+            """)
         ),
     )
 
@@ -223,16 +225,25 @@ class NoSyncAccumulation(Rule):
                 try:
                     self._loop(a, n)
                 except Refusal as r:
-                    self.report(r.node or a.module, fmt={"model": "model"},
-                                message=f"gradient accumulation on a DDP model not put under `no_sync()`: {r.reason}")
+                    self.report(
+                        r.node or a.module,
+                        fmt={"model": "model"},
+                        message=f"gradient accumulation on a DDP model not put under `no_sync()`: {r.reason}",
+                    )
 
     def _loop(self, analysis: Analysis, loop: cst.For) -> None:
         body = list(body_list(loop.body) or [])
         if any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "no_sync" for c in calls(loop, True)):
             return
-        back = [i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
-                and isinstance(s.body[0], cst.Expr) and isinstance(s.body[0].value, cst.Call)
-                and is_backward(s.body[0].value)]
+        back = [
+            i
+            for i, s in enumerate(body)
+            if isinstance(s, cst.SimpleStatementLine)
+            and len(s.body) == 1
+            and isinstance(s.body[0], cst.Expr)
+            and isinstance(s.body[0].value, cst.Call)
+            and is_backward(s.body[0].value)
+        ]
         if len(back) != 1:
             return
         b = back[0]
@@ -244,7 +255,7 @@ class NoSyncAccumulation(Rule):
                 break
         if step_if is None:
             return
-        models = [m for m in analysis.ddp if any(dotted(c.func) == m for s in body[:b + 1] for c in calls(s))]
+        models = [m for m in analysis.ddp if any(dotted(c.func) == m for s in body[: b + 1] for c in calls(s))]
         if not models:
             return
         start = next(i for i in range(b + 1) if any(dotted(c.func) in models for c in calls(body[i])))
@@ -269,17 +280,24 @@ class NoSyncAccumulation(Rule):
         cl, imports = ctxlib
         model = models[0]
         sync = fresh_name(set(analysis.names), "sync_grads")
-        ctx = (f"{model}.no_sync()" if analysis.ddp_sure(model)
-               else f'getattr({model}, "no_sync", {cl}.nullcontext)()')
+        ctx = f"{model}.no_sync()" if analysis.ddp_sure(model) else f'getattr({model}, "no_sync", {cl}.nullcontext)()'
         e = Edits()
         e.add_before(body[start], [statement(f"{sync} = {analysis.module.code_for_node(cond)}\n")])
-        w = cst.ensure_type(cst.parse_statement(f"with ({cl}.nullcontext() if {sync} else {ctx}):\n    pass\n"), cst.With)
-        e.wrap(body[start:b + 1], w)
+        w = cst.ensure_type(
+            cst.parse_statement(f"with ({cl}.nullcontext() if {sync} else {ctx}):\n    pass\n"), cst.With
+        )
+        e.wrap(body[start : b + 1], w)
         e.replace_node(cond, cst.Name(sync))
-        self.report(body[b], fmt={"model": model}, replacement=analysis.module.visit(ApplyEdits(e)), target=analysis.module,
-                    tags=[Tag.TOLERANCE], imports=imports,
-                    note="gradients are all-reduced once per optimizer step instead of every micro-batch "
-                         "(equal up to rounding)")
+        self.report(
+            body[b],
+            fmt={"model": model},
+            replacement=analysis.module.visit(ApplyEdits(e)),
+            target=analysis.module,
+            tags=[Tag.TOLERANCE],
+            imports=imports,
+            note="gradients are all-reduced once per optimizer step instead of every micro-batch "
+            "(equal up to rounding)",
+        )
 
     @staticmethod
     def _steps(analysis: Analysis, s: cst.If) -> bool:

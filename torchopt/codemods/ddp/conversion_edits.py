@@ -1,6 +1,7 @@
 """The DataParallel / single-process -> DistributedDataParallel conversion (TOP401, TOP402) and the
 per-rank edits that the other DDP rules also make on their own (set_epoch, rank-0 guards, checkpoint
 portability)."""
+
 from __future__ import annotations
 
 import os
@@ -65,19 +66,20 @@ def base_names(rule, analysis: Analysis, node: cst.CSTNode) -> Names:
 def setup_def(fn: str, n: Names) -> cst.BaseStatement:
     T, d, o = n.T, n.dist, n.os
     return cst.parse_statement(
-        f'def {fn}():\n'
+        f"def {fn}():\n"
         f'    """Join the process group that torchrun describes in the environment (RANK,\n'
         f'    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""\n'
-        f'    if not {d}.is_initialized():\n'
+        f"    if not {d}.is_initialized():\n"
         f'        backend = "nccl" if {T}.cuda.is_available() else "gloo"\n'
         f'        if "WORLD_SIZE" in {o}.environ:\n'
-        f'            {d}.init_process_group(backend=backend)\n'
-        f'        else:\n'
-        f'            {d}.init_process_group(backend=backend, store={d}.HashStore(), rank=0, world_size=1)\n'
+        f"            {d}.init_process_group(backend=backend)\n"
+        f"        else:\n"
+        f"            {d}.init_process_group(backend=backend, store={d}.HashStore(), rank=0, world_size=1)\n"
         f'    local_rank = int({o}.environ.get("LOCAL_RANK", "0"))\n'
-        f'    if {T}.cuda.is_available():\n'
-        f'        {T}.cuda.set_device(local_rank)  # before any CUDA allocation\n'
-        f'    return local_rank, {d}.get_rank(), {d}.get_world_size()\n')
+        f"    if {T}.cuda.is_available():\n"
+        f"        {T}.cuda.set_device(local_rank)  # before any CUDA allocation\n"
+        f"    return local_rank, {d}.get_rank(), {d}.get_world_size()\n"
+    )
 
 
 # --------------------------------------------------------------------------- per-rank edits
@@ -86,8 +88,14 @@ def setup_def(fn: str, n: Names) -> cst.BaseStatement:
 class Context:
     """Where the rank and world size can be read from in generated code."""
 
-    def __init__(self, analysis: Analysis, dist: str, scope: cst.CSTNode | None = None, rank: str | None = None,
-                 world: str | None = None) -> None:
+    def __init__(
+        self,
+        analysis: Analysis,
+        dist: str,
+        scope: cst.CSTNode | None = None,
+        rank: str | None = None,
+        world: str | None = None,
+    ) -> None:
         self.a, self.dist, self.scope, self.rank, self.world = analysis, dist, scope, rank, world
 
     def visible(self, node: cst.CSTNode) -> bool:
@@ -150,8 +158,12 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
             parent = analysis.parent(c)
             if isinstance(parent, cst.Assign) and parent.value is c:
                 test = ctx.rank0(c)
-                e.replace_node(c, lambda upd, test=test: cst.IfExp(  # type: ignore[misc]  # mypy infers no lambda with a default (above)
-                    test=cst.parse_expression(test), body=upd, orelse=cst.Name("None")))
+                e.replace_node(
+                    c,
+                    lambda upd, test=test: cst.IfExp(  # type: ignore[misc]  # mypy infers no lambda with a default (above)
+                        test=cst.parse_expression(test), body=upd, orelse=cst.Name("None")
+                    ),
+                )
                 n += 1
     return n
 
@@ -159,8 +171,9 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
 _FILE_READS = {"torch.load", "builtins.open", "open", "torch.jit.load", "numpy.load", "json.load", "pickle.load"}
 
 
-def _follow_written_file(analysis: Analysis, e: Edits, ctx: Context, write: cst.BaseStatement,
-                         path: cst.BaseExpression) -> int:
+def _follow_written_file(
+    analysis: Analysis, e: Edits, ctx: Context, write: cst.BaseStatement, path: cst.BaseExpression
+) -> int:
     """Statements after a guarded file write, in the same block, that name the written path: a
     copy, move or upload of the file runs on rank 0 with the write (same guard); a read of it by
     every process waits for the write (``barrier()`` before it). Returns how many were guarded."""
@@ -169,15 +182,20 @@ def _follow_written_file(analysis: Analysis, e: Edits, ctx: Context, write: cst.
     block = analysis.parent(write)
     body = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
     n = 0
-    for later in body[body.index(write) + 1:] if write in body else []:
+    for later in body[body.index(write) + 1 :] if write in body else []:
         mentioned = text in analysis.module.code_for_node(later) or any(
-            isinstance(x, cst.Name) and x.value in names for x in walk(later, True))
+            isinstance(x, cst.Name) and x.value in names for x in walk(later, True)
+        )
         if not mentioned or id(later) in e.guards:
             continue
-        reads = any((analysis.call_name(c) or dotted(c.func) or "") in _FILE_READS for c in calls(later, True)
-                    if isinstance(c.func, (cst.Name, cst.Attribute)))
+        reads = any(
+            (analysis.call_name(c) or dotted(c.func) or "") in _FILE_READS
+            for c in calls(later, True)
+            if isinstance(c.func, (cst.Name, cst.Attribute))
+        )
         binds = isinstance(later, cst.SimpleStatementLine) and any(
-            isinstance(b, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for b in later.body)
+            isinstance(b, (cst.Assign, cst.AugAssign, cst.AnnAssign)) for b in later.body
+        )
         if reads or binds or collective_free(analysis, later, ctx.dist) is not None:
             e.add_before(later, [statement(f"{ctx.dist}.barrier()  # the file is written by rank 0 only\n")])
             return n
@@ -186,9 +204,15 @@ def _follow_written_file(analysis: Analysis, e: Edits, ctx: Context, write: cst.
     return n
 
 
-def checkpoint_edits(analysis: Analysis, e: Edits, models: set[str], consume: str | None,
-                     saves: bool = True, loads: bool = True,
-                     wraps: dict[str, list[cst.CSTNode]] | None = None) -> tuple[int, int]:
+def checkpoint_edits(
+    analysis: Analysis,
+    e: Edits,
+    models: set[str],
+    consume: str | None,
+    saves: bool = True,
+    loads: bool = True,
+    wraps: dict[str, list[cst.CSTNode]] | None = None,
+) -> tuple[int, int]:
     """``M.state_dict()`` -> ``M.module.state_dict()``; ``M.load_state_dict(x)`` ->
     ``consume_prefix_in_state_dict_if_present(x, "module."); M.module.load_state_dict(x)``, only where
     ``M`` surely holds the wrapper (``wraps``: the statements that wrap each model, default its DDP
@@ -203,8 +227,9 @@ def checkpoint_edits(analysis: Analysis, e: Edits, models: set[str], consume: st
             continue
         meth = c.func.attr.value
         if meth == "state_dict" and saves:
-            e.replace_node(c.func, lambda upd: upd.with_changes(
-                value=cst.Attribute(value=upd.value, attr=cst.Name("module"))))
+            e.replace_node(
+                c.func, lambda upd: upd.with_changes(value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            )
             n_save += 1
         elif meth == "load_state_dict" and loads and consume is not None:
             s = analysis.statement(c)
@@ -226,8 +251,9 @@ def checkpoint_edits(analysis: Analysis, e: Edits, models: set[str], consume: st
                 e.replace_node(arg.value, cst.Name(var))
             pre.append(statement(f'{consume}({code}, "module.")  # also load checkpoints saved from the wrapper\n'))
             e.add_before(s, pre)
-            e.replace_node(c.func, lambda upd: upd.with_changes(
-                value=cst.Attribute(value=upd.value, attr=cst.Name("module"))))
+            e.replace_node(
+                c.func, lambda upd: upd.with_changes(value=cst.Attribute(value=upd.value, attr=cst.Name("module")))
+            )
             n_load += 1
     return n_save, n_load
 
@@ -277,8 +303,12 @@ def _hardcoded_device(analysis: Analysis) -> cst.CSTNode | None:
             pos = positional(n)
             if pos and int_value(pos[0].value) is not None:
                 return n
-        if isinstance(n, cst.Call) and isinstance(n.func, (cst.Name, cst.Attribute)) \
-                and analysis.call_name(n) == "torch.device" and len(positional(n)) > 1:
+        if (
+            isinstance(n, cst.Call)
+            and isinstance(n.func, (cst.Name, cst.Attribute))
+            and analysis.call_name(n) == "torch.device"
+            and len(positional(n)) > 1
+        ):
             return n
     return None
 
@@ -292,7 +322,8 @@ def _sum_reduction(analysis: Analysis) -> cst.CSTNode | None:
         loop = analysis.enclosing_loop(c)
         owner = analysis.scope_owner(c)
         if (loop is not None and has_backward(loop.body)) or (
-                not isinstance(owner, cst.Module) and has_backward(owner)):
+            not isinstance(owner, cst.Module) and has_backward(owner)
+        ):
             return c
     return None
 
@@ -311,9 +342,14 @@ def _setup_scope(analysis: Analysis, anchors: list[cst.CSTNode]) -> cst.CSTNode:
 
 def _is_main_guard(s: cst.If) -> bool:
     t = s.test
-    return (isinstance(t, cst.Comparison) and isinstance(t.left, cst.Name) and t.left.value == "__name__"
-            and len(t.comparisons) == 1 and isinstance(t.comparisons[0].operator, cst.Equal)
-            and string_value(t.comparisons[0].comparator) == "__main__")
+    return (
+        isinstance(t, cst.Comparison)
+        and isinstance(t.left, cst.Name)
+        and t.left.value == "__name__"
+        and len(t.comparisons) == 1
+        and isinstance(t.comparisons[0].operator, cst.Equal)
+        and string_value(t.comparisons[0].comparator) == "__main__"
+    )
 
 
 def _first_exec(body, skip_defs: bool):
@@ -321,7 +357,8 @@ def _first_exec(body, skip_defs: bool):
         if is_docstring(s) or is_import(s):
             continue
         if isinstance(s, cst.SimpleStatementLine) and any(
-                isinstance(b, cst.ImportFrom) and dotted(b.module) == "__future__" for b in s.body):
+            isinstance(b, cst.ImportFrom) and dotted(b.module) == "__future__" for b in s.body
+        ):
             continue
         if skip_defs and isinstance(s, (cst.FunctionDef, cst.ClassDef)):
             continue
@@ -350,41 +387,63 @@ def _hoist_out_of_gate(e: Edits, gate: cst.If, s: cst.BaseStatement, new: list[c
         if not head:
             out[0] = out[0].with_changes(leading_lines=upd.leading_lines)
         return out
+
     e.replace_statement(gate, rep)  # type: ignore[arg-type]  # gate is an If, so its rewritten form is one too
 
 
-def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],
-            node: cst.CSTNode, mode: str):
+def convert(
+    rule,
+    analysis: Analysis,
+    wraps: Sequence[tuple[cst.SimpleStatementLine, str, cst.BaseExpression | None]],
+    node: cst.CSTNode,
+    mode: str,
+):
     """Build the converted module. ``wraps``: (statement, model name, wrapped expression) — for
     DataParallel the statement is replaced; for a single-process script (expression None) the wrap
     is inserted before the statement. Returns (module, imports, note). Raises Refusal."""
     if analysis.inits:
-        raise Refusal(analysis.inits[0], "the program already initialises a process group (no second set-up is "
-                                  "added); wrap the model in DistributedDataParallel by hand")
+        raise Refusal(
+            analysis.inits[0],
+            "the program already initialises a process group (no second set-up is "
+            "added); wrap the model in DistributedDataParallel by hand",
+        )
     bad = _hardcoded_device(analysis)
     if bad is not None:
-        raise Refusal(bad, f"`{' '.join(analysis.module.code_for_node(bad).split())[:40]}` names a fixed device index: "
-                           "under DDP every process must use its own GPU (`cuda` after "
-                           "`torch.cuda.set_device(local_rank)`); use the device variable")
+        raise Refusal(
+            bad,
+            f"`{' '.join(analysis.module.code_for_node(bad).split())[:40]}` names a fixed device index: "
+            "under DDP every process must use its own GPU (`cuda` after "
+            "`torch.cuda.set_device(local_rank)`); use the device variable",
+        )
     for c in calls(analysis.module, True):
         if isinstance(c.func, (cst.Name, cst.Attribute)) and (analysis.call_name(c) or "").startswith("torch.nn.Lazy"):
-            raise Refusal(c, "a lazy module creates its parameters at the first forward, after DDP has registered "
-                             "them: run one forward before wrapping, then convert")
+            raise Refusal(
+                c,
+                "a lazy module creates its parameters at the first forward, after DDP has registered "
+                "them: run one forward before wrapping, then convert",
+            )
     bad = _sum_reduction(analysis)
     if bad is not None:
-        raise Refusal(bad, "a loss with reduction='sum': DDP averages gradients over processes, so they would "
-                           "be world_size times smaller (multiply the loss by the world size, or use 'mean')")
+        raise Refusal(
+            bad,
+            "a loss with reduction='sum': DDP averages gradients over processes, so they would "
+            "be world_size times smaller (multiply the loss by the world size, or use 'mean')",
+        )
     n = base_names(rule, analysis, node)
-    n.ddp, imp = need(analysis.import_name("torch.nn.parallel", "DistributedDataParallel"), node, "DistributedDataParallel")
+    n.ddp, imp = need(
+        analysis.import_name("torch.nn.parallel", "DistributedDataParallel"), node, "DistributedDataParallel"
+    )
     n.imports += imp
-    n.sampler, imp = need(analysis.import_name("torch.utils.data.distributed", "DistributedSampler"), node,
-                          "DistributedSampler")
+    n.sampler, imp = need(
+        analysis.import_name("torch.utils.data.distributed", "DistributedSampler"), node, "DistributedSampler"
+    )
     n.imports += imp
     scope = _setup_scope(analysis, [w[0] for w in wraps])
     loops = analysis.training_loops()
     if not loops:
-        raise Refusal(node, "no training loop over a `DataLoader` was found, so the data could not be sharded "
-                            "across processes")
+        raise Refusal(
+            node, "no training loop over a `DataLoader` was found, so the data could not be sharded across processes"
+        )
     taken = set(analysis.names)
     fn = fresh_name(taken, "setup_distributed")
     lr, rank, world = fresh_name(taken, "local_rank"), fresh_name(taken, "rank"), fresh_name(taken, "world_size")
@@ -396,9 +455,11 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
     if top is None:
         raise Refusal(node, "nothing to insert the set-up before")
     helper = setup_def(fn, n).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    comment = cst.EmptyLine(comment=cst.Comment(
-        "# launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` "
-        "runs one process"))
+    comment = cst.EmptyLine(
+        comment=cst.Comment(
+            "# launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process"
+        )
+    )
     call = statement(f"{lr}, {rank}, {world} = {fn}()\n")
     if isinstance(scope, cst.Module):
         first = _first_exec(analysis.module.body, skip_defs=True)
@@ -410,9 +471,13 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
         if first is None:
             raise Refusal(node, "empty function")
     main_block = None
-    if isinstance(scope, cst.Module) and isinstance(first, cst.If) and _is_main_guard(first) \
-            and isinstance(first.body, cst.IndentedBlock) \
-            and all(any(anc is first for anc in analysis.ancestors(w[0])) for w in wraps):
+    if (
+        isinstance(scope, cst.Module)
+        and isinstance(first, cst.If)
+        and _is_main_guard(first)
+        and isinstance(first.body, cst.IndentedBlock)
+        and all(any(anc is first for anc in analysis.ancestors(w[0])) for w in wraps)
+    ):
         main_block = first
         ctx.block = first
         first = first.body.body[0]
@@ -420,19 +485,29 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
         e.add_before(top, [helper, call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment])])
     else:
         e.add_before(top, [helper])
-        e.replace_statement(top, lambda upd: [upd.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [
-            ll for ll in upd.leading_lines if ll.comment is not None])])
+        e.replace_statement(
+            top,
+            lambda upd: [
+                upd.with_changes(
+                    leading_lines=[cst.EmptyLine(), cst.EmptyLine()]
+                    + [ll for ll in upd.leading_lines if ll.comment is not None]
+                )
+            ],
+        )
         e.add_before(first, [call.with_changes(leading_lines=[comment])])
     # the model wraps
     anchors: dict[str, list[cst.CSTNode]] = {}
     for s, name, expr in wraps:
-        wrap_src = (f"{name} = {n.ddp}({name}, device_ids=[{lr}] if next({name}.parameters()).is_cuda else None)\n")
+        wrap_src = f"{name} = {n.ddp}({name}, device_ids=[{lr}] if next({name}.parameters()).is_cuda else None)\n"
         if expr is None:  # single-process script: wrap before the optimizer is built
             e.add_before(s, [statement(wrap_src)])
             anchors.setdefault(name, []).append(s)
         else:
-            pre = [] if isinstance(expr, cst.Name) and expr.value == name else [
-                statement(f"{name} = {analysis.module.code_for_node(expr)}\n")]
+            pre = (
+                []
+                if isinstance(expr, cst.Name) and expr.value == name
+                else [statement(f"{name} = {analysis.module.code_for_node(expr)}\n")]
+            )
             new = pre + [statement(wrap_src)]
             gate = _gpu_count_gate(analysis, s)
             if gate is not None:
@@ -442,6 +517,7 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
 
             def rep(upd, new=new):
                 return [new[0].with_changes(leading_lines=upd.leading_lines)] + new[1:]
+
             e.replace_statement(s, rep)
             anchors.setdefault(name, []).append(s)
     # the training loaders
@@ -460,15 +536,18 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
             raise Refusal(lc, f"`{L}` is built with *args/**kwargs")
         kws = keywords(lc)
         if "sampler" in kws or "batch_sampler" in kws or len(positional(lc)) > 3:
-            raise Refusal(lc, f"`{L}` already has a sampler: shard it across processes by hand "
-                              "(a DistributedSampler, or a sampler that takes rank and world size)")
+            raise Refusal(
+                lc,
+                f"`{L}` already has a sampler: shard it across processes by hand "
+                "(a DistributedSampler, or a sampler that takes rank and world size)",
+            )
         pos = positional(lc)
         ds = kws["dataset"].value if "dataset" in kws else (pos[0].value if pos else None)
         if not isinstance(ds, (cst.Name, cst.Attribute)):
             raise Refusal(lc, f"bind the dataset of `{L}` to a name first (the sampler needs it too)")
         shuffle = kws["shuffle"].value if "shuffle" in kws else (pos[2].value if len(pos) > 2 else None)
         bs_arg = kws.get("batch_size") or (pos[1] if len(pos) > 1 else None)
-        base = L[:-len("loader")] if L.endswith("loader") else f"{L}_"
+        base = L[: -len("loader")] if L.endswith("loader") else f"{L}_"
         sname = fresh_name(taken, f"{base}sampler")
         ws = ctx.world_expr(ls)
         ds_code = analysis.module.code_for_node(ds)
@@ -477,27 +556,45 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
         if bs_arg is not None:
             bcode = analysis.module.code_for_node(bs_arg.value)
             atom = isinstance(bs_arg.value, (cst.Name, cst.Attribute, cst.Integer))
-            pre.append(statement(f'assert {bcode if atom else "(" + bcode + ")"} % {ws} == 0, '
-                            f'"the global batch size must divide by the number of processes"\n'))
+            pre.append(
+                statement(
+                    f"assert {bcode if atom else '(' + bcode + ')'} % {ws} == 0, "
+                    f'"the global batch size must divide by the number of processes"\n'
+                )
+            )
         pre.append(statement(f"{sname} = {n.sampler}({ds_code}, shuffle={sh_code}) if {ws} > 1 else None\n"))
-        pre[0] = pre[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# each process loads its own shard; batch_size is per process"))])
+        pre[0] = pre[0].with_changes(
+            leading_lines=[
+                cst.EmptyLine(comment=cst.Comment("# each process loads its own shard; batch_size is per process"))
+            ]
+        )
 
         def fix_loader(upd: cst.Call, bs_arg=bs_arg, shuffle=shuffle, sname=sname, ws=ws) -> cst.Call:
             args = list(upd.args)
             orig_pos = [x for x in args if x.keyword is None]
             for i, x in enumerate(args):
-                if bs_arg is not None and (x.keyword is not None and x.keyword.value == "batch_size"
-                                           or (x.keyword is None and len(orig_pos) > 1 and x is orig_pos[1])):
+                if bs_arg is not None and (
+                    x.keyword is not None
+                    and x.keyword.value == "batch_size"
+                    or (x.keyword is None and len(orig_pos) > 1 and x is orig_pos[1])
+                ):
                     v = x.value
                     if not isinstance(v, (cst.Name, cst.Attribute, cst.Integer)):
                         v = v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-                    args[i] = x.with_changes(value=cst.BinaryOperation(
-                        left=v, operator=cst.FloorDivide(whitespace_before=cst.SimpleWhitespace(" "),
-                                                         whitespace_after=cst.SimpleWhitespace(" ")),
-                        right=cst.parse_expression(ws)))
-                if shuffle is not None and (x.keyword is not None and x.keyword.value == "shuffle"
-                                            or (x.keyword is None and len(orig_pos) > 2 and x is orig_pos[2])):
+                    args[i] = x.with_changes(
+                        value=cst.BinaryOperation(
+                            left=v,
+                            operator=cst.FloorDivide(
+                                whitespace_before=cst.SimpleWhitespace(" "), whitespace_after=cst.SimpleWhitespace(" ")
+                            ),
+                            right=cst.parse_expression(ws),
+                        )
+                    )
+                if shuffle is not None and (
+                    x.keyword is not None
+                    and x.keyword.value == "shuffle"
+                    or (x.keyword is None and len(orig_pos) > 2 and x is orig_pos[2])
+                ):
                     v = x.value
                     if isinstance(v, cst.Name) and v.value == "True":
                         nv = cst.parse_expression(f"{sname} is None")
@@ -508,34 +605,47 @@ def convert(rule, analysis: Analysis, wraps: Sequence[tuple[cst.SimpleStatementL
                     args[i] = x.with_changes(value=nv)
             out = upd.with_changes(args=args)
             return set_kwarg(out, "sampler", cst.Name(sname))
+
         e.replace_node(lc, fix_loader)
         e.add_before(ls, pre)
         samplers[L] = sname + "?"
     set_epoch_edits(analysis, e, samplers, notes)
     others = sorted(set(analysis.loaders) - seen)
     if others:
-        notes.append(f"{', '.join(f'`{x}`' for x in others)} left alone (not a training loader): every process "
-                     "iterates all of it")
+        notes.append(
+            f"{', '.join(f'`{x}`' for x in others)} left alone (not a training loader): every process "
+            "iterates all of it"
+        )
     workers = [L for L in seen if any(keyword(c, "num_workers") is not None for _, c in analysis.loaders[L])]
     if workers:
-        notes.append("with NCCL and DataLoader workers, consider `multiprocessing_context=\"forkserver\"` "
-                     "(NCCL is not fork-safe)")
+        notes.append(
+            'with NCCL and DataLoader workers, consider `multiprocessing_context="forkserver"` (NCCL is not fork-safe)'
+        )
     # per-rank side effects and checkpoints
     skipped: list[str] = []
     guard_edits(analysis, e, ctx, skipped)
     models = {w[1] for w in wraps}
-    uses_load = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict"
-                    and dotted(c.func.value) in models for c in calls(analysis.module, True))
+    uses_load = any(
+        isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models
+        for c in calls(analysis.module, True)
+    )
     consume = None
     if uses_load:
-        consume, imp = need(analysis.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
-                            node, "consume_prefix_in_state_dict_if_present")
+        consume, imp = need(
+            analysis.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present"),
+            node,
+            "consume_prefix_in_state_dict_if_present",
+        )
         n.imports += imp
     checkpoint_edits(analysis, e, models, consume, wraps=anchors)
-    names = {analysis.call_name(c) for c in calls(analysis.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))}
+    names = {
+        analysis.call_name(c) for c in calls(analysis.module, True) if isinstance(c.func, (cst.Name, cst.Attribute))
+    }
     if "torch.save" in names and "torch.load" in names:
-        notes.append(f"if other ranks read a checkpoint that rank 0 writes in the same run, call "
-                     f"`{n.dist}.barrier()` after the save")
+        notes.append(
+            f"if other ranks read a checkpoint that rank 0 writes in the same run, call "
+            f"`{n.dist}.barrier()` after the save"
+        )
     # leave the process group on the way out
     destroy = statement(f"{n.dist}.destroy_process_group()\n")
     if isinstance(scope, cst.FunctionDef):
@@ -579,8 +689,15 @@ def single_model(analysis: Analysis, node: cst.CSTNode) -> tuple[cst.SimpleState
     if analysis.scope_owner(analysis.models[m]) is not analysis.scope_owner(s):
         raise Refusal(node, f"`{m}` and its optimizer are built in different scopes")
     for n in walk(analysis.module, True):
-        if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == m \
-                and n.attr.value not in MODULE_METHODS:
-            raise Refusal(n, f"`{m}.{n.attr.value}` reads an attribute of the model; on the DDP wrapper it is "
-                             f"`{m}.module.{n.attr.value}`")
+        if (
+            isinstance(n, cst.Attribute)
+            and isinstance(n.value, cst.Name)
+            and n.value.value == m
+            and n.attr.value not in MODULE_METHODS
+        ):
+            raise Refusal(
+                n,
+                f"`{m}.{n.attr.value}` reads an attribute of the model; on the DDP wrapper it is "
+                f"`{m}.module.{n.attr.value}`",
+            )
     return s, m

@@ -1,4 +1,5 @@
 """DataParallel and single-process training scripts to DistributedDataParallel launched by torchrun"""
+
 from __future__ import annotations
 
 

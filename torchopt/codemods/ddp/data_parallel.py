@@ -1,4 +1,5 @@
 """TOP401 `data-parallel`: Replaces `nn.DataParallel(model)` with `DistributedDataParallel` launched by `torchrun`: a."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -27,7 +28,8 @@ from torchopt.rewrite.rule import Valid
 
 
 class DataParallelToDDP(Rule):
-    __doc__ = """## What it does
+    __doc__ = (
+        """## What it does
     Replaces `nn.DataParallel(model)` with `DistributedDataParallel` launched by `torchrun`: a
     set-up function joins the process group described by torchrun's environment (`RANK`,
     `LOCAL_RANK`, `WORLD_SIZE`; backend nccl on CUDA, gloo otherwise; `torch.cuda.set_device(local_rank)`
@@ -76,19 +78,26 @@ class DataParallelToDDP(Rule):
     and launch with `torchrun --standalone --nproc_per_node=<GPUs> train.py`.
 
     ## Fix safety
-    """ + _SEMANTICS_DOC.strip() + "\n"
+    """
+        + _SEMANTICS_DOC.strip()
+        + "\n"
+    )
 
     # whether the file trains anywhere decides between this rule and TOP411
     locality = "file"
     code = "TOP401"
     name = "data-parallel"
     family = FAMILY
-    message = ("`nn.DataParallel` runs one thread per GPU in one process: use DistributedDataParallel and "
-               "launch with `torchrun --standalone --nproc_per_node=N` (multi-node: `torchrun --nnodes=M "
-               "--nproc_per_node=N --rdzv_backend=c10d --rdzv_endpoint=HOST:29400`)")
-    functional_message = ("`nn.parallel.data_parallel(module, inputs)` replicates the module on every GPU at every "
-                          "call, in one process: wrap the model once in DistributedDataParallel and launch with "
-                          "`torchrun` (no automatic fix for the functional form)")
+    message = (
+        "`nn.DataParallel` runs one thread per GPU in one process: use DistributedDataParallel and "
+        "launch with `torchrun --standalone --nproc_per_node=N` (multi-node: `torchrun --nnodes=M "
+        "--nproc_per_node=N --rdzv_backend=c10d --rdzv_endpoint=HOST:29400`)"
+    )
+    functional_message = (
+        "`nn.parallel.data_parallel(module, inputs)` replicates the module on every GPU at every "
+        "call, in one process: wrap the model once in DistributedDataParallel and launch with "
+        "`torchrun` (no automatic fix for the functional form)"
+    )
     fix_title = "Convert to DistributedDataParallel launched by torchrun (batch_size becomes per process)"
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
@@ -100,6 +109,7 @@ class DataParallelToDDP(Rule):
 
         # visit_Module: a.dp or a.dp_other, or a functional data_parallel call
         return super().could_match(text) and may_call_torch(text, DP | FUNCTIONAL_DP)
+
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
         Invalid(
@@ -199,7 +209,7 @@ class DataParallelToDDP(Rule):
             """),
             after=None,
             note="reduction='sum': DDP's averaged gradients would be world_size times "
-                 "smaller; refused with a diagnostic",
+            "smaller; refused with a diagnostic",
         ),
         Invalid(
             dedent("""\
@@ -284,7 +294,7 @@ class DataParallelToDDP(Rule):
             dedent("""\
                 import torch.nn as nn
                 model = mylib.DataParallel(nn.Linear(2, 2))
-            """),
+            """)
         ),
     )
 
@@ -301,8 +311,10 @@ class DataParallelToDDP(Rule):
         first = a.dp[0][2] if a.dp else a.dp_other[0]
         try:
             if a.dp_other:
-                raise Refusal(a.dp_other[0], "only `name = nn.DataParallel(module, device_ids=..., "
-                                             "output_device=...)` statements are converted")
+                raise Refusal(
+                    a.dp_other[0],
+                    "only `name = nn.DataParallel(module, device_ids=..., output_device=...)` statements are converted",
+                )
             wraps = [self._wrap(a, s, name, c) for s, name, c in a.dp]
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
@@ -310,8 +322,9 @@ class DataParallelToDDP(Rule):
             return
         self.report(first, replacement=new, target=a.module, tags=[Tag.SEMANTICS], imports=imports, note=note)
 
-    def _wrap(self, analysis: Analysis, s: cst.SimpleStatementLine, name: str,
-              c: cst.Call) -> tuple[cst.SimpleStatementLine, str, cst.BaseExpression]:
+    def _wrap(
+        self, analysis: Analysis, s: cst.SimpleStatementLine, name: str, c: cst.Call
+    ) -> tuple[cst.SimpleStatementLine, str, cst.BaseExpression]:
         """The model expression DDP wraps: the DataParallel's module, with any ``.cuda()`` /
         ``.to(...)`` that followed the DataParallel applied to it instead (DDP needs the model on
         its device before the wrap)."""
@@ -327,10 +340,17 @@ class DataParallelToDDP(Rule):
         expr = mod if value is c else value.deep_replace(c, mod)
         owner = analysis.scope_owner(s)
         for later in calls(analysis.module, True):
-            if (isinstance(later.func, cst.Attribute) and later.func.attr.value in ("cuda", "to")
-                    and dotted(later.func.value) == name and analysis.scope_owner(later) is owner
-                    and analysis.pos(later) > analysis.pos(s)):
-                raise Refusal(later, f"`{name}.{later.func.attr.value}(...)` moves the model after it is wrapped; "
-                                     "DistributedDataParallel needs it on its device first: move it before "
-                                     "`nn.DataParallel`")
+            if (
+                isinstance(later.func, cst.Attribute)
+                and later.func.attr.value in ("cuda", "to")
+                and dotted(later.func.value) == name
+                and analysis.scope_owner(later) is owner
+                and analysis.pos(later) > analysis.pos(s)
+            ):
+                raise Refusal(
+                    later,
+                    f"`{name}.{later.func.attr.value}(...)` moves the model after it is wrapped; "
+                    "DistributedDataParallel needs it on its device first: move it before "
+                    "`nn.DataParallel`",
+                )
         return s, name, expr

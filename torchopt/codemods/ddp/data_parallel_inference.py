@@ -1,4 +1,5 @@
 """Multi-GPU inference advice for `nn.DataParallel` used only to evaluate or predict."""
+
 from __future__ import annotations
 
 import re
@@ -13,13 +14,23 @@ from torchopt.codemods.ddp import FAMILY
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
-DATA_PARALLEL = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                 "torch.nn.parallel.data_parallel.DataParallel"}
-_NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
-            "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode"}
+DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
+_NO_GRAD = {
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+}
 # Anything that may train: a backward pass, an optimizer, a parameter update by hand.
-_TRAINS = re.compile(r"\.backward\s*\(|autograd\s*\.\s*(grad|backward)\b|\boptim\b|Optimizer\b|\.step\s*\("
-                     r"|\bgrad\s*\(")
+_TRAINS = re.compile(
+    r"\.backward\s*\(|autograd\s*\.\s*(grad|backward)\b|\boptim\b|Optimizer\b|\.step\s*\("
+    r"|\bgrad\s*\("
+)
 
 
 def _grad_off(rule: Rule, node: cst.CSTNode) -> bool:
@@ -44,7 +55,7 @@ def _wrapped_name(rule: Rule, call: cst.Call) -> str | None:
     """``model`` in ``model = nn.DataParallel(net)`` (or ``= nn.DataParallel(net).cuda()``)."""
     node: cst.CSTNode = call
     parent = rule.get_metadata(ParentProvider, node, None)
-    while (isinstance(parent, cst.Attribute) and parent.value is node):
+    while isinstance(parent, cst.Attribute) and parent.value is node:
         grand = rule.get_metadata(ParentProvider, parent, None)
         if not (isinstance(grand, cst.Call) and grand.func is parent and parent.attr.value in ("cuda", "to", "eval")):
             return None
@@ -72,8 +83,11 @@ def data_parallel_for_inference(rule: Rule, call: cst.Call) -> bool:
                 if not _grad_off(rule, node):
                     return False
                 uses += 1
-            elif (isinstance(node.func, cst.Attribute) and dotted(node.func.value) == name
-                  and node.func.attr.value in ("parameters", "train", "named_parameters", "forward")):
+            elif (
+                isinstance(node.func, cst.Attribute)
+                and dotted(node.func.value) == name
+                and node.func.attr.value in ("parameters", "train", "named_parameters", "forward")
+            ):
                 return False
     return uses > 0
 
@@ -131,15 +145,18 @@ class DataParallelInference(Rule):
     code = "TOP411"
     name = "data-parallel-inference"
     family = FAMILY
-    message = ("`nn.DataParallel` used only for inference replicates the model on every forward: run one process "
-               "per GPU on a shard of the data (torchrun), or keep one replica per GPU and split each batch")
+    message = (
+        "`nn.DataParallel` used only for inference replicates the model on every forward: run one process "
+        "per GPU on a shard of the data (torchrun), or keep one replica per GPU and split each batch"
+    )
     safety = Safety.DISPLAY
     prefilter = ("DataParallel",)
     requires = ("torch",)
     locality = "file"  # whether anything in the file trains
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -147,8 +164,10 @@ class DataParallelInference(Rule):
             with torch.no_grad():
                 for x in torch.randn(10, 32, 16):
                     y = model(x.cuda())
-        """)),
-        Invalid(dedent("""\
+        """)
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from torch.nn import DataParallel as DP
 
@@ -157,8 +176,11 @@ class DataParallelInference(Rule):
             def predict(net, batches):
                 model = DP(net)
                 return [model(b) for b in batches]
-        """), note="in a function, `from torch.nn import DataParallel as DP`"),
-        Invalid(dedent("""\
+        """),
+            note="in a function, `from torch.nn import DataParallel as DP`",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -170,8 +192,11 @@ class DataParallelInference(Rule):
                 @torch.no_grad()
                 def predict(self, batches):
                     return [self.model(b.cuda()) for b in batches]
-        """), note="in a method: the wrapper held in an attribute, used under `no_grad`"),
-        Invalid(dedent("""\
+        """),
+            note="in a method: the wrapper held in an attribute, used under `no_grad`",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -183,8 +208,11 @@ class DataParallelInference(Rule):
             evaluator = nn.DataParallel(net)
             with torch.no_grad():
                 score = evaluator(val_x)
-        """), note="the file trains another wrapper-free model; this DataParallel is only evaluated"),
-        Valid(dedent("""\
+        """),
+            note="the file trains another wrapper-free model; this DataParallel is only evaluated",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -193,15 +221,20 @@ class DataParallelInference(Rule):
             for x in data:
                 model(x).sum().backward()
                 opt.step()
-        """), note="training: TOP401's conversion applies"),
-        Valid(dedent("""\
+        """),
+            note="training: TOP401's conversion applies",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
             model = mylib.DataParallel(nn.Linear(16, 4))
             with torch.no_grad():
                 y = model(x)
-        """), note="not torch's"),
+        """),
+            note="not torch's",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:

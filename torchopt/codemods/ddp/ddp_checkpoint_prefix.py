@@ -1,4 +1,5 @@
 """TOP406 `ddp-checkpoint-prefix`: For a model bound to `DistributedDataParallel(...)`: saves its inner module,."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -70,6 +71,7 @@ class CheckpointPortability(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Module: a.ddp
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -125,7 +127,7 @@ class CheckpointPortability(Rule):
 
                 model = DDP(nn.Linear(4, 2))
                 torch.save(model.module.state_dict(), "ckpt.pt")
-            """),
+            """)
         ),
     )
 
@@ -135,15 +137,31 @@ class CheckpointPortability(Rule):
         if not models:
             return
         for c in calls(a.module, True):
-            if isinstance(c.func, cst.Attribute) and c.func.attr.value == "state_dict" \
-                    and (m := dotted(c.func.value)) in models and not c.args and a.wrapped_at(m, c):
-                new = c.with_changes(func=c.func.with_changes(value=cst.Attribute(value=c.func.value,
-                                                                                  attr=cst.Name("module"))))
-                self.report(c, fmt={"what": f"{m}.state_dict()", "model": m}, replacement=new,
-                            tags=[Tag.SEMANTICS], note="saved checkpoints lose the `module.` key prefix")
-        loads = [c for c in calls(a.module, True) if isinstance(c.func, cst.Attribute)
-                 and c.func.attr.value == "load_state_dict" and (m := dotted(c.func.value)) in models
-                 and a.wrapped_at(m, c)]
+            if (
+                isinstance(c.func, cst.Attribute)
+                and c.func.attr.value == "state_dict"
+                and (m := dotted(c.func.value)) in models
+                and not c.args
+                and a.wrapped_at(m, c)
+            ):
+                new = c.with_changes(
+                    func=c.func.with_changes(value=cst.Attribute(value=c.func.value, attr=cst.Name("module")))
+                )
+                self.report(
+                    c,
+                    fmt={"what": f"{m}.state_dict()", "model": m},
+                    replacement=new,
+                    tags=[Tag.SEMANTICS],
+                    note="saved checkpoints lose the `module.` key prefix",
+                )
+        loads = [
+            c
+            for c in calls(a.module, True)
+            if isinstance(c.func, cst.Attribute)
+            and c.func.attr.value == "load_state_dict"
+            and (m := dotted(c.func.value)) in models
+            and a.wrapped_at(m, c)
+        ]
         if not loads:
             return
         found = a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")
@@ -154,5 +172,10 @@ class CheckpointPortability(Rule):
         _, n = checkpoint_edits(a, e, models, consume, saves=False)
         if n:
             m = dotted(cst.ensure_type(loads[0].func, cst.Attribute).value) or ""  # (a model's name: in models)
-            self.report(loads[0], fmt={"what": f"{m}.load_state_dict(...)", "model": m},
-                        replacement=a.module.visit(ApplyEdits(e)), target=a.module, imports=imports)
+            self.report(
+                loads[0],
+                fmt={"what": f"{m}.load_state_dict(...)", "model": m},
+                replacement=a.module.visit(ApplyEdits(e)),
+                target=a.module,
+                imports=imports,
+            )

@@ -1,4 +1,5 @@
 """TOP407 `ddp-find-unused-parameters`: Flags `DistributedDataParallel(..., find_unused_parameters=True)`."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -47,9 +48,11 @@ class FindUnusedParameters(Rule):
     code = "TOP407"
     name = "ddp-find-unused-parameters"
     family = FAMILY
-    message = ("`find_unused_parameters=True` walks the autograd graph every iteration and buckets gradients in "
-               "constructor order: drop it if every parameter gets a gradient, or use `static_graph=True` "
-               "(and consider `gradient_as_bucket_view=True`)")
+    message = (
+        "`find_unused_parameters=True` walks the autograd graph every iteration and buckets gradients in "
+        "constructor order: drop it if every parameter gets a gradient, or use `static_graph=True` "
+        "(and consider `gradient_as_bucket_view=True`)"
+    )
     safety = Safety.DISPLAY
     prefilter = ("find_unused_parameters",)
 
@@ -58,6 +61,7 @@ class FindUnusedParameters(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, DDP)  # visit_Call: a DDP call
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -67,7 +71,7 @@ class FindUnusedParameters(Rule):
                 from torch.nn.parallel import DistributedDataParallel as DDP
                 model = nn.Linear(4, 2)
                 model = DDP(model, find_unused_parameters=True)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -76,7 +80,7 @@ class FindUnusedParameters(Rule):
                 from torch.nn.parallel import DistributedDataParallel as DDP
                 model = nn.Linear(4, 2)
                 model = DDP(model, static_graph=True)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -85,7 +89,7 @@ class FindUnusedParameters(Rule):
                 from torch.nn.parallel import DistributedDataParallel as DDP
                 model = nn.Linear(4, 2)
                 model = DDP(model, find_unused_parameters=False)
-            """),
+            """)
         ),
     )
 

@@ -1,4 +1,5 @@
 """TOP408 `ddp-load-balance`: Flags padding of variable-length sequences (`pad_sequence`, `pack_padded_sequence`) in a."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -43,8 +44,10 @@ class LoadBalance(Rule):
     code = "TOP408"
     name = "ddp-load-balance"
     family = FAMILY
-    message = ("variable-length batches under DDP: every step waits for the process with the longest sequences; "
-               "batch by token count or bucket by length")
+    message = (
+        "variable-length batches under DDP: every step waits for the process with the longest sequences; "
+        "batch by token count or bucket by length"
+    )
     safety = Safety.DISPLAY
     prefilter = ("pad_sequence", "pack_padded_sequence")
 
@@ -52,8 +55,12 @@ class LoadBalance(Rule):
     def could_match(cls, text: str) -> bool:
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
-        return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
-            text, ("torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"))
+        return (
+            super().could_match(text)
+            and may_call_torch(text, DDP | DP)
+            and may_call_torch(text, ("torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"))
+        )
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -65,14 +72,14 @@ class LoadBalance(Rule):
                 from torch.nn.utils.rnn import pad_sequence
                 model = DDP(model)
                 batch = pad_sequence(seqs, batch_first=True)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
                 import torch
                 from torch.nn.utils.rnn import pad_sequence
                 batch = pad_sequence(seqs)
-            """),
+            """)
         ),
     )
 
@@ -82,5 +89,7 @@ class LoadBalance(Rule):
             return
         for c in calls(a.module, True):
             if isinstance(c.func, (cst.Name, cst.Attribute)) and a.call_name(c) in (
-                    "torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence"):
+                "torch.nn.utils.rnn.pad_sequence",
+                "torch.nn.utils.rnn.pack_padded_sequence",
+            ):
                 self.report(c)

@@ -1,4 +1,5 @@
 """TOP409 `ddp-scheduler-length`: In a program that uses DistributedDataParallel or DataParallel, flags learning-rate schedulers."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -19,9 +20,14 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_SCHEDULERS = {"OneCycleLR": ("total_steps", "steps_per_epoch"), "CosineAnnealingLR": ("T_max",),
-               "LinearLR": ("total_iters",), "PolynomialLR": ("total_iters",),
-               "CosineAnnealingWarmRestarts": ("T_0",), "ConstantLR": ("total_iters",)}
+_SCHEDULERS = {
+    "OneCycleLR": ("total_steps", "steps_per_epoch"),
+    "CosineAnnealingLR": ("T_max",),
+    "LinearLR": ("total_iters",),
+    "PolynomialLR": ("total_iters",),
+    "CosineAnnealingWarmRestarts": ("T_0",),
+    "ConstantLR": ("total_iters",),
+}
 
 
 class SchedulerAfterDDP(Rule):
@@ -57,8 +63,10 @@ class SchedulerAfterDDP(Rule):
     code = "TOP409"
     name = "ddp-scheduler-length"
     family = FAMILY
-    message = ("`{sched}` counts optimizer steps: under DDP compute `{arg}` from `len(loader)` after sharding, and "
-               "scale the learning rate if the global batch changes")
+    message = (
+        "`{sched}` counts optimizer steps: under DDP compute `{arg}` from `len(loader)` after sharding, and "
+        "scale the learning rate if the global batch changes"
+    )
     safety = Safety.DISPLAY
     prefilter = tuple(_SCHEDULERS)
 
@@ -66,8 +74,12 @@ class SchedulerAfterDDP(Rule):
     def could_match(cls, text: str) -> bool:
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
-        return super().could_match(text) and may_call_torch(text, DDP | DP) and may_call_torch(
-            text, [f"torch.optim.lr_scheduler.{s}" for s in _SCHEDULERS])
+        return (
+            super().could_match(text)
+            and may_call_torch(text, DDP | DP)
+            and may_call_torch(text, [f"torch.optim.lr_scheduler.{s}" for s in _SCHEDULERS])
+        )
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -79,7 +91,7 @@ class SchedulerAfterDDP(Rule):
                 model = DDP(model)
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
                 sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=1000)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -90,7 +102,7 @@ class SchedulerAfterDDP(Rule):
                 model = DDP(model)
                 opt = torch.optim.SGD(model.parameters(), lr=0.1)
                 sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=3 * len(loader))
-            """),
+            """)
         ),
     )
 
@@ -112,8 +124,10 @@ class SchedulerAfterDDP(Rule):
                 kw = keyword(c, name)
                 if kw is None:
                     continue
-                if any(isinstance(x, cst.Call) and isinstance(x.func, cst.Name) and x.func.value == "len"
-                       for x in walk(kw.value)):
+                if any(
+                    isinstance(x, cst.Call) and isinstance(x.func, cst.Name) and x.func.value == "len"
+                    for x in walk(kw.value)
+                ):
                     continue
                 self.report(kw, fmt={"sched": cls, "arg": name})
                 break

@@ -1,4 +1,5 @@
 """TOP403 `missing-set-epoch`: Inserts `sampler.set_epoch(epoch)` as the first statement of the epoch loop around a training."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -68,6 +69,7 @@ class MissingSetEpoch(Rule):
 
         # visit_Module: a DataLoader (sampler=<a DistributedSampler>) bound to a name, looped over.
         return super().could_match(text) and may_call_torch(text, DSAMPLERS) and may_call_torch(text, LOADERS)
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -114,7 +116,7 @@ class MissingSetEpoch(Rule):
                         loss = model(x).mean()
                         loss.backward()
                         optimizer.step()
-            """),
+            """)
         ),
     )
 
@@ -146,5 +148,10 @@ class MissingSetEpoch(Rule):
         if n == 0:
             self.report(loops[0].node, message=self.message + " (no `for epoch in ...` loop: add a counter)")
             return
-        self.report(loops[0].node, replacement=a.module.visit(ApplyEdits(e)), target=a.module,
-                    tags=[Tag.SEMANTICS], note="the data order of each epoch after the first changes")
+        self.report(
+            loops[0].node,
+            replacement=a.module.visit(ApplyEdits(e)),
+            target=a.module,
+            tags=[Tag.SEMANTICS],
+            note="the data order of each epoch after the first changes",
+        )

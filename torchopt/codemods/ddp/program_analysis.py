@@ -1,6 +1,7 @@
 """Shared analysis for the DDP rules: what a file holds (DataParallel/DDP models, data loaders,
 samplers, side effects). Rules in this family edit statements with ``torchopt.analysis.statement_edits``
 and build one whole-module replacement per fix."""
+
 from __future__ import annotations
 
 import re
@@ -20,27 +21,60 @@ from torchopt.rewrite.rule import ImportSpec, Rule
 
 DP = {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "torch.nn.parallel.data_parallel.DataParallel"}
 FUNCTIONAL_DP = {"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"}
-DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
-       "torch.nn.DistributedDataParallel"}
+DDP = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.nn.DistributedDataParallel",
+}
 LOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 DSAMPLERS = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
 INITS = {"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"}
-WRITERS = {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter",
-           "tensorboardX.SummaryWriter"}
+WRITERS = {
+    "torch.utils.tensorboard.SummaryWriter",
+    "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter",
+}
 TQDM = {"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.rich.tqdm"}
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
 RANK_WORDS = re.compile(r"rank|is_main_process|is_master|main_process|master_process|local_master")
 # Methods of nn.Module that reach the wrapped module through DDP too (TOP402 attribute check).
-MODULE_METHODS = {"train", "eval", "parameters", "named_parameters", "state_dict", "load_state_dict", "to",
-                  "cuda", "cpu", "zero_grad", "modules", "named_modules", "children", "named_children",
-                  "buffers", "named_buffers", "apply", "requires_grad_", "module", "no_sync", "training",
-                  "register_forward_hook", "register_forward_pre_hook", "half", "float", "double",
-                  "bfloat16", "type"}
+MODULE_METHODS = {
+    "train",
+    "eval",
+    "parameters",
+    "named_parameters",
+    "state_dict",
+    "load_state_dict",
+    "to",
+    "cuda",
+    "cpu",
+    "zero_grad",
+    "modules",
+    "named_modules",
+    "children",
+    "named_children",
+    "buffers",
+    "named_buffers",
+    "apply",
+    "requires_grad_",
+    "module",
+    "no_sync",
+    "training",
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "half",
+    "float",
+    "double",
+    "bfloat16",
+    "type",
+}
 
-LAUNCH_NOTE = ("launch with `torchrun --standalone --nproc_per_node=N {file}` on one machine, or on M "
-               "machines `torchrun --nnodes=M --nproc_per_node=N --rdzv_id=JOB --rdzv_backend=c10d "
-               "--rdzv_endpoint=HOST:29400 {file}`; plain `python {file}` still runs as one process; "
-               "`batch_size` is now per process (B // world_size keeps the global batch B)")
+LAUNCH_NOTE = (
+    "launch with `torchrun --standalone --nproc_per_node=N {file}` on one machine, or on M "
+    "machines `torchrun --nnodes=M --nproc_per_node=N --rdzv_id=JOB --rdzv_backend=c10d "
+    "--rdzv_endpoint=HOST:29400 {file}`; plain `python {file}` still runs as one process; "
+    "`batch_size` is now per process (B // world_size keeps the global batch B)"
+)
 
 
 def calls(node: cst.CSTNode, cross: bool = False) -> Iterable[cst.Call]:
@@ -58,8 +92,12 @@ def has_backward(node: cst.CSTNode) -> bool:
 
 
 def is_docstring(s: cst.CSTNode) -> bool:
-    return (isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 and isinstance(s.body[0], cst.Expr)
-            and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+    return (
+        isinstance(s, cst.SimpleStatementLine)
+        and len(s.body) == 1
+        and isinstance(s.body[0], cst.Expr)
+        and isinstance(s.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def is_import(s: cst.CSTNode) -> bool:
@@ -171,10 +209,18 @@ class Analysis:
                     self.ddp_calls.append(n)
                 elif name in DP:
                     stmt_ = self.statement(n)
-                    small = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
-                    if (isinstance(small, cst.Assign) and self._moved(n) is small.value and len(small.targets) == 1
-                            and isinstance(small.targets[0].target, cst.Name)):
-                        self.dp.append((cst.ensure_type(stmt_, cst.SimpleStatementLine), small.targets[0].target.value, n))
+                    small = (
+                        stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
+                    )
+                    if (
+                        isinstance(small, cst.Assign)
+                        and self._moved(n) is small.value
+                        and len(small.targets) == 1
+                        and isinstance(small.targets[0].target, cst.Name)
+                    ):
+                        self.dp.append(
+                            (cst.ensure_type(stmt_, cst.SimpleStatementLine), small.targets[0].target.value, n)
+                        )
                     else:
                         self.dp_other.append(n)
             if not isinstance(n, cst.SimpleStatementLine):
@@ -203,8 +249,12 @@ class Analysis:
 
     def _assign(self, s: cst.SimpleStatementLine, target: str, value: cst.BaseExpression) -> None:
         base = value
-        while (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute)
-               and isinstance(base.func.value, cst.Call) and base.func.attr.value in ("to", "cuda", "train", "float")):
+        while (
+            isinstance(base, cst.Call)
+            and isinstance(base.func, cst.Attribute)
+            and isinstance(base.func.value, cst.Call)
+            and base.func.attr.value in ("to", "cuda", "train", "float")
+        ):
             base = base.func.value
         if isinstance(value, cst.IfExp):
             for branch in (value.body, value.orelse):
@@ -231,9 +281,14 @@ class Analysis:
             self.loggers.add(target)
         elif q and q.startswith("torch.optim.") and ".lr_scheduler" not in q and q.rsplit(".", 1)[1][:1].isupper():
             self.optimizers[target] = s
-        elif (q and q.startswith("torch.nn.") and q.rsplit(".", 1)[1][:1].isupper() and "functional" not in q
-              and not q.endswith("Loss") and q not in DP) or (isinstance(base.func, cst.Name)
-                                                             and base.func.value in self.module_classes):
+        elif (
+            q
+            and q.startswith("torch.nn.")
+            and q.rsplit(".", 1)[1][:1].isupper()
+            and "functional" not in q
+            and not q.endswith("Loss")
+            and q not in DP
+        ) or (isinstance(base.func, cst.Name) and base.func.value in self.module_classes):
             self.models.setdefault(target, s)
 
     # -- queries
@@ -294,7 +349,9 @@ class Analysis:
                     for i, arg in enumerate(c.args):
                         if arg.star:
                             break
-                        hit = (arg.keyword is not None and arg.keyword.value == pname) or (arg.keyword is None and i == idx)
+                        hit = (arg.keyword is not None and arg.keyword.value == pname) or (
+                            arg.keyword is None and i == idx
+                        )
                         if hit and isinstance(arg.value, cst.Name) and arg.value.value in loaders:
                             out.append(Loop(f, arg.value.value, self.enclosing_loop(c)))
         return out
@@ -339,8 +396,12 @@ class Analysis:
     def import_name(self, module: str, obj: str) -> tuple[str, tuple[ImportSpec, ...]] | None:
         """``obj`` from ``module``: the name the file already imports it as, else ``obj`` if free."""
         for n in walk(self.module, True):
-            if isinstance(n, cst.ImportFrom) and not isinstance(n.names, cst.ImportStar) and n.module is not None \
-                    and dotted(n.module) == module:
+            if (
+                isinstance(n, cst.ImportFrom)
+                and not isinstance(n.names, cst.ImportStar)
+                and n.module is not None
+                and dotted(n.module) == module
+            ):
                 for al in n.names:
                     if al.name.value == obj:
                         return (al.evaluated_alias or obj), ()
@@ -412,7 +473,11 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
                     out.append(SideEffect(n, what, _saved_path(small.value) if what == "torch.save" else None))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
             c = n.items[0].item
-            if isinstance(c.func, cst.Name) and c.func.value == "open" and analysis.q(c.func) in (None, "builtins.open"):
+            if (
+                isinstance(c.func, cst.Name)
+                and c.func.value == "open"
+                and analysis.q(c.func) in (None, "builtins.open")
+            ):
                 mode = keyword(c, "mode")
                 pos = positional(c)
                 m = string_value(mode.value if mode else (pos[1].value if len(pos) > 1 else None)) or ""
@@ -437,9 +502,18 @@ def _effect_call(analysis: Analysis, c: cst.Call) -> str | None:
         return "torch.save"
     if name.startswith("logging.") and name.rsplit(".", 1)[1] in LOG_METHODS:
         return name
-    if name.startswith(("wandb.", "mlflow.")) and name.split(".")[1] in ("init", "log", "finish", "log_metric",
-                                                                          "log_metrics", "log_param", "log_params",
-                                                                          "log_artifact", "start_run", "end_run"):
+    if name.startswith(("wandb.", "mlflow.")) and name.split(".")[1] in (
+        "init",
+        "log",
+        "finish",
+        "log_metric",
+        "log_metrics",
+        "log_param",
+        "log_params",
+        "log_artifact",
+        "start_run",
+        "end_run",
+    ):
         return name
     if name in ("matplotlib.pyplot.savefig",):
         return name

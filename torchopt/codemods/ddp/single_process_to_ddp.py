@@ -1,4 +1,5 @@
 """TOP402 `single-process-to-ddp`: Opt-in (`--select TOP402`; not part of `ALL`): converts a single-process training script to."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -23,7 +24,8 @@ from torchopt.rewrite.rule import Valid
 
 
 class SingleProcessToDDP(Rule):
-    __doc__ = """## What it does
+    __doc__ = (
+        """## What it does
     Opt-in (`--select TOP402`; not part of `ALL`): converts a single-process training script to
     DistributedDataParallel launched by `torchrun`, exactly as TOP401 does for DataParallel
     scripts. The one model whose `.parameters()` build the optimizer is wrapped with
@@ -55,15 +57,20 @@ class SingleProcessToDDP(Rule):
     ```
 
     ## Fix safety
-    """ + _SEMANTICS_DOC.strip() + "\n"
+    """
+        + _SEMANTICS_DOC.strip()
+        + "\n"
+    )
 
     code = "TOP402"
     name = "single-process-to-ddp"
     family = FAMILY
     opt_in = True
-    message = ("single-process training script: DistributedDataParallel under `torchrun --standalone "
-               "--nproc_per_node=N` trains on every GPU (multi-node: `torchrun --nnodes=M --nproc_per_node=N "
-               "--rdzv_backend=c10d --rdzv_endpoint=HOST:29400`)")
+    message = (
+        "single-process training script: DistributedDataParallel under `torchrun --standalone "
+        "--nproc_per_node=N` trains on every GPU (multi-node: `torchrun --nnodes=M --nproc_per_node=N "
+        "--rdzv_backend=c10d --rdzv_endpoint=HOST:29400`)"
+    )
     fix_title = "Convert to DistributedDataParallel launched by torchrun (batch_size becomes per process)"
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS,)
@@ -78,6 +85,7 @@ class SingleProcessToDDP(Rule):
             return False
         callees = torch_callees(text)
         return callees is None or any(q.startswith("torch.optim.") for q in callees)
+
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
         Invalid(

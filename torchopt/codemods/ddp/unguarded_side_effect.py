@@ -1,4 +1,5 @@
 """TOP405 `unguarded-side-effect`: In a program that calls `init_process_group`, guards output side effects with."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -73,6 +74,7 @@ class RankZeroGuards(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, INITS)  # visit_Module: a.inits
+
     METADATA_DEPENDENCIES = _DEPS
     examples = (
         Invalid(
@@ -122,7 +124,7 @@ class RankZeroGuards(Rule):
                     if dist.get_rank() == 0:
                         print(f"epoch {epoch}: {loss.item():.4f}")
                         torch.save(model.module.state_dict(), "ckpt.pt")
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -148,7 +150,8 @@ class RankZeroGuards(Rule):
         init_stmt = a.statement(anchor)
         parent = a.parent(init_stmt) if init_stmt is not None else None
         unconditional = isinstance(parent, cst.Module) or (
-            isinstance(parent, cst.IndentedBlock) and a.parent(parent) is anchor_scope)
+            isinstance(parent, cst.IndentedBlock) and a.parent(parent) is anchor_scope
+        )
         safe = f"(not {dist}.is_initialized() or {dist}.get_rank() == 0)"
 
         class _Ctx(Context):
@@ -173,6 +176,12 @@ class RankZeroGuards(Rule):
         if n == 0:
             return
         first = min((x for x in walk(a.module, True) if id(x) in e.guards or id(x) in e.nodes), key=a.pos)
-        self.report(first, replacement=a.module.visit(ApplyEdits(e)), target=a.module, tags=[Tag.SEMANTICS],
-                    imports=imports, note="processes other than rank 0 no longer print, log or write files"
-                    + ("; " + "; ".join(skipped) if skipped else ""))
+        self.report(
+            first,
+            replacement=a.module.visit(ApplyEdits(e)),
+            target=a.module,
+            tags=[Tag.SEMANTICS],
+            imports=imports,
+            note="processes other than rank 0 no longer print, log or write files"
+            + ("; " + "; ".join(skipped) if skipped else ""),
+        )

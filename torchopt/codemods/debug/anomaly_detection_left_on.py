@@ -1,4 +1,5 @@
 """TOP811 `anomaly-detection-left-on`: anomaly detection left switched on in a training run."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -54,8 +55,10 @@ class AnomalyDetectionLeftOn(DebugRule):
     message = "`{call}` leaves anomaly detection on: every op records a traceback, every backward checks for NaN"
     fix_title = "Remove the anomaly-detection switch"
     unwrap_title = "Remove `{call}` and keep the body of its `with`"
-    kept_message = ("`{call}` leaves anomaly detection on: every op records a traceback, every backward checks "
-                    "for NaN; not removed automatically because {why}")
+    kept_message = (
+        "`{call}` leaves anomaly detection on: every op records a traceback, every backward checks "
+        "for NaN; not removed automatically because {why}"
+    )
     safety = Safety.SAFE
     prefilter = ("anomaly",)
 
@@ -124,11 +127,14 @@ class AnomalyDetectionLeftOn(DebugRule):
             return
         new = self.unwrapped(stmt, item)
         if new is None:
-            self._refuse(node, "a comment at the end of the `with` block would be lost"
-                         if stmt.asynchronous is None else "it is an `async with`")
+            self._refuse(
+                node,
+                "a comment at the end of the `with` block would be lost"
+                if stmt.asynchronous is None
+                else "it is an `async with`",
+            )
             return
-        self.report(node, fmt={"call": source(self, node)}, replacement=new, target=stmt,
-                    fix_title=self.unwrap_title)
+        self.report(node, fmt={"call": source(self, node)}, replacement=new, target=stmt, fix_title=self.unwrap_title)
 
     def _refuse(self, node: cst.Call, why: str) -> None:
         self.report(node, message=self.kept_message, fmt={"call": source(self, node), "why": why})

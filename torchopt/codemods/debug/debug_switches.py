@@ -1,4 +1,5 @@
 """What the debug rules share: whether a switch is already conditional, unwrapping a `with`, training loops."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -12,11 +13,20 @@ from torchopt.rewrite.rule import Rule
 SET_ANOMALY = {"torch.autograd.set_detect_anomaly", "torch.autograd.anomaly_mode.set_detect_anomaly"}
 DETECT_ANOMALY = {"torch.autograd.detect_anomaly", "torch.autograd.anomaly_mode.detect_anomaly"}
 # Profilers with an `enabled=` parameter, and the one without.
-PROFILERS_ENABLED = {"torch.autograd.profiler.profile", "torch.autograd.profiler.emit_nvtx",
-                     "torch.autograd.profiler.emit_itt", "torch.autograd.profiler_legacy.profile"}
+PROFILERS_ENABLED = {
+    "torch.autograd.profiler.profile",
+    "torch.autograd.profiler.emit_nvtx",
+    "torch.autograd.profiler.emit_itt",
+    "torch.autograd.profiler_legacy.profile",
+}
 PROFILERS_PLAIN = {"torch.profiler.profile", "torch.profiler.profiler.profile"}
-GRADCHECKS = {"torch.autograd.gradcheck", "torch.autograd.gradgradcheck", "torch.autograd.gradcheck.gradcheck",
-              "torch.autograd.gradcheck.gradgradcheck", "torch.testing.gradcheck"}
+GRADCHECKS = {
+    "torch.autograd.gradcheck",
+    "torch.autograd.gradgradcheck",
+    "torch.autograd.gradcheck.gradcheck",
+    "torch.autograd.gradcheck.gradgradcheck",
+    "torch.testing.gradcheck",
+}
 SYNC_DEBUG = {"torch.cuda.set_sync_debug_mode"}
 
 
@@ -63,8 +73,9 @@ class DebugRule(Rule):
         header: list[cst.EmptyLine] = []
         if isinstance(node.body, cst.SimpleStatementSuite):
             suite = node.body
-            stmts: list[cst.BaseStatement] = [cst.SimpleStatementLine(body=suite.body,
-                                                                      trailing_whitespace=suite.trailing_whitespace)]
+            stmts: list[cst.BaseStatement] = [
+                cst.SimpleStatementLine(body=suite.body, trailing_whitespace=suite.trailing_whitespace)
+            ]
         else:
             block = cst.ensure_type(node.body, cst.IndentedBlock)
             if any(line.comment is not None for line in block.footer):
@@ -87,6 +98,8 @@ class DebugRule(Rule):
         return False
 
     def training_loops(self) -> list[cst.For | cst.While]:
-        return [n for n in walk(self.ctx.module, cross_scopes=True)
-                if isinstance(n, (cst.For, cst.While)) and self.trains(n.body)]
-
+        return [
+            n
+            for n in walk(self.ctx.module, cross_scopes=True)
+            if isinstance(n, (cst.For, cst.While)) and self.trains(n.body)
+        ]

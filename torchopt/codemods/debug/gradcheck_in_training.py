@@ -1,4 +1,5 @@
 """TOP813 `gradcheck-in-training`: Reports `torch.autograd.gradcheck` / `gradgradcheck` calls reachable from a training loop: in a."""
+
 from __future__ import annotations
 
 from libcst.metadata import PositionProvider
@@ -53,7 +54,7 @@ class GradcheckInTraining(DebugRule):
 
     examples = (
         Invalid(
-            "import torch\n\nfor x in batches:\n    torch.autograd.gradcheck(op, (x,))\n    op(x).sum().backward()\n    opt.step()\n",
+            "import torch\n\nfor x in batches:\n    torch.autograd.gradcheck(op, (x,))\n    op(x).sum().backward()\n    opt.step()\n"
         ),
         Invalid(
             "from torch.autograd import gradgradcheck\n\n\ndef check(op, x):\n    gradgradcheck(op, (x,))\n\n\n"
@@ -61,7 +62,10 @@ class GradcheckInTraining(DebugRule):
             note="through a function the loop calls",
         ),
         Valid("import torch\n\n\ndef test_op_grad():\n    assert torch.autograd.gradcheck(op, (x,))\n"),
-        Valid("import torch\n\nfor op in ops:\n    torch.autograd.gradcheck(op, (x,))\n", note="a loop of checks, no training"),
+        Valid(
+            "import torch\n\nfor op in ops:\n    torch.autograd.gradcheck(op, (x,))\n",
+            note="a loop of checks, no training",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -83,8 +87,12 @@ class GradcheckInTraining(DebugRule):
             nxt: list[tuple[cst.CSTNode, cst.For | cst.While]] = []
             for body, loop in frontier:
                 for n in walk(body, cross_scopes=True):
-                    if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
-                            and n.func.value not in reach:
+                    if (
+                        isinstance(n, cst.Call)
+                        and isinstance(n.func, cst.Name)
+                        and n.func.value in fns
+                        and n.func.value not in reach
+                    ):
                         reach[n.func.value] = loop
                         nxt.append((fns[n.func.value], loop))
             frontier = nxt

@@ -1,4 +1,5 @@
 """TOP812 `profiler-left-on`: a profiler left around a whole training loop."""
+
 from __future__ import annotations
 
 import os.path
@@ -62,8 +63,10 @@ class ProfilerLeftOn(DebugRule):
     name = "profiler-left-on"
     family = FAMILY
     message = "`{call}` profiles the whole training loop: every step pays for recording"
-    kept_message = ("`{call}` profiles the whole training loop; not removed automatically because {why}: "
-                    "keep it for profiling runs only (e.g. behind a command-line flag)")
+    kept_message = (
+        "`{call}` profiles the whole training loop; not removed automatically because {why}: "
+        "keep it for profiling runs only (e.g. behind a command-line flag)"
+    )
     fix_title = "Remove the profiler and keep the body of its `with`"
     safety = Safety.SAFE
     prefilter = ("profile", "emit_nvtx", "emit_itt")
@@ -84,8 +87,11 @@ class ProfilerLeftOn(DebugRule):
         if index is None or imports is None:
             return True
         wanted = PROFILERS_ENABLED | PROFILERS_PLAIN
-        return any(isinstance(i.context_expr, ast.Call) and ast_torch_names(imports, i.context_expr.func) & wanted
-                   for w in [*index.get(ast.With, ()), *index.get(ast.AsyncWith, ())] for i in w.items)
+        return any(
+            isinstance(i.context_expr, ast.Call) and ast_torch_names(imports, i.context_expr.func) & wanted
+            for w in [*index.get(ast.With, ()), *index.get(ast.AsyncWith, ())]
+            for i in w.items
+        )
 
     examples = (
         Invalid(
@@ -179,7 +185,7 @@ class ProfilerLeftOn(DebugRule):
                         loss = (model(x) - y).pow(2).mean()
                         loss.backward()
                         opt.step()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -216,7 +222,7 @@ class ProfilerLeftOn(DebugRule):
                             loss = (model(x) - y).pow(2).mean()
                             loss.backward()
                             opt.step()
-            """),
+            """)
         ),
     )
 
@@ -232,7 +238,9 @@ class ProfilerLeftOn(DebugRule):
                 continue
             if not self._wraps_training(node.body) or self.gated(node):
                 continue
-            enabled = keyword(call, "enabled") or (positional(call)[0] if q in PROFILERS_ENABLED and positional(call) else None)
+            enabled = keyword(call, "enabled") or (
+                positional(call)[0] if q in PROFILERS_ENABLED and positional(call) else None
+            )
             if enabled is not None and not (isinstance(enabled.value, cst.Name) and enabled.value.value == "True"):
                 continue  # already switched by the program
             self._unwrap(node, item, call)
@@ -246,8 +254,11 @@ class ProfilerLeftOn(DebugRule):
             why = "its `as` name is read (disabled, the profiler would leave that name `None`)"
         new = None if why else self.unwrapped(node, item)
         if new is None:
-            why = why or ("a comment at the end of the `with` block would be lost" if node.asynchronous is None
-                          else "it is an `async with`")
+            why = why or (
+                "a comment at the end of the `with` block would be lost"
+                if node.asynchronous is None
+                else "it is an `async with`"
+            )
             self.report(call, message=self.kept_message, fmt={**fmt, "why": why})
             return
         self.report(call, fmt=fmt, replacement=new, target=node)
@@ -271,8 +282,11 @@ class ProfilerLeftOn(DebugRule):
             return True
         for n in walk(body):
             if isinstance(n, cst.Call):
-                name = n.func.value if isinstance(n.func, cst.Name) else (
-                    n.func.attr.value if isinstance(n.func, cst.Attribute) else "")
+                name = (
+                    n.func.value
+                    if isinstance(n.func, cst.Name)
+                    else (n.func.attr.value if isinstance(n.func, cst.Attribute) else "")
+                )
                 if "train" in name.lower() or name in ("fit", "fit_one_epoch"):
                     return True
         return False

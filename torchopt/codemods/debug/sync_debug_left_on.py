@@ -1,4 +1,5 @@
 """TOP814 `sync-debug-left-on`: Reports synchronous-CUDA debugging switched on by the script: `torch.cuda.set_sync_debug_mode(...)`."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -54,11 +55,13 @@ class SyncDebugLeftOn(DebugRule):
     _MODE = "every operation is checked for synchronisation, and warns or raises"
 
     examples = (
-        Invalid("import os\n\nos.environ[\"CUDA_LAUNCH_BLOCKING\"] = \"1\"\n", runnable=True),
+        Invalid('import os\n\nos.environ["CUDA_LAUNCH_BLOCKING"] = "1"\n', runnable=True),
         Invalid("import os\n\nos.environ.setdefault('CUDA_LAUNCH_BLOCKING', '1')\n"),
         Invalid("import torch\n\ntorch.cuda.set_sync_debug_mode('warn')\n"),
-        Invalid("import torch\n\nif torch.cuda.is_available():\n    torch.cuda.set_sync_debug_mode(1)\n",
-                note="a capability check is not a debug switch"),
+        Invalid(
+            "import torch\n\nif torch.cuda.is_available():\n    torch.cuda.set_sync_debug_mode(1)\n",
+            note="a capability check is not a debug switch",
+        ),
         Valid("import torch\n\ntorch.cuda.set_sync_debug_mode(0)\n"),
         Valid("import os\n\nif args.debug:\n    os.environ['CUDA_LAUNCH_BLOCKING'] = '1'\n"),
         Valid("import os\n\nos.environ['CUDA_LAUNCH_BLOCKING'] = '0'\n", runnable=True),
@@ -90,17 +93,26 @@ class SyncDebugLeftOn(DebugRule):
             for a in args:
                 if isinstance(a, cst.Dict):
                     for e in a.elements:
-                        if isinstance(e, cst.DictElement) and string_value(e.key) == "CUDA_LAUNCH_BLOCKING" \
-                                and self._on(e.value) and not self.gated(node):
+                        if (
+                            isinstance(e, cst.DictElement)
+                            and string_value(e.key) == "CUDA_LAUNCH_BLOCKING"
+                            and self._on(e.value)
+                            and not self.gated(node)
+                        ):
                             self.report(node, fmt={"code": source(self, node), "why": self._LAUNCH})
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
             tgt = t.target
-            if isinstance(tgt, cst.Subscript) and cst.helpers.get_full_name_for_node(tgt.value) == "os.environ" \
-                    and len(tgt.slice) == 1 and isinstance(tgt.slice[0].slice, cst.Index) \
-                    and string_value(tgt.slice[0].slice.value) == "CUDA_LAUNCH_BLOCKING" and self._on(node.value) \
-                    and not self.gated(node):
+            if (
+                isinstance(tgt, cst.Subscript)
+                and cst.helpers.get_full_name_for_node(tgt.value) == "os.environ"
+                and len(tgt.slice) == 1
+                and isinstance(tgt.slice[0].slice, cst.Index)
+                and string_value(tgt.slice[0].slice.value) == "CUDA_LAUNCH_BLOCKING"
+                and self._on(node.value)
+                and not self.gated(node)
+            ):
                 self.report(node, fmt={"code": source(self, node), "why": self._LAUNCH})
 
     def _on(self, value: cst.BaseExpression) -> bool:

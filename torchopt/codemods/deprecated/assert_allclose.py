@@ -1,4 +1,5 @@
 """TOP825: ``torch.testing.assert_allclose`` → ``torch.testing.assert_close``."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -119,7 +120,8 @@ class AssertAllclose(Rule):
         if kinds == ["tensor", "number"] and isinstance(actual, cst.Name):
             wrapped = cst.parse_expression(
                 f"{ref.name}.as_tensor({self.ctx.module.code_for_node(expected)}, dtype={actual.value}.dtype, "
-                f"device={actual.value}.device)")
+                f"device={actual.value}.device)"
+            )
             new_args[1] = pos[1].with_changes(value=wrapped)
         elif kinds != ["tensor", "tensor"]:
             tags.append(Tag.SEMANTICS)
@@ -131,8 +133,14 @@ class AssertAllclose(Rule):
         if msg is not None and not isinstance(msg.value, cst.SimpleString):
             # assert_allclose treats "" as "no message"; assert_close wants None for that.
             new = set_kwarg(new, "msg", cst.parse_expression(f"({self.ctx.module.code_for_node(msg.value)}) or None"))
-        self.report(node, replacement=new, safety=Safety.UNSAFE if tags else Safety.SAFE, tags=tags,
-                    note="; ".join(self._why(t) for t in tags), imports=ref.imports)
+        self.report(
+            node,
+            replacement=new,
+            safety=Safety.UNSAFE if tags else Safety.SAFE,
+            tags=tags,
+            note="; ".join(self._why(t) for t in tags),
+            imports=ref.imports,
+        )
 
     def _kind(self, expr: cst.BaseExpression) -> str:
         if _is_number(expr):
@@ -140,7 +148,11 @@ class AssertAllclose(Rule):
         if isinstance(expr, cst.Name) and is_tensor_name(self, expr):
             return "tensor"
         if isinstance(expr, cst.Call) and (q := callee(self, expr)) is not None and q.count(".") == 1:
-            return "tensor" if q.split(".")[1] in ("tensor", "ones", "zeros", "randn", "rand", "full", "arange") else "other"
+            return (
+                "tensor"
+                if q.split(".")[1] in ("tensor", "ones", "zeros", "randn", "rand", "full", "arange")
+                else "other"
+            )
         return "other"
 
     @staticmethod

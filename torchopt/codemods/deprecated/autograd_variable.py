@@ -1,4 +1,5 @@
 """TOP829 `autograd-variable`: Removes the `torch.autograd.Variable(t)` wrapper: since PyTorch 0.4 it returns the tensor."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -55,7 +56,8 @@ class AutogradVariable(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(
-            text, ("torch.autograd.Variable", "torch.autograd.variable.Variable"))
+            text, ("torch.autograd.Variable", "torch.autograd.variable.Variable")
+        )
 
     examples = (
         Invalid(
@@ -88,5 +90,9 @@ class AutogradVariable(Rule):
         value = node.args[0].value
         if not isinstance(value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) and not value.lpar:
             value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        self.report(node, replacement=value.with_changes(
-            lpar=[*node.lpar, *value.lpar], rpar=[*value.rpar, *node.rpar]) if node.lpar else value)
+        self.report(
+            node,
+            replacement=value.with_changes(lpar=[*node.lpar, *value.lpar], rpar=[*value.rpar, *node.rpar])
+            if node.lpar
+            else value,
+        )

@@ -1,4 +1,5 @@
 """TOP827: activation checkpointing without an explicit ``use_reentrant``."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -61,10 +62,16 @@ class CheckpointReentrant(Rule):
         calls = torch_calls_to(text, CHECKPOINT_FUNCS) if super().could_match(text) else []
         # visit_Call: such a call without `use_reentrant=` and without `**kwargs`.
         return calls is None or any(all(k.arg not in ("use_reentrant", None) for k in c.keywords) for c in calls)
+
     options = (
-        Option("prefer", str, "keep", "`keep`: write use_reentrant=True (today's behaviour, safe); "
-               "`non-reentrant`: write the recommended use_reentrant=False (unsafe)",
-               choices=("keep", "non-reentrant")),
+        Option(
+            "prefer",
+            str,
+            "keep",
+            "`keep`: write use_reentrant=True (today's behaviour, safe); "
+            "`non-reentrant`: write the recommended use_reentrant=False (unsafe)",
+            choices=("keep", "non-reentrant"),
+        ),
     )
 
     examples = (
@@ -81,9 +88,13 @@ class CheckpointReentrant(Rule):
             after="import torch.utils.checkpoint as cp\n\n\ndef forward(blocks, x):\n"
             "    return cp.checkpoint_sequential(blocks, 2, x, use_reentrant=True)\n",
         ),
-        Valid("from torch.utils.checkpoint import checkpoint\n\ndef f(fn, x):\n    return checkpoint(fn, x, use_reentrant=False)\n"),
-        Valid("from torch.utils.checkpoint import checkpoint\n\ndef f(fn, x, **kw):\n    return checkpoint(fn, x, **kw)\n",
-              note="**kw may carry use_reentrant"),
+        Valid(
+            "from torch.utils.checkpoint import checkpoint\n\ndef f(fn, x):\n    return checkpoint(fn, x, use_reentrant=False)\n"
+        ),
+        Valid(
+            "from torch.utils.checkpoint import checkpoint\n\ndef f(fn, x, **kw):\n    return checkpoint(fn, x, **kw)\n",
+            note="**kw may carry use_reentrant",
+        ),
         Valid("from mylib import checkpoint\n\ncheckpoint('model.pt')\n"),
     )
 
@@ -96,8 +107,14 @@ class CheckpointReentrant(Rule):
         recommended = self.option("prefer") == "non-reentrant"
         value = "False" if recommended else "True"
         fmt = {"func": func.rsplit(".", 1)[1] + "(...)", "value": value}
-        self.report(node, fmt=fmt, replacement=set_kwarg(node, "use_reentrant", cst.Name(value)),
-                    safety=Safety.UNSAFE if recommended else Safety.SAFE,
-                    tags=(Tag.SEMANTICS,) if recommended else (),
-                    note="the non-reentrant recomputation differs for hooks, inputs without requires_grad "
-                    "and nested checkpoints" if recommended else "")
+        self.report(
+            node,
+            fmt=fmt,
+            replacement=set_kwarg(node, "use_reentrant", cst.Name(value)),
+            safety=Safety.UNSAFE if recommended else Safety.SAFE,
+            tags=(Tag.SEMANTICS,) if recommended else (),
+            note="the non-reentrant recomputation differs for hooks, inputs without requires_grad "
+            "and nested checkpoints"
+            if recommended
+            else "",
+        )

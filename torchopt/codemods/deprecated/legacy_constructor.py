@@ -1,4 +1,5 @@
 """TOP828 `legacy-constructor`: Replaces the legacy typed constructors called with sizes, `torch.cuda.FloatTensor(n)`,."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -76,12 +77,13 @@ class LegacyConstructor(Rule):
         # _sizes: every argument an integer literal (no keyword, no star).
         return calls is None or any(
             c.args and not c.keywords and all(isinstance(a, _ast.Constant) and type(a.value) is int for a in c.args)
-            for c in calls)
+            for c in calls
+        )
 
     examples = (
         Invalid(
             "import torch\n\nbuf = torch.cuda.FloatTensor(1024)\n",
-            after="import torch\n\nbuf = torch.empty(1024, dtype=torch.float32, device=\"cuda\")\n",
+            after='import torch\n\nbuf = torch.empty(1024, dtype=torch.float32, device="cuda")\n',
         ),
         Invalid(
             "import torch\n\nidx = torch.LongTensor(4, 2)\nidx.fill_(1)\n",
@@ -90,15 +92,18 @@ class LegacyConstructor(Rule):
         ),
         Invalid(
             "import torch as T\n\nh = T.Tensor(8, 16).cuda(1)\n",
-            after="import torch as T\n\nh = T.empty(8, 16, device=\"cuda:1\")\n",
+            after='import torch as T\n\nh = T.empty(8, 16, device="cuda:1")\n',
         ),
         Invalid(
             "import torch\n\nz = torch.Tensor(3, 2).zero_()\n",
             after="import torch\n\nz = torch.empty(3, 2).zero_()\n",
             runnable=True,
         ),
-        Valid("import torch\n\nt = torch.Tensor([3])\nu = torch.FloatTensor([1.0, 2.0])\n", runnable=True,
-              note="data, not sizes"),
+        Valid(
+            "import torch\n\nt = torch.Tensor([3])\nu = torch.FloatTensor([1.0, 2.0])\n",
+            runnable=True,
+            note="data, not sizes",
+        ),
         Valid("import torch\n\ndef f(n):\n    return torch.cuda.FloatTensor(n)\n", note="n may be data"),
         Valid("import torch\n\nx = torch.empty(3, device='cpu')\n", runnable=True),
         Valid("class Tensor:\n    def __init__(self, *a):\n        pass\n\nt = Tensor(3)\n", runnable=True),
@@ -159,5 +164,9 @@ class LegacyConstructor(Rule):
         if device is not None:
             kw += f", device={device}"
         new = f"{ref.name}.empty({sizes}{kw})"
-        self.report(node, fmt={"old": old, "extra": extra, "new": new},
-                    replacement=cst.parse_expression(new), imports=ref.imports)
+        self.report(
+            node,
+            fmt={"old": old, "extra": extra, "new": new},
+            replacement=cst.parse_expression(new),
+            imports=ref.imports,
+        )

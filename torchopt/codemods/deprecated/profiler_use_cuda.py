@@ -1,4 +1,5 @@
 """TOP821: the autograd profiler's deprecated ``use_cuda=``."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -75,12 +76,17 @@ class ProfilerUseCuda(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, (LEGACY,))
+
     min_torch = (2, 1)
     options = (
-        Option("api", str, "auto",
-               "`auto`: move to torch.profiler.profile where the profiler object allows it (unsafe), "
-               "else `use_device=`; `use_device`: always the safe `use_device=` form",
-               choices=("auto", "use_device")),
+        Option(
+            "api",
+            str,
+            "auto",
+            "`auto`: move to torch.profiler.profile where the profiler object allows it (unsafe), "
+            "else `use_device=`; `use_device`: always the safe `use_device=` form",
+            choices=("auto", "use_device"),
+        ),
     )
 
     examples = (
@@ -95,7 +101,7 @@ class ProfilerUseCuda(Rule):
         Invalid(
             "import torch\n\nwith torch.autograd.profiler.profile(use_cuda=True) as prof:\n"
             "    torch.ones(3).sum()\nprint(prof.table())\n",
-            after="import torch\n\nwith torch.autograd.profiler.profile(use_device=\"cuda\") as prof:\n"
+            after='import torch\n\nwith torch.autograd.profiler.profile(use_device="cuda") as prof:\n'
             "    torch.ones(3).sum()\nprint(prof.table())\n",
             runnable=True,
             note="`table()` exists on the legacy profiler only: keep it, with `use_device=`",
@@ -104,7 +110,7 @@ class ProfilerUseCuda(Rule):
             "from torch.autograd import profiler\n\n\ndef run(f, gpu):\n"
             "    with profiler.profile(use_cuda=gpu, profile_memory=True) as p:\n        f()\n    return p.total_average()\n",
             after="from torch.autograd import profiler\n\n\ndef run(f, gpu):\n"
-            "    with profiler.profile(use_device=(\"cuda\" if gpu else None), profile_memory=True) as p:\n"
+            '    with profiler.profile(use_device=("cuda" if gpu else None), profile_memory=True) as p:\n'
             "        f()\n    return p.total_average()\n",
         ),
         Invalid(
@@ -120,8 +126,11 @@ class ProfilerUseCuda(Rule):
             "except TypeError:\n    prof = torch.autograd.profiler.profile(use_cuda=True)\n",
             note="a version guard: the old spelling is deliberate",
         ),
-        Valid("class profiler:\n    @staticmethod\n    def profile(use_cuda=False):\n        return use_cuda\n\n"
-              "profiler.profile(use_cuda=True)\n", runnable=True),
+        Valid(
+            "class profiler:\n    @staticmethod\n    def profile(use_cuda=False):\n        return use_cuda\n\n"
+            "profiler.profile(use_cuda=True)\n",
+            runnable=True,
+        ),
         Valid("import torch\n\ndef f(**kw):\n    return torch.autograd.profiler.profile(**kw)\n"),
     )
 
@@ -141,20 +150,27 @@ class ProfilerUseCuda(Rule):
                 act = f"{ref.name}.profiler.ProfilerActivity"
                 new = drop_kwarg(node, "use_cuda").with_changes(func=ref.attr("profiler.profile"))
                 new = set_kwarg(new, "activities", cst.parse_expression(f"[{act}.CPU, {act}.CUDA]"))
-                self.report(node, replacement=new, safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
-                            fmt={"title": "Use `torch.profiler.profile(activities=[CPU, CUDA])`"},
-                            note="the Kineto profiler records the same ops; its tables and traces are laid out differently",
-                            imports=ref.imports)
+                self.report(
+                    node,
+                    replacement=new,
+                    safety=Safety.UNSAFE,
+                    tags=(Tag.SEMANTICS,),
+                    fmt={"title": "Use `torch.profiler.profile(activities=[CPU, CUDA])`"},
+                    note="the Kineto profiler records the same ops; its tables and traces are laid out differently",
+                    imports=ref.imports,
+                )
                 return
         if literal == "False":
             new = drop_kwarg(node, "use_cuda")
             title = "Drop `use_cuda=False`"
         else:
             dev = '"cuda"' if literal == "True" else f'("cuda" if {self.ctx.module.code_for_node(value)} else None)'
-            new = node.with_changes(args=[
-                a.with_changes(keyword=cst.Name("use_device"), value=cst.parse_expression(dev)) if a is arg else a
-                for a in node.args
-            ])
+            new = node.with_changes(
+                args=[
+                    a.with_changes(keyword=cst.Name("use_device"), value=cst.parse_expression(dev)) if a is arg else a
+                    for a in node.args
+                ]
+            )
             title = f"Use `use_device={dev}`"
         self.report(node, replacement=new, fmt={"title": title})
 
@@ -179,7 +195,10 @@ class ProfilerUseCuda(Rule):
         for assignment in scope.assignments[name.value]:
             for access in assignment.references:
                 parent = self.get_metadata(ParentProvider, access.node, None)
-                if not (isinstance(parent, cst.Attribute) and parent.value is access.node
-                        and parent.attr.value in _SHARED_METHODS):
+                if not (
+                    isinstance(parent, cst.Attribute)
+                    and parent.value is access.node
+                    and parent.attr.value in _SHARED_METHODS
+                ):
                     return False
         return True

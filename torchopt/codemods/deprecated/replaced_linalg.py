@@ -1,4 +1,5 @@
 """TOP820 `replaced-linalg`: Reports linear-algebra functions removed from or deprecated in PyTorch (`torch.solve`,."""
+
 from __future__ import annotations
 
 import libcst as cst

@@ -1,5 +1,6 @@
 """Deprecated functions: ``torch.range`` (TOP826), ``torch.autograd.Variable``
 (TOP829) and the linear-algebra functions ``torch.linalg`` replaced (TOP820)."""
+
 from __future__ import annotations
 
 import libcst as cst

@@ -1,4 +1,5 @@
 """TOP824: ``torch.backends.cuda.sdp_kernel(...)`` → ``torch.nn.attention.sdpa_kernel([...])``."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -63,6 +64,7 @@ class SdpKernel(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.backends.cuda.sdp_kernel",))
+
     min_torch = (2, 4)
 
     examples = (
@@ -86,10 +88,14 @@ class SdpKernel(Rule):
             after=None,
             note="a flag that is not a literal: reported without a fix",
         ),
-        Valid("from torch.nn.attention import SDPBackend, sdpa_kernel\n\nwith sdpa_kernel(SDPBackend.MATH):\n    pass\n",
-              runnable=True),
-        Valid("import torch\n\nif hasattr(torch.nn, 'attention'):\n    ctx = torch.nn.attention.sdpa_kernel([])\n"
-              "else:\n    ctx = torch.backends.cuda.sdp_kernel()\n"),
+        Valid(
+            "from torch.nn.attention import SDPBackend, sdpa_kernel\n\nwith sdpa_kernel(SDPBackend.MATH):\n    pass\n",
+            runnable=True,
+        ),
+        Valid(
+            "import torch\n\nif hasattr(torch.nn, 'attention'):\n    ctx = torch.nn.attention.sdpa_kernel([])\n"
+            "else:\n    ctx = torch.backends.cuda.sdp_kernel()\n"
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:

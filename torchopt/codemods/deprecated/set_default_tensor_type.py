@@ -1,4 +1,5 @@
 """TOP823 `set-default-tensor-type`: Replaces `torch.set_default_tensor_type(...)`, deprecated since PyTorch 2.1, with."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -69,12 +70,13 @@ class SetDefaultTensorType(Rule):
         from torchopt.analysis.precheck.torch_imports import may_call_torch
 
         return super().could_match(text) and may_call_torch(text, ("torch.set_default_tensor_type",))
+
     min_torch = (2, 0)
 
     examples = (
         Invalid(
             "import torch\n\ntorch.set_default_tensor_type(torch.cuda.FloatTensor)\nx = torch.zeros(2)\n",
-            after="import torch\n\ntorch.set_default_dtype(torch.float32)\ntorch.set_default_device(\"cuda\")\n"
+            after='import torch\n\ntorch.set_default_dtype(torch.float32)\ntorch.set_default_device("cuda")\n'
             "x = torch.zeros(2)\n",
         ),
         Invalid(
@@ -89,10 +91,15 @@ class SetDefaultTensorType(Rule):
             after=None,
             note="not a statement of its own: reported without a fix",
         ),
-        Valid("import torch\n\ntorch.set_default_dtype(torch.float64)\ntorch.set_default_dtype(torch.float32)\n", runnable=True),
+        Valid(
+            "import torch\n\ntorch.set_default_dtype(torch.float64)\ntorch.set_default_dtype(torch.float32)\n",
+            runnable=True,
+        ),
         Valid("import torch\n\ndef f(t):\n    torch.set_default_tensor_type(t)\n", note="unknown type"),
-        Valid("import torch\n\nif not hasattr(torch, 'set_default_device'):\n"
-              "    torch.set_default_tensor_type(torch.cuda.FloatTensor)\n"),
+        Valid(
+            "import torch\n\nif not hasattr(torch, 'set_default_device'):\n"
+            "    torch.set_default_tensor_type(torch.cuda.FloatTensor)\n"
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -120,8 +127,9 @@ class SetDefaultTensorType(Rule):
             dev_call = f'{ref.name}.set_default_device("cuda")'
             lines.append(cst.SimpleStatementLine(body=[cst.Expr(cst.parse_expression(dev_call))]))
             new += f"; {dev_call}"
-        self.report(node, fmt={**fmt, "new": new}, target=stmt, replacement=cst.FlattenSentinel(lines),
-                    imports=ref.imports)
+        self.report(
+            node, fmt={**fmt, "new": new}, target=stmt, replacement=cst.FlattenSentinel(lines), imports=ref.imports
+        )
 
     def _own_statement(self, node: cst.Call) -> cst.SimpleStatementLine | None:
         expr = self.get_metadata(ParentProvider, node, None)

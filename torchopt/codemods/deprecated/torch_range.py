@@ -1,4 +1,5 @@
 """TOP826 `torch-range`: Replaces `torch.range(start, end, step)`, deprecated and end-inclusive, with."""
+
 from __future__ import annotations
 
 import math
@@ -98,8 +99,11 @@ class TorchRange(Rule):
             after="import torch\n\n\ndef grid(lo, hi, h):\n    return torch.arange(lo, hi + h, h, dtype=torch.get_default_dtype())\n",
             unsafe="semantics",
         ),
-        Invalid("import torch\n\nbad = torch.range(5, 4, 1)\n", after=None,
-                note="torch.range raises here; an arange would return an empty tensor"),
+        Invalid(
+            "import torch\n\nbad = torch.range(5, 4, 1)\n",
+            after=None,
+            note="torch.range raises here; an arange would return an empty tensor",
+        ),
         Valid("import torch\n\nx = torch.arange(10)\nfor i in range(3):\n    pass\n", runnable=True),
         Valid("import torch\n\ndef f(a):\n    return torch.range(*a)\n"),
     )
@@ -128,8 +132,9 @@ class TorchRange(Rule):
         if "dtype" not in kws:
             extra.insert(0, f"dtype={ref.name}.get_default_dtype()")
         new = f"{ref.name}.arange({', '.join(args + extra)})"
-        self.report(node, fmt={"new": new}, replacement=cst.parse_expression(new), tags=tags, note=note,
-                    imports=ref.imports)
+        self.report(
+            node, fmt={"new": new}, replacement=cst.parse_expression(new), tags=tags, note=note, imports=ref.imports
+        )
 
 
 def _number(expr: cst.BaseExpression) -> int | float | None:
@@ -159,8 +164,11 @@ def _exclusive_end(
         # Adding one step is exact only when the span is a whole number of steps: otherwise the
         # result has one more element, which changes shapes, not just rounding.
         plus = "1" if step is None else _source(step)
-        return (f"{_source(end)} + {plus}", (Tag.SEMANTICS,),
-                "exact when `end - start` is a whole multiple of the step; otherwise one more element")
+        return (
+            f"{_source(end)} + {plus}",
+            (Tag.SEMANTICS,),
+            "exact when `end - start` is a whole multiple of the step; otherwise one more element",
+        )
     if by == 0 or (hi - lo) * by < 0:
         return None
     if all(isinstance(v, int) for v in (lo, hi, by)):
@@ -173,8 +181,11 @@ def _exclusive_end(
     new_end = lo + (count - 0.5) * by
     if not math.isfinite(new_end) or math.ceil((new_end - lo) / by) != count:
         return None
-    return (repr(new_end), (Tag.TOLERANCE,),
-            f"the same {count} elements, computed another way: values may differ in the last bits")
+    return (
+        repr(new_end),
+        (Tag.TOLERANCE,),
+        f"the same {count} elements, computed another way: values may differ in the last bits",
+    )
 
 
 _BINDS_TIGHTER_THAN_PLUS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)

@@ -1,4 +1,5 @@
 """TOP102 `cast-after-factory`: Flags a tensor factory whose result is cast at once, e.g. `torch.zeros(n).half()` or."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -14,8 +15,15 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.values import CAST_METHODS
 from torchopt.analysis.values import dtype_of
 from torchopt.codemods.device.factory_analysis import (
-    FACTORIES, _FactoryRule, _NOTE_LEAF, _could_cast, _keep_parens, _removed_has_comments, factory_kind,
-    fold_verdict, parse_to
+    FACTORIES,
+    _FactoryRule,
+    _NOTE_LEAF,
+    _could_cast,
+    _keep_parens,
+    _removed_has_comments,
+    factory_kind,
+    fold_verdict,
+    parse_to,
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -85,8 +93,7 @@ class CastAfterFactory(_FactoryRule):
         from torchopt.analysis.precheck.patterns import chained_call
 
         # visit_Call: `<torch factory>(...).<cast>()` (method_call + factory_kind).
-        return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES) \
-            and _could_cast(text)
+        return super().could_match(text) and chained_call(text, (*CAST_METHODS, "to"), FACTORIES) and _could_cast(text)
 
     def visit_Call(self, node: cst.Call) -> None:
         mc = method_call(node, (*CAST_METHODS, "to"))
@@ -118,8 +125,7 @@ class CastAfterFactory(_FactoryRule):
         data = self.data(kind, inner)
         verdict = fold_verdict(data, dst)
         if not verdict.ok:
-            self.report(node, fmt={**fmt, "why": verdict.reason},
-                        message=self.message + "; not folded: {why}")
+            self.report(node, fmt={**fmt, "why": verdict.reason}, message=self.message + "; not folded: {why}")
             return
         tags = list(verdict.tags)
         notes = [verdict.reason] if verdict.tags else []
@@ -137,8 +143,15 @@ class CastAfterFactory(_FactoryRule):
         new = set_kwarg(inner, "dtype", dtype_expr, before=("requires_grad", "pin_memory"))
         new = _keep_parens(node, new)
         imports = ref.imports if (meth != "to" and ref is not None) else ()
-        self.report(node, fmt=fmt, replacement=new, safety=Safety.UNSAFE if tags else Safety.SAFE,
-                    tags=tuple(tags), note="; ".join(notes), imports=imports)
+        self.report(
+            node,
+            fmt=fmt,
+            replacement=new,
+            safety=Safety.UNSAFE if tags else Safety.SAFE,
+            tags=tuple(tags),
+            note="; ".join(notes),
+            imports=imports,
+        )
 
     examples = (
         # --- the casts that fold into the factory
@@ -516,7 +529,7 @@ class CastAfterFactory(_FactoryRule):
             dedent("""\
                 import torch
                 x = torch.tensor([0.1], dtype=torch.float32).double()
-            """),
+            """)
         ),
         Invalid(
             dedent("""\
@@ -568,7 +581,7 @@ class CastAfterFactory(_FactoryRule):
             dedent("""\
                 import mylib
                 x = mylib.zeros(3).half()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -576,7 +589,7 @@ class CastAfterFactory(_FactoryRule):
 
                 def f(torch):
                     return torch.zeros(3).half()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -584,7 +597,7 @@ class CastAfterFactory(_FactoryRule):
 
                 def f(x):
                     return x.float()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -624,13 +637,13 @@ class CastAfterFactory(_FactoryRule):
 
                 def f(s):
                     return torch.zeros(*s).half()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
                 import torch
                 x = torch.zeros(3).half(memory_format=torch.preserve_format)
-            """),
+            """)
         ),
         Valid(
             dedent("""\

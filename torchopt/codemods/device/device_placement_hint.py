@@ -1,4 +1,5 @@
 """TOP105 `device-placement-hint`: Points at device placement that costs a copy where none is needed, with advice:."""
+
 from __future__ import annotations
 
 from libcst.metadata import Assignment
@@ -100,10 +101,7 @@ class DevicePlacementHint(Rule):
             "while i < 10:\n    m = mask.to(device)\n    i += 1\n",
             after=None,
         ),
-        Invalid(
-            "import torch\n\nfor step in range(10):\n    t = torch.tensor([1.0, 2.0, 3.0]).cuda()\n",
-            after=None,
-        ),
+        Invalid("import torch\n\nfor step in range(10):\n    t = torch.tensor([1.0, 2.0, 3.0]).cuda()\n", after=None),
         Invalid(
             "import torch\n\ndef f(rows, device):\n    for r in rows:\n"
             "        t = torch.tensor([v * 2 for v in r], device=device)\n",
@@ -112,9 +110,7 @@ class DevicePlacementHint(Rule):
         Invalid("import torch\n\ndef f(t):\n    return t.type(torch.cuda.FloatTensor)\n", after=None),
         Invalid("def f(t):\n    return t.type('torch.cuda.HalfTensor')\n", after=None),
         Invalid(
-            "import torch\n\na = torch.zeros(3)\nb = torch.tensor(a)\n",
-            after=None,
-            note="suggest a.detach().clone()",
+            "import torch\n\na = torch.zeros(3)\nb = torch.tensor(a)\n", after=None, note="suggest a.detach().clone()"
         ),
         Valid(
             "import torch\n\ndef run(xs, device):\n    w = torch.randn(4, 4)\n"
@@ -129,10 +125,7 @@ class DevicePlacementHint(Rule):
             "import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    w.add_(1)\n    v = w.cuda()\n",
             note="`w` changes in the loop",
         ),
-        Valid(
-            "import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    v = w.to('cpu')\n",
-            runnable=True,
-        ),
+        Valid("import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    v = w.to('cpu')\n", runnable=True),
         Valid("import torch\n\nt = torch.tensor([1.0, 2.0]).cuda()\n", note="not in a loop"),
         Valid("import torch\n\nb = torch.tensor([1, 2])\nc = torch.tensor(b.tolist())\n", runnable=True),
         Valid("def f(t, kind):\n    return t.type(kind)\n"),
@@ -199,8 +192,13 @@ class DevicePlacementHint(Rule):
         data = args[0].value
         parent = self.get_metadata(ParentProvider, node, None)
         grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
-        moved = isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
-            and parent.attr.value in ("cuda", "to") and move_device(self, grand) is not None
+        moved = (
+            isinstance(parent, cst.Attribute)
+            and isinstance(grand, cst.Call)
+            and grand.func is parent
+            and parent.attr.value in ("cuda", "to")
+            and move_device(self, grand) is not None
+        )
         if isinstance(data, cst.Name) and is_tensor_name(self, data):
             dev = keyword(node, "device")
             dtype = keyword(node, "dtype")
@@ -249,7 +247,7 @@ class DevicePlacementHint(Rule):
             q = torch_name(self, arg)
         if not q or not q.startswith("torch.cuda."):
             return
-        dtype = _LEGACY_TYPES.get(q[len("torch.cuda."):])
+        dtype = _LEGACY_TYPES.get(q[len("torch.cuda.") :])
         if dtype is None:
             return
         recv = cst.ensure_type(node.func, cst.Attribute).value  # (visit_Call sends only method calls)

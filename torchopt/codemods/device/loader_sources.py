@@ -4,6 +4,7 @@ whose every call in the file passes a DataLoader, or a ``self.`` attribute set f
 The training loop of many scripts sits in ``def train(model, device, train_loader)`` or a trainer
 method that iterates ``self.train_data``; the DataLoader is built elsewhere in the same file. The
 answer is all-or-nothing: one call site or assignment that cannot be followed means "not known"."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -140,8 +141,11 @@ def _other_name(rule: Rule, ref: cst.Name, parent: cst.CSTNode | None, binding: 
         scope = rule.get_metadata(ScopeProvider, ref)
     except KeyError:
         scope = None
-    if scope is not None and ref.value in scope and not any(
-            isinstance(a, Assignment) and a.node is binding for a in scope[ref.value]):
+    if (
+        scope is not None
+        and ref.value in scope
+        and not any(isinstance(a, Assignment) and a.node is binding for a in scope[ref.value])
+    ):
         return True  # a local of the same name (`def __init__(self, train): ... train=train`) shadows it
     if isinstance(parent, cst.FunctionDef) and parent.name is ref:
         return isinstance(rule.get_metadata(ParentProvider, parent, None), cst.IndentedBlock)
@@ -204,8 +208,12 @@ def _attribute_values(cls: cst.ClassDef, attr: str) -> list[cst.BaseExpression |
 
 
 def _is_self_attr(node: cst.CSTNode, me: str, attr: str) -> bool:
-    return (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
-            and node.value.value == me and node.attr.value == attr)
+    return (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == me
+        and node.attr.value == attr
+    )
 
 
 def int_device_attribute(rule: Rule, expr: cst.BaseExpression) -> bool:

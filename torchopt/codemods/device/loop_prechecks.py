@@ -2,6 +2,7 @@
 
 TOP104: a DataLoader whose batches are copied to the device: pin its batches and copy them
 asynchronously. TOP105: diagnostics for device placement inside loops and legacy idioms."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -42,24 +43,37 @@ def _could_match(text: str) -> bool:
     calls = index.get(_ast.Call, ())
     # (iii) `.type(<one positional argument>)` naming a torch.cuda legacy type.
     for c in calls:
-        if isinstance(c.func, _ast.Attribute) and c.func.attr == "type" and len(c.args) == 1 \
-                and not c.keywords and not isinstance(c.args[0], _ast.Starred):
+        if (
+            isinstance(c.func, _ast.Attribute)
+            and c.func.attr == "type"
+            and len(c.args) == 1
+            and not c.keywords
+            and not isinstance(c.args[0], _ast.Starred)
+        ):
             arg = c.args[0]
             if isinstance(arg, _ast.Constant):
                 v = arg.value
-                if isinstance(v, str) and v.startswith("torch.cuda.") and v[len("torch.cuda."):] in _LEGACY_TYPES:
+                if isinstance(v, str) and v.startswith("torch.cuda.") and v[len("torch.cuda.") :] in _LEGACY_TYPES:
                     return True
-            elif any(q.startswith("torch.cuda.") and q[len("torch.cuda."):] in _LEGACY_TYPES
-                     for q in ast_torch_names(imports, arg)):
+            elif any(
+                q.startswith("torch.cuda.") and q[len("torch.cuda.") :] in _LEGACY_TYPES
+                for q in ast_torch_names(imports, arg)
+            ):
                 return True
     loop_calls = ast_loop_calls(text) or []
     in_loop_ids = {id(c) for c, _ in loop_calls}
     # (ii)/(iv) torch.tensor(<data>, ...).
     tensors = torch_calls_to(text, ("torch.tensor",)) or []
     if tensors:
-        moved = {id(c.func.value) for c in calls if isinstance(c.func, _ast.Attribute)
-                 and c.func.attr in ("cuda", "to") and isinstance(c.func.value, _ast.Call)
-                 and not _ast_star(c) and _ast_maybe_move(imports, c)}
+        moved = {
+            id(c.func.value)
+            for c in calls
+            if isinstance(c.func, _ast.Attribute)
+            and c.func.attr in ("cuda", "to")
+            and isinstance(c.func.value, _ast.Call)
+            and not _ast_star(c)
+            and _ast_maybe_move(imports, c)
+        }
         for c in tensors:
             if not c.args or _ast_star(c):
                 continue
@@ -69,10 +83,14 @@ def _could_match(text: str) -> bool:
                 if _ast_tensor_bindings(chain[0] if chain else None, imports, data.id):
                     return True  # (iv) copy-construction
             host = isinstance(data, (_ast.Name, _ast.ListComp)) or (
-                isinstance(data, (_ast.List, _ast.Tuple)) and bool(data.elts))  # _host_data
+                isinstance(data, (_ast.List, _ast.Tuple)) and bool(data.elts)
+            )  # _host_data
             dev = next((k.value for k in c.keywords if k.arg == "device"), None)
-            if host and id(c) in in_loop_ids and (
-                    id(c) in moved or (dev is not None and _ast_maybe_device(imports, dev))):
+            if (
+                host
+                and id(c) in in_loop_ids
+                and (id(c) in moved or (dev is not None and _ast_maybe_device(imports, dev)))
+            ):
                 return True  # (ii) built in a loop, on or moved to the device
     # (i) `<name>.cuda()` / `.to(<device>)` in a loop that neither rebinds nor mutates <name>.
     changed: dict[int, set[str]] = {}
@@ -93,8 +111,16 @@ def _ast_star(call: _ast.Call) -> bool:
     return any(isinstance(a, _ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
 
 
-_SCOPE_TYPES = (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda, _ast.ClassDef, _ast.ListComp, _ast.SetComp,
-                _ast.DictComp, _ast.GeneratorExp)
+_SCOPE_TYPES = (
+    _ast.FunctionDef,
+    _ast.AsyncFunctionDef,
+    _ast.Lambda,
+    _ast.ClassDef,
+    _ast.ListComp,
+    _ast.SetComp,
+    _ast.DictComp,
+    _ast.GeneratorExp,
+)
 
 
 def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
@@ -106,10 +132,14 @@ def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
     params: list[_ast.arg] = []
     if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
         a = scope.args
-        params = [p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name]
+        params = [
+            p for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None and p.arg == name
+        ]
     stores: list[_ast.Name] = []
     parents: dict[int, _ast.AST] = {}
-    stack: list[_ast.AST] = list(_ast.iter_child_nodes(scope)) if not isinstance(scope, _ast.Module) else list(scope.body)
+    stack: list[_ast.AST] = (
+        list(_ast.iter_child_nodes(scope)) if not isinstance(scope, _ast.Module) else list(scope.body)
+    )
     if isinstance(scope, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.Lambda)):
         stack = list(scope.body) if isinstance(scope.body, list) else [scope.body]
     while stack:
@@ -119,7 +149,8 @@ def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
         if isinstance(cur, _ast.Name) and cur.id == name and isinstance(cur.ctx, _ast.Store):
             stores.append(cur)
         if isinstance(cur, (_ast.Import, _ast.ImportFrom)) and any(
-                (al.asname or al.name.split(".")[0]) == name for al in cur.names):
+            (al.asname or al.name.split(".")[0]) == name for al in cur.names
+        ):
             return False  # an import binding: reaching_values has None
         if isinstance(cur, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef)) and cur.name == name:
             return False
@@ -134,10 +165,16 @@ def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
     if params:
         if stores:
             return False
-        return any(p.annotation is not None and any(
-            (isinstance(x, _ast.Name) and x.id == "Tensor") or (isinstance(x, _ast.Attribute) and x.attr == "Tensor")
-            or (isinstance(x, _ast.Constant) and isinstance(x.value, str) and "Tensor" in x.value)
-            for x in _ast.walk(p.annotation)) for p in params)
+        return any(
+            p.annotation is not None
+            and any(
+                (isinstance(x, _ast.Name) and x.id == "Tensor")
+                or (isinstance(x, _ast.Attribute) and x.attr == "Tensor")
+                or (isinstance(x, _ast.Constant) and isinstance(x.value, str) and "Tensor" in x.value)
+                for x in _ast.walk(p.annotation)
+            )
+            for p in params
+        )
     for st in stores:
         parent = parents.get(id(st))
         if isinstance(parent, _ast.Assign) and any(t is st for t in parent.targets):
@@ -153,13 +190,17 @@ def _ast_tensor_bindings(scope, imports: dict, name: str) -> bool:
 
 def _ast_torch_tensor_call(imports: dict, value) -> bool:
     base = value
-    while isinstance(base, _ast.Call) and isinstance(base.func, _ast.Attribute) \
-            and isinstance(base.func.value, _ast.Call):
+    while (
+        isinstance(base, _ast.Call) and isinstance(base.func, _ast.Attribute) and isinstance(base.func.value, _ast.Call)
+    ):
         base = base.func.value
     if not isinstance(base, _ast.Call):
         return False
-    return any(any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES)
-               and q.rsplit(".", 1)[1] not in NOT_TENSOR for q in ast_torch_names(imports, base.func))
+    return any(
+        any(q.startswith(ns) and "." not in q[len(ns) :] for ns in TENSOR_NAMESPACES)
+        and q.rsplit(".", 1)[1] not in NOT_TENSOR
+        for q in ast_torch_names(imports, base.func)
+    )
 
 
 def _ast_maybe_tensor_name(index: dict, imports: dict, name: str) -> bool:
@@ -167,24 +208,35 @@ def _ast_maybe_tensor_name(index: dict, imports: dict, name: str) -> bool:
     ``Tensor``, or some plain assignment ``name = <torch call>[.<method>(...)...]`` binds it (every
     binding must be one for is_tensor_name, so one is necessary)."""
     for a in index.get(_ast.arg, ()):
-        if a.arg == name and a.annotation is not None and any(
-                (isinstance(x, _ast.Name) and x.id == "Tensor") or (isinstance(x, _ast.Attribute) and x.attr == "Tensor")
+        if (
+            a.arg == name
+            and a.annotation is not None
+            and any(
+                (isinstance(x, _ast.Name) and x.id == "Tensor")
+                or (isinstance(x, _ast.Attribute) and x.attr == "Tensor")
                 or (isinstance(x, _ast.Constant) and isinstance(x.value, str) and "Tensor" in x.value)
-                for x in _ast.walk(a.annotation)):
+                for x in _ast.walk(a.annotation)
+            )
+        ):
             return True
     for n in [*index.get(_ast.Assign, ()), *index.get(_ast.AnnAssign, ())]:
         targets = n.targets if isinstance(n, _ast.Assign) else [n.target]
         if n.value is None or not any(isinstance(t, _ast.Name) and t.id == name for t in targets):
             continue
         base = n.value
-        while isinstance(base, _ast.Call) and isinstance(base.func, _ast.Attribute) \
-                and isinstance(base.func.value, _ast.Call):
+        while (
+            isinstance(base, _ast.Call)
+            and isinstance(base.func, _ast.Attribute)
+            and isinstance(base.func.value, _ast.Call)
+        ):
             base = base.func.value
         if not isinstance(base, _ast.Call):
             continue
         for q in ast_torch_names(imports, base.func):
-            if any(q.startswith(ns) and "." not in q[len(ns):] for ns in TENSOR_NAMESPACES) \
-                    and q.rsplit(".", 1)[1] not in NOT_TENSOR:
+            if (
+                any(q.startswith(ns) and "." not in q[len(ns) :] for ns in TENSOR_NAMESPACES)
+                and q.rsplit(".", 1)[1] not in NOT_TENSOR
+            ):
                 return True
     return False
 
@@ -208,7 +260,7 @@ def _ast_maybe_device(imports: dict, expr: _ast.AST) -> bool:
         return "torch.device" in ast_torch_names(imports, expr.func)
     if isinstance(expr, (_ast.Name, _ast.Attribute)):
         names = ast_torch_names(imports, expr)
-        return not names or not all(q.startswith("torch.") and q[len("torch."):] in DTYPES for q in names)
+        return not names or not all(q.startswith("torch.") and q[len("torch.") :] in DTYPES for q in names)
     return False
 
 
@@ -274,7 +326,14 @@ def _ast_mutated_names(loop: _ast.AST) -> set[str]:
 
 
 _LEGACY_TYPES = {
-    "FloatTensor": "float32", "DoubleTensor": "float64", "HalfTensor": "float16",
-    "BFloat16Tensor": "bfloat16", "LongTensor": "int64", "IntTensor": "int32",
-    "ShortTensor": "int16", "CharTensor": "int8", "ByteTensor": "uint8", "BoolTensor": "bool",
+    "FloatTensor": "float32",
+    "DoubleTensor": "float64",
+    "HalfTensor": "float16",
+    "BFloat16Tensor": "bfloat16",
+    "LongTensor": "int64",
+    "IntTensor": "int32",
+    "ShortTensor": "int16",
+    "CharTensor": "int8",
+    "ByteTensor": "uint8",
+    "BoolTensor": "bool",
 }

@@ -1,4 +1,5 @@
 """TOP103: build ``torch.nn`` modules on their device and in their dtype ."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -14,23 +15,47 @@ from torchopt.rewrite.rule import ImportSpec, Invalid, Rule, Safety, Tag, Valid
 # arguments precede ``device`` in their signature (more positionals than that: skip).
 # Their initialisation draws random numbers (kaiming/xavier/normal init of weights).
 RANDOM_INIT: dict[str, int] = {
-    "Linear": 3, "Bilinear": 4, "LazyLinear": 2,
-    "Conv1d": 9, "Conv2d": 9, "Conv3d": 9,
-    "ConvTranspose1d": 10, "ConvTranspose2d": 10, "ConvTranspose3d": 10,
-    "LazyConv1d": 8, "LazyConv2d": 8, "LazyConv3d": 8,
-    "LazyConvTranspose1d": 9, "LazyConvTranspose2d": 9, "LazyConvTranspose3d": 9,
-    "Embedding": 9, "EmbeddingBag": 10,
+    "Linear": 3,
+    "Bilinear": 4,
+    "LazyLinear": 2,
+    "Conv1d": 9,
+    "Conv2d": 9,
+    "Conv3d": 9,
+    "ConvTranspose1d": 10,
+    "ConvTranspose2d": 10,
+    "ConvTranspose3d": 10,
+    "LazyConv1d": 8,
+    "LazyConv2d": 8,
+    "LazyConv3d": 8,
+    "LazyConvTranspose1d": 9,
+    "LazyConvTranspose2d": 9,
+    "LazyConvTranspose3d": 9,
+    "Embedding": 9,
+    "EmbeddingBag": 10,
     "MultiheadAttention": 9,
-    "RNN": 4, "LSTM": 4, "GRU": 4,  # (*args, **kwargs) forwarded to RNNBase; be conservative
-    "RNNCell": 4, "LSTMCell": 3, "GRUCell": 3,
-    "Transformer": 13, "TransformerEncoderLayer": 9, "TransformerDecoderLayer": 9,
+    "RNN": 4,
+    "LSTM": 4,
+    "GRU": 4,  # (*args, **kwargs) forwarded to RNNBase; be conservative
+    "RNNCell": 4,
+    "LSTMCell": 3,
+    "GRUCell": 3,
+    "Transformer": 13,
+    "TransformerEncoderLayer": 9,
+    "TransformerDecoderLayer": 9,
     "AdaptiveLogSoftmaxWithLoss": 5,
 }
 # Modules whose parameters and buffers are constant fills (ones, zeros, a given constant): no RNG.
 DETERMINISTIC_INIT: dict[str, int] = {
-    "LayerNorm": 4, "GroupNorm": 4, "RMSNorm": 3,
-    "BatchNorm1d": 5, "BatchNorm2d": 5, "BatchNorm3d": 5, "SyncBatchNorm": 6,
-    "InstanceNorm1d": 5, "InstanceNorm2d": 5, "InstanceNorm3d": 5,
+    "LayerNorm": 4,
+    "GroupNorm": 4,
+    "RMSNorm": 3,
+    "BatchNorm1d": 5,
+    "BatchNorm2d": 5,
+    "BatchNorm3d": 5,
+    "SyncBatchNorm": 6,
+    "InstanceNorm1d": 5,
+    "InstanceNorm2d": 5,
+    "InstanceNorm3d": 5,
     "PReLU": 2,
 }
 
@@ -181,13 +206,20 @@ class ModuleThenMove(Rule):
         ),
         Valid("import torch.nn as nn\n\ndef f(x):\n    return nn.Linear(4, 3).to(x)\n", note="x may be a tensor"),
         Valid("import torch.nn as nn\n\ndef f(dims):\n    return nn.Linear(*dims).cuda()\n"),
-        Valid("import torch\nimport torch.nn as nn\n\nm = nn.Conv2d(3, 8, 3).to('cuda', memory_format=torch.channels_last)\n"),
+        Valid(
+            "import torch\nimport torch.nn as nn\n\nm = nn.Conv2d(3, 8, 3).to('cuda', memory_format=torch.channels_last)\n"
+        ),
         Valid("import torch.nn as nn\n\nseq = nn.Sequential(nn.ReLU()).cuda()\n", note="no factory kwargs"),
         Valid("import torch\nimport torch.nn as nn\n\nlayer = nn.Linear(4, 3, device='cpu')\n", runnable=True),
-        Valid("import torch\nimport torch.nn as nn\n\ndef f():\n    return nn.Linear(4, 3).to(torch.long)\n",
-              note="modules only cast to floating dtypes"),
-        Valid("class nn:\n    class Linear:\n        def __init__(self, *a): pass\n        def cuda(self): return self\n\n"
-              "layer = nn.Linear(4, 3).cuda()\n", runnable=True),
+        Valid(
+            "import torch\nimport torch.nn as nn\n\ndef f():\n    return nn.Linear(4, 3).to(torch.long)\n",
+            note="modules only cast to floating dtypes",
+        ),
+        Valid(
+            "class nn:\n    class Linear:\n        def __init__(self, *a): pass\n        def cuda(self): return self\n\n"
+            "layer = nn.Linear(4, 3).cuda()\n",
+            runnable=True,
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -219,7 +251,7 @@ class ModuleThenMove(Rule):
             ref = torch_ref(self)
             imports = ref.imports if ref is not None else ()
         code = self.ctx.module.code_for_node
-        move = " ".join(code(node)[len(code(inner)):].split()).replace("( ", "(").replace(" )", ")")
+        move = " ".join(code(node)[len(code(inner)) :].split()).replace("( ", "(").replace(" )", ")")
         fmt = {"ctor": ctor, "move": move if len(move) <= 60 else f".{meth}(...)", "kwargs": ", ".join(kwargs)}
 
         # The part the fix removes: `.meth(...)` after the inner call.
@@ -235,10 +267,12 @@ class ModuleThenMove(Rule):
             if dtype is not None:
                 note = "the weights are drawn directly in the new dtype and take other values"
             else:
-                note = ("the weights are drawn from the device's generator; later CPU random "
-                        "draws shift because the CPU generator is no longer advanced")
-        elif cls == "PReLU" and dtype is not None and (
-            keyword(inner, "init") is not None or len(positional(inner)) >= 2
+                note = (
+                    "the weights are drawn from the device's generator; later CPU random "
+                    "draws shift because the CPU generator is no longer advanced"
+                )
+        elif (
+            cls == "PReLU" and dtype is not None and (keyword(inner, "init") is not None or len(positional(inner)) >= 2)
         ):
             tags = (Tag.TOLERANCE,)
             note = "the `init` constant is no longer rounded to float32 before the cast"
@@ -307,4 +341,3 @@ class ModuleThenMove(Rule):
         if dtype is not None and dtype_of(self, dtype) not in FLOAT_DTYPES:
             return None
         return device, dtype, is_cpu
-

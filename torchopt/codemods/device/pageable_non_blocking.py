@@ -1,4 +1,5 @@
 """TOP106 `pageable-non-blocking`: `non_blocking=True` copies that cannot overlap, or whose result is read too early."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -30,13 +31,41 @@ from torchopt.rewrite.rule import Valid
 _HOST_COPIES = {"torch.from_numpy", "torch.frombuffer", "torch.from_file"}
 # Calls that return a host tensor unless told otherwise (``device=`` or ``pin_memory=True``).
 _HOST_FACTORIES = {
-    "torch.tensor", "torch.as_tensor", "torch.zeros", "torch.ones", "torch.empty", "torch.full",
-    "torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.arange", "torch.linspace",
+    "torch.tensor",
+    "torch.as_tensor",
+    "torch.zeros",
+    "torch.ones",
+    "torch.empty",
+    "torch.full",
+    "torch.rand",
+    "torch.randn",
+    "torch.randint",
+    "torch.randperm",
+    "torch.arange",
+    "torch.linspace",
 }
 # Methods whose result lives in the same memory as (or a new pageable copy of) their receiver.
 _SAME_MEMORY_METHODS = {
-    "float", "double", "half", "bfloat16", "long", "int", "short", "bool", "byte", "view", "reshape",
-    "contiguous", "clone", "permute", "unsqueeze", "squeeze", "transpose", "t", "flatten", "detach",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "long",
+    "int",
+    "short",
+    "bool",
+    "byte",
+    "view",
+    "reshape",
+    "contiguous",
+    "clone",
+    "permute",
+    "unsqueeze",
+    "squeeze",
+    "transpose",
+    "t",
+    "flatten",
+    "detach",
 }
 # Host reads of a tensor: the copy must have arrived.
 _HOST_READ_METHODS = {"numpy", "tolist", "item", "__array__"}
@@ -45,8 +74,23 @@ _HOST_READ_FUNCTIONS = {"print", "float", "int", "bool", "str", "list", "len", "
 # device behind the pending one on the same stream: calling them on an unfinished copy reads nothing.
 # Any other method (`.sum()`, `.argmax()`, `.clone()`) computes on the host at once from its data.
 _NO_READ_METHODS = {
-    "to", "cuda", "view", "reshape", "unsqueeze", "squeeze", "permute", "transpose", "t", "flatten",
-    "detach", "size", "dim", "numel", "element_size", "is_contiguous", "requires_grad_",
+    "to",
+    "cuda",
+    "view",
+    "reshape",
+    "unsqueeze",
+    "squeeze",
+    "permute",
+    "transpose",
+    "t",
+    "flatten",
+    "detach",
+    "size",
+    "dim",
+    "numel",
+    "element_size",
+    "is_contiguous",
+    "requires_grad_",
 }
 # Calls that wait for the queued device work (the copy included) before returning.
 _WAITS = {"synchronize", "item", "tolist", "cpu"}
@@ -106,14 +150,17 @@ class PageableNonBlocking(Rule):
     name = "pageable-non-blocking"
     family = FAMILY
     message = "`{move}`: `{src}` is in pageable host memory ({origin}), so `non_blocking=True` cannot overlap this copy"
-    early_read_message = ("`{move}` copies to the host asynchronously and `{name}` is read on line {line} "
-                          "before anything waits for it: it may hold stale data")
+    early_read_message = (
+        "`{move}` copies to the host asynchronously and `{name}` is read on line {line} "
+        "before anything waits for it: it may hold stale data"
+    )
     fix_title = "Remove `non_blocking=True` (copy synchronously)"
     safety = Safety.SAFE
     prefilter = ("non_blocking",)
 
     examples = (
-        Invalid(dedent('''\
+        Invalid(
+            dedent("""\
             import numpy as np
             import torch
 
@@ -121,119 +168,164 @@ class PageableNonBlocking(Rule):
                 x = torch.from_numpy(features)
                 x = x.float()
                 return model(x.to(device, non_blocking=True))
-            '''), after=None, note="followed through two assignments of the same function"),
-        Invalid(dedent('''\
+            """),
+            after=None,
+            note="followed through two assignments of the same function",
+        ),
+        Invalid(
+            dedent("""\
             import torch as T
 
             class Runner:
                 def step(self, batch):
                     ids = T.tensor(batch, dtype=T.long)
                     return self.model(ids.cuda(non_blocking=True))
-            '''), after=None, note="an aliased import, in a method"),
-        Invalid(dedent('''\
+            """),
+            after=None,
+            note="an aliased import, in a method",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from torch.utils.data import DataLoader
 
             loader = DataLoader(ds, batch_size=8, pin_memory=False)
             for x, y in loader:
                 x = x.cuda(non_blocking=True)
-            '''), after=None, note="the loader does not pin its batches"),
-        Invalid(dedent('''\
+            """),
+            after=None,
+            note="the loader does not pin its batches",
+        ),
+        Invalid(
+            dedent("""\
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             x = torch.arange(6.0, device=device)
             y = (x * 2).to("cpu", non_blocking=True)
             total = y.numpy().sum()
-            '''), after=dedent('''\
+            """),
+            after=dedent("""\
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             x = torch.arange(6.0, device=device)
             y = (x * 2).to("cpu")
             total = y.numpy().sum()
-            '''), runnable=True),
-        Invalid(dedent('''\
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
             import torch as T
 
             class Evaluator:
                 def scores(self, x):
                     out = self.model(x).to(T.device("cpu"), non_blocking=True)
                     return out.tolist()
-            '''), after=dedent('''\
+            """),
+            after=dedent("""\
             import torch as T
 
             class Evaluator:
                 def scores(self, x):
                     out = self.model(x).to(T.device("cpu"))
                     return out.tolist()
-            '''), note="device→host, read on the next line, in a method"),
-        Invalid(dedent('''\
+            """),
+            note="device→host, read on the next line, in a method",
+        ),
+        Invalid(
+            dedent("""\
             import torch
 
             def show(t):
                 print(t.to("cpu", non_blocking=True).numpy())
-            '''), after=dedent('''\
+            """),
+            after=dedent("""\
             import torch
 
             def show(t):
                 print(t.to("cpu").numpy())
-            '''), note="read in the same expression"),
-        Invalid(dedent('''\
+            """),
+            note="read in the same expression",
+        ),
+        Invalid(
+            dedent("""\
             import torch as T
 
             class Meter:
                 def update(self, logits):
                     self.total += float(logits.to(T.device("cpu"), non_blocking=True).sum())
-            '''), after=dedent('''\
+            """),
+            after=dedent("""\
             import torch as T
 
             class Meter:
                 def update(self, logits):
                     self.total += float(logits.to(T.device("cpu")).sum())
-            '''), note="an aliased import, in a method: a reduction computed on the host at once"),
-        Valid(dedent('''\
+            """),
+            note="an aliased import, in a method: a reduction computed on the host at once",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             def fetch(t):
                 return t.to("cpu", non_blocking=True).view(-1)
-            '''), note="a view of the copy reads nothing: whoever reads it must wait"),
-        Valid(dedent('''\
+            """),
+            note="a view of the copy reads nothing: whoever reads it must wait",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             x = torch.from_numpy(__import__("numpy").ones(4)).pin_memory() if torch.cuda.is_available() \\
                 else torch.ones(4, dtype=torch.float64)
             y = x.to(device, non_blocking=True)
-            '''), note="pinned where it is made (or a CPU run)"),
-        Valid(dedent('''\
+            """),
+            note="pinned where it is made (or a CPU run)",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             buf = torch.empty(8, pin_memory=True)
             y = buf.cuda(non_blocking=True)
-            '''), note="allocated pinned"),
-        Valid(dedent('''\
+            """),
+            note="allocated pinned",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             def fetch(t):
                 y = t.to("cpu", non_blocking=True)
                 torch.cuda.synchronize()
                 return y.numpy()
-            '''), note="waits before reading"),
-        Valid(dedent('''\
+            """),
+            note="waits before reading",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch.utils.data import DataLoader
 
             loader = DataLoader(ds, batch_size=8, pin_memory=True)
             for x, y in loader:
                 x = x.cuda(non_blocking=True)
-            '''), note="pinned batches"),
-        Valid(dedent('''\
+            """),
+            note="pinned batches",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             def move(batch, device):
                 return batch.to(device, non_blocking=True)
-            '''), note="the source is a parameter: where it was made is not known"),
+            """),
+            note="the source is a parameter: where it was made is not known",
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -292,8 +384,13 @@ class PageableNonBlocking(Rule):
                 return None
             parent = self.get_metadata(ParentProvider, a.node, None)
             stmt = self.get_metadata(ParentProvider, parent, None) if isinstance(parent, cst.AssignTarget) else parent
-            if isinstance(stmt, (cst.Assign, cst.AnnAssign)) and stmt.value is not None and (
-                    isinstance(parent, cst.AssignTarget) or (isinstance(stmt, cst.AnnAssign) and stmt.target is a.node)):
+            if (
+                isinstance(stmt, (cst.Assign, cst.AnnAssign))
+                and stmt.value is not None
+                and (
+                    isinstance(parent, cst.AssignTarget) or (isinstance(stmt, cst.AnnAssign) and stmt.target is a.node)
+                )
+            ):
                 if self._copy is not None and inside(self, self._copy, stmt):
                     continue
                 origin = self._pageable(stmt.value, seen, depth + 1)
@@ -307,8 +404,11 @@ class PageableNonBlocking(Rule):
     def _pageable_call(self, call: cst.Call, seen: set[str], depth: int) -> str | None:
         if has_star(call):
             return None
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in _SAME_MEMORY_METHODS \
-                and callee(self, call) is None:
+        if (
+            isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in _SAME_MEMORY_METHODS
+            and callee(self, call) is None
+        ):
             if call.func.attr.value in ("int", "float", "long") and positional(call):
                 return None
             return self._pageable(call.func.value, seen, depth + 1)
@@ -338,8 +438,12 @@ class PageableNonBlocking(Rule):
 
     def _unpinned_loader(self, it: cst.BaseExpression) -> str | None:
         for _ in range(3):
-            if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) \
-                    and it.func.value in ("enumerate", "tqdm") and positional(it):
+            if (
+                isinstance(it, cst.Call)
+                and isinstance(it.func, cst.Name)
+                and it.func.value in ("enumerate", "tqdm")
+                and positional(it)
+            ):
                 it = positional(it)[0].value
         if not isinstance(it, cst.Name):
             return None
@@ -370,17 +474,28 @@ class PageableNonBlocking(Rule):
         fmt = {"move": source(self, call)}
         if self._read_in_place(call, parent):
             line = self._line(call)
-            self.report(call, fmt={**fmt, "name": source(self, call), "line": str(line)},
-                        message=self.early_read_message, replacement=drop_kwarg(call, "non_blocking"))
+            self.report(
+                call,
+                fmt={**fmt, "name": source(self, call), "line": str(line)},
+                message=self.early_read_message,
+                replacement=drop_kwarg(call, "non_blocking"),
+            )
             return
-        if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
-                and isinstance(parent.targets[0].target, cst.Name)):
+        if not (
+            isinstance(parent, cst.Assign)
+            and len(parent.targets) == 1
+            and isinstance(parent.targets[0].target, cst.Name)
+        ):
             return
         name = parent.targets[0].target.value
         read = self._first_read_before_wait(parent, name)
         if read is not None:
-            self.report(call, fmt={**fmt, "name": name, "line": str(self._line(read))},
-                        message=self.early_read_message, replacement=drop_kwarg(call, "non_blocking"))
+            self.report(
+                call,
+                fmt={**fmt, "name": name, "line": str(self._line(read))},
+                message=self.early_read_message,
+                replacement=drop_kwarg(call, "non_blocking"),
+            )
 
     def _read_in_place(self, call: cst.Call, parent: cst.CSTNode | None) -> bool:
         """``t.to("cpu", non_blocking=True).numpy()``, ``.sum()`` or ``print(t.to(...))``: read at once."""
@@ -388,12 +503,18 @@ class PageableNonBlocking(Rule):
             if parent.attr.value in _HOST_READ_METHODS:
                 return True
             method_call = self.get_metadata(ParentProvider, parent, None)
-            return (isinstance(method_call, cst.Call) and method_call.func is parent
-                    and parent.attr.value not in _NO_READ_METHODS)
+            return (
+                isinstance(method_call, cst.Call)
+                and method_call.func is parent
+                and parent.attr.value not in _NO_READ_METHODS
+            )
         if isinstance(parent, cst.Arg):
             outer = self.get_metadata(ParentProvider, parent, None)
-            return (isinstance(outer, cst.Call) and isinstance(outer.func, cst.Name)
-                    and outer.func.value in _HOST_READ_FUNCTIONS)
+            return (
+                isinstance(outer, cst.Call)
+                and isinstance(outer.func, cst.Name)
+                and outer.func.value in _HOST_READ_FUNCTIONS
+            )
         return False
 
     def _first_read_before_wait(self, assign: cst.Assign, name: str) -> cst.Name | None:
@@ -406,14 +527,15 @@ class PageableNonBlocking(Rule):
         if not any(s is line for s in body):
             return None
         at = next(i for i, s in enumerate(body) if s is line)
-        rest_small = list(line.body)[list(line.body).index(assign) + 1:]
-        for stmt in [*rest_small, *body[at + 1:]]:
+        rest_small = list(line.body)[list(line.body).index(assign) + 1 :]
+        for stmt in [*rest_small, *body[at + 1 :]]:
             for n in walk(stmt):
                 if isinstance(n, cst.Call) and isinstance(n.func, (cst.Attribute, cst.Name)):
                     fname = n.func.attr.value if isinstance(n.func, cst.Attribute) else n.func.value
                     receiver = n.func.value if isinstance(n.func, cst.Attribute) else None
                     reads_it = receiver is not None and any(
-                        isinstance(r, cst.Name) and r.value == name for r in walk(receiver))
+                        isinstance(r, cst.Name) and r.value == name for r in walk(receiver)
+                    )
                     if fname in _WAITS and not reads_it:  # `y.item()` on the host copy waits for nothing
                         return None
                 if isinstance(n, cst.Name) and n.value == name:

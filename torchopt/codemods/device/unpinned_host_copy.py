@@ -1,4 +1,5 @@
 """TOP104 `unpinned-host-copy`: Flags a `torch.utils.data.DataLoader` whose batches are copied to the device in a `for` loop."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -35,7 +36,9 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_PIN_MEMORY_POSITION = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
+_PIN_MEMORY_POSITION = (
+    7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, ...)
+)
 
 
 class UnpinnedHostCopy(Rule):
@@ -101,7 +104,8 @@ class UnpinnedHostCopy(Rule):
             return False
         loop_calls = ast_loop_calls(text)
         return loop_calls is None or any(
-            isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls)
+            isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls
+        )
 
     examples = (
         Invalid(
@@ -227,7 +231,7 @@ class UnpinnedHostCopy(Rule):
                 loader = DataLoader(ds, pin_memory=False)
                 for x, y in loader:
                     x = x.cuda(non_blocking=True)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -238,7 +242,7 @@ class UnpinnedHostCopy(Rule):
                     loader = DataLoader(ds, **kw)
                     for x, y in loader:
                         x = x.cuda(non_blocking=True)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -432,8 +436,7 @@ class UnpinnedHostCopy(Rule):
             for m in fixable:
                 moves[id(m)] = m
         for m in moves.values():
-            self.report(m, fmt={"move": source(self, m)},
-                        replacement=set_kwarg(m, "non_blocking", cst.Name("True")))
+            self.report(m, fmt={"move": source(self, m)}, replacement=set_kwarg(m, "non_blocking", cst.Name("True")))
         for use in uses.values():
             self._report_loader(use)
 
@@ -454,11 +457,18 @@ class UnpinnedHostCopy(Rule):
             imports = ref.imports
         text = cst.Module([]).code_for_node(value)
         fmt = {"loader": source(self, call.func) + "(...)", "value": text}
-        self.report(call, fmt=fmt, message=self.loader_message, fix_title=self.loader_fix_title,
-                    replacement=set_kwarg(call, "pin_memory", value), imports=imports)
+        self.report(
+            call,
+            fmt=fmt,
+            message=self.loader_message,
+            fix_title=self.loader_fix_title,
+            replacement=set_kwarg(call, "pin_memory", value),
+            imports=imports,
+        )
 
-    def _unwrap(self, it: cst.BaseExpression, target: cst.BaseExpression
-                ) -> tuple[cst.Name | cst.Attribute, cst.BaseExpression] | None:
+    def _unwrap(
+        self, it: cst.BaseExpression, target: cst.BaseExpression
+    ) -> tuple[cst.Name | cst.Attribute, cst.BaseExpression] | None:
         """The loader (a name or ``self.X``) and the part of the target that receives its batches."""
         for _ in range(4):
             if isinstance(it, cst.Name) or (isinstance(it, cst.Attribute) and isinstance(it.value, cst.Name)):
@@ -468,8 +478,11 @@ class UnpinnedHostCopy(Rule):
             args = positional(it)
             if not args:
                 return None
-            fname = it.func.value if isinstance(it.func, cst.Name) else (
-                it.func.attr.value if isinstance(it.func, cst.Attribute) else "")
+            fname = (
+                it.func.value
+                if isinstance(it.func, cst.Name)
+                else (it.func.attr.value if isinstance(it.func, cst.Attribute) else "")
+            )
             if fname == "enumerate" and isinstance(it.func, cst.Name):
                 if not isinstance(target, (cst.Tuple, cst.List)) or len(target.elements) != 2:
                     return None

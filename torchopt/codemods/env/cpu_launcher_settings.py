@@ -1,4 +1,5 @@
 """TOP951: launcher and environment settings for scripts that run on the CPU."""
+
 from __future__ import annotations
 
 import re
@@ -40,8 +41,12 @@ def _placements(module: cst.Module) -> list[cst.BaseExpression]:
 def _device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | None:
     """The default of a `--device` command-line option or a `device` parameter, with its line."""
     for node in walk(module, cross_scopes=True):
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
-                and node.func.attr.value == "add_argument" and node.args:
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "add_argument"
+            and node.args
+        ):
             flag = string_value(node.args[0].value) or ""
             if "device" in flag or flag in ("--dev", "--accel"):
                 default = next((a.value for a in node.args if a.keyword and a.keyword.value == "default"), None)
@@ -123,10 +128,12 @@ class CpuLauncherAdvice(Rule):
     code = "TOP951"
     name = "cpu-launcher-settings"
     family = FAMILY
-    message = ("runs on the CPU ({why}): launch pinned, e.g. `OMP_NUM_THREADS=<cores per socket> OMP_PROC_BIND=CLOSE "
-               "OMP_SCHEDULE=STATIC numactl --cpunodebind=0 --membind=0 python ...`; consider LD_PRELOAD of "
-               "jemalloc/tcmalloc, or Intel OpenMP (libiomp5.so with KMP_AFFINITY, KMP_BLOCKTIME=1){extra} "
-               "(torchrun sets OMP_NUM_THREADS=1 per process)")
+    message = (
+        "runs on the CPU ({why}): launch pinned, e.g. `OMP_NUM_THREADS=<cores per socket> OMP_PROC_BIND=CLOSE "
+        "OMP_SCHEDULE=STATIC numactl --cpunodebind=0 --membind=0 python ...`; consider LD_PRELOAD of "
+        "jemalloc/tcmalloc, or Intel OpenMP (libiomp5.so with KMP_AFFINITY, KMP_BLOCKTIME=1){extra} "
+        "(torchrun sets OMP_NUM_THREADS=1 per process)"
+    )
     safety = Safety.DISPLAY
     prefilter = ("__main__",)
     requires = ("torch",)
@@ -249,9 +256,13 @@ class CpuLauncherAdvice(Rule):
 
     def visit_If(self, node: cst.If) -> None:
         test = node.test
-        if not (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name)
-                and test.left.value == "__name__" and len(test.comparisons) == 1
-                and isinstance(test.comparisons[0].operator, cst.Equal)):
+        if not (
+            isinstance(test, cst.Comparison)
+            and isinstance(test.left, cst.Name)
+            and test.left.value == "__name__"
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
             return
         code = self.ctx.text
         if "torch" not in code:
@@ -261,8 +272,10 @@ class CpuLauncherAdvice(Rule):
             return
         extra = []
         if "jit.trace" in code:
-            extra.append("; for the traced model, oneDNN Graph: `torch.jit.enable_onednn_fusion(True)` before "
-                         "`torch.jit.trace` + `torch.jit.freeze`, then warm-up runs")
+            extra.append(
+                "; for the traced model, oneDNN Graph: `torch.jit.enable_onednn_fusion(True)` before "
+                "`torch.jit.trace` + `torch.jit.freeze`, then warm-up runs"
+            )
         if "gloo" in code or "DistributedDataParallel" in code:
             extra.append("; CPU DDP: torch-ccl (oneCCL) backend")
         self.report(test, fmt={"why": why, "extra": "".join(extra)})

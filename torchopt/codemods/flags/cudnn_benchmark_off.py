@@ -1,4 +1,5 @@
 """TOP501 `cudnn-benchmark-off`: Flags an entry script that builds convolutions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*d`,."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -75,9 +76,11 @@ class CudnnBenchmark(Rule):
     name = "cudnn-benchmark-off"
     family = FAMILY
     message = "This program builds convolutions ({what}) with the cuDNN auto-tuner off"
-    varying_message = ("This program builds convolutions but its input shapes vary per batch ({why}): "
-                       "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
-                       "pad inputs to a few fixed shapes before enabling it")
+    varying_message = (
+        "This program builds convolutions but its input shapes vary per batch ({why}): "
+        "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
+        "pad inputs to a few fixed shapes before enabling it"
+    )
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
@@ -330,7 +333,12 @@ class CudnnBenchmark(Rule):
         if ref is None:
             return
         line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True\n")
-        self.report(prog.convs[0], fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
-                    replacement=insertion(prog, line), target=prog.anchor,
-                    tags=[Tag.TOLERANCE], imports=ref.imports,
-                    note="cuDNN may pick another convolution algorithm per run: outputs change by rounding")
+        self.report(
+            prog.convs[0],
+            fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
+            replacement=insertion(prog, line),
+            target=prog.anchor,
+            tags=[Tag.TOLERANCE],
+            imports=ref.imports,
+            note="cuDNN may pick another convolution algorithm per run: outputs change by rounding",
+        )

@@ -1,4 +1,5 @@
 """TOP504 `cudnn-benchmark-variable-shapes`: the cuDNN auto-tuner left on for inputs whose shapes vary."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -59,12 +60,15 @@ class CudnnBenchmarkVariableShapes(Rule):
     code = "TOP504"
     name = "cudnn-benchmark-variable-shapes"
     family = FAMILY
-    message = ("`cudnn.benchmark = True` with input shapes that vary per batch ({why}): every new shape is "
-               "benchmarked again; set it to `False`, or pad inputs to a few fixed shapes")
+    message = (
+        "`cudnn.benchmark = True` with input shapes that vary per batch ({why}): every new shape is "
+        "benchmarked again; set it to `False`, or pad inputs to a few fixed shapes"
+    )
     safety = Safety.DISPLAY
     prefilter = ("benchmark",)
     examples = (
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch
             import torch.nn as nn
             from torch.nn.utils.rnn import pad_sequence
@@ -74,8 +78,11 @@ class CudnnBenchmarkVariableShapes(Rule):
             for seqs in batches:
                 x = pad_sequence(seqs, batch_first=True).transpose(1, 2).cuda()
                 conv(x).sum().backward()
-        """), note="variable-length sequences fed to a convolution"),
-        Invalid(dedent("""\
+        """),
+            note="variable-length sequences fed to a convolution",
+        ),
+        Invalid(
+            dedent("""\
             import random
 
             import torch.backends.cudnn as cudnn
@@ -88,8 +95,11 @@ class CudnnBenchmarkVariableShapes(Rule):
                 size = random.choice([224, 256, 288])
                 images = F.interpolate(images.cuda(), size=size)
                 net(images).sum().backward()
-        """), note="an aliased import; multi-scale training through a random size"),
-        Invalid(dedent("""\
+        """),
+            note="an aliased import; multi-scale training through a random size",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from torchvision import transforms
             from torchvision.models import resnet50
@@ -100,8 +110,11 @@ class CudnnBenchmarkVariableShapes(Rule):
                     torch.backends.cudnn.benchmark = True
                     self.model = resnet50().cuda()
                     self.augment = transforms.v2.RandomShortestSize([480, 512, 544, 576, 608])
-        """), note="set in a method; a random-size augmentation"),
-        Valid(dedent("""\
+        """),
+            note="set in a method; a random-size augmentation",
+        ),
+        Valid(
+            dedent("""\
             import torch
             import torch.nn as nn
 
@@ -109,8 +122,11 @@ class CudnnBenchmarkVariableShapes(Rule):
             model = nn.Conv2d(3, 8, 3).cuda()
             for x in loader:
                 model(x.cuda()).sum().backward()
-        """), note="fixed input shapes: the auto-tuner pays off"),
-        Valid(dedent("""\
+        """),
+            note="fixed input shapes: the auto-tuner pays off",
+        ),
+        Valid(
+            dedent("""\
             import torch
             import torch.nn as nn
             from torch.nn.utils.rnn import pad_sequence
@@ -119,15 +135,20 @@ class CudnnBenchmarkVariableShapes(Rule):
             conv = nn.Conv1d(8, 8, 3).cuda()
             for seqs in batches:
                 conv(pad_sequence(seqs, batch_first=True).transpose(1, 2).cuda()).sum().backward()
-        """), note="already off"),
-        Valid(dedent("""\
+        """),
+            note="already off",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch.nn.utils.rnn import pad_sequence
 
             torch.backends.cudnn.benchmark = True
             lstm = torch.nn.LSTM(8, 8).cuda()
             out = lstm(pad_sequence(seqs).cuda())
-        """), note="no convolution: the auto-tuner only tunes convolutions"),
+        """),
+            note="no convolution: the auto-tuner only tunes convolutions",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

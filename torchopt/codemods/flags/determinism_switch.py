@@ -1,4 +1,5 @@
 """TOP503 `determinism-switch`: Reports the switches that make CUDA results reproducible at a cost in speed:."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -65,11 +66,15 @@ class DeterminismSwitch(Rule):
         Invalid("import torch as T\n\nT.use_deterministic_algorithms(True, warn_only=True)\n"),
         Invalid("import os\n\nos.environ['CUBLAS_WORKSPACE_CONFIG'] = ':4096:8'\n"),
         Invalid("from torch.backends import cudnn\n\ncudnn.deterministic = True\n"),
-        Valid("import torch\n\ntorch.backends.cudnn.deterministic = False\ntorch.use_deterministic_algorithms(False)\n",
-              runnable=True),
+        Valid(
+            "import torch\n\ntorch.backends.cudnn.deterministic = False\ntorch.use_deterministic_algorithms(False)\n",
+            runnable=True,
+        ),
         Valid("class Cfg:\n    pass\n\ncfg = Cfg()\ncfg.deterministic = True\n", runnable=True),
-        Valid("import torch\n\ndef restore(previous):\n    torch.use_deterministic_algorithms(previous)\n",
-              note="only literal `True` is reported: a variable may hold either"),
+        Valid(
+            "import torch\n\ndef restore(previous):\n    torch.use_deterministic_algorithms(previous)\n",
+            note="only literal `True` is reported: a variable may hold either",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:

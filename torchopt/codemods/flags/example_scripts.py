@@ -1,5 +1,6 @@
 """Page text shared by the backend-switch rules (cuDNN auto-tuner, TF32 matmuls,
 determinism switches). The analysis of the file is in ``program_flags.py``."""
+
 from __future__ import annotations
 
 _ENTRY_DOC = """\
@@ -15,5 +16,3 @@ _ENTRY_DOC = """\
     backend switch already there. Files that only define models or helpers are left alone.
     A CUDA program is one that names `cuda`, calls `torch.accelerator`, or moves to a device index
     (`.to(0)`, `.to(gpu_id)`, `.to(local_rank)`)."""
-
-

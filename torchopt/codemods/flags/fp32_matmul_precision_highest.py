@@ -1,4 +1,5 @@
 """TOP502 `fp32-matmul-precision-highest`: Flags an entry script that runs float32 matrix multiplies (`nn.Linear`, attention, RNNs,."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -69,10 +70,12 @@ class MatmulPrecision(Rule):
     name = "fp32-matmul-precision-highest"
     family = FAMILY
     message = "float32 matmuls ({what}) run at full IEEE precision; TF32 tensor cores are not used"
-    sensitive_message = ("float32 matmuls run at full precision, but this file uses precision-sensitive "
-                         "linear algebra (`{what}`): `torch.set_float32_matmul_precision(\"high\")` is "
-                         "global and would change it too; enable TF32 only around the model, if at all")
-    fix_title = "Insert `torch.set_float32_matmul_precision(\"high\")` ({where})"
+    sensitive_message = (
+        "float32 matmuls run at full precision, but this file uses precision-sensitive "
+        'linear algebra (`{what}`): `torch.set_float32_matmul_precision("high")` is '
+        "global and would change it too; enable TF32 only around the model, if at all"
+    )
+    fix_title = 'Insert `torch.set_float32_matmul_precision("high")` ({where})'
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
     # The switch only matters on CUDA, and the rule requires the program to use it: named, reached
@@ -224,7 +227,12 @@ class MatmulPrecision(Rule):
         if ref is None:
             return
         line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")\n')
-        self.report(prog.matmuls[0], fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
-                    replacement=insertion(prog, line), target=prog.anchor,
-                    tags=[Tag.NUMERICS], imports=ref.imports,
-                    note="float32 matmuls on CUDA use TF32 (10 mantissa bits): rel-L2 of outputs up to ~5e-3")
+        self.report(
+            prog.matmuls[0],
+            fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
+            replacement=insertion(prog, line),
+            target=prog.anchor,
+            tags=[Tag.NUMERICS],
+            imports=ref.imports,
+            note="float32 matmuls on CUDA use TF32 (10 mantissa bits): rel-L2 of outputs up to ~5e-3",
+        )

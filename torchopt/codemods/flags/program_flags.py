@@ -17,6 +17,7 @@ block; else at module level right after the imports (after the last module-level
 before the first ``def``/``class``/loop/``with``), and after any backend switch already placed
 there, so the switches stay together in one block.
 """
+
 from __future__ import annotations
 
 import ast as _ast
@@ -39,43 +40,105 @@ _CONV_FUNCS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in
 _TV_NOT_MODELS = {"get_model_weights", "get_weight", "list_models", "get_model_builder"}
 
 # fp32 matrix multiplies that `set_float32_matmul_precision` affects (not convolutions).
-_MATMUL_CLASSES = {"Linear", "Bilinear", "MultiheadAttention", "Transformer", "TransformerEncoderLayer",
-                   "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "LSTM", "GRU", "RNN",
-                   "LSTMCell", "GRUCell", "RNNCell", "LazyLinear"}
-_MATMUL_FUNCS = {"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm", "torch.baddbmm", "torch.addbmm",
-                 "torch.einsum", "torch.nn.functional.linear", "torch.nn.functional.bilinear",
-                 "torch.nn.functional.scaled_dot_product_attention", "torch.tensordot", "torch.inner"}
+_MATMUL_CLASSES = {
+    "Linear",
+    "Bilinear",
+    "MultiheadAttention",
+    "Transformer",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "LSTMCell",
+    "GRUCell",
+    "RNNCell",
+    "LazyLinear",
+}
+_MATMUL_FUNCS = {
+    "torch.matmul",
+    "torch.mm",
+    "torch.bmm",
+    "torch.addmm",
+    "torch.baddbmm",
+    "torch.addbmm",
+    "torch.einsum",
+    "torch.nn.functional.linear",
+    "torch.nn.functional.bilinear",
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.tensordot",
+    "torch.inner",
+}
 # Precision-sensitive fp32 linear algebra (advice instead of a fix: the switch is global).
 _SENSITIVE_PREFIX = ("torch.linalg.",)
-_SENSITIVE = {"torch.cdist", "torch.inverse", "torch.cholesky", "torch.cholesky_solve", "torch.cholesky_inverse",
-              "torch.lu", "torch.lu_solve", "torch.svd", "torch.pinverse", "torch.det", "torch.logdet",
-              "torch.slogdet", "torch.triangular_solve", "torch.qr", "torch.lstsq", "torch.matrix_exp"}
+_SENSITIVE = {
+    "torch.cdist",
+    "torch.inverse",
+    "torch.cholesky",
+    "torch.cholesky_solve",
+    "torch.cholesky_inverse",
+    "torch.lu",
+    "torch.lu_solve",
+    "torch.svd",
+    "torch.pinverse",
+    "torch.det",
+    "torch.logdet",
+    "torch.slogdet",
+    "torch.triangular_solve",
+    "torch.qr",
+    "torch.lstsq",
+    "torch.matrix_exp",
+}
 
 # Backend switches whose presence means "the user already decided" (never overridden).
 BENCHMARK = "torch.backends.cudnn.benchmark"
 DETERMINISTIC = "torch.backends.cudnn.deterministic"
-TF32_FLAGS = {"torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
-              "torch.backends.cuda.matmul.fp32_precision", "torch.backends.cudnn.fp32_precision",
-              "torch.backends.cudnn.conv.fp32_precision", "torch.backends.fp32_precision",
-              "torch.backends.cudnn.rnn.fp32_precision", "torch.backends.mkldnn.matmul.fp32_precision"}
+TF32_FLAGS = {
+    "torch.backends.cuda.matmul.allow_tf32",
+    "torch.backends.cudnn.allow_tf32",
+    "torch.backends.cuda.matmul.fp32_precision",
+    "torch.backends.cudnn.fp32_precision",
+    "torch.backends.cudnn.conv.fp32_precision",
+    "torch.backends.fp32_precision",
+    "torch.backends.cudnn.rnn.fp32_precision",
+    "torch.backends.mkldnn.matmul.fp32_precision",
+}
 SET_PRECISION = "torch.set_float32_matmul_precision"
 USE_DETERMINISTIC = "torch.use_deterministic_algorithms"
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 # Variable-length sequence handling (shapes change per batch).
-_VARLEN = {"torch.nn.utils.rnn.pad_sequence", "torch.nn.utils.rnn.pack_padded_sequence",
-           "torch.nn.utils.rnn.pack_sequence", "torch.nn.utils.rnn.pad_packed_sequence"}
+_VARLEN = {
+    "torch.nn.utils.rnn.pad_sequence",
+    "torch.nn.utils.rnn.pack_padded_sequence",
+    "torch.nn.utils.rnn.pack_sequence",
+    "torch.nn.utils.rnn.pad_packed_sequence",
+}
 _TV_CROPS = {"CenterCrop", "RandomCrop", "RandomResizedCrop", "FiveCrop", "TenCrop"}
 # torchvision transforms whose output size is drawn per sample (multi-scale augmentation).
 _TV_RANDOM_SIZE = {"RandomResize", "RandomShortestSize", "ScaleJitter", "RandomZoomOut"}
 # Calls whose size argument, when drawn at random, makes the next convolution see a new shape.
-_RESIZERS = {"torch.nn.functional.interpolate", "torch.nn.functional.upsample", "torch.nn.Upsample",
-             "torchvision.transforms.Resize", "torchvision.transforms.v2.Resize",
-             "torchvision.transforms.functional.resize", "torchvision.transforms.v2.functional.resize"}
+_RESIZERS = {
+    "torch.nn.functional.interpolate",
+    "torch.nn.functional.upsample",
+    "torch.nn.Upsample",
+    "torchvision.transforms.Resize",
+    "torchvision.transforms.v2.Resize",
+    "torchvision.transforms.functional.resize",
+    "torchvision.transforms.v2.functional.resize",
+}
 # Processes started on a function: the switch must run in that function, which is all they execute
 # of the entry script (a spawned child imports the file without running its `__main__` block).
-_SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes",
-           "torch.multiprocessing.spawn.start_processes", "torch.multiprocessing.Process", "multiprocessing.Process",
-           "multiprocessing.context.Process"}
+_SPAWNS = {
+    "torch.multiprocessing.spawn",
+    "torch.multiprocessing.spawn.spawn",
+    "torch.multiprocessing.start_processes",
+    "torch.multiprocessing.spawn.start_processes",
+    "torch.multiprocessing.Process",
+    "multiprocessing.Process",
+    "multiprocessing.context.Process",
+}
 # A device given as an index names a CUDA (or other accelerator) device: `.to(gpu_id)`, `.to(local_rank)`.
 _INDEX_NAME = re.compile(r"(^|_)(gpu|gpus|gpu_id|local_rank|device_id|device_ids|rank)$", re.IGNORECASE)
 
@@ -197,7 +260,8 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
                 prog.variable_shapes.append((node, f"`{q}` pads variable-length sequences"))
         elif isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             targets: list[cst.BaseExpression] = (
-                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target])
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            )
             value = node.value
             for t in list(targets):
                 if isinstance(t, (cst.Tuple, cst.List)):
@@ -271,8 +335,11 @@ def _drawn_names(module: cst.Module) -> set[str]:
 
 def _drawn_at_random(call: cst.Call, drawn: set[str]) -> bool:
     """A size or scale argument of ``call`` computed by a random draw."""
-    return any(_random_draw(arg.value, drawn) for arg in call.args
-               if arg.keyword is None or arg.keyword.value in ("size", "scale_factor"))
+    return any(
+        _random_draw(arg.value, drawn)
+        for arg in call.args
+        if arg.keyword is None or arg.keyword.value in ("size", "scale_factor")
+    )
 
 
 # --------------------------------------------------------------------------- entry and anchor
@@ -299,7 +366,8 @@ def _calls_name(node: cst.CSTNode, name: str) -> bool:
 
 def _is_import_line(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
 
 
 def _holds_import(stmt: cst.CSTNode) -> bool:
@@ -307,9 +375,12 @@ def _holds_import(stmt: cst.CSTNode) -> bool:
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:
-    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def is_switch_line(rule: Rule, stmt: cst.CSTNode) -> bool:
@@ -415,7 +486,8 @@ def _ast_main_guard(stmt: _ast.stmt) -> bool:
         return False
     sides = (t.left, t.comparators[0])
     return any(isinstance(x, _ast.Name) and x.id == "__name__" for x in sides) and any(
-        isinstance(x, _ast.Constant) and x.value == "__main__" for x in sides)
+        isinstance(x, _ast.Constant) and x.value == "__main__" for x in sides
+    )
 
 
 def entry_possible(text: str) -> bool:
@@ -433,13 +505,20 @@ def entry_possible(text: str) -> bool:
     if any(_ast_main_guard(s) for s in body):
         return True
     if any(isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef)) and s.name == "main" for s in body) and any(
-            isinstance(n, _ast.Call) and isinstance(n.func, _ast.Name) and n.func.id == "main"
-            for s in body if not isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef))
-            for n in _ast.walk(s)):
+        isinstance(n, _ast.Call) and isinstance(n.func, _ast.Name) and n.func.id == "main"
+        for s in body
+        if not isinstance(s, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef))
+        for n in _ast.walk(s)
+    ):
         return True
-    return any(isinstance(s, (_ast.For, _ast.AsyncFor, _ast.While)) and any(
-        isinstance(n, _ast.Call) and isinstance(n.func, _ast.Attribute) and n.func.attr in ("backward", "step")
-        for n in _ast.walk(s)) for s in body)
+    return any(
+        isinstance(s, (_ast.For, _ast.AsyncFor, _ast.While))
+        and any(
+            isinstance(n, _ast.Call) and isinstance(n.func, _ast.Attribute) and n.func.attr in ("backward", "step")
+            for n in _ast.walk(s)
+        )
+        for s in body
+    )
 
 
 def determinism_possible(text: str) -> bool:

@@ -1,5 +1,6 @@
 """Recognising evaluation code (for the no-grad advice): functions named like evaluation, loops
 over loaders named like validation data, model forwards, training steps, grad-mode contexts."""
+
 from __future__ import annotations
 
 import re
@@ -13,11 +14,23 @@ from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.rewrite.rule import Rule
 from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
 
-GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad",
-            "torch.autograd.grad_mode.inference_mode", "torch.autograd.no_grad"}
-GRAD_ON = {"torch.enable_grad", "torch.set_grad_enabled", "torch.autograd.grad_mode.enable_grad",
-           "torch.autograd.grad_mode.set_grad_enabled", "torch.autograd.grad", "torch.autograd.backward",
-           "torch.func.grad", "torch.autograd.functional.jacobian"}
+GRAD_OFF = {
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+    "torch.autograd.no_grad",
+}
+GRAD_ON = {
+    "torch.enable_grad",
+    "torch.set_grad_enabled",
+    "torch.autograd.grad_mode.enable_grad",
+    "torch.autograd.grad_mode.set_grad_enabled",
+    "torch.autograd.grad",
+    "torch.autograd.backward",
+    "torch.func.grad",
+    "torch.autograd.functional.jacobian",
+}
 _TRAIN_METHODS = {"backward", "step", "zero_grad", "requires_grad_", "retain_grad"}
 # Routines that train by their name: `train_one_epoch(...)`, `trainer.fit(...)`, `train(model, ...)`.
 _TRAINING_ROUTINE = re.compile(r"^_*(train|fit)(_\w+)?$|_train$|^finetune")
@@ -47,8 +60,11 @@ class EvalRule(Rule):
         """``name`` is bound by a def or a class in the file (``build_model(...)`` is not a forward)."""
         defs = getattr(self, "_defs", None)
         if defs is None:
-            defs = self._defs = {n.name.value for n in walk(self.ctx.module, cross_scopes=True)
-                                 if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
+            defs = self._defs = {
+                n.name.value
+                for n in walk(self.ctx.module, cross_scopes=True)
+                if isinstance(n, (cst.FunctionDef, cst.ClassDef))
+            }
         return name.value in defs
 
     def trains(self, body: cst.CSTNode) -> cst.CSTNode | None:
@@ -81,8 +97,9 @@ class EvalRule(Rule):
         for d in fn.decorators:
             if self.grad_off_call(d.decorator) is not None:
                 return True
-            if isinstance(d.decorator, (cst.Name, cst.Attribute)) and \
-                    (dotted(d.decorator) or "").rsplit(".", 1)[-1] in ("no_grad", "inference_mode"):
+            if isinstance(d.decorator, (cst.Name, cst.Attribute)) and (dotted(d.decorator) or "").rsplit(".", 1)[
+                -1
+            ] in ("no_grad", "inference_mode"):
                 return True
         return False
 
@@ -115,8 +132,10 @@ class EvalRule(Rule):
             return False
         if any(isinstance(s, cst.FunctionDef) and s.name.value == "forward" for s in parent.body.body):
             return True
-        return any("Module" in (dotted(b.value) or "") or (dotted(b.value) or "").startswith(("nn.", "torch.nn."))
-                   for b in parent.bases)
+        return any(
+            "Module" in (dotted(b.value) or "") or (dotted(b.value) or "").startswith(("nn.", "torch.nn."))
+            for b in parent.bases
+        )
 
     def trains_anywhere(self) -> bool:
         """Whether the file trains anything: a backward pass, an optimizer, gradients asked for, a
@@ -133,11 +152,18 @@ class EvalRule(Rule):
             if isinstance(n, cst.Call):
                 calls.append(n)
                 func = n.func
-                if isinstance(func, cst.Attribute) and func.attr.value in ("backward", "requires_grad_",
-                                                                           "zero_grad", "retain_grad"):
+                if isinstance(func, cst.Attribute) and func.attr.value in (
+                    "backward",
+                    "requires_grad_",
+                    "zero_grad",
+                    "retain_grad",
+                ):
                     return True
-                if isinstance(func, cst.Attribute) and func.attr.value == "train" and not (
-                        n.args and isinstance(n.args[0].value, cst.Name) and n.args[0].value.value == "False"):
+                if (
+                    isinstance(func, cst.Attribute)
+                    and func.attr.value == "train"
+                    and not (n.args and isinstance(n.args[0].value, cst.Name) and n.args[0].value.value == "False")
+                ):
                     return True
                 last = (dotted(func) or "").rsplit(".", 1)[-1]
                 if _TRAINING_ROUTINE.match(last):
@@ -150,8 +176,11 @@ class EvalRule(Rule):
             return False
         for n in calls:
             q = callee(self, n)
-            if q and (q.startswith("torch.optim.") or q in ("torch.autograd.grad", "torch.autograd.backward",
-                                                           "torch.enable_grad", "torch.set_grad_enabled")):
+            if q and (
+                q.startswith("torch.optim.")
+                or q
+                in ("torch.autograd.grad", "torch.autograd.backward", "torch.enable_grad", "torch.set_grad_enabled")
+            ):
                 return True
         return False
 
@@ -210,8 +239,11 @@ class EvalRule(Rule):
                     continue
                 if isinstance(n.func, cst.Name):
                     index.setdefault(n.func.value, []).append(n)
-                elif isinstance(n.func, cst.Attribute) and isinstance(n.func.value, cst.Name) \
-                        and n.func.value.value == "self":
+                elif (
+                    isinstance(n.func, cst.Attribute)
+                    and isinstance(n.func.value, cst.Name)
+                    and n.func.value.value == "self"
+                ):
                     index.setdefault(n.func.attr.value, []).append(n)
             hit = self._calls_to_memo = (module, index)
         return list(hit[1].get(name, ()))
@@ -350,8 +382,12 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
         node, fname, is_class = stack.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                if isinstance(child, funcs) and EVAL_FUNCTION.match(child.name) \
-                        and ast_model_call(child.body) and not (mode_calls and _switches_to_eval(child.body)):
+                if (
+                    isinstance(child, funcs)
+                    and EVAL_FUNCTION.match(child.name)
+                    and ast_model_call(child.body)
+                    and not (mode_calls and _switches_to_eval(child.body))
+                ):
                     return True
                 stack.append((child, child.name, False))
                 continue
@@ -359,8 +395,11 @@ def eval_units_possible(text: str, *, asynchronous: bool, mode_calls: bool) -> b
                 stack.append((child, None, True))  # enclosing_function stops at a class
                 continue
             if isinstance(child, loops) and not (fname and EVAL_FUNCTION.match(fname)):
-                names = [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(child.iter)
-                         if isinstance(x, (ast.Name, ast.Attribute))]
+                names = [
+                    x.id if isinstance(x, ast.Name) else x.attr
+                    for x in ast.walk(child.iter)
+                    if isinstance(x, (ast.Name, ast.Attribute))
+                ]
                 if any(eval_loader_name(x) for x in names) and ast_model_call(child.body):
                     return True
             stack.append((child, fname, False))

@@ -1,4 +1,5 @@
 """TOP803 `eval-train-mode-mismatch`: Reports two mode mistakes around evaluation:."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -67,9 +68,11 @@ class EvalTrainModeMismatch(EvalRule):
     name = "eval-train-mode-mismatch"
     family = FAMILY
     message = "{what} runs `{model}` without `{model_root}.eval()`: dropout and BatchNorm stay in training mode"
-    train_message = ("`{call}` switches the model to evaluation inside an epoch loop that trains, and nothing "
-                     "switches it back: from the second epoch on it trains in eval mode; call `.train()` "
-                     "at the start of each epoch")
+    train_message = (
+        "`{call}` switches the model to evaluation inside an epoch loop that trains, and nothing "
+        "switches it back: from the second epoch on it trains in eval mode; call `.train()` "
+        "at the start of each epoch"
+    )
     safety = Safety.DISPLAY
     prefilter = ("val", "test", "eval", "predict", "infer", "dev_", "_dev", "devloader", "holdout")
 
@@ -95,11 +98,9 @@ class EvalTrainModeMismatch(EvalRule):
         Invalid(
             "def fit(model, opt, train_loader, val_loader, epochs):\n    for epoch in range(epochs):\n"
             "        for x, y in train_loader:\n            model(x).sum().backward()\n            opt.step()\n"
-            "        model.eval()\n        score = sum(model(x).sum().item() for x, y in val_loader)\n",
+            "        model.eval()\n        score = sum(model(x).sum().item() for x, y in val_loader)\n"
         ),
-        Valid(
-            "def evaluate(model, loader):\n    model.eval()\n    return [model(x) for x, y in loader]\n",
-        ),
+        Valid("def evaluate(model, loader):\n    model.eval()\n    return [model(x) for x, y in loader]\n"),
         Valid(
             "import torch\n\n\ndef distill(student, teacher, opt, loader, epochs):\n    for epoch in range(epochs):\n"
             "        teacher.eval()\n        for x, y in loader:\n            with torch.no_grad():\n"
@@ -115,7 +116,7 @@ class EvalTrainModeMismatch(EvalRule):
         Valid(
             "def fit(model, opt, train_loader, val_loader, epochs):\n    for epoch in range(epochs):\n"
             "        model.train()\n        for x, y in train_loader:\n            model(x).sum().backward()\n"
-            "            opt.step()\n        model.eval()\n        evaluate(model, val_loader)\n",
+            "            opt.step()\n        model.eval()\n        evaluate(model, val_loader)\n"
         ),
     )
 
@@ -172,22 +173,36 @@ class EvalTrainModeMismatch(EvalRule):
             if calls:
                 return
         model = fwd[0][1]
-        self.report(fn.name, fmt={"what": f"`{fn.name.value}()`", "model": model, "model_root": model.split(".")[0]
-                                  if model.split(".")[0] != "self" else model})
+        self.report(
+            fn.name,
+            fmt={
+                "what": f"`{fn.name.value}()`",
+                "model": model,
+                "model_root": model.split(".")[0] if model.split(".")[0] != "self" else model,
+            },
+        )
 
     def _eval_before(self, node: cst.CSTNode, root: str | None = None) -> bool:
         """Whether an `.eval()` call (on ``root``, when given) precedes ``node`` in its function (or
         the module)."""
         scope = self.scope_body(node)
         pos = self.get_metadata_pos(node)
-        if any(self.get_metadata_pos(c) < pos for c in self._mode_calls(scope, "eval")
-               if root is None or _receiver_root(c) == root):
+        if any(
+            self.get_metadata_pos(c) < pos
+            for c in self._mode_calls(scope, "eval")
+            if root is None or _receiver_root(c) == root
+        ):
             return True
         # A call, before ``node``, of a function of this file that switches its argument to eval mode.
         fns = {f.name.value: f for f in self._fns}
         for n in walk(scope):
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
-                    and self.get_metadata_pos(n) < pos and self._mode_calls(fns[n.func.value].body, "eval"):
+            if (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Name)
+                and n.func.value in fns
+                and self.get_metadata_pos(n) < pos
+                and self._mode_calls(fns[n.func.value].body, "eval")
+            ):
                 if root is None or any(isinstance(a.value, cst.Name) and a.value.value == root for a in n.args):
                     return True
         return False
@@ -212,13 +227,18 @@ class EvalTrainModeMismatch(EvalRule):
         root = model.split(".")[0]
         if self._eval_before(loop, root if root != "self" else None):
             return
-        self.report(loop.iter, fmt={"what": f"The loop over `{name}`", "model": model,
-                                    "model_root": root if root != "self" else model})
+        self.report(
+            loop.iter,
+            fmt={"what": f"The loop over `{name}`", "model": model, "model_root": root if root != "self" else model},
+        )
 
     def _epoch_loop(self, loop: cst.For | cst.While, fns: dict[str, cst.FunctionDef], reported: set[int]) -> None:
         body = loop.body
-        called = [fns[n.func.value] for n in walk(body)
-                  if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns]
+        called = [
+            fns[n.func.value]
+            for n in walk(body)
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns
+        ]
         trains = self._has_backward(body) or any(self._has_backward(f.body) for f in called)
         if not trains:
             return
@@ -227,15 +247,22 @@ class EvalTrainModeMismatch(EvalRule):
         # The models the loop trains: called with autograd on, or handed to a function that trains.
         trained = {d.split(".")[0] for c, d in self.forward_calls(body) if not self.in_grad_off(c)}
         for n in walk(body):
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
-                    and self._has_backward(fns[n.func.value].body):
+            if (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Name)
+                and n.func.value in fns
+                and self._has_backward(fns[n.func.value].body)
+            ):
                 trained |= {a.value.value for a in n.args if isinstance(a.value, cst.Name)}
-        evals: list[cst.CSTNode] = [c for c in self._mode_calls(body, "eval")
-                                    if _receiver_root(c) in trained]
+        evals: list[cst.CSTNode] = [c for c in self._mode_calls(body, "eval") if _receiver_root(c) in trained]
         for n in walk(body):
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in fns \
-                    and self._mode_calls(fns[n.func.value].body, "eval") \
-                    and any(isinstance(a.value, cst.Name) and a.value.value in trained for a in n.args):
+            if (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Name)
+                and n.func.value in fns
+                and self._mode_calls(fns[n.func.value].body, "eval")
+                and any(isinstance(a.value, cst.Name) and a.value.value in trained for a in n.args)
+            ):
                 evals.append(n)
         if not evals:
             return

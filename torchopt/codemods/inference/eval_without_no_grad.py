@@ -1,4 +1,5 @@
 """TOP801 `eval-without-no-grad`: Flags evaluation code that runs a model with autograd on: a function named like evaluation."""
+
 from __future__ import annotations
 
 import re
@@ -27,9 +28,12 @@ _LOADS_WEIGHTS = re.compile(r"load_state_dict\s*\(|\bload\s*\(|from_pretrained\s
 
 
 def _is_main_guard(stmt: cst.CSTNode) -> bool:
-    return (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)
-            and "__main__" in cst.Module([]).code_for_node(stmt.test)
-            and "__name__" in cst.Module([]).code_for_node(stmt.test))
+    return (
+        isinstance(stmt, cst.If)
+        and isinstance(stmt.test, cst.Comparison)
+        and "__main__" in cst.Module([]).code_for_node(stmt.test)
+        and "__name__" in cst.Module([]).code_for_node(stmt.test)
+    )
 
 
 def _script_possible(text: str) -> bool:
@@ -114,8 +118,11 @@ class EvalWithoutNoGrad(EvalRule):
         from torchopt.analysis.precheck.patterns import eval_sites_possible
         from torchopt.codemods.inference.eval_code import eval_units_possible
 
-        return (super().could_match(text) and eval_sites_possible(text) and eval_units_possible(
-            text, asynchronous=False, mode_calls=False)) or _script_possible(text)
+        return (
+            super().could_match(text)
+            and eval_sites_possible(text)
+            and eval_units_possible(text, asynchronous=False, mode_calls=False)
+        ) or _script_possible(text)
 
     examples = (
         Invalid(
@@ -207,7 +214,7 @@ class EvalWithoutNoGrad(EvalRule):
                 @torch.no_grad()
                 def evaluate(model, loader):
                     return [model(x) for x, y in loader]
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -232,7 +239,7 @@ class EvalWithoutNoGrad(EvalRule):
                         soft = teacher(x)
                         loss = (student(x) - soft).pow(2).mean()
                         loss.backward()
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -351,10 +358,16 @@ class EvalWithoutNoGrad(EvalRule):
                 self._loops.append(node)
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        mains = [fn for fn in original_node.body if isinstance(fn, cst.FunctionDef)
-                 and fn.name.value == "main" and fn not in self._fns]
-        script = _LOADS_WEIGHTS.search(self.ctx.text) is not None and (
-            bool(mains) or self._top_level_forwards(original_node)) and not self.trains_anywhere()
+        mains = [
+            fn
+            for fn in original_node.body
+            if isinstance(fn, cst.FunctionDef) and fn.name.value == "main" and fn not in self._fns
+        ]
+        script = (
+            _LOADS_WEIGHTS.search(self.ctx.text) is not None
+            and (bool(mains) or self._top_level_forwards(original_node))
+            and not self.trains_anywhere()
+        )
         if script:  # an inference script's `main()` is its evaluation unit
             self._fns.extend(mains)
         if not (self._fns or self._loops or script):
@@ -377,8 +390,11 @@ class EvalWithoutNoGrad(EvalRule):
         blocks: list[Sequence[cst.BaseStatement]] = [module.body]
         if guard is not None and isinstance(guard.body, cst.IndentedBlock):
             blocks.append(guard.body.body)
-        return any(not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If)) and self.forward_calls(st)
-                   for block in blocks for st in block)
+        return any(
+            not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If)) and self.forward_calls(st)
+            for block in blocks
+            for st in block
+        )
 
     def _script_block(self, block: cst.Module | cst.IndentedBlock) -> None:
         """Top-level statements of an inference script (load weights, call the model, save the
@@ -386,14 +402,20 @@ class EvalWithoutNoGrad(EvalRule):
         goes under one ``with torch.no_grad():`` (a ``with`` does not scope names, so everything
         after still sees them)."""
         body = list(block.body)
-        hits = [i for i, st in enumerate(body) if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
-                and not (isinstance(st, cst.For) and st in self._loops)
-                and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))]
+        hits = [
+            i
+            for i, st in enumerate(body)
+            if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
+            and not (isinstance(st, cst.For) and st in self._loops)
+            and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
+        ]
         if not hits:
             return
-        span = body[hits[0]:hits[-1] + 1]
-        if any(isinstance(st, (cst.FunctionDef, cst.ClassDef)) or st in self._loops or self.trains(st) is not None
-               for st in span):
+        span = body[hits[0] : hits[-1] + 1]
+        if any(
+            isinstance(st, (cst.FunctionDef, cst.ClassDef)) or st in self._loops or self.trains(st) is not None
+            for st in span
+        ):
             return
         ref = torch_ref(self)
         if ref is None:
@@ -401,15 +423,24 @@ class EvalWithoutNoGrad(EvalRule):
         first = span[0]
         assert isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement))  # as every statement is
         inner = [first.with_changes(leading_lines=())] + span[1:]
-        wrapped = cst.With(items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
-                           body=cst.IndentedBlock(body=inner), leading_lines=first.leading_lines)
-        new_body = body[:hits[0]] + [wrapped] + body[hits[-1] + 1:]
+        wrapped = cst.With(
+            items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
+            body=cst.IndentedBlock(body=inner),
+            leading_lines=first.leading_lines,
+        )
+        new_body = body[: hits[0]] + [wrapped] + body[hits[-1] + 1 :]
         model = self.forward_calls(first)[0][1] if self.forward_calls(first) else "the model"
-        self.report(first, fmt={"what": "This inference script", "model": model},
-                    replacement=block.with_changes(body=new_body), target=block, imports=ref.imports,
-                    safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
-                    note="values are identical; tensors computed from the model no longer require grad "
-                         "(a saved output tensor no longer carries requires_grad)")
+        self.report(
+            first,
+            fmt={"what": "This inference script", "model": model},
+            replacement=block.with_changes(body=new_body),
+            target=block,
+            imports=ref.imports,
+            safety=Safety.UNSAFE,
+            tags=(Tag.SEMANTICS,),
+            note="values are identical; tensors computed from the model no longer require grad "
+            "(a saved output tensor no longer carries requires_grad)",
+        )
 
     def _function(self, fn: cst.FunctionDef, gf: _GradFree) -> None:
         if self.decorated_grad_off(fn) or self.in_grad_off(fn):
@@ -426,8 +457,13 @@ class EvalWithoutNoGrad(EvalRule):
             stmt = self.statement_of(call)
             if self.trains(stmt) is not None:
                 return
-            names = {x.value for t in walk(stmt) if isinstance(t, cst.AssignTarget)
-                     for x in walk(t.target) if isinstance(x, cst.Name)}
+            names = {
+                x.value
+                for t in walk(stmt)
+                if isinstance(t, cst.AssignTarget)
+                for x in walk(t.target)
+                if isinstance(x, cst.Name)
+            }
             if names & self.backward_uses(self.scope_body(call)):
                 return
         ref = torch_ref(self)
@@ -436,8 +472,7 @@ class EvalWithoutNoGrad(EvalRule):
         free = all(gf.expr(r) for r in results)
         deco = cst.Decorator(decorator=cst.Call(func=ref.attr("no_grad")))
         replacement = fn.with_changes(decorators=[*fn.decorators, deco])
-        self._report(fn.name, fn, replacement, free, ref.imports,
-                     {"what": f"`{fn.name.value}()`", "model": fwd[0][1]})
+        self._report(fn.name, fn, replacement, free, ref.imports, {"what": f"`{fn.name.value}()`", "model": fwd[0][1]})
 
     def _loop(self, loop: cst.For, gf: _GradFree) -> None:
         if self.in_grad_off(loop):
@@ -454,8 +489,11 @@ class EvalWithoutNoGrad(EvalRule):
         escaping = self.assigned_names(loop.body) - {x.value for x in walk(loop.target) if isinstance(x, cst.Name)}
         collected: list[cst.BaseExpression] = []
         for n in walk(loop.body):
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and \
-                    n.func.attr.value in ("append", "extend", "add", "update", "insert", "__setitem__"):
+            if (
+                isinstance(n, cst.Call)
+                and isinstance(n.func, cst.Attribute)
+                and n.func.attr.value in ("append", "extend", "add", "update", "insert", "__setitem__")
+            ):
                 d = dotted(n.func.value)
                 if d:
                     escaping.add(d.split(".")[0])
@@ -469,14 +507,15 @@ class EvalWithoutNoGrad(EvalRule):
         ref = torch_ref(self)
         if ref is None:
             return
-        free = all(self._name_free(loop, n, gf) for n in escaping) and \
-            all(gf.expr(c) for c in collected)
+        free = all(self._name_free(loop, n, gf) for n in escaping) and all(gf.expr(c) for c in collected)
         item = cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))
-        replacement = cst.With(items=[item], body=cst.IndentedBlock(body=[loop.with_changes(leading_lines=())]),
-                               leading_lines=loop.leading_lines)
+        replacement = cst.With(
+            items=[item],
+            body=cst.IndentedBlock(body=[loop.with_changes(leading_lines=())]),
+            leading_lines=loop.leading_lines,
+        )
         it = self.loop_iter_name(loop) or "the loader"
-        self._report(loop, loop, replacement, free, ref.imports,
-                     {"what": f"The loop over `{it}`", "model": fwd[0][1]})
+        self._report(loop, loop, replacement, free, ref.imports, {"what": f"The loop over `{it}`", "model": fwd[0][1]})
 
     def _name_free(self, loop: cst.For, name: str, gf: _GradFree) -> bool:
         for n in walk(loop.body):
@@ -484,11 +523,19 @@ class EvalWithoutNoGrad(EvalRule):
                 return gf.name(n, 0)
         return False
 
-    def _report(self, node: cst.CSTNode, target: cst.CSTNode, replacement: cst.CSTNode, free: bool,
-                imports, fmt) -> None:
+    def _report(
+        self, node: cst.CSTNode, target: cst.CSTNode, replacement: cst.CSTNode, free: bool, imports, fmt
+    ) -> None:
         if free:
             self.report(node, fmt=fmt, replacement=replacement, target=target, imports=imports)
         else:
-            self.report(node, fmt=fmt, replacement=replacement, target=target, imports=imports,
-                        safety=Safety.UNSAFE, tags=(Tag.SEMANTICS,),
-                        note="values are identical; tensors computed from the model no longer require grad")
+            self.report(
+                node,
+                fmt=fmt,
+                replacement=replacement,
+                target=target,
+                imports=imports,
+                safety=Safety.UNSAFE,
+                tags=(Tag.SEMANTICS,),
+                note="values are identical; tensors computed from the model no longer require grad",
+            )

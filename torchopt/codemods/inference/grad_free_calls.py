@@ -1,5 +1,6 @@
 """Which values can require grad, for the inference rules (TOP801 no_grad for evaluation code,
 TOP802 inference_mode in pure inference scripts, TOP803 missing `model.eval()` / `model.train()`)."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -10,13 +11,54 @@ from torchopt.codemods.inference.eval_code import EvalRule
 from torchopt.rewrite.metadata import ParentProvider
 
 # Results that never require grad, whatever they are computed from.
-_GRAD_FREE_METHODS = {"item", "tolist", "numpy", "detach", "argmax", "argmin", "long", "int", "bool", "short",
-                      "byte", "size", "dim", "numel", "nonzero", "eq", "ne", "lt", "le", "gt", "ge", "isnan",
-                      "isfinite", "isinf", "count_nonzero", "__len__", "keys", "argsort"}
+_GRAD_FREE_METHODS = {
+    "item",
+    "tolist",
+    "numpy",
+    "detach",
+    "argmax",
+    "argmin",
+    "long",
+    "int",
+    "bool",
+    "short",
+    "byte",
+    "size",
+    "dim",
+    "numel",
+    "nonzero",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "isnan",
+    "isfinite",
+    "isinf",
+    "count_nonzero",
+    "__len__",
+    "keys",
+    "argsort",
+}
 _GRAD_FREE_BUILTINS = {"float", "int", "len", "str", "round", "bool", "print", "range", "repr", "format"}
-_GRAD_FREE_TORCH = {"torch.argmax", "torch.argmin", "torch.bincount", "torch.eq", "torch.isnan",
-                    "torch.isfinite", "torch.zeros", "torch.ones", "torch.full", "torch.arange", "torch.tensor",
-                    "torch.zeros_like", "torch.ones_like", "torch.empty", "torch.count_nonzero"}
+_GRAD_FREE_TORCH = {
+    "torch.argmax",
+    "torch.argmin",
+    "torch.bincount",
+    "torch.eq",
+    "torch.isnan",
+    "torch.isfinite",
+    "torch.zeros",
+    "torch.ones",
+    "torch.full",
+    "torch.arange",
+    "torch.tensor",
+    "torch.zeros_like",
+    "torch.ones_like",
+    "torch.empty",
+    "torch.count_nonzero",
+}
 
 
 class _GradFree:
@@ -31,8 +73,19 @@ class _GradFree:
         """Whether ``e`` never requires grad; a ``yield from`` (From) is not known not to."""
         if e is None or depth > 6:
             return e is None
-        if isinstance(e, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
-                          cst.FormattedString, cst.Comparison, cst.Lambda)):
+        if isinstance(
+            e,
+            (
+                cst.Integer,
+                cst.Float,
+                cst.Imaginary,
+                cst.SimpleString,
+                cst.ConcatenatedString,
+                cst.FormattedString,
+                cst.Comparison,
+                cst.Lambda,
+            ),
+        ):
             return True
         if isinstance(e, cst.Name):
             return e.value in ("None", "True", "False") or self.name(e, depth)

@@ -1,4 +1,5 @@
 """TOP802 `no-grad-instead-of-inference-mode`: In a script that never trains (no `backward`, `torch.autograd.grad`, optimizer, or."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -216,8 +217,11 @@ class NoGradInPureInference(EvalRule):
                 self._sites.append((d.decorator, node))
 
     def _is_no_grad(self, call: cst.Call) -> bool:
-        return not call.args and callee(self, call) in ("torch.no_grad", "torch.autograd.no_grad",
-                                                        "torch.autograd.grad_mode.no_grad")
+        return not call.args and callee(self, call) in (
+            "torch.no_grad",
+            "torch.autograd.no_grad",
+            "torch.autograd.grad_mode.no_grad",
+        )
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._sites or self.trains_anywhere():
@@ -225,8 +229,10 @@ class NoGradInPureInference(EvalRule):
         ref = torch_ref(self)
         if ref is None:
             return
-        guarded = any(isinstance(stmt, cst.If) and "__main__" in self.ctx.module.code_for_node(stmt.test)
-                      for stmt in self.ctx.module.body)
+        guarded = any(
+            isinstance(stmt, cst.If) and "__main__" in self.ctx.module.code_for_node(stmt.test)
+            for stmt in self.ctx.module.body
+        )
         for call, owner in self._sites:
             # Only in scripts: in a library module the results escape to callers that may train
             # with them (a `fuse()` that builds parameters, a loss helper), which would then raise.
@@ -238,10 +244,14 @@ class NoGradInPureInference(EvalRule):
                 continue
             new = cst.Call(func=self._inference_mode_func(call, ref.name))
             text = cst.Module([]).code_for_node(new)
-            self.report(call, fmt={"call": source(self, call), "new": text}, replacement=new,
-                        imports=ref.imports if not isinstance(call.func, cst.Attribute) else (),
-                        note="tensors made in the block are inference tensors: no later autograd use or in-place "
-                             "update outside inference mode")
+            self.report(
+                call,
+                fmt={"call": source(self, call), "new": text},
+                replacement=new,
+                imports=ref.imports if not isinstance(call.func, cst.Attribute) else (),
+                note="tensors made in the block are inference tensors: no later autograd use or in-place "
+                "update outside inference mode",
+            )
 
     def _at_module_level(self, node: cst.CSTNode) -> bool:
         cur = self.get_metadata(ParentProvider, node, None)
@@ -267,8 +277,13 @@ class NoGradInPureInference(EvalRule):
             names = set()
             for call in self.calls_to(owner.name.value):
                 stmt = self.statement_of(call)
-                names |= {x.value for t in walk(stmt) if isinstance(t, cst.AssignTarget)
-                          for x in walk(t.target) if isinstance(x, cst.Name)}
+                names |= {
+                    x.value
+                    for t in walk(stmt)
+                    if isinstance(t, cst.AssignTarget)
+                    for x in walk(t.target)
+                    if isinstance(x, cst.Name)
+                }
                 if not isinstance(stmt, cst.SimpleStatementLine) or not names and not self._value_use_ok(call):
                     return False
             region = owner
@@ -290,8 +305,12 @@ class NoGradInPureInference(EvalRule):
             elif isinstance(n, cst.Call):
                 if isinstance(n.func, cst.Attribute):
                     recv = n.func.value
-                    if isinstance(recv, cst.Name) and recv.value in names and n.func.attr.value.endswith("_") \
-                            and not n.func.attr.value.startswith("_"):
+                    if (
+                        isinstance(recv, cst.Name)
+                        and recv.value in names
+                        and n.func.attr.value.endswith("_")
+                        and not n.func.attr.value.startswith("_")
+                    ):
                         return False
                 uses = any(isinstance(x, cst.Name) and x.value in names for a in n.args for x in walk(a.value))
                 if uses and not self._harmless_call(n) and not self.in_grad_off(n):
@@ -301,18 +320,47 @@ class NoGradInPureInference(EvalRule):
     def _value_use_ok(self, call: cst.Call) -> bool:
         parent = self.get_metadata(ParentProvider, call, None)
         return isinstance(parent, (cst.Expr, cst.Arg)) and (
-            not isinstance(parent, cst.Arg) or self._harmless_call(self.get_metadata(ParentProvider, parent, None)))
+            not isinstance(parent, cst.Arg) or self._harmless_call(self.get_metadata(ParentProvider, parent, None))
+        )
 
     def _harmless_call(self, call: cst.CSTNode | None) -> bool:
         if not isinstance(call, cst.Call):
             return False
         if isinstance(call.func, cst.Name) and call.func.value in (
-                "print", "len", "list", "tuple", "float", "int", "str", "round", "sorted", "zip", "enumerate",
-                "isinstance", "repr", "max", "min", "sum", "dict", "set"):
+            "print",
+            "len",
+            "list",
+            "tuple",
+            "float",
+            "int",
+            "str",
+            "round",
+            "sorted",
+            "zip",
+            "enumerate",
+            "isinstance",
+            "repr",
+            "max",
+            "min",
+            "sum",
+            "dict",
+            "set",
+        ):
             return True
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in (
-                "append", "extend", "format", "item", "tolist", "numpy", "cpu", "write", "info", "debug",
-                "warning", "add_scalar"):
+            "append",
+            "extend",
+            "format",
+            "item",
+            "tolist",
+            "numpy",
+            "cpu",
+            "write",
+            "info",
+            "debug",
+            "warning",
+            "add_scalar",
+        ):
             return True
         q = callee(self, call)
         return q is not None and q.startswith("torch.") and not q.startswith("torch.nn.")

@@ -1,4 +1,5 @@
 """Activation checkpointing advice for deep stacks of identical blocks in a training script."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -14,9 +15,12 @@ from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Valid
 from torchopt.rewrite.facts import source_of
 
-_CONTAINERS = {"torch.nn.Sequential": "nn.Sequential", "torch.nn.ModuleList": "nn.ModuleList",
-               "torch.nn.modules.container.Sequential": "nn.Sequential",
-               "torch.nn.modules.container.ModuleList": "nn.ModuleList"}
+_CONTAINERS = {
+    "torch.nn.Sequential": "nn.Sequential",
+    "torch.nn.ModuleList": "nn.ModuleList",
+    "torch.nn.modules.container.Sequential": "nn.Sequential",
+    "torch.nn.modules.container.ModuleList": "nn.ModuleList",
+}
 
 
 class DeepStackCheckpointing(Rule):
@@ -72,9 +76,11 @@ class DeepStackCheckpointing(Rule):
     code = "TOP713"
     name = "deep-stack-checkpointing"
     family = FAMILY
-    message = ("{n} identical blocks in one `{container}` of a training script: activation checkpointing "
-               "(`torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)` per block) keeps only block "
-               "inputs for the backward pass, so a larger batch fits")
+    message = (
+        "{n} identical blocks in one `{container}` of a training script: activation checkpointing "
+        "(`torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)` per block) keeps only block "
+        "inputs for the backward pass, so a larger batch fits"
+    )
     safety = Safety.DISPLAY
     prefilter = ("Sequential", "ModuleList")
     requires = ("torch", "backward", "range")
@@ -87,7 +93,8 @@ class DeepStackCheckpointing(Rule):
         return super().could_match(text) and "checkpoint" not in text
 
     examples = (
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -114,31 +121,43 @@ class DeepStackCheckpointing(Rule):
 
             model = Encoder()
             model(torch.randn(2, 64)).sum().backward()
-        """), note="in a method: a ModuleList run block after block"),
-        Invalid(dedent("""\
+        """),
+            note="in a method: a ModuleList run block after block",
+        ),
+        Invalid(
+            dedent("""\
             import torch.nn as N
             import torch
 
             LAYERS = 16
             net = N.Sequential(*[N.Linear(32, 32) for _ in range(LAYERS)])
             net(torch.randn(4, 32)).sum().backward()
-        """), note="`import torch.nn as N`, the depth from a module constant"),
-        Valid(dedent("""\
+        """),
+            note="`import torch.nn as N`, the depth from a module constant",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
             net = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)])
             net(torch.randn(4, 32)).sum().backward()
-        """), note="shallow"),
-        Valid(dedent("""\
+        """),
+            note="shallow",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
             net = nn.Sequential(*[nn.Linear(32, 32) for _ in range(24)])
             with torch.no_grad():
                 out = net(torch.randn(4, 32))
-        """), note="inference only: no activations are kept"),
-        Valid(dedent("""\
+        """),
+            note="inference only: no activations are kept",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
             from torch.utils.checkpoint import checkpoint_sequential
@@ -146,8 +165,11 @@ class DeepStackCheckpointing(Rule):
             net = nn.Sequential(*[nn.Linear(32, 32) for _ in range(24)])
             x = torch.randn(4, 32, requires_grad=True)
             checkpoint_sequential(net, 4, x, use_reentrant=False).sum().backward()
-        """), note="already checkpointed"),
-        Valid(dedent("""\
+        """),
+            note="already checkpointed",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -162,7 +184,9 @@ class DeepStackCheckpointing(Rule):
 
 
             Heads()(torch.randn(2, 8)).sum().backward()
-        """), note="parallel heads, not a stack"),
+        """),
+            note="parallel heads, not a stack",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -243,9 +267,14 @@ class DeepStackCheckpointing(Rule):
                 continue
             blk = loop.target.value
             for stmt in walk(loop.body):
-                if (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1
-                        and isinstance(stmt.targets[0].target, cst.Name) and isinstance(stmt.value, cst.Call)
-                        and isinstance(stmt.value.func, cst.Name) and stmt.value.func.value == blk):
+                if (
+                    isinstance(stmt, cst.Assign)
+                    and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0].target, cst.Name)
+                    and isinstance(stmt.value, cst.Call)
+                    and isinstance(stmt.value.func, cst.Name)
+                    and stmt.value.func.value == blk
+                ):
                     fed = [a.value for a in stmt.value.args]
                     if any(isinstance(v, cst.Name) and v.value == stmt.targets[0].target.value for v in fed):
                         return True

@@ -1,4 +1,5 @@
 """Gradient accumulation advice where a script shrinks its batch to fit in memory."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -28,8 +29,9 @@ def handles_oom(rule: Rule, handler: cst.ExceptHandler) -> bool:
         expr = t.value if isinstance(t, cst.Element) else t
         if torch_name(rule, expr) in OOM_ERRORS:
             return True
-        if (cst.helpers.get_full_name_for_node(expr) in _GENERIC_ERRORS
-                and "out of memory" in rule.ctx.module.code_for_node(handler.body)):
+        if cst.helpers.get_full_name_for_node(
+            expr
+        ) in _GENERIC_ERRORS and "out of memory" in rule.ctx.module.code_for_node(handler.body):
             return True
     return False
 
@@ -99,14 +101,17 @@ class GradientAccumulation(Rule):
     code = "TOP712"
     name = "gradient-accumulation"
     family = FAMILY
-    message = ("batch size `{name}` is lowered after running out of memory: keep the batch and accumulate "
-               "gradients over micro-batches (`loss / accum`, `optimizer.step()` every `accum` micro-batches)")
+    message = (
+        "batch size `{name}` is lowered after running out of memory: keep the batch and accumulate "
+        "gradients over micro-batches (`loss / accum`, `optimizer.step()` every `accum` micro-batches)"
+    )
     safety = Safety.DISPLAY
     prefilter = ("OutOfMemoryError", "out of memory")
     requires = ("torch",)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch
 
             batch_size = 256
@@ -117,8 +122,10 @@ class GradientAccumulation(Rule):
                 except torch.cuda.OutOfMemoryError:
                     torch.cuda.empty_cache()
                     batch_size //= 2
-        """)),
-        Invalid(dedent("""\
+        """)
+        ),
+        Invalid(
+            dedent("""\
             import torch as T
 
 
@@ -128,8 +135,11 @@ class GradientAccumulation(Rule):
                         self.epoch(data)
                     except T.OutOfMemoryError:
                         self.batch_size = max(1, self.batch_size // 2)
-        """), note="in a method, `import torch as T`"),
-        Invalid(dedent("""\
+        """),
+            note="in a method, `import torch as T`",
+        ),
+        Invalid(
+            dedent("""\
             import torch
 
 
@@ -140,31 +150,42 @@ class GradientAccumulation(Rule):
                     if "out of memory" not in str(e):
                         raise
                     args.micro_bs = int(args.micro_bs / 2)
-        """), note="in a function, the error recognised by its text"),
-        Valid(dedent("""\
+        """),
+            note="in a function, the error recognised by its text",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             try:
                 step(batch)
             except torch.cuda.OutOfMemoryError:
                 skipped += 1
-        """), note="the batch is skipped, not shrunk (activation checkpointing advice is another rule's)"),
-        Valid(dedent("""\
+        """),
+            note="the batch is skipped, not shrunk (activation checkpointing advice is another rule's)",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             try:
                 step(batch)
             except ValueError:
                 batch_size //= 2
-        """), note="not an out-of-memory handler"),
-        Valid(dedent("""\
+        """),
+            note="not an out-of-memory handler",
+        ),
+        Valid(
+            dedent("""\
             import torch
 
             try:
                 step(batch)
             except torch.cuda.OutOfMemoryError:
                 lr //= 2
-        """), note="not a batch size"),
+        """),
+            note="not a batch size",
+        ),
     )
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:

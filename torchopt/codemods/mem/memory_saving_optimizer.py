@@ -1,4 +1,5 @@
 """Memory-saving optimizer advice where Adam's state dominates: a model built from a large config."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -10,13 +11,7 @@ from torchopt.analysis.arguments import has_star
 from torchopt.analysis.names import callee, reaching_values
 from torchopt.analysis.values import int_value, string_value
 from torchopt.codemods.mem import FAMILY
-from torchopt.analysis.optimizers import (
-    ADAM_OPTIMIZERS,
-    assigned_value,
-    parameter_owners,
-    params_arg,
-    seen_through,
-)
+from torchopt.analysis.optimizers import ADAM_OPTIMIZERS, assigned_value, parameter_owners, params_arg, seen_through
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid, Option, Rule, Safety, Valid
 
@@ -36,7 +31,11 @@ def _literal_sizes(node: cst.BaseExpression) -> dict[str, int]:
                 out[a.keyword.value] = size
     elif isinstance(node, cst.Dict):
         for el in node.elements:
-            if isinstance(el, cst.DictElement) and (key := string_value(el.key)) and (size := int_value(el.value)) is not None:
+            if (
+                isinstance(el, cst.DictElement)
+                and (key := string_value(el.key))
+                and (size := int_value(el.value)) is not None
+            ):
                 out[key] = size
     return out
 
@@ -84,23 +83,28 @@ class MemorySavingOptimizer(Rule):
     code = "TOP714"
     name = "memory-saving-optimizer"
     family = FAMILY
-    message = ("`{opt}` keeps two float32 moments per parameter: about {gb} GB of state for a model of ~{params} "
-               "parameters ({sizes}); a factored optimizer (`torch.optim.Adafactor`) keeps a fraction of that")
+    message = (
+        "`{opt}` keeps two float32 moments per parameter: about {gb} GB of state for a model of ~{params} "
+        "parameters ({sizes}); a factored optimizer (`torch.optim.Adafactor`) keeps a fraction of that"
+    )
     safety = Safety.DISPLAY
     prefilter = ("Adam",)
     requires = ("torch", "parameters")
     options = (Option("min-params", int, 1_000_000_000, "report models estimated at this many parameters or more"),)
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     examples = (
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch
             from model import GPT, GPTConfig
 
             config = GPTConfig(n_layer=48, n_head=25, n_embd=1600, vocab_size=50257)
             model = GPT(config).to("cuda")
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        """)),
-        Invalid(dedent("""\
+        """)
+        ),
+        Invalid(
+            dedent("""\
             from torch import optim as O
             from mylib import Transformer
 
@@ -109,8 +113,11 @@ class MemorySavingOptimizer(Rule):
                 net = Transformer(**{"num_layers": 32, "d_model": 4096})
                 net.to(device)
                 return O.Adam(net.parameters(), lr=1e-4)
-        """), note="in a function, `from torch import optim as O`, a dict config"),
-        Invalid(dedent("""\
+        """),
+            note="in a function, `from torch import optim as O`, a dict config",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             from model import GPT, GPTConfig
 
@@ -119,30 +126,41 @@ class MemorySavingOptimizer(Rule):
                 def __init__(self, device):
                     self.model = GPT(GPTConfig(n_layer=48, n_head=25, n_embd=1600)).to(device)
                     self.optimizer = torch.optim.Adam(self.model.parameters(), lr=3e-4)
-        """), note="in a method: the model held in an attribute"),
-        Valid(dedent("""\
+        """),
+            note="in a method: the model held in an attribute",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from model import GPT, GPTConfig
 
             config = GPTConfig(n_layer=12, n_head=12, n_embd=768)
             model = GPT(config)
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        """), note="about 85M parameters: activations dominate, not optimizer state"),
-        Valid(dedent("""\
+        """),
+            note="about 85M parameters: activations dominate, not optimizer state",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from model import GPT
 
             model = GPT.from_config(cfg)
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-        """), note="size not spelled out in the source"),
-        Valid(dedent("""\
+        """),
+            note="size not spelled out in the source",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from model import GPT, GPTConfig
 
             config = GPTConfig(n_layer=48, n_embd=1600)
             model = GPT(config)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        """), note="plain SGD keeps no moments"),
+        """),
+            note="plain SGD keeps no moments",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -161,15 +179,24 @@ class MemorySavingOptimizer(Rule):
         if best is None or best[0] < self.option("min-params"):
             return
         count, sizes = best
-        self.report(node, fmt={"opt": f"torch.optim.{opt}", "gb": f"{8 * count / 1e9:.0f}",
-                               "params": f"{count / 1e9:.1f}B",
-                               "sizes": ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))})
+        self.report(
+            node,
+            fmt={
+                "opt": f"torch.optim.{opt}",
+                "gb": f"{8 * count / 1e9:.0f}",
+                "params": f"{count / 1e9:.1f}B",
+                "sizes": ", ".join(f"{k}={v}" for k, v in sorted(sizes.items())),
+            },
+        )
 
     @staticmethod
     def _constructor(value: cst.BaseExpression) -> cst.BaseExpression:
         """``GPT(config)`` out of ``GPT(config).to(device).train()``."""
-        while (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
-               and isinstance(value.func.value, cst.Call)):
+        while (
+            isinstance(value, cst.Call)
+            and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, cst.Call)
+        ):
             value = value.func.value
         return value
 

@@ -1,4 +1,5 @@
 """Fused optimizer kernels for Adam, AdamW and SGD on device parameters."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -78,8 +79,10 @@ class FusedOptimizer(Rule):
     code = "TOP961"
     name = "fused-optimizer"
     family = FAMILY
-    message = ("`{opt}` updates device parameters one tensor group at a time: `fused=True` runs the whole "
-               "step in one kernel (and lets GradScaler skip its per-step host read of found_inf)")
+    message = (
+        "`{opt}` updates device parameters one tensor group at a time: `fused=True` runs the whole "
+        "step in one kernel (and lets GradScaler skip its per-step host read of found_inf)"
+    )
     fix_title = "Add `fused=True`"
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
@@ -286,6 +289,10 @@ class FusedOptimizer(Rule):
         owners = parameter_owners(params)
         if not owners or not all(on_possible_cuda(self, o, node) for o in owners):
             return
-        self.report(node, fmt={"opt": f"torch.optim.{opt}"},
-                    replacement=set_kwarg(node, "fused", cst.Name("True")), tags=[Tag.TOLERANCE],
-                    note="the fused kernel rounds differently (a few ULPs per step)")
+        self.report(
+            node,
+            fmt={"opt": f"torch.optim.{opt}"},
+            replacement=set_kwarg(node, "fused", cst.Name("True")),
+            tags=[Tag.TOLERANCE],
+            note="the fused kernel rounds differently (a few ULPs per step)",
+        )

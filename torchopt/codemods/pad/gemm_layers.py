@@ -1,4 +1,5 @@
 """TOP302: GEMM dimensions that are not multiples of 8: the layers, activations and size checks it uses."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -25,8 +26,22 @@ CONVS: dict[str, tuple[tuple[str, int], ...]] = {
 # Elementwise modules with f(0) == 0: a padded hidden unit (zero weights in and out) stays exactly
 # zero in the forward pass and gets exactly zero gradients, so training keeps it at zero.
 ZERO_PRESERVING = {
-    "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU", "Tanh", "ELU", "SELU", "CELU", "Mish", "Hardswish",
-    "Softsign", "Tanhshrink", "Softshrink", "Hardshrink", "Identity",
+    "ReLU",
+    "ReLU6",
+    "LeakyReLU",
+    "GELU",
+    "SiLU",
+    "Tanh",
+    "ELU",
+    "SELU",
+    "CELU",
+    "Mish",
+    "Hardswish",
+    "Softsign",
+    "Tanhshrink",
+    "Softshrink",
+    "Hardshrink",
+    "Identity",
 }
 NO_ARGS_ONLY = {"Hardtanh"}  # f(0) == 0 with the default bounds only
 DROPOUT = {"Dropout", "Dropout1d"}
@@ -35,11 +50,21 @@ DROPOUT = {"Dropout", "Dropout1d"}
 MIN_SIZE = 8
 # Functional forms with f(0) == 0 (first positional argument is the tensor).
 ZERO_PRESERVING_FN = {
-    "torch.relu", "torch.tanh", "torch.nn.functional.relu", "torch.nn.functional.relu6",
-    "torch.nn.functional.gelu", "torch.nn.functional.silu", "torch.nn.functional.tanh",
-    "torch.nn.functional.elu", "torch.nn.functional.selu", "torch.nn.functional.celu",
-    "torch.nn.functional.leaky_relu", "torch.nn.functional.mish", "torch.nn.functional.hardswish",
-    "torch.nn.functional.softsign", "torch.nn.functional.tanhshrink",
+    "torch.relu",
+    "torch.tanh",
+    "torch.nn.functional.relu",
+    "torch.nn.functional.relu6",
+    "torch.nn.functional.gelu",
+    "torch.nn.functional.silu",
+    "torch.nn.functional.tanh",
+    "torch.nn.functional.elu",
+    "torch.nn.functional.selu",
+    "torch.nn.functional.celu",
+    "torch.nn.functional.leaky_relu",
+    "torch.nn.functional.mish",
+    "torch.nn.functional.hardswish",
+    "torch.nn.functional.softsign",
+    "torch.nn.functional.tanhshrink",
 }
 DROPOUT_FN = {"torch.dropout", "torch.nn.functional.dropout"}
 ZERO_PRESERVING_METHODS = {"relu", "tanh"}
@@ -102,16 +127,21 @@ def _bad_size_possible(text: str) -> bool:
     for c in index.get(_ast.Call, ()):
         f = c.func
         last = f.attr if isinstance(f, _ast.Attribute) else f.id if isinstance(f, _ast.Name) else None
-        if (last not in LAYERS and last not in CONVS) or any(isinstance(a, _ast.Starred) for a in c.args) or any(
-                k.arg is None for k in c.keywords):
+        if (
+            (last not in LAYERS and last not in CONVS)
+            or any(isinstance(a, _ast.Starred) for a in c.args)
+            or any(k.arg is None for k in c.keywords)
+        ):
             continue
         vals = [_ast_int_const(text, a) for a in [*c.args, *(k.value for k in c.keywords)]]
         if any(v is not None and v >= MIN_SIZE and v % 64 for v in vals):
             return True
         if last == "MultiheadAttention":
+
             def get(i: int, name: str):
                 kw = next((k.value for k in c.keywords if k.arg == name), None)
                 return kw if kw is not None else c.args[i] if i < len(c.args) else None
+
             e, h = _ast_int_const(text, get(0, "embed_dim")), _ast_int_const(text, get(1, "num_heads"))
             if e and h and e % h == 0 and (e // h) % 64:
                 return True

@@ -1,4 +1,5 @@
 """Helpers shared by the padding rules: torch.nn classes by name, integer constants, padding maths."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -9,8 +10,13 @@ from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import remembered
 from torchopt.rewrite.rule import Option, Rule
 
-OPTION_MULTIPLE = Option("multiple", int, 8, "pad sizes to a multiple of this (8 for fp16/bf16 Tensor Cores, "
-                         "64 for the best GEMM tiling)", choices=(8, 64))
+OPTION_MULTIPLE = Option(
+    "multiple",
+    int,
+    8,
+    "pad sizes to a multiple of this (8 for fp16/bf16 Tensor Cores, 64 for the best GEMM tiling)",
+    choices=(8, 64),
+)
 
 
 def last_name(func: cst.BaseExpression) -> str | None:
@@ -129,17 +135,28 @@ def pad_formula(expr_code: str, multiple: int) -> str:
 
 def is_pad_formula(expr: cst.BaseExpression | None) -> bool:
     """``((x + 7) // 8) * 8`` (any multiple): a size that is already padded."""
-    if not (isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Multiply)
-            and isinstance(expr.right, cst.Integer)):
+    if not (
+        isinstance(expr, cst.BinaryOperation)
+        and isinstance(expr.operator, cst.Multiply)
+        and isinstance(expr.right, cst.Integer)
+    ):
         return False
     m = int(expr.right.evaluated_value)
     inner = expr.left
-    if not (isinstance(inner, cst.BinaryOperation) and isinstance(inner.operator, cst.FloorDivide)
-            and isinstance(inner.right, cst.Integer) and int(inner.right.evaluated_value) == m):
+    if not (
+        isinstance(inner, cst.BinaryOperation)
+        and isinstance(inner.operator, cst.FloorDivide)
+        and isinstance(inner.right, cst.Integer)
+        and int(inner.right.evaluated_value) == m
+    ):
         return False
     add = inner.left
-    return (isinstance(add, cst.BinaryOperation) and isinstance(add.operator, cst.Add)
-            and isinstance(add.right, cst.Integer) and int(add.right.evaluated_value) == m - 1)
+    return (
+        isinstance(add, cst.BinaryOperation)
+        and isinstance(add.operator, cst.Add)
+        and isinstance(add.right, cst.Integer)
+        and int(add.right.evaluated_value) == m - 1
+    )
 
 
 def code(rule: Rule, node: cst.CSTNode) -> str:
@@ -152,7 +169,6 @@ def names_in(node: cst.CSTNode) -> set[str]:
 
 def self_attr(node: cst.CSTNode | None, self_name: str = "self") -> str | None:
     """``X`` for ``self.X``."""
-    if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
-            and node.value.value == self_name):
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == self_name:
         return node.attr.value
     return None

@@ -1,4 +1,5 @@
 """TOP302 `unpadded-gemm-size`: Reports `nn.Linear`, `nn.MultiheadAttention`, `nn.Transformer*Layer` and recurrent layers whose."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -19,8 +20,17 @@ from torchopt.codemods.pad.sizes import nn_class
 from torchopt.codemods.pad.sizes import pad_formula
 from torchopt.codemods.pad.sizes import padded
 from torchopt.codemods.pad.gemm_layers import (
-    CONVS, DROPOUT, DROPOUT_FN, LAYERS, MIN_SIZE, NO_ARGS_ONLY, ZERO_PRESERVING, ZERO_PRESERVING_FN,
-    ZERO_PRESERVING_METHODS, _bad_size_possible, _self_attr
+    CONVS,
+    DROPOUT,
+    DROPOUT_FN,
+    LAYERS,
+    MIN_SIZE,
+    NO_ARGS_ONLY,
+    ZERO_PRESERVING,
+    ZERO_PRESERVING_FN,
+    ZERO_PRESERVING_METHODS,
+    _bad_size_possible,
+    _self_attr,
 )
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
@@ -36,8 +46,7 @@ _MOVES = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train", "
 _LAYER_NAMES = frozenset(LAYERS)
 _CONV_NAMES = frozenset(CONVS)
 # Layers chained in a Sequential whose hidden width can be padded: the next one must be the same kind.
-_CHAINABLE = {"Linear": ("in_features", "out_features"),
-              **{c: ("in_channels", "out_channels") for c in CONVS}}
+_CHAINABLE = {"Linear": ("in_features", "out_features"), **{c: ("in_channels", "out_channels") for c in CONVS}}
 
 
 class PadGemmDims(Rule):
@@ -95,8 +104,18 @@ class PadGemmDims(Rule):
     fix_title = "Pad the hidden size {hidden} to {padded} on both sides"
     safety = Safety.UNSAFE
     tags = (Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE)
-    prefilter = ("Linear", "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-                 "LSTM", "GRU", "RNN", "Conv1d", "Conv2d", "Conv3d")
+    prefilter = (
+        "Linear",
+        "MultiheadAttention",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "LSTM",
+        "GRU",
+        "RNN",
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+    )
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -108,10 +127,14 @@ class PadGemmDims(Rule):
             return False
         callees = torch_callees(text)
         if callees is not None and not any(
-                (q.split(".")[-1] in LAYERS or q.split(".")[-1] in CONVS) and (q.count(".") == 2 or q.split(".")[2] == "modules")
-                and q.startswith("torch.nn.") for q in callees):
+            (q.split(".")[-1] in LAYERS or q.split(".")[-1] in CONVS)
+            and (q.count(".") == 2 or q.split(".")[2] == "modules")
+            and q.startswith("torch.nn.")
+            for q in callees
+        ):
             return False
         return _bad_size_possible(text)
+
     options = (OPTION_MULTIPLE,)
 
     examples = (
@@ -140,7 +163,7 @@ class PadGemmDims(Rule):
                 )
                 out = mlp(torch.randn(4, 16))
             """),
-            unsafe=('semantics', 'rng', 'tolerance'),
+            unsafe=("semantics", "rng", "tolerance"),
             runnable=True,
         ),
         Invalid(
@@ -156,7 +179,7 @@ class PadGemmDims(Rule):
                 H = 50
                 net = nn.Sequential(nn.Linear(32, ((H + 7) // 8) * 8), nn.GELU(), nn.Dropout(0.1), nn.Linear(((H + 7) // 8) * 8, 8))
             """),
-            unsafe=('semantics', 'rng', 'tolerance'),
+            unsafe=("semantics", "rng", "tolerance"),
         ),
         Invalid(
             dedent("""\
@@ -199,7 +222,7 @@ class PadGemmDims(Rule):
                 torch.manual_seed(0)
                 out = FeedForward()(torch.randn(3, 32))
             """),
-            unsafe=('semantics', 'rng', 'tolerance'),
+            unsafe=("semantics", "rng", "tolerance"),
             runnable=True,
             note="two layers of one module, joined by an activation held in an attribute",
         ),
@@ -264,7 +287,7 @@ class PadGemmDims(Rule):
                 import torch.nn as nn
 
                 attn = nn.MultiheadAttention(100, 4)
-            """),
+            """)
         ),
         Valid(
             dedent("""\
@@ -320,7 +343,7 @@ class PadGemmDims(Rule):
                 )
                 out = features(torch.randn(2, 3, 8, 8))
             """),
-            unsafe=('semantics', 'rng', 'tolerance'),
+            unsafe=("semantics", "rng", "tolerance"),
             runnable=True,
             note="a convolution chain, aliased import: channels 20 and 30 padded, 3 and 16 kept",
         ),
@@ -386,12 +409,21 @@ class PadGemmDims(Rule):
             return
         seq, replacement, hidden, pad_to, dropout = fix
         fmt.update(hidden=hidden, padded=pad_to)
-        note = ("parameter shapes change; the padded layers draw more random numbers at initialisation; "
-                "the next layer sums over extra zero terms (float rounding may differ)")
+        note = (
+            "parameter shapes change; the padded layers draw more random numbers at initialisation; "
+            "the next layer sums over extra zero terms (float rounding may differ)"
+        )
         if dropout:
             note += "; dropout draws its mask over the padded width"
-        self.report(node, fmt=fmt, replacement=replacement, target=seq, safety=Safety.UNSAFE,
-                    tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE), note=note)
+        self.report(
+            node,
+            fmt=fmt,
+            replacement=replacement,
+            target=seq,
+            safety=Safety.UNSAFE,
+            tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE),
+            note=note,
+        )
 
     def _visit_conv(self, node: cst.Call) -> None:
         """Convolution channels are reported only where they can be padded inside a Sequential chain:
@@ -403,21 +435,40 @@ class PadGemmDims(Rule):
             return
         seq, replacement, hidden, pad_to, dropout = fix
         m = self._multiple
-        bad = [(n, v) for n, v in ((n, int_const(self, a.value)) for n, a in
-                                   ((n, arg(node, i, n)) for n, i in CONVS[nn_class(self, node) or "Conv2d"]) if a)
-               if v is not None and v >= MIN_SIZE and v % m]
+        bad = [
+            (n, v)
+            for n, v in (
+                (n, int_const(self, a.value))
+                for n, a in ((n, arg(node, i, n)) for n, i in CONVS[nn_class(self, node) or "Conv2d"])
+                if a
+            )
+            if v is not None and v >= MIN_SIZE and v % m
+        ]
         if not bad:
             return
-        fmt = {"layer": code(self, node) if len(code(self, node)) <= 60 else code(self, node.func) + "(...)",
-               "dims": ", ".join(f"{n}={v}" for n, v in bad) + (" is" if len(bad) == 1 else " are"),
-               "multiple": str(m), "suggest": ", ".join(f"{n}={padded(v, m)}" for n, v in bad),
-               "hidden": hidden, "padded": pad_to}
-        note = ("parameter shapes change; the padded layers draw more random numbers at initialisation; "
-                "the next layer sums over extra zero channels (float rounding may differ)")
+        fmt = {
+            "layer": code(self, node) if len(code(self, node)) <= 60 else code(self, node.func) + "(...)",
+            "dims": ", ".join(f"{n}={v}" for n, v in bad) + (" is" if len(bad) == 1 else " are"),
+            "multiple": str(m),
+            "suggest": ", ".join(f"{n}={padded(v, m)}" for n, v in bad),
+            "hidden": hidden,
+            "padded": pad_to,
+        }
+        note = (
+            "parameter shapes change; the padded layers draw more random numbers at initialisation; "
+            "the next layer sums over extra zero channels (float rounding may differ)"
+        )
         if dropout:
             note += "; dropout draws its mask over the padded width"
-        self.report(node, fmt=fmt, replacement=replacement, target=seq, safety=Safety.UNSAFE,
-                    tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE), note=note)
+        self.report(
+            node,
+            fmt=fmt,
+            replacement=replacement,
+            target=seq,
+            safety=Safety.UNSAFE,
+            tags=(Tag.SEMANTICS, Tag.RNG, Tag.TOLERANCE),
+            note=note,
+        )
 
     def _chain_link(self, item: cst.BaseExpression) -> str | None:
         """The kind of a layer whose output width can be padded: a Linear, or a plain convolution
@@ -538,8 +589,11 @@ class PadGemmDims(Rule):
             for call, index, name in ((l1, 1, "out_features"), (l2, 0, "in_features")):
                 a = arg(call, index, name)
                 assert a is not None
-                edits[id(a)] = (cst.Integer(str(padded(h, m))) if isinstance(a.value, cst.Integer)
-                                else cst.parse_expression(pad_formula(code(self, a.value), m)))
+                edits[id(a)] = (
+                    cst.Integer(str(padded(h, m)))
+                    if isinstance(a.value, cst.Integer)
+                    else cst.parse_expression(pad_formula(code(self, a.value), m))
+                )
 
         class _Edit(cst.CSTTransformer):
             def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
@@ -590,8 +644,12 @@ class PadGemmDims(Rule):
         # Every reference to a Linear attribute: it must be exactly one call, self.<attr>(x).
         refs: dict[str, list[cst.CSTNode]] = {a: [] for a in linears}
         for n in walk(cls, cross_scopes=True):
-            if isinstance(n, cst.Attribute) and isinstance(n.value, cst.Name) and n.value.value == "self" \
-                    and n.attr.value in refs:
+            if (
+                isinstance(n, cst.Attribute)
+                and isinstance(n.value, cst.Name)
+                and n.value.value == "self"
+                and n.attr.value in refs
+            ):
                 refs[n.attr.value].append(n)
         calls: dict[str, cst.Call] = {}
         for a, rs in refs.items():
@@ -599,8 +657,13 @@ class PadGemmDims(Rule):
             if len(uses) != 1:
                 continue
             parent = self.get_metadata(ParentProvider, uses[0], None)
-            if isinstance(parent, cst.Call) and parent.func is uses[0] and len(parent.args) == 1 \
-                    and not parent.args[0].star and parent.args[0].keyword is None:
+            if (
+                isinstance(parent, cst.Call)
+                and parent.func is uses[0]
+                and len(parent.args) == 1
+                and not parent.args[0].star
+                and parent.args[0].keyword is None
+            ):
                 calls[a] = parent
         by_call = {id(c): a for a, c in calls.items()}
         m = self._multiple
@@ -614,8 +677,11 @@ class PadGemmDims(Rule):
             dropout = False
             while True:
                 parent = self.get_metadata(ParentProvider, cur, None)
-                if isinstance(parent, cst.Attribute) and parent.value is cur \
-                        and parent.attr.value in ZERO_PRESERVING_METHODS:
+                if (
+                    isinstance(parent, cst.Attribute)
+                    and parent.value is cur
+                    and parent.attr.value in ZERO_PRESERVING_METHODS
+                ):
                     call = self.get_metadata(ParentProvider, parent, None)
                     if isinstance(call, cst.Call) and call.func is parent and not call.args:
                         cur = call

@@ -1,4 +1,5 @@
 """TOP303: pad sequence lengths to a multiple of 8. Advice only."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -7,6 +8,7 @@ from torchopt.analysis.names import callee, qualified_names
 from torchopt.analysis.arguments import has_star, keywords, positional
 from torchopt.codemods.pad import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
+
 
 def _could_match(text: str) -> bool:
     """visit_Call's necessary condition on CPython's ast: a call that may resolve to torch's
@@ -35,14 +37,22 @@ def _could_match(text: str) -> bool:
     for c in index.get(_ast.Call, ()):
         f = c.func
         last = f.attr if isinstance(f, _ast.Attribute) else f.id if isinstance(f, _ast.Name) else None
-        if last in names and not any(isinstance(a, _ast.Starred) for a in c.args) \
-                and all(k.arg not in (None, "pad_to_multiple_of") for k in c.keywords) and len(c.args) < 4:
+        if (
+            last in names
+            and not any(isinstance(a, _ast.Starred) for a in c.args)
+            and all(k.arg not in (None, "pad_to_multiple_of") for k in c.keywords)
+            and len(c.args) < 4
+        ):
             return True
     return False
 
 
-_HF_COLLATORS = {"DataCollatorWithPadding", "DataCollatorForSeq2Seq", "DataCollatorForTokenClassification",
-                 "DataCollatorForLanguageModeling"}
+_HF_COLLATORS = {
+    "DataCollatorWithPadding",
+    "DataCollatorForSeq2Seq",
+    "DataCollatorForTokenClassification",
+    "DataCollatorForLanguageModeling",
+}
 
 
 class PadSequenceLength(Rule):
@@ -107,14 +117,23 @@ class PadSequenceLength(Rule):
         return super().could_match(text) and _could_match(text)
 
     examples = (
-        Invalid("from torch.nn.utils.rnn import pad_sequence\n\n\ndef collate(batch):\n"
-                "    return pad_sequence(batch, batch_first=True)\n", after=None),
-        Invalid("import torch\n\nx = torch.nn.utils.rnn.pad_sequence([torch.ones(3), torch.ones(5)])\n",
-                after=None, runnable=True),
-        Invalid("from transformers import DataCollatorWithPadding\n\ncollator = DataCollatorWithPadding(tok)\n",
-                after=None),
-        Valid("from transformers import DataCollatorWithPadding\n\n"
-              "collator = DataCollatorWithPadding(tok, pad_to_multiple_of=8)\n"),
+        Invalid(
+            "from torch.nn.utils.rnn import pad_sequence\n\n\ndef collate(batch):\n"
+            "    return pad_sequence(batch, batch_first=True)\n",
+            after=None,
+        ),
+        Invalid(
+            "import torch\n\nx = torch.nn.utils.rnn.pad_sequence([torch.ones(3), torch.ones(5)])\n",
+            after=None,
+            runnable=True,
+        ),
+        Invalid(
+            "from transformers import DataCollatorWithPadding\n\ncollator = DataCollatorWithPadding(tok)\n", after=None
+        ),
+        Valid(
+            "from transformers import DataCollatorWithPadding\n\n"
+            "collator = DataCollatorWithPadding(tok, pad_to_multiple_of=8)\n"
+        ),
         Valid("def pad_sequence(xs):\n    return xs\n\nx = pad_sequence([1, 2])\n", runnable=True),
     )
 

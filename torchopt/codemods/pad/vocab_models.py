@@ -1,4 +1,5 @@
 """TOP301: pad the vocabulary of embedding and output projection: the models it rewrites and its helpers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,11 +9,7 @@ from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.statement_edits import Edits, NodeEdit, statement
 from torchopt.analysis.syntax import walk
-from torchopt.codemods.pad.sizes import (
-    arg,
-    code,
-    pad_formula,
-)
+from torchopt.codemods.pad.sizes import arg, code, pad_formula
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
@@ -178,8 +175,7 @@ def _field_defaults(module: cst.Module, attr: str) -> list[int]:
             value = n.value
         elif isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == attr:
             value = n.value
-        elif isinstance(n, cst.DictElement) and isinstance(n.key, cst.SimpleString) \
-                and n.key.evaluated_value == attr:
+        elif isinstance(n, cst.DictElement) and isinstance(n.key, cst.SimpleString) and n.key.evaluated_value == attr:
             value = n.value
         if isinstance(value, (cst.BooleanOperation, cst.IfExp)):
             out += _literal(value)

@@ -1,4 +1,5 @@
 """TOP604 `data-dependent-shape`: Flags operations whose output shape depends on tensor values, inside a training or evaluation."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -22,8 +23,24 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_BOOL_FUNCS = {"isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or", "logical_xor", "eq", "ne",
-               "gt", "lt", "ge", "le", "isin", "isclose", "signbit"}
+_BOOL_FUNCS = {
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "eq",
+    "ne",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "isin",
+    "isclose",
+    "signbit",
+}
 
 
 class DataDependentShape(Rule):
@@ -64,8 +81,10 @@ class DataDependentShape(Rule):
     code = "TOP604"
     name = "data-dependent-shape"
     family = FAMILY
-    message = ("`{expr}` has an output shape that depends on tensor values, {where}: the host waits for the "
-               "GPU to learn the size; {advice}")
+    message = (
+        "`{expr}` has an output shape that depends on tensor values, {where}: the host waits for the "
+        "GPU to learn the size; {advice}"
+    )
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = ("nonzero", "where", "[", "masked_select", "unique", "repeat_interleave", "argwhere")
@@ -98,15 +117,16 @@ class DataDependentShape(Rule):
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
             "        out = model(x)\n        loss = torch.where(y != -100, (out - y).pow(2), 0).sum()\n"
-            "        loss.backward()\n",
+            "        loss.backward()\n"
         ),
         Valid(
-            "import torch\n\nx = torch.arange(6)\nidx = x.nonzero()\nsel = x[x > 2]\n", runnable=True,
+            "import torch\n\nx = torch.arange(6)\nidx = x.nonzero()\nsel = x[x > 2]\n",
+            runnable=True,
             note="not in a training or forward-pass loop",
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
-            "        r = y.repeat_interleave(2, output_size=2 * y.numel())\n        model(x[0]).sum().backward()\n",
+            "        r = y.repeat_interleave(2, output_size=2 * y.numel())\n        model(x[0]).sum().backward()\n"
         ),
     )
 
@@ -132,20 +152,29 @@ class DataDependentShape(Rule):
     def _call(self, c: cst.Call) -> str | None:
         q = callee(self, c)
         meth = c.func.attr.value if isinstance(c.func, cst.Attribute) else None
-        if q is None and isinstance(c.func, cst.Attribute) and (dotted(c.func.value) or "").split(".")[0] in ("np", "numpy"):
+        if (
+            q is None
+            and isinstance(c.func, cst.Attribute)
+            and (dotted(c.func.value) or "").split(".")[0] in ("np", "numpy")
+        ):
             return None
         name = q.rsplit(".", 1)[1] if q and q.startswith("torch.") and q.count(".") == 1 else None
         if name in ("nonzero", "argwhere") or (q is None and meth in ("nonzero", "argwhere")):
-            return ("use `torch.nonzero_static(t, size=K, fill_value=-1)` with a known bound K, or mask with "
-                    "`torch.where` instead of gathering indices")
+            return (
+                "use `torch.nonzero_static(t, size=K, fill_value=-1)` with a known bound K, or mask with "
+                "`torch.where` instead of gathering indices"
+            )
         if name == "where" and len(c.args) == 1:
             return "pass all three arguments (`torch.where(cond, x, y)`) or use `torch.nonzero_static`"
         if name == "masked_select" or (q is None and meth == "masked_select"):
             return "use `torch.where(mask, x, 0)` and reduce, keeping the shape static"
         if name in ("unique", "unique_consecutive") or (q is None and meth in ("unique", "unique_consecutive")):
             return "compute the unique values once outside the step, or use a fixed-size `bincount(minlength=...)`"
-        if (name == "repeat_interleave" or (q is None and meth == "repeat_interleave")) \
-                and keyword(c, "output_size") is None and not has_star(c):
+        if (
+            (name == "repeat_interleave" or (q is None and meth == "repeat_interleave"))
+            and keyword(c, "output_size") is None
+            and not has_star(c)
+        ):
             args = positional(c)
             repeats = args[1] if name and len(args) > 1 else (args[0] if not name and args else None)
             if repeats is not None and isinstance(repeats.value, cst.Integer):
@@ -164,8 +193,7 @@ class DataDependentShape(Rule):
             return None  # `x[mask] = v` is an in-place masked fill: no host round trip
         if not tensors.is_tensor(s.value):
             return None
-        return ("use `torch.where(mask, x, 0)` and reduce (for a mean divide by `mask.sum()`), keeping the shape "
-                "static")
+        return "use `torch.where(mask, x, 0)` and reduce (for a mean divide by `mask.sum()`), keeping the shape static"
 
     def _is_mask(self, e: cst.BaseExpression, tensors: Tensors, depth: int = 0) -> bool:
         if isinstance(e, cst.Comparison):
@@ -178,8 +206,11 @@ class DataDependentShape(Rule):
             q = callee(self, e)
             if q and q.startswith("torch.") and q.rsplit(".", 1)[1] in _BOOL_FUNCS:
                 return True
-            if isinstance(e.func, cst.Attribute) and e.func.attr.value in _BOOL_FUNCS | {"bool"} \
-                    and tensors.is_tensor(e.func.value):
+            if (
+                isinstance(e.func, cst.Attribute)
+                and e.func.attr.value in _BOOL_FUNCS | {"bool"}
+                and tensors.is_tensor(e.func.value)
+            ):
                 return True
             return False
         if isinstance(e, cst.Name) and depth < 3 and plainly_assigned(self, e):

@@ -1,4 +1,5 @@
 """TOP603 `device-to-host-copy-in-loop`: Flags device→host copies inside a training or evaluation step: `t.cpu()`, `t.to("cpu")`,."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -53,8 +54,10 @@ class DeviceToHostCopyInLoop(Rule):
     code = "TOP603"
     name = "device-to-host-copy-in-loop"
     family = FAMILY
-    message = ("`{expr}` copies a tensor to the host {where} and waits for the GPU; keep the values on the "
-               "device and copy once after the loop")
+    message = (
+        "`{expr}` copies a tensor to the host {where} and waits for the GPU; keep the values on the "
+        "device and copy once after the loop"
+    )
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = (".cpu(", ".to(")
@@ -75,13 +78,12 @@ class DeviceToHostCopyInLoop(Rule):
             after=None,
         ),
         Invalid(
-            "import torch\n\ndef evaluate(model, loader):\n    for x, y in loader:\n"
-            "        out = model(x).to('cpu')\n",
+            "import torch\n\ndef evaluate(model, loader):\n    for x, y in loader:\n        out = model(x).to('cpu')\n",
             after=None,
         ),
         Valid(
             "import torch\n\ndef evaluate(model, loader):\n    preds = []\n    for x, y in loader:\n"
-            "        preds.append(model(x).argmax(1))\n    return torch.cat(preds).cpu()\n",
+            "        preds.append(model(x).argmax(1))\n    return torch.cat(preds).cpu()\n"
         ),
         Valid(
             "import torch\n\ndef evaluate(model, loader):\n    for x, y in loader:\n"
@@ -101,9 +103,14 @@ class DeviceToHostCopyInLoop(Rule):
             meth = n.func.attr.value
             if meth == "cpu" and not n.args:
                 pass
-            elif meth == "to" and len(n.args) >= 1 and (
+            elif (
+                meth == "to"
+                and len(n.args) >= 1
+                and (
                     (positional(n) and classify_device(self, positional(n)[0].value).is_cpu)
-                    or ((dev_kw := keyword(n, "device")) is not None and classify_device(self, dev_kw.value).is_cpu)):
+                    or ((dev_kw := keyword(n, "device")) is not None and classify_device(self, dev_kw.value).is_cpu)
+                )
+            ):
                 pass
             else:
                 continue
@@ -111,8 +118,12 @@ class DeviceToHostCopyInLoop(Rule):
                 continue  # model.cpu()
             parent = self.get_metadata(ParentProvider, n, None)
             grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
-            if isinstance(parent, cst.Attribute) and isinstance(grand, cst.Call) and grand.func is parent \
-                    and (parent.attr.value in HOST_READS or parent.attr.value in ("detach", "float", "double")):
+            if (
+                isinstance(parent, cst.Attribute)
+                and isinstance(grand, cst.Call)
+                and grand.func is parent
+                and (parent.attr.value in HOST_READS or parent.attr.value in ("detach", "float", "double"))
+            ):
                 if parent.attr.value in HOST_READS:
                     continue
             where = hm.where(n)

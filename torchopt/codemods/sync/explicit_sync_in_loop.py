@@ -1,4 +1,5 @@
 """TOP606 `explicit-sync-in-loop`: Flags `torch.cuda.synchronize()` and `torch.cuda.empty_cache()` (and the `torch.accelerator`,."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -15,14 +16,16 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_SYNC_CALLS = {"torch.cuda.synchronize": "synchronises the host with the GPU",
-               "torch.cuda.empty_cache": "synchronises and returns cached memory to the driver, which the next "
-                                         "step must allocate again",
-               "torch.accelerator.synchronize": "synchronises the host with the device",
-               "torch.mps.synchronize": "synchronises the host with the device",
-               "torch.xpu.synchronize": "synchronises the host with the device",
-               "torch.mps.empty_cache": "returns cached memory, which the next step must allocate again",
-               "torch.xpu.empty_cache": "returns cached memory, which the next step must allocate again"}
+_SYNC_CALLS = {
+    "torch.cuda.synchronize": "synchronises the host with the GPU",
+    "torch.cuda.empty_cache": "synchronises and returns cached memory to the driver, which the next "
+    "step must allocate again",
+    "torch.accelerator.synchronize": "synchronises the host with the device",
+    "torch.mps.synchronize": "synchronises the host with the device",
+    "torch.xpu.synchronize": "synchronises the host with the device",
+    "torch.mps.empty_cache": "returns cached memory, which the next step must allocate again",
+    "torch.xpu.empty_cache": "returns cached memory, which the next step must allocate again",
+}
 
 
 class ExplicitSyncInLoop(Rule):
@@ -59,8 +62,10 @@ class ExplicitSyncInLoop(Rule):
     code = "TOP606"
     name = "explicit-sync-in-loop"
     family = FAMILY
-    message = ("`{expr}` {why} {where}; remove it from the step (time with `torch.cuda.Event(enable_timing=True)` "
-               "and synchronise once when reporting)")
+    message = (
+        "`{expr}` {why} {where}; remove it from the step (time with `torch.cuda.Event(enable_timing=True)` "
+        "and synchronise once when reporting)"
+    )
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = ("synchronize", "empty_cache")
@@ -86,7 +91,7 @@ class ExplicitSyncInLoop(Rule):
         ),
         Valid(
             "import torch\n\ndef train(model, loader):\n    for x, y in loader:\n        model(x).sum().backward()\n"
-            "    torch.cuda.synchronize()\n",
+            "    torch.cuda.synchronize()\n"
         ),
     )
 

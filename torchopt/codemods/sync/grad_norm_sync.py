@@ -1,4 +1,5 @@
 """TOP607 `grad-norm-sync`: Flags, inside a training step, `clip_grad_norm_(..., error_if_nonfinite=True)` and host reads of."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -85,7 +86,7 @@ class GradNormSync(Rule):
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
             "        model(x).sum().backward()\n"
-            "        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        opt.step()\n",
+            "        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n        opt.step()\n"
         ),
     )
 
@@ -105,17 +106,38 @@ class GradNormSync(Rule):
             if d.rsplit(".", 1)[-1] in ("clip_grad_norm_", "clip_grad_norm"):
                 kw = keyword(n, "error_if_nonfinite")
                 if kw is not None and not (isinstance(kw.value, cst.Name) and kw.value.value == "False"):
-                    self.report(n, fmt={"expr": source(self, n), "where": where.text,
-                                        "why": "checks the total norm on the host (error_if_nonfinite)",
-                                        "advice": "check `torch.isfinite(norm)` every N steps instead"})
+                    self.report(
+                        n,
+                        fmt={
+                            "expr": source(self, n),
+                            "where": where.text,
+                            "why": "checks the total norm on the host (error_if_nonfinite)",
+                            "advice": "check `torch.isfinite(norm)` every N steps instead",
+                        },
+                    )
                 continue
             if isinstance(n.func, cst.Attribute) and dotted(n.func.value) in norms and host_read(hm, tz, n):
-                self.report(n, fmt={"expr": source(self, n), "where": where.text,
-                                    "why": "reads the gradient norm on the host",
-                                    "advice": "keep the norms on the device (`norms.append(norm)`) and read them "
-                                              "every N steps or after the loop"})
-            elif isinstance(n.func, cst.Name) and n.func.value in ("float", "print") and any(
-                    dotted(a.value) in norms for a in n.args):
-                self.report(n, fmt={"expr": source(self, n), "where": where.text,
-                                    "why": "reads the gradient norm on the host",
-                                    "advice": "keep the norms on the device and read them every N steps"})
+                self.report(
+                    n,
+                    fmt={
+                        "expr": source(self, n),
+                        "where": where.text,
+                        "why": "reads the gradient norm on the host",
+                        "advice": "keep the norms on the device (`norms.append(norm)`) and read them "
+                        "every N steps or after the loop",
+                    },
+                )
+            elif (
+                isinstance(n.func, cst.Name)
+                and n.func.value in ("float", "print")
+                and any(dotted(a.value) in norms for a in n.args)
+            ):
+                self.report(
+                    n,
+                    fmt={
+                        "expr": source(self, n),
+                        "where": where.text,
+                        "why": "reads the gradient norm on the host",
+                        "advice": "keep the norms on the device and read them every N steps",
+                    },
+                )

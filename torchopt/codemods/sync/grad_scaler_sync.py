@@ -1,4 +1,5 @@
 """TOP608 `grad-scaler-sync`: Flags, inside a training step, `scaler.step(optimizer)` for an optimizer of this file that is."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -17,8 +18,12 @@ from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
 
 
-_SCALERS = {"torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
-            "torch.cpu.amp.GradScaler"}
+_SCALERS = {
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+    "torch.cpu.amp.GradScaler",
+}
 
 
 _FUSABLE = {"Adam", "AdamW", "SGD", "Adagrad"}
@@ -85,7 +90,7 @@ class GradScalerSync(Rule):
         Valid(
             "import torch\n\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.AdamW(model.parameters(), fused=True)\n"
             "scaler = torch.amp.GradScaler('cuda')\n\ndef train(loader):\n    for x, y in loader:\n"
-            "        scaler.scale(model(x).sum()).backward()\n        scaler.step(opt)\n        scaler.update()\n",
+            "        scaler.scale(model(x).sum()).backward()\n        scaler.step(opt)\n        scaler.update()\n"
         ),
     )
 
@@ -115,9 +120,15 @@ class GradScalerSync(Rule):
             if where is None:
                 continue
             if meth == "get_scale":
-                self.report(n, fmt={"expr": source(self, n), "where": where.text,
-                                    "why": "reads the loss scale on the host",
-                                    "advice": "read it every N steps, outside the step"})
+                self.report(
+                    n,
+                    fmt={
+                        "expr": source(self, n),
+                        "where": where.text,
+                        "why": "reads the loss scale on the host",
+                        "advice": "read it every N steps, outside the step",
+                    },
+                )
             elif meth == "step" and n.args and not n.args[0].star:
                 opt = dotted(n.args[0].value)
                 if opt in optims:
@@ -125,8 +136,14 @@ class GradScalerSync(Rule):
                     fused = keyword(ctor, "fused")
                     if fused is not None or has_star(ctor):
                         continue
-                    self.report(n, fmt={"expr": source(self, n), "where": where.text,
-                                        "why": "reads `found_inf` with `.item()` to decide whether to step",
-                                        "advice": f"create the optimizer with `{cls}(..., fused=True)`, which "
-                                                  "checks for infs on the device (a different kernel: not "
-                                                  "guaranteed bitwise identical)"})
+                    self.report(
+                        n,
+                        fmt={
+                            "expr": source(self, n),
+                            "where": where.text,
+                            "why": "reads `found_inf` with `.item()` to decide whether to step",
+                            "advice": f"create the optimizer with `{cls}(..., fused=True)`, which "
+                            "checks for infs on the device (a different kernel: not "
+                            "guaranteed bitwise identical)",
+                        },
+                    )

@@ -1,4 +1,5 @@
 """TOP601 `host-read-in-loop`: Flags reads of tensor values on the host inside a training or evaluation step: `t.item()`,."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -105,8 +106,10 @@ class HostReadInLoop(Rule):
     code = "TOP601"
     name = "host-read-in-loop"
     family = FAMILY
-    message = ("`{expr}` {why}, {where}: it waits for every queued kernel, so the GPU idles while the "
-               "host prepares the next step{advice}")
+    message = (
+        "`{expr}` {why}, {where}: it waits for every queued kernel, so the GPU idles while the "
+        "host prepares the next step{advice}"
+    )
     fix_title = "Accumulate `{acc}` on the device in float64 and read it only when it is logged"
     safety = Safety.SAFE
     prefilter = (".item(", ".tolist(", ".numpy(", "float(", "int(", "bool(")
@@ -318,12 +321,22 @@ class HostReadInLoop(Rule):
                 continue
             parent = self.get_metadata(ParentProvider, n, None)
             grand = self.get_metadata(ParentProvider, parent, None) if parent is not None else None
-            if isinstance(parent, cst.Attribute) and parent.value is n and isinstance(grand, cst.Call) \
-                    and grand.func is parent and parent.attr.value in HOST_READS:
+            if (
+                isinstance(parent, cst.Attribute)
+                and parent.value is n
+                and isinstance(grand, cst.Call)
+                and grand.func is parent
+                and parent.attr.value in HOST_READS
+            ):
                 continue  # `t.numpy().tolist()`: one read, reported at the outer call
             inner = n.func.value if isinstance(n.func, cst.Attribute) else n.args[0].value
-            fmt = {"expr": source(self, n), "where": where.text, "why": _WHY[kind.strip(".()")],
-                   "advice": self._advice(n, kind, where), "acc": ""}
+            fmt = {
+                "expr": source(self, n),
+                "where": where.text,
+                "why": _WHY[kind.strip(".()")],
+                "advice": self._advice(n, kind, where),
+                "acc": "",
+            }
             plan_key = item_plan.get(id(n))
             plan = plans.get(plan_key) if plan_key is not None else None
             if isinstance(plan, Plan) and plan_key is not None and plan_key not in done and ref is not None:
@@ -344,16 +357,18 @@ class HostReadInLoop(Rule):
     def _advice(self, n: cst.Call, kind: str, where: Where) -> str:
         parent = self.get_metadata(ParentProvider, n, None)
         stmt = parent
-        while stmt is not None and not isinstance(stmt, (cst.If, cst.While, cst.Assert, cst.IfExp,
-                                                         cst.SimpleStatementLine)):
+        while stmt is not None and not isinstance(
+            stmt, (cst.If, cst.While, cst.Assert, cst.IfExp, cst.SimpleStatementLine)
+        ):
             stmt = self.get_metadata(ParentProvider, stmt, None)
         if isinstance(stmt, (cst.If, cst.While, cst.Assert, cst.IfExp)):
-            return ("; decide on the device instead (`torch.where`), check every N steps, or use "
-                    "`torch._assert_async`")
+            return "; decide on the device instead (`torch.where`), check every N steps, or use `torch._assert_async`"
         if kind in (".tolist()", ".numpy()"):
             return "; collect the tensors on the device (`torch.cat`) and convert once after the loop"
-        return ("; accumulate on the device (`running += t.detach()`) and call `.item()` only every N steps "
-                "or after the loop")
+        return (
+            "; accumulate on the device (`running += t.detach()`) and call `.item()` only every N steps "
+            "or after the loop"
+        )
 
 
 def _reads_host_data(rule: Rule, read: cst.Call) -> bool:

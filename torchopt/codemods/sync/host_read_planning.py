@@ -4,6 +4,7 @@ TOP601 flags ``.item()``, ``.tolist()``, ``.numpy()``, ``float(t)``, ``int(t)``,
 training or evaluation step and rewrites the logging-accumulator pattern (a Python float summed
 from ``loss.item()`` every step and read at logging points) into a float64 accumulator on the
 device. TOP602 flags printing or formatting tensors, TOP603 device→host copies."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,15 +16,7 @@ from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.statement_edits import Refusal
 from torchopt.analysis.syntax import source, walk
-from torchopt.analysis.step_loops import (
-    HOST_READS,
-    SCOPES,
-    HotLoop,
-    HotMap,
-    Tensors,
-    calls_in,
-    dotted,
-)
+from torchopt.analysis.step_loops import HOST_READS, SCOPES, HotLoop, HotMap, Tensors, calls_in, dotted
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
@@ -62,8 +55,13 @@ def host_read(hot: HotMap, tensors: Tensors, c: cst.Call) -> str | None:
                 return None
             recv = recv.func if isinstance(recv, cst.Call) else recv.value
         return f".{c.func.attr.value}()"
-    if isinstance(c.func, cst.Name) and c.func.value in _BUILTIN_CASTS and len(c.args) == 1 \
-            and not c.args[0].star and c.args[0].keyword is None:
+    if (
+        isinstance(c.func, cst.Name)
+        and c.func.value in _BUILTIN_CASTS
+        and len(c.args) == 1
+        and not c.args[0].star
+        and c.args[0].keyword is None
+    ):
         if tensors.is_tensor(c.args[0].value) and builtin_unbound(hot.rule, c.func):
             return f"{c.func.value}()"
     return None
@@ -122,10 +120,15 @@ class _Planner:
         """``.item()`` leaves of an arithmetic (+ - * /) expression whose other leaves are Python
         numbers; raises Refusal otherwise."""
         if isinstance(expr, cst.BinaryOperation) and isinstance(
-                expr.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)):
+            expr.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)
+        ):
             return self.rhs_items(expr.left) + self.rhs_items(expr.right)
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "item" \
-                and not expr.args:
+        if (
+            isinstance(expr, cst.Call)
+            and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value == "item"
+            and not expr.args
+        ):
             if not self.tz.is_tensor(expr.func.value, strict=True):
                 raise Refusal(None, f"`{source(self.rule, expr.func.value)}` is not provably a tensor")
             return [expr]
@@ -201,8 +204,9 @@ class _Planner:
             raise Refusal(None, f"`{plan.name}` is used as an object, not a number")
         if isinstance(parent, cst.Del):
             raise Refusal(None, f"`{plan.name}` is deleted")
-        if int_mode and not (isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide)
-                             and parent.left is node):
+        if int_mode and not (
+            isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and parent.left is node
+        ):
             raise Refusal(None, f"`{plan.name}` starts as the int 0 and is read other than as `{plan.name} / ...`")
         body = plan.loop.node.body
         if self.inside(node, body):
@@ -262,8 +266,9 @@ class _Planner:
         hit = self.__dict__.get("_mentions_device_memo")
         if hit is None:  # module.code regenerates the whole file: once per planner
             code = self.rule.ctx.text
-            hit = self._mentions_device_memo = (".cuda(" in code or ".to(" in code or "device" in code
-                                                or "accelerator" in code.lower())
+            hit = self._mentions_device_memo = (
+                ".cuda(" in code or ".to(" in code or "device" in code or "accelerator" in code.lower()
+            )
         return hit
 
     def _move_target(self, c: cst.Call) -> str | None:
@@ -333,9 +338,15 @@ class _Apply(cst.CSTTransformer):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):
         if id(original_node) in self.reads:
-            return cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("item")),
-                            lpar=updated_node.lpar, rpar=updated_node.rpar) if updated_node.lpar else \
-                cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("item")))
+            return (
+                cst.Call(
+                    func=cst.Attribute(value=updated_node, attr=cst.Name("item")),
+                    lpar=updated_node.lpar,
+                    rpar=updated_node.rpar,
+                )
+                if updated_node.lpar
+                else cst.Call(func=cst.Attribute(value=updated_node, attr=cst.Name("item")))
+            )
         return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call):

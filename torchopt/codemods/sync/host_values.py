@@ -1,5 +1,6 @@
 """Values that provably live on the host (Python numbers, CPU tensors): reading or branching on
 them costs no device synchronisation, whatever the step-loop analysis guessed about their names."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -11,13 +12,44 @@ from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 # Builtins and itertools helpers whose result is host data when their arguments are.
-_HOST_BUILTINS = {"range", "len", "int", "float", "bool", "abs", "round", "min", "max", "sum", "list", "tuple",
-                  "reversed", "sorted", "zip", "enumerate", "count", "itertools.count", "tqdm", "tqdm.tqdm"}
+_HOST_BUILTINS = {
+    "range",
+    "len",
+    "int",
+    "float",
+    "bool",
+    "abs",
+    "round",
+    "min",
+    "max",
+    "sum",
+    "list",
+    "tuple",
+    "reversed",
+    "sorted",
+    "zip",
+    "enumerate",
+    "count",
+    "itertools.count",
+    "tqdm",
+    "tqdm.tqdm",
+}
 _HOST_METHODS = {"item", "tolist"}  # the value they return is a Python number or list
 _HOST_ANNOTATIONS = {"int", "float", "bool"}
 # Factories that build a tensor on the CPU unless given a device.
-_CPU_FACTORIES = {"torch.randint", "torch.rand", "torch.randn", "torch.randperm", "torch.tensor", "torch.zeros",
-                  "torch.ones", "torch.arange", "torch.empty", "torch.full", "torch.linspace"}
+_CPU_FACTORIES = {
+    "torch.randint",
+    "torch.rand",
+    "torch.randn",
+    "torch.randperm",
+    "torch.tensor",
+    "torch.zeros",
+    "torch.ones",
+    "torch.arange",
+    "torch.empty",
+    "torch.full",
+    "torch.linspace",
+}
 _DEPTH = 6
 
 

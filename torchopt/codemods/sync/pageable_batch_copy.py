@@ -1,4 +1,5 @@
 """TOP609 `pageable-batch-copy`: Flags, inside a training or evaluation step, a synchronous host→device copy (`x.cuda()`,."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -53,8 +54,10 @@ class PageableBatchCopy(Rule):
     code = "TOP609"
     name = "pageable-batch-copy"
     family = FAMILY
-    message = ("`{expr}` copies a batch to the device synchronously {where}; pin the loader's batches "
-               "(`DataLoader(..., pin_memory=True)`) and copy with `non_blocking=True`")
+    message = (
+        "`{expr}` copies a batch to the device synchronously {where}; pin the loader's batches "
+        "(`DataLoader(..., pin_memory=True)`) and copy with `non_blocking=True`"
+    )
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = (".cuda(", ".to(")
@@ -75,7 +78,7 @@ class PageableBatchCopy(Rule):
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt, device):\n    for x, y in loader:\n"
-            "        x = x.to(device, non_blocking=True)\n        model(x).sum().backward()\n",
+            "        x = x.to(device, non_blocking=True)\n        model(x).sum().backward()\n"
         ),
         Valid(
             "import torch\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds)\n"
@@ -96,8 +99,12 @@ class PageableBatchCopy(Rule):
             it: cst.BaseExpression = loop.node.iter
             target: cst.BaseExpression = loop.node.target
             for _ in range(3):
-                if isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.args and \
-                        it.func.value in ("enumerate", "tqdm", "iter"):
+                if (
+                    isinstance(it, cst.Call)
+                    and isinstance(it.func, cst.Name)
+                    and it.args
+                    and it.func.value in ("enumerate", "tqdm", "iter")
+                ):
                     if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
                         target = target.elements[1].value
                     it = it.args[0].value

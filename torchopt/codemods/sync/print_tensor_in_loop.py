@@ -1,4 +1,5 @@
 """TOP602 `print-tensor-in-loop`: Flags printing, logging or formatting a tensor inside a training or evaluation step:."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -54,11 +55,13 @@ class PrintTensorInLoop(Rule):
     code = "TOP602"
     name = "print-tensor-in-loop"
     family = FAMILY
-    message = ("`{expr}` formats a tensor on the host {where}: every call waits for the GPU to finish "
-               "the step; log every N steps (on rank 0), or move the print out of the step")
+    message = (
+        "`{expr}` formats a tensor on the host {where}: every call waits for the GPU to finish "
+        "the step; log every N steps (on rank 0), or move the print out of the step"
+    )
     fix_title = None
     safety = Safety.DISPLAY
-    prefilter = ("print", "log", "str(", "repr(", "format(", "f\"", "f'")
+    prefilter = ("print", "log", "str(", "repr(", "format(", 'f"', "f'")
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -83,7 +86,7 @@ class PrintTensorInLoop(Rule):
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for step, (x, y) in enumerate(loader):\n"
             "        loss = torch.nn.functional.mse_loss(model(x), y)\n        loss.backward()\n"
-            "        print(f'step {step}')\n    print(loss)\n",
+            "        print(f'step {step}')\n    print(loss)\n"
         ),
         Valid("import torch\n\nt = torch.ones(2)\nprint(t)\n", runnable=True),
     )
@@ -105,8 +108,11 @@ class PrintTensorInLoop(Rule):
         args = [a.value for a in c.args if not a.star]
         if isinstance(f, cst.Name) and f.value in ("print", "str", "repr") and builtin_unbound(self, f):
             return any(self._text_of_tensor(a, tensors) for a in args)
-        if isinstance(f, cst.Attribute) and f.attr.value == "format" and isinstance(
-                f.value, (cst.SimpleString, cst.ConcatenatedString)):
+        if (
+            isinstance(f, cst.Attribute)
+            and f.attr.value == "format"
+            and isinstance(f.value, (cst.SimpleString, cst.ConcatenatedString))
+        ):
             return any(self._device_value(a, tensors) for a in args)
         if isinstance(f, cst.Attribute) and f.attr.value in LOG_METHODS and dotted(f.value) in LOGGER_NAMES:
             return any(self._text_of_tensor(a, tensors) for a in args)
@@ -114,8 +120,10 @@ class PrintTensorInLoop(Rule):
 
     def _text_of_tensor(self, expr: cst.BaseExpression, tensors: Tensors) -> bool:
         if isinstance(expr, cst.FormattedString):
-            return any(isinstance(p, cst.FormattedStringExpression) and self._device_value(p.expression, tensors)
-                       for p in expr.parts)
+            return any(
+                isinstance(p, cst.FormattedStringExpression) and self._device_value(p.expression, tensors)
+                for p in expr.parts
+            )
         return self._device_value(expr, tensors)
 
     def _device_value(self, e: cst.BaseExpression, tensors: Tensors) -> bool:

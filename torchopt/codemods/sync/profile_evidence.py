@@ -9,6 +9,7 @@ checked file whose event encloses it in time on the same thread; within that fun
 static SYNC diagnostics of the matching kind (the exact line), or to the function itself when no
 static finding matches. Pure JSON: no torch import.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,9 @@ def hits_for(events: Sequence[dict], path: str) -> list[Hit]:
         if not m or not _same_file(m.group("file"), path):
             continue
         start = float(e["ts"])
-        frames[(e.get("pid"), e.get("tid"))].append((start, start + float(e.get("dur", 0)), m.group("func"),
-                                                     int(m.group("line"))))
+        frames[(e.get("pid"), e.get("tid"))].append(
+            (start, start + float(e.get("dur", 0)), m.group("func"), int(m.group("line")))
+        )
     # `bool(t)` runs `aten::is_nonzero`, which calls `_local_scalar_dense`: one sync, counted once.
     truth: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for e in events:
@@ -94,7 +96,8 @@ def hits_for(events: Sequence[dict], path: str) -> list[Hit]:
             continue
         ts = float(e["ts"])
         if op == "aten::_local_scalar_dense" and any(
-                s <= ts <= t for s, t in truth.get((e.get("pid"), e.get("tid")), ())):
+            s <= ts <= t for s, t in truth.get((e.get("pid"), e.get("tid")), ())
+        ):
             continue
         inner = None
         for start, end, func, line in frames.get((e.get("pid"), e.get("tid")), ()):
@@ -142,12 +145,23 @@ def merge(static: Iterable[Diagnostic], hits: Sequence[Hit], path: str, text: st
             for i in matched:
                 extra[i].append(note)
             continue
-        out_new.append(Diagnostic(
-            code=codes[0], name="profiled-sync",
-            message=f"{note}: {kind} that no static finding explains (look for it in `{h.func}` or what it calls)",
-            path=path, line=start, column=1, end_line=start, end_column=1, fix=None))
-    merged = [replace(d, message=d.message + " [" + "; ".join(extra[i]) + "]") if i in extra else d
-              for i, d in enumerate(static)]
+        out_new.append(
+            Diagnostic(
+                code=codes[0],
+                name="profiled-sync",
+                message=f"{note}: {kind} that no static finding explains (look for it in `{h.func}` or what it calls)",
+                path=path,
+                line=start,
+                column=1,
+                end_line=start,
+                end_column=1,
+                fix=None,
+            )
+        )
+    merged = [
+        replace(d, message=d.message + " [" + "; ".join(extra[i]) + "]") if i in extra else d
+        for i, d in enumerate(static)
+    ]
     return sorted(merged + out_new, key=lambda d: d.sort_key())
 
 

@@ -7,6 +7,7 @@ loop (print the non-finite loss and exit), after the batch loop of a function ca
 loop (validation called from a retry loop), or in the per-epoch body of a loop whose batches are
 iterated by a function it calls.
 """
+
 from __future__ import annotations
 
 import libcst as cst
@@ -75,8 +76,9 @@ def _periodic(test: cst.BaseExpression, flags: frozenset[str] = frozenset()) -> 
         return _periodic(test.left, flags) or _periodic(test.right, flags)
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
         sides = (test.left, test.right)
-        return any(_periodic(side, flags) for side in sides) \
-            and all(_periodic(side, flags) or _one_off(side, flags) for side in sides)
+        return any(_periodic(side, flags) for side in sides) and all(
+            _periodic(side, flags) or _one_off(side, flags) for side in sides
+        )
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _is_modulo(test.expression)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
@@ -91,8 +93,11 @@ def _one_off(test: cst.BaseExpression, flags: frozenset[str]) -> bool:
     name assigned such a test."""
     if isinstance(test, cst.Name):
         return test.value in flags
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1
-            and isinstance(test.comparisons[0].operator, cst.Equal)):
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+    ):
         return False
     numeric = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call, cst.Subscript)
     return isinstance(test.left, numeric) and isinstance(test.comparisons[0].comparator, numeric)
@@ -105,9 +110,14 @@ def _one_off_flags(hot: HotMap, node: cst.CSTNode) -> frozenset[str]:
         fn = hot.parent(fn)
     if fn is None:
         return frozenset()
-    return frozenset(n.targets[0].target.value for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn)
-                     if isinstance(n, cst.Assign) and len(n.targets) == 1
-                     and isinstance(n.targets[0].target, cst.Name) and _one_off(n.value, frozenset()))
+    return frozenset(
+        n.targets[0].target.value
+        for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn)
+        if isinstance(n, cst.Assign)
+        and len(n.targets) == 1
+        and isinstance(n.targets[0].target, cst.Name)
+        and _one_off(n.value, frozenset())
+    )
 
 
 def _is_modulo(expr: cst.BaseExpression) -> bool:

@@ -1,4 +1,5 @@
 """The sync rules' pre-checks: what a step loop must contain (on CPython's ast) for each rule to have anything to report."""
+
 from __future__ import annotations
 
 import ast as _ast
@@ -42,8 +43,9 @@ def _last(func: _ast.AST) -> str | None:
 def _has_cpu_literal(hot: AstHot) -> bool:
     hit = hot.__dict__.get("_cpu_literal")
     if hit is None:
-        hit = hot.__dict__["_cpu_literal"] = any(isinstance(n.value, str) and n.value.split(":")[0] == "cpu"
-                                                 for n in hot.index.get(_ast.Constant, ()))
+        hit = hot.__dict__["_cpu_literal"] = any(
+            isinstance(n.value, str) and n.value.split(":")[0] == "cpu" for n in hot.index.get(_ast.Constant, ())
+        )
     return hit
 
 
@@ -54,9 +56,15 @@ def may_host_read(hot: AstHot) -> bool:
         if isinstance(f, _ast.Attribute) and f.attr in HOST_READS and not _nargs(c):
             if hot.in_step(c):
                 return True
-        elif isinstance(f, _ast.Name) and f.id in ("float", "int", "bool") and len(c.args) == 1 and not c.keywords \
-                and not isinstance(c.args[0], _ast.Starred) and hot.in_step(c) \
-                and hot.maybe_tensor(c.args[0], hot.owner(c)):
+        elif (
+            isinstance(f, _ast.Name)
+            and f.id in ("float", "int", "bool")
+            and len(c.args) == 1
+            and not c.keywords
+            and not isinstance(c.args[0], _ast.Starred)
+            and hot.in_step(c)
+            and hot.maybe_tensor(c.args[0], hot.owner(c))
+        ):
             return True
     return False
 
@@ -74,7 +82,8 @@ def may_print_tensor(hot: AstHot) -> bool:
     for c in hot.index.get(_ast.Call, ()):
         f = c.func
         if not (isinstance(f, _ast.Name) and f.id in ("print", "str", "repr")) and not (
-                isinstance(f, _ast.Attribute) and (f.attr == "format" or f.attr in LOG_METHODS)):
+            isinstance(f, _ast.Attribute) and (f.attr == "format" or f.attr in LOG_METHODS)
+        ):
             continue
         if not hot.in_step(c):
             continue
@@ -82,8 +91,12 @@ def may_print_tensor(hot: AstHot) -> bool:
         if isinstance(f, _ast.Name) and f.id in ("print", "str", "repr"):
             if any(_text_of_tensor(hot, a, own) for a in _args(c)):
                 return True
-        elif isinstance(f, _ast.Attribute) and f.attr == "format" and isinstance(f.value, _ast.Constant) \
-                and isinstance(f.value.value, (str, bytes)):
+        elif (
+            isinstance(f, _ast.Attribute)
+            and f.attr == "format"
+            and isinstance(f.value, _ast.Constant)
+            and isinstance(f.value.value, (str, bytes))
+        ):
             if any(hot.maybe_tensor(a, own) for a in _args(c)):
                 return True
         elif isinstance(f, _ast.Attribute) and f.attr in LOG_METHODS and ast_dotted(f.value) in LOGGER_NAMES:
@@ -101,8 +114,12 @@ def _maybe_cpu(hot: AstHot, e: _ast.AST | None, own=None, depth: int = 0) -> boo
         return isinstance(e.value, str) and e.value.split(":")[0] == "cpu"
     if isinstance(e, _ast.Call):
         first = e.args[0] if e.args else (e.keywords[0].value if e.keywords else None)
-        return _last(e.func) == "device" and isinstance(first, _ast.Constant) and isinstance(first.value, str) \
+        return (
+            _last(e.func) == "device"
+            and isinstance(first, _ast.Constant)
+            and isinstance(first.value, str)
             and first.value.split(":")[0] == "cpu"
+        )
     if isinstance(e, _ast.IfExp):
         return _maybe_cpu(hot, e.body, own, depth + 1) and _maybe_cpu(hot, e.orelse, own, depth + 1)
     if isinstance(e, _ast.Name):
@@ -127,8 +144,13 @@ def may_host_copy(hot: AstHot) -> bool:
     reads = {id(c.func.value) for c in calls if isinstance(c.func, _ast.Attribute) and c.func.attr in HOST_READS}
     for c in calls:
         f = c.func
-        if not isinstance(f, _ast.Attribute) or f.attr not in ("cpu", "to") or _has_star(c) or id(c) in reads \
-                or not hot.in_step(c):
+        if (
+            not isinstance(f, _ast.Attribute)
+            or f.attr not in ("cpu", "to")
+            or _has_star(c)
+            or id(c) in reads
+            or not hot.in_step(c)
+        ):
             continue
         if f.attr == "cpu" and not _nargs(c):
             return True
@@ -143,8 +165,24 @@ def may_host_copy(hot: AstHot) -> bool:
 _SHAPE_CALLS = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
 
 
-_BOOL_FUNCS_AST = {"isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or", "logical_xor", "eq",
-                   "ne", "gt", "lt", "ge", "le", "isin", "isclose", "signbit"}
+_BOOL_FUNCS_AST = {
+    "isnan",
+    "isinf",
+    "isfinite",
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "eq",
+    "ne",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "isin",
+    "isclose",
+    "signbit",
+}
 
 
 def _maybe_mask(hot: AstHot, e: _ast.AST, own, depth: int = 0) -> bool:
@@ -199,8 +237,12 @@ def may_dynamic_shape(hot: AstHot) -> bool:
             root = f
             while isinstance(root, _ast.Attribute):
                 root = root.value
-            if isinstance(f, _ast.Attribute) and isinstance(root, _ast.Name) and root.id in ("np", "numpy") \
-                    and not hot.torch_rooted(f):
+            if (
+                isinstance(f, _ast.Attribute)
+                and isinstance(root, _ast.Name)
+                and root.id in ("np", "numpy")
+                and not hot.torch_rooted(f)
+            ):
                 continue
             if kinds & _SHAPE_CALLS:
                 return True
@@ -266,16 +308,25 @@ def may_grad_norm_read(hot: AstHot) -> bool:
     """TOP607: clip_grad_norm_(..., error_if_nonfinite=...) or a host read of its result in a step."""
     norms = set()
     for n in hot.index.get(_ast.Assign, ()):
-        if len(n.targets) == 1 and isinstance(n.value, _ast.Call) \
-                and isinstance(n.targets[0], _ast.Name) and (ast_dotted(n.value.func) or "").rsplit(".", 1)[-1] in _CLIP_AST:
+        if (
+            len(n.targets) == 1
+            and isinstance(n.value, _ast.Call)
+            and isinstance(n.targets[0], _ast.Name)
+            and (ast_dotted(n.value.func) or "").rsplit(".", 1)[-1] in _CLIP_AST
+        ):
             norms.add(n.targets[0].id)
-    for c in hot.hot(_ast.Call) if norms or "error_if_nonfinite" in {k.arg for c in hot.index.get(_ast.Call, ())
-                                                                        for k in c.keywords} else ():
+    for c in (
+        hot.hot(_ast.Call)
+        if norms or "error_if_nonfinite" in {k.arg for c in hot.index.get(_ast.Call, ()) for k in c.keywords}
+        else ()
+    ):
         f = c.func
         d = ast_dotted(f) or ""
         if d.rsplit(".", 1)[-1] in ("clip_grad_norm_", "clip_grad_norm"):
-            if any(k.arg == "error_if_nonfinite" and not (isinstance(k.value, _ast.Constant) and k.value.value is False)
-                   for k in c.keywords):
+            if any(
+                k.arg == "error_if_nonfinite" and not (isinstance(k.value, _ast.Constant) and k.value.value is False)
+                for k in c.keywords
+            ):
                 return True
             continue
         if isinstance(f, _ast.Attribute) and ast_dotted(f.value) in norms and f.attr in HOST_READS and not _nargs(c):
@@ -294,8 +345,13 @@ def may_scaler_sync(hot: AstHot) -> bool:
             d = ast_dotted(n.targets[0])
             if d:
                 scalers.add(d)
-    return any(isinstance(c.func, _ast.Attribute) and c.func.attr in ("get_scale", "step")
-               and ast_dotted(c.func.value) in scalers and hot.in_step(c) for c in hot.index.get(_ast.Call, ()))
+    return any(
+        isinstance(c.func, _ast.Attribute)
+        and c.func.attr in ("get_scale", "step")
+        and ast_dotted(c.func.value) in scalers
+        and hot.in_step(c)
+        for c in hot.index.get(_ast.Call, ())
+    )
 
 
 def _maybe_device(e: _ast.AST) -> bool:
@@ -303,7 +359,11 @@ def _maybe_device(e: _ast.AST) -> bool:
     if isinstance(e, _ast.Constant):
         if type(e.value) is int:
             return True
-        return isinstance(e.value, str) and bool(_DEVICE_RE.match(e.value)) and e.value.split(":")[0] not in ("cpu", "meta")
+        return (
+            isinstance(e.value, str)
+            and bool(_DEVICE_RE.match(e.value))
+            and e.value.split(":")[0] not in ("cpu", "meta")
+        )
     return isinstance(e, (_ast.Call, _ast.IfExp, _ast.Name, _ast.Attribute))
 
 
@@ -315,8 +375,13 @@ def may_pageable_copy(hot: AstHot) -> bool:
         names = {n.id for n in _ast.walk(loop.target) if isinstance(n, _ast.Name)}
         for c in calls_in_step(loop.body, into_loops=True):
             f = c.func
-            if not isinstance(f, _ast.Attribute) or _has_star(c) or not isinstance(f.value, _ast.Name) \
-                    or f.value.id not in names or any(k.arg == "non_blocking" for k in c.keywords):
+            if (
+                not isinstance(f, _ast.Attribute)
+                or _has_star(c)
+                or not isinstance(f.value, _ast.Name)
+                or f.value.id not in names
+                or any(k.arg == "non_blocking" for k in c.keywords)
+            ):
                 continue
             if f.attr == "cuda" and not _nargs(c):
                 return True

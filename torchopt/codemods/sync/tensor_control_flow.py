@@ -1,4 +1,5 @@
 """TOP605 `tensor-control-flow`: Python control flow on tensor values inside a training or evaluation step."""
+
 from __future__ import annotations
 
 from textwrap import dedent
@@ -55,8 +56,10 @@ class TensorControlFlow(Rule):
     code = "TOP605"
     name = "tensor-control-flow"
     family = FAMILY
-    message = ("`{expr}` branches on a tensor value {where}: `bool()` of a tensor copies it to the host and waits "
-               "for the GPU; {advice}")
+    message = (
+        "`{expr}` branches on a tensor value {where}: `bool()` of a tensor copies it to the host and waits "
+        "for the GPU; {advice}"
+    )
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = ("if ", "while ", "assert ")
@@ -85,18 +88,18 @@ class TensorControlFlow(Rule):
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt, step):\n    for x, y in loader:\n"
-            "        loss = model(x).sum()\n        if step % 10 == 0:\n            print(step)\n        loss.backward()\n",
+            "        loss = model(x).sum()\n        if step % 10 == 0:\n            print(step)\n        loss.backward()\n"
         ),
         Valid(
-            "import torch\n\nx = torch.ones(3)\nif (x > 0).all():\n    y = x * 2\n", runnable=True,
-            note="not in a step",
+            "import torch\n\nx = torch.ones(3)\nif (x > 0).all():\n    y = x * 2\n", runnable=True, note="not in a step"
         ),
         Valid(
             "import torch\n\ndef train(model, loader, opt):\n    for x, y in loader:\n"
             "        loss = model(x).sum()\n        if loss.item() > 10:\n            continue\n        loss.backward()\n",
             note="the `.item()` is TOP601's finding",
         ),
-        Invalid(dedent("""\
+        Invalid(
+            dedent("""\
             import torch as T
             from torch import nn as tnn
 
@@ -115,8 +118,11 @@ class TensorControlFlow(Rule):
                 if T.isnan(loss):
                     continue
                 loss.backward()
-            """), note="aliased imports: a loss module the loop calls, and a NaN check in the loop"),
-        Invalid(dedent("""\
+            """),
+            note="aliased imports: a loss module the loop calls, and a NaN check in the loop",
+        ),
+        Invalid(
+            dedent("""\
             import torch
             import torch.nn as nn
 
@@ -139,7 +145,9 @@ class TensorControlFlow(Rule):
                         loss = self.criterion(self.model(x), y)
                         loss.backward()
                         self.opt.step()
-            """), note="the step in a method calls a loss module held in an attribute"),
+            """),
+            note="the step in a method calls a loss module held in an attribute",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -163,8 +171,10 @@ class TensorControlFlow(Rule):
             elif isinstance(n, cst.IfExp):
                 advice = "select on the device with `torch.where(cond, a, b)`"
             else:
-                advice = ("select on the device with `torch.where`, or check every N steps; `torch.cond` handles "
-                          "data-dependent branches under torch.compile")
+                advice = (
+                    "select on the device with `torch.where`, or check every N steps; `torch.cond` handles "
+                    "data-dependent branches under torch.compile"
+                )
             self.report(test, fmt={"expr": source(self, test), "where": where.text, "advice": advice})
 
     def _tensor_truth(self, e: cst.BaseExpression, tensors: Tensors) -> bool:

@@ -1,4 +1,5 @@
 """TOP832 `manual-grad-zeroing`: Flags a loop that zeroes every gradient by hand and rewrites it to `zero_grad()`:."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -13,7 +14,11 @@ from torchopt.codemods.zero_grad.optimizer_objects import grad_reads
 from torchopt.codemods.zero_grad.optimizer_objects import module_classes
 from torchopt.codemods.zero_grad.optimizer_objects import receiver_kind
 from torchopt.codemods.zero_grad.zeroing_loops import (
-    _SAFETY_DOC, _ZERO_METHODS, _loop_var, _zeroing_body, _zeroing_loop_possible
+    _SAFETY_DOC,
+    _ZERO_METHODS,
+    _loop_var,
+    _zeroing_body,
+    _zeroing_loop_possible,
 )
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -70,8 +75,11 @@ class ManualGradZeroing(Rule):
     def could_match(cls, text: str) -> bool:
         # visit_For: a loop over `X.parameters()` or `X.param_groups` whose body calls one of
         # _ZERO_METHODS on `<var>.grad`.
-        if not (super().could_match(text) and ("parameters" in text or "param_groups" in text) and any(
-                m in text for m in _ZERO_METHODS)):
+        if not (
+            super().could_match(text)
+            and ("parameters" in text or "param_groups" in text)
+            and any(m in text for m in _ZERO_METHODS)
+        ):
             return False
         return _zeroing_loop_possible(text)
 
@@ -84,7 +92,8 @@ class ManualGradZeroing(Rule):
             after="import torch\n\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
             "for _ in range(3):\n    model.zero_grad()\n"
             "    model(torch.ones(3, 4)).sum().backward()\n    opt.step()\n",
-            unsafe="semantics", runnable=True,
+            unsafe="semantics",
+            runnable=True,
         ),
         Invalid(
             "import torch\n\nw = torch.ones(3, requires_grad=True)\nopt = torch.optim.Adam([w], lr=0.1)\n"
@@ -92,26 +101,33 @@ class ManualGradZeroing(Rule):
             "    for group in opt.param_groups:\n        for q in group['params']:\n            q.grad.data.zero_()\n",
             after="import torch\n\nw = torch.ones(3, requires_grad=True)\nopt = torch.optim.Adam([w], lr=0.1)\n"
             "for _ in range(2):\n    (w * 2).sum().backward()\n    opt.step()\n    opt.zero_grad()\n",
-            unsafe="semantics", runnable=True,
+            unsafe="semantics",
+            runnable=True,
         ),
         Invalid(
             "import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def reset(self):\n"
             "        for p in self.parameters():\n            p.grad.zero_()\n",
-            after="import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def reset(self):\n"
-            "        self.zero_grad()\n",
+            after="import torch.nn as nn\n\n\nclass Net(nn.Module):\n    def reset(self):\n        self.zero_grad()\n",
             unsafe="semantics",
         ),
         Invalid(
             "def step(model, loss):\n    for p in model.parameters():\n        p.grad.zero_()\n"
             "    loss.backward()\n    return [p.grad.norm() for p in model.parameters()]\n",
-            after=None, note="`.grad` read unguarded after the zeroing",
+            after=None,
+            note="`.grad` read unguarded after the zeroing",
         ),
-        Valid("def reset(model):\n    for p in model.parameters():\n        p.grad = None\n",
-              note="already what zero_grad() does"),
-        Valid("def reset(model):\n    for p in model.parameters():\n        p.grad.zero_()\n        p.data.mul_(0.5)\n",
-              note="the loop does more than zeroing"),
-        Valid("def reset(model):\n    for p in model.encoder.parameters():\n        p.grad.zero_()\n",
-              note="a sub-module's parameters: `model.encoder.zero_grad()` would do, but only plain names are rewritten"),
+        Valid(
+            "def reset(model):\n    for p in model.parameters():\n        p.grad = None\n",
+            note="already what zero_grad() does",
+        ),
+        Valid(
+            "def reset(model):\n    for p in model.parameters():\n        p.grad.zero_()\n        p.data.mul_(0.5)\n",
+            note="the loop does more than zeroing",
+        ),
+        Valid(
+            "def reset(model):\n    for p in model.encoder.parameters():\n        p.grad.zero_()\n",
+            note="a sub-module's parameters: `model.encoder.zero_grad()` would do, but only plain names are rewritten",
+        ),
         Valid("def reset(params):\n    for p in params:\n        p.grad.zero_()\n", note="not a module's parameters"),
     )
 
@@ -122,25 +138,42 @@ class ManualGradZeroing(Rule):
         owner: cst.BaseExpression | None = None
         method_owner = False
         it = node.iter
-        if (isinstance(it, cst.Call) and not it.args and isinstance(it.func, cst.Attribute)
-                and it.func.attr.value == "parameters" and _zeroing_body(node.body, var)):
+        if (
+            isinstance(it, cst.Call)
+            and not it.args
+            and isinstance(it.func, cst.Attribute)
+            and it.func.attr.value == "parameters"
+            and _zeroing_body(node.body, var)
+        ):
             owner = it.func.value
-        elif (isinstance(it, cst.Attribute) and it.attr.value == "param_groups" and isinstance(node.body, cst.IndentedBlock)
-              and len(node.body.body) == 1 and isinstance(node.body.body[0], cst.For)):
+        elif (
+            isinstance(it, cst.Attribute)
+            and it.attr.value == "param_groups"
+            and isinstance(node.body, cst.IndentedBlock)
+            and len(node.body.body) == 1
+            and isinstance(node.body.body[0], cst.For)
+        ):
             inner = node.body.body[0]
             ivar = _loop_var(inner)
-            if (ivar is not None and isinstance(inner.iter, cst.Subscript) and isinstance(inner.iter.value, cst.Name)
-                    and inner.iter.value.value == var and len(inner.iter.slice) == 1
-                    and isinstance(inner.iter.slice[0].slice, cst.Index)
-                    and isinstance(inner.iter.slice[0].slice.value, cst.SimpleString)
-                    and inner.iter.slice[0].slice.value.evaluated_value == "params"
-                    and _zeroing_body(inner.body, ivar)):
+            if (
+                ivar is not None
+                and isinstance(inner.iter, cst.Subscript)
+                and isinstance(inner.iter.value, cst.Name)
+                and inner.iter.value.value == var
+                and len(inner.iter.slice) == 1
+                and isinstance(inner.iter.slice[0].slice, cst.Index)
+                and isinstance(inner.iter.slice[0].slice.value, cst.SimpleString)
+                and inner.iter.slice[0].slice.value.evaluated_value == "params"
+                and _zeroing_body(inner.body, ivar)
+            ):
                 owner = it.value
                 method_owner = True
         if owner is None:
             return
-        if not (isinstance(owner, cst.Name) or (isinstance(owner, cst.Attribute) and isinstance(owner.value, cst.Name)
-                                                and owner.value.value == "self")):
+        if not (
+            isinstance(owner, cst.Name)
+            or (isinstance(owner, cst.Attribute) and isinstance(owner.value, cst.Name) and owner.value.value == "self")
+        ):
             return
         modules = module_classes(self)
         kind = receiver_kind(self, owner, modules)
@@ -148,8 +181,11 @@ class ManualGradZeroing(Rule):
         owner_src = source(self, owner)
         why = None
         if kind not in (want, UNKNOWN):
-            why = f"`{owner_src}` is not a torch.optim optimizer" if method_owner else \
-                f"`{owner_src}` is not a torch.nn module"
+            why = (
+                f"`{owner_src}` is not a torch.optim optimizer"
+                if method_owner
+                else f"`{owner_src}` is not a torch.nn module"
+            )
         else:
             reads = grad_reads(self, exclude=node)
             if reads:
@@ -161,9 +197,16 @@ class ManualGradZeroing(Rule):
             return
         call = cst.Call(func=cst.Attribute(value=owner, attr=cst.Name("zero_grad")))
         new = cst.SimpleStatementLine(body=[cst.Expr(call)], leading_lines=node.leading_lines)
-        note = "gradients become None instead of zeros: a parameter without a gradient in a step is skipped " \
-               "by the optimizer (momentum, weight decay)"
+        note = (
+            "gradients become None instead of zeros: a parameter without a gradient in a step is skipped "
+            "by the optimizer (momentum, weight decay)"
+        )
         if kind == UNKNOWN:
             note += f"; assuming `{owner_src}` is a torch {'optimizer' if method_owner else 'module'}"
-        self.report(node, fmt={"owner": owner_src, "new": f"{owner_src}.zero_grad()"}, replacement=new,
-                    tags=[Tag.SEMANTICS], note=note)
+        self.report(
+            node,
+            fmt={"owner": owner_src, "new": f"{owner_src}.zero_grad()"},
+            replacement=new,
+            tags=[Tag.SEMANTICS],
+            note=note,
+        )

@@ -1,4 +1,5 @@
 """What a receiver of ``.zero_grad()`` / ``.parameters()`` is, and where a file reads ``.grad``."""
+
 from __future__ import annotations
 
 from typing import TypeGuard
@@ -21,8 +22,12 @@ _CHAIN = {"to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bflo
 
 def strip_chain(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``Net().to(device).train()`` -> ``Net()``."""
-    while (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
-           and isinstance(expr.func.value, cst.Call) and expr.func.attr.value in _CHAIN):
+    while (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and isinstance(expr.func.value, cst.Call)
+        and expr.func.attr.value in _CHAIN
+    ):
         expr = expr.func.value
     return expr
 
@@ -74,7 +79,7 @@ def receiver_kind(rule: Rule, expr: cst.BaseExpression, modules: set[str]) -> st
         if not values:
             return UNKNOWN
         kinds = {_value_kind(rule, v, modules) for v in values}
-    elif (isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self"):
+    elif isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name) and expr.value.value == "self":
         cls = enclosing_class(rule, expr)
         if cls is None:
             return UNKNOWN
@@ -83,8 +88,12 @@ def receiver_kind(rule: Rule, expr: cst.BaseExpression, modules: set[str]) -> st
             if isinstance(n, cst.Assign):
                 for t in n.targets:
                     tt = t.target
-                    if (isinstance(tt, cst.Attribute) and isinstance(tt.value, cst.Name) and tt.value.value == "self"
-                            and tt.attr.value == expr.attr.value):
+                    if (
+                        isinstance(tt, cst.Attribute)
+                        and isinstance(tt.value, cst.Name)
+                        and tt.value.value == "self"
+                        and tt.attr.value == expr.attr.value
+                    ):
                         kinds.add(_value_kind(rule, n.value, modules))
         if not kinds:
             return UNKNOWN
@@ -96,10 +105,13 @@ def receiver_kind(rule: Rule, expr: cst.BaseExpression, modules: set[str]) -> st
 
 
 def _is_none_test(node: cst.CSTNode) -> TypeGuard[cst.Comparison]:
-    return (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
-            and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
-            and isinstance(node.comparisons[0].comparator, cst.Name)
-            and node.comparisons[0].comparator.value == "None")
+    return (
+        isinstance(node, cst.Comparison)
+        and len(node.comparisons) == 1
+        and isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot))
+        and isinstance(node.comparisons[0].comparator, cst.Name)
+        and node.comparisons[0].comparator.value == "None"
+    )
 
 
 def _guarded(rule: Rule, attr: cst.Attribute) -> bool:
@@ -113,20 +125,26 @@ def _guarded(rule: Rule, attr: cst.Attribute) -> bool:
         if isinstance(parent, cst.If) and cur is parent.body and _is_none_test(parent.test):
             test = parent.test
             assert isinstance(test, cst.Comparison)
-            if (isinstance(test.comparisons[0].operator, cst.IsNot)
-                    and rule.ctx.module.code_for_node(test.left) == code):
+            if isinstance(test.comparisons[0].operator, cst.IsNot) and rule.ctx.module.code_for_node(test.left) == code:
                 return True
         if isinstance(parent, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)) and cur is not parent.for_in:
             comp: cst.CompFor | None = parent.for_in
             while comp is not None:
                 for cond in comp.ifs:
                     t = cond.test
-                    if (_is_none_test(t) and isinstance(t.comparisons[0].operator, cst.IsNot)
-                            and rule.ctx.module.code_for_node(t.left) == code):
+                    if (
+                        _is_none_test(t)
+                        and isinstance(t.comparisons[0].operator, cst.IsNot)
+                        and rule.ctx.module.code_for_node(t.left) == code
+                    ):
                         return True
                 comp = comp.inner_for_in
-        if isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And) \
-                and cur is parent.right and _is_none_test(parent.left):
+        if (
+            isinstance(parent, cst.BooleanOperation)
+            and isinstance(parent.operator, cst.And)
+            and cur is parent.right
+            and _is_none_test(parent.left)
+        ):
             if rule.ctx.module.code_for_node(parent.left.left) == code:
                 return True
         cur = parent
@@ -144,7 +162,9 @@ def grad_reads(rule: Rule, exclude: cst.CSTNode | None = None) -> list[cst.Attri
         parent = rule.get_metadata(ParentProvider, n, None)
         if isinstance(parent, cst.Call) and parent.func is n:
             continue
-        if isinstance(parent, (cst.AssignTarget, cst.Del)) or (isinstance(parent, cst.Comparison) and _is_none_test(parent)):
+        if isinstance(parent, (cst.AssignTarget, cst.Del)) or (
+            isinstance(parent, cst.Comparison) and _is_none_test(parent)
+        ):
             continue
         if _guarded(rule, n):
             continue

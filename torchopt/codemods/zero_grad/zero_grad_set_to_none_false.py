@@ -1,4 +1,5 @@
 """TOP831 `zero-grad-set-to-none-false`: Flags `optimizer.zero_grad(set_to_none=False)` and `model.zero_grad(set_to_none=False)` and."""
+
 from __future__ import annotations
 
 import libcst as cst
@@ -62,7 +63,8 @@ class ZeroGradSetToNoneFalse(Rule):
             "for _ in range(3):\n    opt.zero_grad(set_to_none=False)\n    model(torch.ones(3, 4)).sum().backward()\n    opt.step()\n",
             after="import torch\n\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
             "for _ in range(3):\n    opt.zero_grad()\n    model(torch.ones(3, 4)).sum().backward()\n    opt.step()\n",
-            unsafe="semantics", runnable=True,
+            unsafe="semantics",
+            runnable=True,
             note="every parameter gets a gradient on every step: bitwise the same",
         ),
         Invalid(
@@ -83,10 +85,15 @@ class ZeroGradSetToNoneFalse(Rule):
             after=None,
             note="not a torch.optim built-in",
         ),
-        Valid("import torch\n\nopt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)\nopt.zero_grad()\n",
-              runnable=True),
-        Valid("import torch\n\nopt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)\n"
-              "opt.zero_grad(set_to_none=True)\n", runnable=True),
+        Valid(
+            "import torch\n\nopt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)\nopt.zero_grad()\n",
+            runnable=True,
+        ),
+        Valid(
+            "import torch\n\nopt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)\n"
+            "opt.zero_grad(set_to_none=True)\n",
+            runnable=True,
+        ),
         Valid("def reset(opt, keep):\n    opt.zero_grad(set_to_none=keep)\n", note="not a literal False"),
         Valid("def reset(opt, kw):\n    opt.zero_grad(**kw)\n"),
     )
@@ -111,17 +118,22 @@ class ZeroGradSetToNoneFalse(Rule):
         else:
             reads = grad_reads(self)
             if reads:
-                why = (f"`{source(self, reads[0])}` is read where it would be None "
-                       "(gradients set to None have no `.norm()`, `.add_()`, ...)")
+                why = (
+                    f"`{source(self, reads[0])}` is read where it would be None "
+                    "(gradients set to None have no `.norm()`, `.add_()`, ...)"
+                )
             elif has_comments(node):
                 why = "a comment would be lost"
         if why:
             self.report(node, message=self.blocked_message, fmt={"call": call, "why": why})
             return
         new = node.with_changes(args=[])
-        note = "gradients become None between steps: a parameter that gets no gradient in a step is skipped " \
-               "by the optimizer instead of being updated with a zero gradient (momentum, weight decay)"
+        note = (
+            "gradients become None between steps: a parameter that gets no gradient in a step is skipped "
+            "by the optimizer instead of being updated with a zero gradient (momentum, weight decay)"
+        )
         if kind == UNKNOWN:
             note += f"; assuming `{source(self, func.value)}` is a torch optimizer or module"
-        self.report(node, fmt={"call": call, "new": source(self, new)}, replacement=new,
-                    tags=[Tag.SEMANTICS], note=note)
+        self.report(
+            node, fmt={"call": call, "new": source(self, new)}, replacement=new, tags=[Tag.SEMANTICS], note=note
+        )
