@@ -461,10 +461,10 @@ def test_positions_of_a_few_nodes_equal_the_whole_files(name: str, text: str) ->
     per_statement = _top_level_nodes(module)
     for nodes in per_statement + [[n for ns in per_statement for n in ns]]:
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        got = positions.positions_of(wrapper, text, tree, nodes)
-        assert (PositionProvider in wrapper._metadata) == (not isinstance(tree, ast.Module))
+        got = positions.positions_for(wrapper, text, tree)
         for node in nodes:
             assert got[node] == full[node], (name, type(node).__name__)
+        assert (PositionProvider in wrapper._metadata) == (not isinstance(tree, ast.Module))
 
 
 @pytest.mark.parametrize(
@@ -482,6 +482,6 @@ def test_positions_of_odd_layouts_match_or_fall_back(text: str) -> None:
     with libcst_own_code():
         full = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     nodes = [n for ns in _top_level_nodes(module) for n in ns] + [module]
-    got = positions.positions_of(MetadataWrapper(module, unsafe_skip_copy=True), text, ast.parse(text), nodes)
+    got = positions.positions_for(MetadataWrapper(module, unsafe_skip_copy=True), text, ast.parse(text))
     for node in nodes:
         assert got[node] == full[node]

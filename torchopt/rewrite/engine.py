@@ -16,7 +16,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 from torchopt.rewrite import budget, pyast, suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.facts import SourceFacts, analysing
-from torchopt.rewrite.positions import positions_of
+from torchopt.rewrite.positions import file_positions
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
 
@@ -162,14 +162,8 @@ def _run_rules_on(
         visitors.append(rule(ctx))
     if visitors:
         wrapper.visit_batched(visitors)
-    # positions of the reported nodes only (and of the nodes their fixes replace)
-    positions = (
-        positions_of(
-            wrapper, text, facts.python_ast, [n for f in findings for n in (f.node, f.target) if n is not None]
-        )
-        if findings
-        else {}
-    )
+    # the statements holding reported nodes (and the nodes their fixes replace) are generated, not the file
+    positions = file_positions(facts, wrapper) if findings else {}
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
     for f in findings:

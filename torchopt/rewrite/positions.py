@@ -145,26 +145,99 @@ def fast_gen(self: PositionProvider, wrapper: Any) -> Mapping[cst.CSTNode, Any]:
 
 
 # ------------------------------------------------------------------ positions of a few nodes
-# The engine needs positions only for the nodes rules reported on. A top-level statement's code
-# starts at column 0 of a line that CPython's parse of the same text gives (its first token's line,
-# less the blank and comment lines LibCST keeps in front of it), so only the statements that hold a
-# reported node are generated, each starting from its own line; the rest of the file is not. Each
-# generated statement is checked against the text at that line, and anything unexpected (a node
-# outside the module's statements, a layout the line count does not explain) falls back to the whole
-# file.
+# Rules and the engine need positions only for a few nodes: the findings, a loop named in a message.
+# A top-level statement's code starts at column 0 of a line that CPython's parse of the same text gives
+# (its first token's line, less the blank and comment lines LibCST keeps in front of it), so only the
+# statements that hold an asked-for node are generated, each from its own line, once; the rest of the
+# file is not. Each generated statement is checked against the text at that line, and anything
+# unexpected (a node outside the module's statements, a layout the line count does not explain, code
+# that does not match) falls back to the whole file's positions.
 
 
-def positions_of(wrapper: Any, text: str, tree: Any, nodes: list[cst.CSTNode]) -> Mapping[cst.CSTNode, Any]:
-    """``wrapper.resolve(PositionProvider)`` for ``nodes`` (at least): the same ranges for them."""
-    module: cst.Module = wrapper.module
-    if PositionProvider._gen is not fast_gen or PositionProvider in getattr(wrapper, "_metadata", ()):  # noqa: SLF001
-        return wrapper.resolve(PositionProvider)  # LibCST's own code, or computed already for a rule
-    table: dict[int, tuple] = {}
-    starts = _statement_lines(module, tree) if isinstance(tree, ast.Module) else None
-    owners = _owning_statements(module, nodes) if starts is not None else None
-    if owners is None or starts is None or not _generate(module, text, starts, owners, table):
-        return wrapper.resolve(PositionProvider)
-    return Ranges(table, module)
+class LazyPositions(Mapping):
+    """node -> CodeRange for one parse, like ``wrapper.resolve(PositionProvider)``, generating only the
+    top-level statements that hold the nodes asked about."""
+
+    def __init__(self, wrapper: Any, text: str, tree: object) -> None:
+        self._wrapper = wrapper
+        self._module: cst.Module = wrapper.module
+        self._text = text
+        self._starts = _statement_lines(self._module, tree) if isinstance(tree, ast.Module) else None
+        self._offsets: list[int] | None = None
+        self._owner: dict[int, int] = {}  # id(node) -> index of its top-level statement, as far as walked
+        self._walked = 0  # statements walked into _owner so far
+        self._generated: set[int] = set()
+        self._table: dict[int, tuple] = {}
+        self._ranges = Ranges(self._table, self._module)
+        self._whole: Mapping[cst.CSTNode, Any] | None = None
+
+    def whole(self) -> Mapping[cst.CSTNode, Any]:
+        if self._whole is None:
+            self._whole = self._wrapper.resolve(PositionProvider)
+        return self._whole
+
+    def __getitem__(self, node: Any) -> Any:
+        if self._whole is None and self._starts is not None:
+            if node in self._ranges:
+                return self._ranges[node]
+            index = self._statement_of(node)
+            if index is not None and index not in self._generated and self._generate(index):
+                if node in self._ranges:
+                    return self._ranges[node]
+        return self.whole()[node]
+
+    def get(self, node: Any, default: Any = None) -> Any:
+        try:
+            return self[node]
+        except KeyError:
+            return default
+
+    def __contains__(self, node: object) -> bool:
+        return self.get(node) is not None
+
+    def __iter__(self) -> Iterator[cst.CSTNode]:
+        return iter(self.whole())
+
+    def __len__(self) -> int:
+        return len(self.whole())
+
+    def _statement_of(self, node: cst.CSTNode) -> int | None:
+        from torchopt.rewrite.metadata import unordered_children
+
+        key = id(node)
+        body = self._module.body
+        while key not in self._owner and self._walked < len(body):
+            index = self._walked
+            stack: list[cst.CSTNode] = [body[index]]
+            while stack:
+                cur = stack.pop()
+                self._owner[id(cur)] = index
+                stack.extend(unordered_children(cur))
+            self._walked += 1
+        return self._owner.get(key)
+
+    def _generate(self, index: int) -> bool:
+        """Generate statement ``index`` from its own line; False when it does not read exactly like
+        the text there (then the whole file answers)."""
+        self._generated.add(index)
+        if self._offsets is None:
+            self._offsets = [0]
+            for text_line in self._text.splitlines(keepends=True):
+                self._offsets.append(self._offsets[-1] + len(text_line))
+        assert self._starts is not None
+        line = self._starts[index]
+        if not 1 <= line < len(self._offsets):
+            return False
+        table: dict[int, tuple] = {}
+        state = _State(self._module, table)
+        state.line = line
+        self._module.body[index]._codegen(state)  # noqa: SLF001
+        code = "".join(state.tokens)
+        start = self._offsets[line - 1]
+        if self._text[start : start + len(code)] != code:
+            return False
+        self._table.update(table)
+        return True
 
 
 def _statement_lines(module: cst.Module, tree: ast.Module) -> list[int] | None:
@@ -188,39 +261,16 @@ def _statement_lines(module: cst.Module, tree: ast.Module) -> list[int] | None:
     return lines if i == len(body) else None
 
 
-def _owning_statements(module: cst.Module, nodes: list[cst.CSTNode]) -> set[int] | None:
-    """Indexes of the top-level statements that hold ``nodes``; None if some node is in none."""
-    from torchopt.rewrite.metadata import unordered_children
-
-    wanted = {id(n) for n in nodes}
-    owners: set[int] = set()
-    for index, stmt in enumerate(module.body):
-        stack: list[cst.CSTNode] = [stmt]
-        while stack:
-            node = stack.pop()
-            if id(node) in wanted:
-                wanted.discard(id(node))
-                owners.add(index)
-            stack.extend(unordered_children(node))
-        if not wanted:
-            return owners
-    return None
+def positions_for(wrapper: Any, text: str, tree: object) -> Mapping[cst.CSTNode, Any]:
+    """Positions for the module of ``wrapper``: computed statement by statement as nodes are asked
+    about when the fast positions are installed and nobody has computed the whole file yet, else
+    the whole file's (LibCST's own code, or what a rule already asked for)."""
+    if PositionProvider._gen is not fast_gen or PositionProvider in getattr(wrapper, "_metadata", ()):  # noqa: SLF001
+        return wrapper.resolve(PositionProvider)
+    return LazyPositions(wrapper, text, tree)
 
 
-def _generate(module: cst.Module, text: str, starts: list[int], owners: set[int], table: dict[int, tuple]) -> bool:
-    """Generate the statements ``owners`` from their own lines into ``table``; False when one of them
-    does not read exactly like the text there."""
-    offsets = [0]
-    for text_line in text.splitlines(keepends=True):
-        offsets.append(offsets[-1] + len(text_line))
-    for index in sorted(owners):
-        line = starts[index]
-        if not 1 <= line < len(offsets):
-            return False
-        state = _State(module, table)
-        state.line = line
-        module.body[index]._codegen(state)  # noqa: SLF001
-        code = "".join(state.tokens)
-        if text[offsets[line - 1] : offsets[line - 1] + len(code)] != code:
-            return False
-    return True
+def file_positions(facts: Any, wrapper: Any) -> Mapping[cst.CSTNode, Any]:
+    """The positions of the module being analysed (``facts``: its SourceFacts), one mapping per parse,
+    shared by the rules that ask and by the engine's report."""
+    return facts.derived(("positions", id(wrapper)), lambda: positions_for(wrapper, facts.text, facts.python_ast))

@@ -18,6 +18,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from torchopt.rewrite.facts import SourceFacts, analysing, current_facts
 from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.positions import file_positions
 
 
 class Safety(str, enum.Enum):
@@ -197,7 +198,10 @@ class Rule(cst.BatchableCSTVisitor):
                 raise KeyError(f"{key.__name__} is not declared in {type(self).__name__}.METADATA_DEPENDENCIES")
             if self._wrapper is None:
                 raise KeyError(f"{key.__name__}: no MetadataWrapper")
-            self.metadata[key] = self._wrapper.resolve(key)
+            if key is PositionProvider:  # generated statement by statement as nodes are asked about
+                self.metadata[key] = file_positions(self.ctx.facts, self._wrapper)
+            else:
+                self.metadata[key] = self._wrapper.resolve(key)
         return super().get_metadata(key, node, default)
 
     @classmethod
