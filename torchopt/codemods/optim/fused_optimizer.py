@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from textwrap import dedent
 
 import libcst as cst
@@ -27,6 +29,10 @@ from torchopt.rewrite.facts import source_of
 _IMPLEMENTATION_ARGS = ("fused", "foreach", "differentiable")
 
 
+# Launchers that choose the device for the script (it may be an XLA device, where fused kernels raise).
+_LAUNCHER_PICKS_DEVICE = re.compile(r"^\s*(?:from|import)\s+(?:accelerate|lightning|pytorch_lightning)\b", re.M)
+
+
 class FusedOptimizer(Rule):
     """## What it does
     Adds `fused=True` to `torch.optim.Adam`, `torch.optim.AdamW` and `torch.optim.SGD` when the
@@ -39,7 +45,9 @@ class FusedOptimizer(Rule):
     Nothing is added when the call already passes `fused=`, `foreach=` or `differentiable=`, uses
     `*args`/`**kwargs`, has a param group that sets one of them (or `**`-unpacks a dict), when the
     file names another accelerator (MPS, XLA, XPU, HPU, ...) or uses sparse gradients
-    (`sparse=True`), or for optimizers without a fused kernel (RMSprop, Adagrad on CUDA, ...).
+    (`sparse=True`), when the script imports a launcher that picks the device itself (Hugging Face
+    Accelerate, Lightning: `accelerator.device` may be an XLA device, where the fused kernels raise),
+    or for optimizers without a fused kernel (RMSprop, Adagrad on CUDA, ...).
 
     ## Why is this slow
     Without `fused=`, PyTorch runs the `foreach` implementation on CUDA: a handful of kernels per
@@ -259,6 +267,19 @@ class FusedOptimizer(Rule):
         Valid(
             dedent("""\
                 import torch
+                from accelerate import Accelerator
+                from torch import nn
+
+                accelerator = Accelerator()
+                model = nn.Linear(4, 2).to(accelerator.device)
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+                model, opt = accelerator.prepare(model, opt)
+            """),
+            note="the launcher picks the device, which may be an XLA device",
+        ),
+        Valid(
+            dedent("""\
+                import torch
                 from torch import nn
 
                 emb = nn.Embedding(100, 8, sparse=True).cuda()
@@ -270,7 +291,9 @@ class FusedOptimizer(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         code = source_of(node)
-        self._refused = bool(OTHER_BACKENDS.search(code)) or "sparse=True" in code
+        self._refused = (
+            bool(OTHER_BACKENDS.search(code) or _LAUNCHER_PICKS_DEVICE.search(code)) or "sparse=True" in code
+        )
 
     def visit_Call(self, node: cst.Call) -> None:
         if self._refused:
