@@ -155,13 +155,25 @@ class ParentProvider(BaseMetadataProvider[cst.CSTNode]):
     """node -> its parent, like ParentNodeProvider (the module has none)."""
 
     def _gen_impl(self, module: cst.Module) -> None:
+        # unordered_children, inlined: this walk visits every node of the file
         table = self._computed
         stack: list[cst.CSTNode] = [module]
+        pop, push, kinds = stack.pop, stack.append, _KIND
         while stack:
-            node = stack.pop()
-            for child in unordered_children(node):
-                table[child] = node
-                stack.append(child)
+            node = pop()
+            for name in _field_names(type(node)):
+                value = getattr(node, name)
+                k = kinds.get(type(value))
+                if k is None:
+                    k = _kind(type(value))
+                if k == 1:
+                    table[value] = node
+                    push(value)
+                elif k == 2:
+                    for item in value:
+                        if _kind(type(item)) == 1:
+                            table[item] = node
+                            push(item)
 
 
 # ---------------------------------------------------------------------- import-only names, fast

@@ -164,8 +164,8 @@ class LazyPositions(Mapping):
         self._text = text
         self._starts = _statement_lines(self._module, tree) if isinstance(tree, ast.Module) else None
         self._offsets: list[int] | None = None
-        self._owner: dict[int, int] = {}  # id(node) -> index of its top-level statement, as far as walked
-        self._walked = 0  # statements walked into _owner so far
+        self._index_of: dict[int, int] | None = None  # id(statement) -> its index in the module's body
+        self._parents: Mapping[cst.CSTNode, cst.CSTNode] = {}
         self._generated: set[int] = set()
         self._table: dict[int, tuple] = {}
         self._ranges = Ranges(self._table, self._module)
@@ -202,19 +202,21 @@ class LazyPositions(Mapping):
         return len(self.whole())
 
     def _statement_of(self, node: cst.CSTNode) -> int | None:
-        from torchopt.rewrite.metadata import unordered_children
+        """The index of the top-level statement that holds ``node``, through the parent map (one walk
+        of the tree, shared with the rules that ask for parents)."""
+        from torchopt.rewrite.metadata import ParentProvider
 
-        key = id(node)
-        body = self._module.body
-        while key not in self._owner and self._walked < len(body):
-            index = self._walked
-            stack: list[cst.CSTNode] = [body[index]]
-            while stack:
-                cur = stack.pop()
-                self._owner[id(cur)] = index
-                stack.extend(unordered_children(cur))
-            self._walked += 1
-        return self._owner.get(key)
+        if self._index_of is None:
+            self._parents = self._wrapper.resolve(ParentProvider)
+            self._index_of = {id(stmt): i for i, stmt in enumerate(self._module.body)}
+        parents = self._parents
+        cur: cst.CSTNode | None = node
+        while cur is not None:
+            index = self._index_of.get(id(cur))
+            if index is not None and self._module.body[index] is cur:
+                return index
+            cur = parents.get(cur)
+        return None
 
     def _generate(self, index: int) -> bool:
         """Generate statement ``index`` from its own line; False when it does not read exactly like
