@@ -6,7 +6,6 @@ the meantime is still handed over, and Interrupted is raised for the command to 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Sequence
@@ -14,7 +13,6 @@ from typing import Any, Callable, Sequence
 from torchopt.rewrite import interrupt, speedups
 
 # After a stop signal: how long workers get to finish a commit under way before they are killed.
-STOP_GRACE_SECONDS = 3.0
 # A stop signal is only noted while results are awaited; this is how soon the wait looks at it.
 POLL_SECONDS = 0.2
 
@@ -86,21 +84,11 @@ def _hand_over(fut: Future, index: int, on_done: Done) -> None:
 
 
 def _stop_workers(pool: ProcessPoolExecutor, inflight: dict[Future, int], on_done: Done) -> None:
-    """Nothing queued starts; running workers are asked to stop (SIGTERM: they abandon their work
-    unless it is writing), those still running after a grace period are killed. Work that finished
-    meanwhile is handed over, so that a commit that was made is also recorded."""
-    for fut in inflight:
-        fut.cancel()
-    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
-    for proc in workers:
-        if proc.is_alive():
-            proc.terminate()
-    finished = wait(list(inflight), timeout=STOP_GRACE_SECONDS).done
-    for fut in finished:
-        if not fut.cancelled() and fut.exception() is None and fut.result() is not None:
+    """Nothing queued starts; running workers are asked to stop, and work that finished meanwhile is
+    handed over, so that a commit that was made is also recorded."""
+
+    def record(fut: Future) -> None:
+        if fut.result() is not None:
             on_done(inflight[fut], fut.result(), None)
-    for proc in workers:
-        proc.join(timeout=0.5)
-        if proc.is_alive():  # stuck in native code, where signals wait: nothing is being written
-            proc.kill()
-            proc.join(timeout=1.0)
+
+    interrupt.stop_pool(pool, inflight, record)

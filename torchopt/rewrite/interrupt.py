@@ -9,11 +9,13 @@ parent before each file and each write).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
+from concurrent.futures import Future, wait
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from torchopt.rewrite import budget
 
@@ -175,3 +177,29 @@ def _parent_gone() -> bool:
     except OSError:
         pass  # it exists (another user's process would say EPERM; torchopt's own never does)
     return False
+
+
+# Seconds a stopped pool's workers get to finish the write under way before they are killed.
+STOP_GRACE_SECONDS = 3.0
+
+
+def stop_pool(pool: Any, inflight: Iterable[Future], record: Callable[[Future], None]) -> None:
+    """After a stop signal: nothing queued starts, running workers are asked to stop (SIGTERM: they
+    abandon their work unless it is writing), ``record`` gets each future that finished meanwhile (so
+    that what was written is also reported), and workers still running after the grace period are
+    killed (stuck in native code, where signals wait: nothing is being written)."""
+    futures = list(inflight)
+    for fut in futures:
+        fut.cancel()
+    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    for fut in wait(futures, timeout=STOP_GRACE_SECONDS).done:
+        if not fut.cancelled() and fut.exception() is None:
+            record(fut)
+    for proc in workers:
+        proc.join(timeout=0.5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=1.0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import gc
-import multiprocessing
 import os
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -236,8 +235,6 @@ def run(
 
 # How far ahead of the workers files are handed out: enough to keep them busy, little to cancel.
 CHUNKS_AHEAD_PER_WORKER = 2
-# After a stop signal: how long workers get to finish the write under way before they are killed.
-STOP_GRACE_SECONDS = 3.0
 WORKER_DIED = "the worker process analysing it died (a crash in LibCST's parser, or out of memory); left unchanged"
 
 
@@ -348,19 +345,9 @@ def _stop_pool(
 ) -> None:
     """After a stop signal: nothing new starts, workers stop after the write under way (the files
     they finished are recorded), and any still running after a grace period are killed."""
-    for fut in inflight:
-        fut.cancel()
-    workers = list((getattr(pool, "_processes", None) or {}).values()) or multiprocessing.active_children()
-    for proc in workers:
-        if proc.is_alive():
-            proc.terminate()
-    finished = wait(list(inflight), timeout=STOP_GRACE_SECONDS).done
-    for fut in finished:
-        if not fut.cancelled() and fut.exception() is None:
-            for res in fut.result():
-                results[res.path] = res
-    for proc in workers:
-        proc.join(timeout=0.5)
-        if proc.is_alive():  # stuck in native code, where signals wait: nothing is being written
-            proc.kill()
-            proc.join(timeout=1.0)
+
+    def record(fut: Future) -> None:
+        for res in fut.result():
+            results[res.path] = res
+
+    interrupt.stop_pool(pool, inflight, record)
