@@ -123,6 +123,7 @@ print("DTYPE", ns.get("amp_dtype"))
 
 
 # A step that updates its parameters by hand gets bfloat16 and no scaler whatever the option: no float16 path.
+@pytest.mark.slow  # runs the rewritten program in float16 on the CPU, seconds each: with the end-to-end runs
 @pytest.mark.parametrize(
     "name", [n for n in CHANGED if "amp_dtype = torch.bfloat16\n" not in (FIXTURES / n / "after_unsafe.py").read_text()]
 )
@@ -422,6 +423,7 @@ def test_backward_with_gradient_argument_scaled():
     assert "    scaler.scale(out).backward(torch.ones_like(out))\n    scaler.step(optimizer)\n" in out
 
 
+@pytest.mark.slow  # runs the rewritten program in float16 on the CPU, seconds each: with the end-to-end runs
 def test_autograd_backward_fp16_runs_on_cpu():
     """The scaled torch.autograd.backward and out.backward(grad) forms run under fp16 + an enabled scaler."""
     src = (

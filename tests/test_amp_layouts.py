@@ -71,6 +71,7 @@ def test_e_clipping_unscales_first():
     assert after.index("scaler.unscale_(optimizer)") < after.index("nn.utils.clip_grad_norm_")
 
 
+@pytest.mark.slow  # runs the rewritten program in float16 on the CPU, seconds each: with the end-to-end runs
 @pytest.mark.parametrize("name", ["layout_b_train_function", "layout_c_trainer_class", "layout_e_devices"])
 def test_float16_scaler_path_runs_on_the_cpu(name, tmp_path):
     """With the dtype choice forced to float16 the scaler is enabled on the CPU: the scaled backward,

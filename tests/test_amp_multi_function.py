@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 from torchopt.rewrite.incremental import IncrementalChecker
@@ -89,6 +91,7 @@ _RUNNER = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.slow  # runs the rewritten program in float16 on the CPU, seconds each: with the end-to-end runs
 def test_fixed_module_runs_on_the_cpu(tmp_path):
     # The same module made runnable on a CPU-only machine (`.cuda()` is what TOP101 fixes) and
     # returning each function's trained weights.

@@ -100,6 +100,7 @@ def test_gan_with_bce_shares_one_scaler_and_updates_once_after_both_steps():
     )
 
 
+@pytest.mark.slow  # runs the rewritten program in float16 on the CPU, seconds each: with the end-to-end runs
 def test_gan_float16_scaler_path_runs_on_the_cpu(tmp_path):
     _run(_force_float16(_amp(_before("amp_bce_gan"))), tmp_path)
 
