@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchopt.codemods.device.factory_analysis import Data, exact_in, fold_verdict
+from torchopt.codemods.device.dtype_folding import Data, exact_in, fold_verdict
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 from torchopt.rewrite.rule import Tag

@@ -22,9 +22,9 @@ from torchopt.codemods.device.factory_analysis import (
     _keep_parens,
     _removed_has_comments,
     factory_kind,
-    fold_verdict,
     parse_to,
 )
+from torchopt.codemods.device.dtype_folding import fold_verdict
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag

@@ -28,9 +28,6 @@ from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, LEGA
 from torchopt.rewrite.facts import source_of
 from torchopt.rewrite.rule import Rule
 
-# Importable from here too: TOP102 and the tests read the verdict beside the base class the rules share.
-from torchopt.codemods.device.dtype_folding import exact_in as exact_in, fold_verdict as fold_verdict
-
 _SETS_DEFAULT_DTYPE = ("set_default_dtype", "set_default_tensor_type")
 
 
