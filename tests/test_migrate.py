@@ -284,7 +284,7 @@ def test_ray_missing_is_a_clear_error(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     r = cli(tmp_path, "--executor", "ray")
-    assert r.exit_code == 2 and "pip install 'torchopt[ray]'" in r.stderr
+    assert r.exit_code == 2 and "pip install 'torchopt-rewrite[ray]'" in r.stderr
 
 
 def test_validate_runs_entry_before_and_after(tmp_path):
@@ -345,7 +345,7 @@ def test_patch_format_details():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray", reason="Ray cannot be imported here (pip install 'torchopt[ray]')")
+    ray = pytest.importorskip("ray", reason="Ray cannot be imported here (pip install 'torchopt-rewrite[ray]')")
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()

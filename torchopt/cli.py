@@ -74,6 +74,17 @@ class _Usage(Exception):
     pass
 
 
+DIST = "torchopt-rewrite"  # the distribution on PyPI: the name `torchopt` there is another project's
+
+
+def _need_torch(what: str) -> None:
+    """Running programs needs PyTorch, which the base install leaves out (linting never imports it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise _Usage(f"{what} runs your program and needs PyTorch: pip install '{DIST}[validate]'")
+
+
 def _resolver(select, ignore, unsafe, config) -> Resolver:
     try:
         sel = split_arg(select, "--select") or None
@@ -247,6 +258,7 @@ def rewrite(
                 _rewrite_stdin(resolver, mode, stdin_filename or "-", output_format, quiet, stdin_data or b"")
             )
         if validate:
+            _need_torch("--validate")
             run_opts = dict(
                 steps=steps,
                 timeout=timeout,
@@ -448,7 +460,7 @@ def lsp_cmd() -> None:
     try:
         from torchopt.lsp.server import main as serve
     except ImportError as exc:
-        _err(f"error: `torchopt lsp` needs pygls 2: pip install 'torchopt[lsp]' ({exc})")
+        _err(f"error: `torchopt lsp` needs pygls 2: pip install '{DIST}[lsp]' ({exc})")
         raise typer.Exit(EXIT_ERROR)
     serve()
 
@@ -549,6 +561,7 @@ def validate_cmd(
         _err("error: --device must be auto, cpu or cuda")
         raise typer.Exit(EXIT_ERROR)
     try:
+        _need_torch("`torchopt validate`")
         resolver = _resolver(select, ignore, unsafe_fixes, config)
         settings = resolver.for_path(before)
         from torchopt.validate.command import resolve_device, validate
@@ -637,6 +650,12 @@ def migrate_cmd(
     Exit 0 nothing to change or all committed, 1 patches written, 2 a repository or file failed."""
     from torchopt.migrate.command import run_command
 
+    if validate:
+        try:
+            _need_torch("--validate")
+        except _Usage as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(EXIT_ERROR)
     raise typer.Exit(
         run_command(
             repos or [],

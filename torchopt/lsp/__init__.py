@@ -1,1 +1,1 @@
-"""The torchopt language server (`torchopt lsp`; needs the `torchopt[lsp]` extra: pygls 2)."""
+"""The torchopt language server (`torchopt lsp`; needs the `torchopt-rewrite[lsp]` extra: pygls 2)."""

@@ -53,7 +53,7 @@ def import_ray():
     except ImportError as exc:
         raise ExecutorError(
             f"--executor ray needs Ray, which cannot be imported here ({exc}); "
-            "install it with: pip install 'torchopt[ray]'"
+            "install it with: pip install 'torchopt-rewrite[ray]'"
         ) from None
     return ray
 
