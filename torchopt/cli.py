@@ -359,7 +359,7 @@ def _rewrite_report(results: list[FileResult], mode: Mode, fmt: str, quiet: bool
     if not quiet:
         for d in applied:
             if d.fix and d.fix.safety == "unsafe":
-                _err(f"{d.path}:{d.line}:{d.column}: {d.code} unsafe fix: {d.fix.title} — changes {d.fix.changes()}")
+                _err(f"{report.location(d)}: {d.code} unsafe fix: {d.fix.title} — changes {d.fix.changes()}")
         verb = "Fixed" if mode is Mode.FIX else "Would fix"
         if applied:
             _err(
