@@ -198,7 +198,8 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
     if root_settings.config_path:
         res.config = _rel(root_settings.config_path, tree)
     listed = set(modes) if modes is not None else git.listed_files(tree)
-    files = [f for f in discover([tree], settings.for_path) if _rel(f, tree) in listed]
+    # Python files only: patches are made by the engine's fix of each file's text (no notebook support yet)
+    files = [f for f in discover([tree], settings.for_path, suffixes=(".py",)) if _rel(f, tree) in listed]
     res.files_seen = len(files)
     loaded: list[tuple[str, str, bytes, source.SourceText]] = []
     for f in files:

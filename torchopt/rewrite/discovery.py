@@ -76,16 +76,23 @@ def _excluded(path: str, settings: Settings) -> bool:
     return any(glob_match(rel, pat) for pat in settings.exclude)
 
 
-def discover(paths: Iterable[str], settings_for: Callable[[str], Settings], on_skip: OnSkip = None) -> list[str]:
+# Python files and Jupyter notebooks, like ruff; `exclude = ["*.ipynb"]` leaves notebooks out.
+SUFFIXES = (".py", ".ipynb")
+
+
+def discover(
+    paths: Iterable[str], settings_for: Callable[[str], Settings], on_skip: OnSkip = None, suffixes=SUFFIXES
+) -> list[str]:
     """Files to process, sorted and without duplicates (by real path: a file reached through a link
-    inside the named folders is processed once). ``on_skip`` hears of symbolic links that lead out of
-    the named folders and of `.py` names that are not regular files (FIFOs, sockets, devices)."""
+    inside the named folders is processed once). Folders give the files whose names end with one of
+    ``suffixes``. ``on_skip`` hears of symbolic links that lead out of the named folders and of such
+    names that are not regular files (FIFOs, sockets, devices)."""
     paths = list(paths)
     roots = [os.path.realpath(p) for p in paths if os.path.isdir(p)]
     out: dict[str, str] = {}
     for given in paths:
         if os.path.isdir(given):
-            for f in _walk(given, settings_for, roots, on_skip or _ignore_skip):
+            for f in _walk(given, settings_for, roots, on_skip or _ignore_skip, tuple(suffixes)):
                 out.setdefault(os.path.realpath(f), os.path.normpath(f))
         else:
             # Named explicitly: taken even if excluded or not ending in .py; errors surface later.
@@ -113,7 +120,11 @@ def _leaves_roots(entry: os.DirEntry, roots: list[str], on_skip: Callable[[str, 
 
 
 def _walk(
-    top: str, settings_for: Callable[[str], Settings], roots: list[str], on_skip: Callable[[str, str], None]
+    top: str,
+    settings_for: Callable[[str], Settings],
+    roots: list[str],
+    on_skip: Callable[[str, str], None],
+    suffixes: tuple[str, ...],
 ) -> Iterable[str]:
     # Each entry of the stack: (folder, [(spec, base folder)]) of the .gitignore files above it.
     stack: list[tuple[str, list[tuple[pathspec.PathSpec, str]]]] = [(top, [])]
@@ -150,7 +161,7 @@ def _walk(
                 if _excluded(path, settings_for(path)) or _leaves_roots(entry, roots, on_skip):
                     continue
                 subdirs.append(path)
-            elif entry.name.endswith(".py"):
+            elif entry.name.endswith(suffixes):
                 if _excluded(path, settings_for(path)) or _leaves_roots(entry, roots, on_skip):
                     continue
                 try:

@@ -62,9 +62,10 @@ class Diagnostic:
     end_line: int
     end_column: int
     fix: FixInfo | None = None
+    cell: int | None = None  # in a notebook: the cell (1-based, all cells counted); line is then in the cell
 
     def sort_key(self) -> tuple:
-        return (self.path, self.line, self.column, self.code)
+        return (self.path, self.cell or 0, self.line, self.column, self.code)
 
     def to_json(self) -> dict:
         d = asdict(self)

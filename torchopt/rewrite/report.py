@@ -22,8 +22,14 @@ def marker(d: Diagnostic) -> str:
     return "[*] " if d.fix.safety == "safe" else "[unsafe fix] "
 
 
+def location(d: Diagnostic) -> str:
+    """``path:line:column``, or ``path:cell N:line:column`` in a notebook (as ruff writes it)."""
+    cell = f"cell {d.cell}:" if d.cell is not None else ""
+    return f"{d.path}:{cell}{d.line}:{d.column}"
+
+
 def text_line(d: Diagnostic) -> str:
-    return f"{d.path}:{d.line}:{d.column}: {d.code} {marker(d)}{d.message}"
+    return f"{location(d)}: {d.code} {marker(d)}{d.message}"
 
 
 def render(diags: Sequence[Diagnostic], fmt: str, fixed: Iterable[Diagnostic] = ()) -> str:
@@ -40,12 +46,16 @@ def render(diags: Sequence[Diagnostic], fmt: str, fixed: Iterable[Diagnostic] = 
             title, path = _gh_property(f"torchopt ({d.code})"), _gh_property(d.path)
             out.append(
                 f"::warning title={title},file={path},line={d.line},col={d.column},"
-                f"endLine={d.end_line},endColumn={d.end_column}::{_gh_data(f'{d.code} {d.message}')}\n"
+                f"endLine={d.end_line},endColumn={d.end_column}::{_gh_data(_gh_message(d))}\n"
             )
         return "".join(out)
     if fmt == "sarif":
         return json.dumps(sarif(diags), indent=2) + "\n"
     raise ValueError(f"unknown output format {fmt!r}")
+
+
+def _gh_message(d: Diagnostic) -> str:
+    return f"{d.code} {d.message}" if d.cell is None else f"cell {d.cell}: {d.code} {d.message}"
 
 
 def _gh_data(text: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from torchopt.rewrite import diff as diffmod
-from torchopt.rewrite import budget, interrupt, source, speedups
+from torchopt.rewrite import budget, interrupt, notebook, source, speedups
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
 from torchopt.rewrite.write import WriteRefused, atomic_write
@@ -43,7 +43,13 @@ class FileResult:
 
 
 def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None) -> FileResult:
-    """The pure part: text in, result out (no file access)."""
+    """The pure part: text in, result out (no file access). A notebook's code cells are one program."""
+    if notebook.is_notebook(path):
+        return _notebook(text, path, mode, lambda program: _process_python(program, path, settings, mode, unsafe))
+    return _process_python(text, path, settings, mode, unsafe)
+
+
+def _process_python(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None) -> FileResult:
     res = FileResult(path=path)
     try:
         if mode is Mode.CHECK:
@@ -105,12 +111,61 @@ def process_cached(
     """process_text through the cache: a hit answers without analysing the file again."""
     if cache is None:
         return process_text(text, path, settings, mode, unsafe)
+    if notebook.is_notebook(path):  # the program is cached; its positions in cells are found each time
+        return _notebook(
+            text,
+            path,
+            mode,
+            lambda program: _through_cache(program, path, settings, mode, unsafe, cache, _process_python),
+        )
+    return _through_cache(text, path, settings, mode, unsafe, cache, process_text)
+
+
+def _through_cache(
+    text: str,
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    unsafe: bool | None,
+    cache: "Cache",
+    analyse: Callable[[str, str, Settings, Mode, bool | None], FileResult],
+) -> FileResult:
     kind = _kind(settings, mode, unsafe)
     hit = cache.get(text, path, settings, kind)
     if hit is not None:
         return _from_entry(hit, text, path, mode)
-    res = process_text(text, path, settings, mode, unsafe)
+    res = analyse(text, path, settings, mode, unsafe)
     cache.put(text, path, settings, kind, _to_entry(res, text))
+    return res
+
+
+def _notebook(text: str, path: str, mode: Mode, analyse: Callable[[str], FileResult]) -> FileResult:
+    """A notebook's JSON text -> its program -> ``analyse`` -> positions in cells and, when fixed,
+    the JSON text with only the changed cells' sources replaced."""
+    try:
+        nb = notebook.Notebook.load(text)
+    except notebook.NotebookError as exc:
+        return FileResult(path=path, status="failed", reason=str(exc))
+    if nb.language() != "python":
+        return FileResult(path=path, status="skipped", reason=f"a {nb.language()} notebook")
+    res = analyse(nb.program)
+    if res.status != "ok":
+        return FileResult(path=path, status=res.status, reason=nb.place_reason(res.reason))
+    fixed = nb.program if res.new_text is None else res.new_text
+    res.diagnostics = nb.place(res.diagnostics, nb.program)
+    res.applied = nb.place(res.applied, nb.program)
+    res.remaining = nb.place(res.remaining, fixed)
+    res.diff, res.new_text = "", None if mode is Mode.CHECK else text
+    if mode is Mode.CHECK or not res.changed:
+        res.changed = False
+        return res
+    try:
+        new_text, cells = nb.write(fixed)
+    except notebook.NotebookError as exc:
+        return FileResult(path=path, status="failed", reason=str(exc))
+    res.new_text, res.changed = new_text, new_text != text
+    if mode is Mode.DIFF:
+        res.diff = "".join(diffmod.unified(c.text, new, f"{path}:cell {c.number}") for c, new in cells)
     return res
 
 

@@ -327,10 +327,10 @@ def validate(
 ) -> Outcome:
     """`torchopt validate BEFORE [AFTER]`. A divergence of a one-file rewrite with several fixes is
     bisected to the smallest set of fixes that still diverges."""
-    from torchopt.rewrite import source
+    from torchopt.rewrite import notebook, source
     from torchopt.validate.runner import RunOptions, Version
 
-    text = source.read(before_path, 0).text
+    text = notebook.as_script(before_path, source.read(before_path, 0).text)
     plan, after_version = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
     if after_path is None and plan.after == plan.before:
         msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
@@ -392,13 +392,13 @@ def _plan_versions(
     or the second file, whose difference is explained by torchopt's fixes when they produce it
     exactly (else it is compared bitwise). In entry mode the second file's text is served in place
     of the first's, so that the entry imports it."""
-    from torchopt.rewrite import source
+    from torchopt.rewrite import notebook, source
     from torchopt.validate.runner import Version
 
     if after_path is None:
         plan = plan_rewrite(text, before_path, settings, unsafe)
         return plan, Version("after", before_path, source=plan.after)
-    after_text = source.read(after_path, 0).text
+    after_text = notebook.as_script(after_path, source.read(after_path, 0).text)
     guess = fix_source(text, settings, before_path, unsafe=True)
     plan = Plan(before=text, after=after_text, applied=guess.applied if guess.text == after_text else [])
     if not plan.applied:
