@@ -48,12 +48,6 @@ def test_running_a_program_without_torch_says_how_to_install_it(tmp_path, args):
     assert (tmp_path / "train.py").read_text() == FIXABLE
 
 
-def test_linting_without_torch_works(tmp_path):
-    (tmp_path / "a.py").write_text(FIXABLE)
-    out = _without_torch("check", "a.py", cwd=tmp_path)
-    assert out.returncode == 1 and "a.py:3:5: TOP101" in out.stdout, out.stderr
-
-
 # A fresh environment with the base install only --------------------------------------------------
 
 

@@ -190,6 +190,8 @@ IPYTHON = (
     "doc = '''\n"
     "%not a magic inside a string\n"
     "'''\n"
+    'question = """why?\n'
+    '"""\n'
     "for i in range(2):\n"
     "    !echo {i}\n"
     "    t = torch.zeros(3).cuda()\n"
@@ -308,3 +310,20 @@ def test_cached_results_keep_cell_positions(tmp_path, monkeypatch):
     warm = cli("check", "train.ipynb", "--select", "TOP104", "--cache-dir", str(tmp_path / "cache"))
     assert cold.exit_code == warm.exit_code == 1
     assert warm.stdout == cold.stdout and "train.ipynb:cell 5:3:9: TOP104" in warm.stdout
+
+
+def test_large_outputs_do_not_count_against_the_size_limit(tmp_path):
+    """`max-file-size` (2 MB by default) is about code: a notebook whose images weigh more is still
+    fixed, and its outputs are kept."""
+    big = dict(IMAGE, data={"image/png": "A" * 3_000_000 + "\n", "text/plain": ["<Figure>"]})
+    nb = {
+        "cells": [code("import torch\nx = torch.zeros(3).cuda()", outputs=[big])],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path = tmp_path / "big.ipynb"
+    path.write_text(jupyter(nb))
+    r = cli("rewrite", str(path))
+    assert r.exit_code == 0, r.output
+    assert path.read_text() == jupyter(with_sources(nb, {0: "import torch\nx = torch.zeros(3, device='cuda')"}))

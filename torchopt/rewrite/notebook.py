@@ -32,6 +32,7 @@ PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug"})
 
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+_HELP = re.compile(r"\?{1,2}[\w.]+|[\w.]+\?{1,2}")  # `obj?`, `obj.attr??`, `?obj`
 _ASSIGN_MAGIC = re.compile(r"([ \t]*)([A-Za-z_][\w.]*(?:[ \t]*,[ \t]*[A-Za-z_][\w.]*)*[ \t]*=[ \t]*)[!%]")
 
 
@@ -258,7 +259,7 @@ def _ipython(line: str) -> tuple[str, str] | None:
     indent = line[: len(line) - len(line.lstrip())]
     if not stripped or stripped.startswith("#"):
         return None
-    if stripped[0] in "%!?" or (stripped.endswith("?") and "#" not in stripped):
+    if stripped[0] in "%!" or _HELP.fullmatch(stripped):
         return indent, "pass"
     m = _ASSIGN_MAGIC.match(line)
     if m:

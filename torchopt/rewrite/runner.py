@@ -45,7 +45,7 @@ class FileResult:
 def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None) -> FileResult:
     """The pure part: text in, result out (no file access). A notebook's code cells are one program."""
     if notebook.is_notebook(path):
-        return _notebook(text, path, mode, lambda program: _process_python(program, path, settings, mode, unsafe))
+        return _notebook(text, path, mode, settings, lambda code: _process_python(code, path, settings, mode, unsafe))
     return _process_python(text, path, settings, mode, unsafe)
 
 
@@ -116,6 +116,7 @@ def process_cached(
             text,
             path,
             mode,
+            settings,
             lambda program: _through_cache(program, path, settings, mode, unsafe, cache, _process_python),
         )
     return _through_cache(text, path, settings, mode, unsafe, cache, process_text)
@@ -139,7 +140,7 @@ def _through_cache(
     return res
 
 
-def _notebook(text: str, path: str, mode: Mode, analyse: Callable[[str], FileResult]) -> FileResult:
+def _notebook(text: str, path: str, mode: Mode, settings: Settings, analyse: Callable[[str], FileResult]) -> FileResult:
     """A notebook's JSON text -> its program -> ``analyse`` -> positions in cells and, when fixed,
     the JSON text with only the changed cells' sources replaced."""
     try:
@@ -148,6 +149,13 @@ def _notebook(text: str, path: str, mode: Mode, analyse: Callable[[str], FileRes
         return FileResult(path=path, status="failed", reason=str(exc))
     if nb.language() != "python":
         return FileResult(path=path, status="skipped", reason=f"a {nb.language()} notebook")
+    size = len(nb.program.encode("utf-8", "surrogatepass"))
+    if settings.max_file_size and size > settings.max_file_size:
+        reason = (
+            f"its code cells are {size / 1e6:.1f} MB, over the {settings.max_file_size / 1e6:.1f} MB limit "
+            "(raise `max-file-size` in [tool.torchopt] to process it)"
+        )
+        return FileResult(path=path, status="failed", reason=reason)
     res = analyse(nb.program)
     if res.status != "ok":
         return FileResult(path=path, status=res.status, reason=nb.place_reason(res.reason))
@@ -173,7 +181,8 @@ def process_file(
     path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
 ) -> FileResult:
     try:
-        src = source.read(path, settings.max_file_size)
+        # In a notebook the limit is on its code (checked later), not on its outputs' images.
+        src = source.read(path, 0 if notebook.is_notebook(path) else settings.max_file_size)
     except source.SourceError as exc:
         return FileResult(path=path, status="failed", reason=str(exc))
     if source.is_generated(src.text):
@@ -227,7 +236,7 @@ def _chunk(
 
 
 def _one_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None") -> FileResult:
-    too_big = budget.file_over_budget(path)
+    too_big = None if notebook.is_notebook(path) else budget.file_over_budget(path)  # the engine checks the code
     if too_big is not None:
         return FileResult(path=path, status="failed", reason=too_big)
     try:
