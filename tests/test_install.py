@@ -194,8 +194,11 @@ def test_pre_commit_hooks_install_and_run_without_torch(tmp_path):
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "train.py").write_text(FIXABLE)
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": FIXABLE}
+    notebook = json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n"
+    (proj / "nb.ipynb").write_text(notebook)
     _git("init", "-q", cwd=proj)
-    _git("add", "train.py", cwd=proj)
+    _git("add", "train.py", "nb.ipynb", cwd=proj)
     (tmp_path / "no-torch.txt").write_text("torch<0\n")
     env = dict(os.environ, PRE_COMMIT_HOME=str(tmp_path / "home"), PIP_CONSTRAINT=str(tmp_path / "no-torch.txt"))
 
@@ -205,7 +208,11 @@ def test_pre_commit_hooks_install_and_run_without_torch(tmp_path):
 
     check = hook("torchopt-check")
     assert check.returncode == 1, check.stdout + check.stderr
-    assert "train.py:3:5: TOP101" in check.stdout
+    assert "train.py:3:5: TOP101" in check.stdout and "nb.ipynb:cell 1:3:5: TOP101" in check.stdout
     fix = hook("torchopt-rewrite")
     assert fix.returncode == 1, fix.stdout + fix.stderr  # files were modified: the commit stops for review
     assert (proj / "train.py").read_text() == "import torch\n\nx = torch.zeros(3, device='cuda')\n"
+    assert (
+        json.loads((proj / "nb.ipynb").read_text())["cells"][0]["source"]
+        == "import torch\n\nx = torch.zeros(3, device='cuda')\n"
+    )
