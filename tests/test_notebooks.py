@@ -118,6 +118,14 @@ def test_check_gives_cell_and_line_and_sees_the_notebook_as_one_program(tmp_path
         ("train.ipynb", 5, 3, 9),
         ("train.ipynb", 5, 4, 9),
     ]
+    # Line numbers count within the cell, so the cell is named in the messages of the other formats.
+    github = cli("check", "train.ipynb", "--select", "TOP104", "--output-format", "github").stdout.splitlines()
+    assert github[0].startswith("::warning title=torchopt (TOP104),file=train.ipynb,line=2,col=10,")
+    assert github[0].endswith(
+        "::cell 4: TOP104 `DataLoader(...)` feeds host→device copies but does not pin its batches"
+    )
+    sarif = json.loads(cli("check", "train.ipynb", "--select", "TOP104", "--output-format", "sarif").stdout)
+    assert sarif["runs"][0]["results"][1]["message"]["text"].startswith("cell 5: `x.to(device)` copies")
 
 
 def test_rewrite_changes_only_the_fixed_cells_sources(tmp_path):

@@ -112,7 +112,7 @@ def sarif(diags: Sequence[Diagnostic]) -> dict:
                     {
                         "ruleId": d.code,
                         "level": "warning" if d.fix is not None else "note",
-                        "message": {"text": d.message},
+                        "message": {"text": d.message if d.cell is None else f"cell {d.cell}: {d.message}"},
                         "locations": [
                             {
                                 "physicalLocation": {
