@@ -40,6 +40,7 @@ class FileResult:
     applied: list[Diagnostic] = field(default_factory=list)
     remaining: list[Diagnostic] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    untrusted_cache: bool = False  # its cache entry was not this user's and was ignored
 
 
 def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None) -> FileResult:
@@ -102,16 +103,36 @@ def _from_entry(entry: "Entry", text: str, path: str, mode: Mode) -> FileResult:
 def process_cached(
     text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
 ) -> FileResult:
-    """process_text through the cache: a hit answers without analysing the file again."""
+    """process_text through the cache: a hit answers without analysing the file again; an entry this
+    user's torchopt did not write is ignored (and replaced), and the result says so."""
     if cache is None:
         return process_text(text, path, settings, mode, unsafe)
+    from torchopt.rewrite.cache import Untrusted
+
     kind = _kind(settings, mode, unsafe)
-    hit = cache.get(text, path, settings, kind)
+    untrusted = False
+    try:
+        hit = cache.get(text, path, settings, kind)
+    except Untrusted:
+        hit, untrusted = None, True
     if hit is not None:
         return _from_entry(hit, text, path, mode)
     res = process_text(text, path, settings, mode, unsafe)
     cache.put(text, path, settings, kind, _to_entry(res, text))
+    res.untrusted_cache = untrusted
     return res
+
+
+def compiles(text: str, path: str) -> str | None:
+    """Why ``text`` is not Python this interpreter compiles, in one line; None when it compiles.
+    Every text is checked so just before it is written, wherever it came from."""
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    except (RecursionError, MemoryError):
+        return "too deeply nested to compile"
+    return None
 
 
 def process_file(
@@ -129,6 +150,11 @@ def process_file(
     if res.status != "ok":
         return res
     if res.changed and mode is Mode.FIX:
+        broken = compiles(res.new_text or "", path)
+        if broken is not None:
+            return FileResult(
+                path=path, status="failed", reason=f"the fixed text does not compile ({broken}); not written"
+            )
         try:
             with interrupt.writing():
                 atomic_write(path, src.encode(res.new_text or ""), expect=src.state)
