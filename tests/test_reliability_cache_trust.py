@@ -202,7 +202,7 @@ def test_key_is_private_to_the_user_and_never_in_the_project(proj, tmp_path, mon
     assert r.exit_code == 1 and "TOP101" in r.stdout
     (warning,) = warned_about_entries(r.stderr)
     assert warning == (
-        f"warning: cache: the cache key {key} is readable by others (mode 0644; `chmod 600` it to use it); "
+        f"warning: cache: the cache key {key} is readable by others (mode 0644; chmod 600 it to use it); "
         "running without a cache"
     )
     assert snapshot(tmp_path) == before

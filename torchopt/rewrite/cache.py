@@ -179,9 +179,9 @@ def _check_private(path: str, st: os.stat_result, what: str = "") -> None:
         raise CacheRefused(f"{path} is owned by another user (uid {st.st_uid})")
     mode = stat.S_IMODE(st.st_mode)
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheRefused(f"{path} is writable by others (mode {mode:04o}; `chmod go-w` it to use it)")
+        raise CacheRefused(f"{path} is writable by others (mode {mode:04o}; chmod go-w it to use it)")
     if what and mode & 0o077:
-        raise CacheRefused(f"{what} {path} is readable by others (mode {mode:04o}; `chmod 600` it to use it)")
+        raise CacheRefused(f"{what} {path} is readable by others (mode {mode:04o}; chmod 600 it to use it)")
 
 
 def load_key(home: str | None = None) -> bytes:

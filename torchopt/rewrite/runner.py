@@ -10,12 +10,14 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from torchopt.rewrite import diff as diffmod
 from torchopt.rewrite import budget, interrupt, source, speedups
+from torchopt.rewrite import place as placemod
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
+from torchopt.rewrite.place import Place
 from torchopt.rewrite.write import WriteRefused, atomic_write
 
 if TYPE_CHECKING:
@@ -136,10 +138,35 @@ def compiles(text: str, path: str) -> str | None:
 
 
 def process_file(
-    path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    unsafe: bool | None = None,
+    cache: "Cache | None" = None,
+    place: Place | None = None,
+) -> FileResult:
+    """Read, analyse and (in FIX mode) write ``path``. With ``place`` (where discovery found it), the
+    file is read and written relative to its folder opened again without following links, and a
+    folder swapped since is refused; without it, the file's real folder now is used."""
+    if not placemod.SUPPORTED:
+        return _process_opened(path, path, None, settings, mode, unsafe, cache)
+    place = place or placemod.pin_one(path)
+    if place is None:
+        return FileResult(path=path, status="failed", reason="cannot read: No such file or directory")
+    try:
+        with placemod.opened(place) as folder:
+            return _process_opened(path, place.name, folder, settings, mode, unsafe, cache)
+    except placemod.Moved as exc:
+        return FileResult(path=path, status="failed", reason=str(exc))
+    except OSError as exc:
+        return FileResult(path=path, status="failed", reason=f"cannot read: {exc.strerror or exc}")
+
+
+def _process_opened(
+    path: str, name: str, folder: int | None, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None"
 ) -> FileResult:
     try:
-        src = source.read(path, settings.max_file_size)
+        src = source.read(name, settings.max_file_size, dir_fd=folder)
     except source.SourceError as exc:
         return FileResult(path=path, status="failed", reason=str(exc))
     if source.is_generated(src.text):
@@ -157,7 +184,7 @@ def process_file(
             )
         try:
             with interrupt.writing():
-                atomic_write(path, src.encode(res.new_text or ""), expect=src.state)
+                atomic_write(name, src.encode(res.new_text or ""), expect=src.state, dir_fd=folder)
         except (source.SourceError, WriteRefused) as exc:
             return FileResult(path=path, status="failed", reason=str(exc))
         except (OSError, UnicodeEncodeError) as exc:
@@ -177,33 +204,36 @@ def tune_gc() -> None:
 
 GC_THRESHOLD = 100_000
 
+# A file to process: its path, its settings, and where discovery found it (None: where it is now).
+Item = tuple[str, Settings, "Place | None"]
 
-def _chunk(
-    files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None
-) -> list[FileResult]:
+
+def _chunk(files: Sequence[Item], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None) -> list[FileResult]:
     """Process ``files`` one after the other. After a stop signal: the results so far (a write under
     way finishes first; the files not reached have no result)."""
     tune_gc()
     out: list[FileResult] = []
     try:
         with interrupt.abandoning():
-            for path, settings in files:
+            for path, settings, place in files:
                 if interrupt.stop_requested() is not None:
                     break
-                out.append(_one_file(path, settings, mode, unsafe, cache))
+                out.append(_one_file(path, settings, mode, unsafe, cache, place))
     except interrupt.Interrupted:
         pass
     interrupt.exit_if_orphaned()
     return out
 
 
-def _one_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None") -> FileResult:
+def _one_file(
+    path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None", place: Place | None
+) -> FileResult:
     too_big = budget.file_over_budget(path)
     if too_big is not None:
         return FileResult(path=path, status="failed", reason=too_big)
     try:
         with budget.time_limit(budget.FILE_SECONDS, deferred=interrupt.is_writing):
-            return process_file(path, settings, mode, unsafe, cache)
+            return process_file(path, settings, mode, unsafe, cache, place)
     except budget.TimeBudgetExceeded as exc:  # not cached: a faster machine may manage it
         return FileResult(path=path, status="failed", reason=str(exc))
     except Exception as exc:  # a bug of ours must not stop the run or touch the file
@@ -228,12 +258,16 @@ def run(
     unsafe: bool | None = None,
     on_progress: Callable[[int], None] | None = None,
     cache: "Cache | None" = None,
+    places: Mapping[str, Place] | None = None,
 ) -> list[FileResult]:
     """Process ``files``; results come back in the order of ``files``. With ``cache``, files whose
-    text, path and settings were analysed before (by this torchopt) are answered from it.
+    text, path and settings were analysed before (by this torchopt) are answered from it. ``places``
+    (from ``place.pin`` right after discovery) keep each file's reads and writes inside the folder it
+    was found in.
     On SIGINT/SIGTERM: no new file is started, writes under way finish, and Interrupted is raised
     with the number of files written."""
-    items = [(f, settings_for(f)) for f in files]
+    places = places or {}
+    items = [(f, settings_for(f), places.get(f)) for f in files]
     jobs = worker_count(jobs, len(items))
     results: dict[str, FileResult] = {}
     progress = on_progress or (lambda n: None)
@@ -265,7 +299,7 @@ WORKER_DIED = "the worker process analysing it died (a crash in LibCST's parser,
 
 
 def _run_pool(
-    items: list[tuple[str, Settings]],
+    items: list[Item],
     mode: Mode,
     unsafe: bool | None,
     cache: "Cache | None",
@@ -278,7 +312,7 @@ def _run_pool(
     second death names the file that caused it."""
     size = max(1, min(16, len(items) // (jobs * 4) or 1))
     pending = deque(items[i : i + size] for i in range(0, len(items), size))
-    suspects: deque[tuple[str, Settings]] = deque()
+    suspects: deque[Item] = deque()
     while pending or suspects:
         # spawn/forkserver workers do not inherit this process's LibCST speed-ups: install them there too
         pool = ProcessPoolExecutor(
@@ -286,7 +320,7 @@ def _run_pool(
             initializer=interrupt.init_worker,
             initargs=(os.getpid(), budget.memory_budget(jobs), speedups.worker_initializer()),
         )
-        inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]] = {}
+        inflight: dict[Future, tuple[list[Item], bool]] = {}
         try:
             _feed_pool(pool, inflight, pending, suspects, (mode, unsafe, cache), jobs, progress, results)
         except interrupt.Interrupted:
@@ -299,7 +333,7 @@ def _run_pool(
 
 def _feed_pool(
     pool: ProcessPoolExecutor,
-    inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]],
+    inflight: dict[Future, tuple[list[Item], bool]],
     pending: deque,
     suspects: deque,
     args: tuple,
@@ -338,7 +372,7 @@ def _feed_pool(
 
 def _collect(
     fut: Future,
-    chunk: list[tuple[str, Settings]],
+    chunk: list[Item],
     alone: bool,
     suspects: deque,
     progress: Callable[[int], None],
@@ -356,11 +390,12 @@ def _collect(
         return True
     except Exception as exc:  # e.g. a result that cannot be sent back: report, keep going
         done = [
-            FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}") for p, _ in chunk
+            FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+            for p, *_ in chunk
         ]
     for res in done:
         results[res.path] = res
-    for path, _ in chunk[len(done) :]:  # a worker stopped by someone else's SIGTERM
+    for path, *_ in chunk[len(done) :]:  # a worker stopped by someone else's SIGTERM
         results[path] = FileResult(path=path, status="failed", reason="its worker process was stopped; left unchanged")
     progress(len(chunk))
     return False
