@@ -51,28 +51,38 @@ def pin(paths: Iterable[str], files: Iterable[str]) -> dict[str, Place]:
     paths = list(paths)
     folders = [p for p in paths if os.path.isdir(p)]
     named = set(paths) - set(folders)
-    roots = sorted({os.path.realpath(p) for p in folders}, key=len, reverse=True)
-    walked = tuple(os.path.abspath(p).rstrip(os.sep) + os.sep for p in folders)
+    roots = sorted({_prefix(os.path.realpath(p)) for p in folders}, key=len, reverse=True)
+    walked = tuple(_prefix(os.path.abspath(p)) for p in folders)
     ids: dict[str, tuple[int, int] | None] = {}
     out: dict[str, Place] = {}
+    real_dirs: dict[str, str] = {}  # resolved once per folder, not once per file
     for f in files:
-        real = os.path.realpath(f)
-        root = next((r for r in roots if real.startswith(r.rstrip(os.sep) + os.sep)), None)
-        if root is None and f not in named and os.path.abspath(f).startswith(walked):
+        given = os.path.abspath(f)
+        folder, name = os.path.split(given)
+        if folder not in real_dirs:
+            real_dirs[folder] = _prefix(os.path.realpath(folder))
+        real = os.path.realpath(f) if os.path.islink(f) else real_dirs[folder] + name
+        prefix = next((r for r in roots if real.startswith(r)), None)
+        if prefix is None and f not in named and given.startswith(walked):
             # Found inside a folder given, real path outside them all: a folder was swapped meanwhile.
             out[f] = Place(os.path.dirname(real), (-1, -1), (os.path.basename(real),))
             continue
-        root = root or os.path.dirname(real)
-        if root not in ids:
+        prefix = prefix or _prefix(os.path.dirname(real))
+        if prefix not in ids:
             try:
-                st = os.stat(root)
-                ids[root] = (st.st_dev, st.st_ino)
+                st = os.stat(prefix)
+                ids[prefix] = (st.st_dev, st.st_ino)
             except OSError:
-                ids[root] = None
-        root_id = ids[root]
+                ids[prefix] = None
+        root_id = ids[prefix]
         if root_id is not None:
-            out[f] = Place(root, root_id, tuple(os.path.relpath(real, root).split(os.sep)))
+            out[f] = Place(prefix.rstrip(os.sep) or os.sep, root_id, tuple(real[len(prefix) :].split(os.sep)))
     return out
+
+
+def _prefix(folder: str) -> str:
+    """``folder`` ending in one separator, so that a plain ``startswith`` tests what is inside it."""
+    return folder.rstrip(os.sep) + os.sep
 
 
 def pin_one(path: str) -> Place | None:
