@@ -56,16 +56,16 @@ def _write_beside(orig: int, path: str, data: bytes, expect: FileState | None, d
     if expect is not None and not expect.same_stat(st):
         raise WriteRefused(_CHANGED)
     _refuse_unsafe_target(path, st, dir_fd)
-    folder = dir_fd if dir_fd is not None else None
-    tmp_dir = os.path.dirname(path) if dir_fd is None else ""
-    fd, tmp = _temp_file(tmp_dir, folder)
+    folder = dir_fd
+    fd, tmp = _temp_file(os.path.dirname(path) if dir_fd is None else "", folder)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
             _keep_owner(fh.fileno(), st)
-            os.chmod(fh.fileno(), stat.S_IMODE(st.st_mode))  # after chown, which clears set-id bits
+            # After chown, which clears set-id bits; by descriptor where the platform can.
+            os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, stat.S_IMODE(st.st_mode))
             copy_attributes(orig, fh.fileno())
         if expect is not None:
             _check_unchanged(path, dir_fd, expect)
