@@ -29,3 +29,12 @@ def pytest_collection_modifyitems(items):
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in SLOW_MODULES or SLOW_TESTS.search(item.originalname or item.name):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_user_cache(tmp_path_factory):
+    """Runs that cache (in this process or a subprocess) keep their results and the cache key in a
+    folder of the test session, never in the home folder of whoever runs the tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
+        yield

@@ -15,6 +15,7 @@ from torchopt import __version__
 from torchopt.rewrite import budget, interrupt, report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
+from torchopt.rewrite.place import pin
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError
 from torchopt.rewrite.registry import all_rules, source_path
 from torchopt.rewrite.runner import FileResult, Mode, process_text, run
@@ -145,12 +146,18 @@ def _run_files(
     cache_dir: Optional[str] = None,
 ) -> list[FileResult]:
     files = discover(paths, resolver.for_path, on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
+    places = pin(paths, files)
     cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
-    if prog is None:
-        return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
-    with prog:
-        return run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache)
+    with prog or contextlib.nullcontext():
+        results = run(files, resolver.for_path, mode, jobs, on_progress=advance, cache=cache, places=places)
+    untrusted = sum(r.untrusted_cache for r in results)
+    if cache is not None and untrusted:
+        _err(
+            f"warning: cache: {cache.root}: ignored {untrusted} {'entry' if untrusted == 1 else 'entries'} not written by "
+            "your torchopt (copied, committed or altered); analysed again"
+        )
+    return results
 
 
 def _read_stdin(name: str, data: bytes | None = None) -> FileResult | source.SourceText:

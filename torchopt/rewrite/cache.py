@@ -16,8 +16,17 @@ each fingerprint folder carries its own marker file, and pruning removes only fi
 with that marker, and inside them only shard folders and entry files, never following a link.
 
 Writes go through a temp file and an atomic rename, so a reader (another worker, another run) sees a
-whole entry or none; anything unreadable or malformed is a miss. When its folder cannot be written,
-caching is silently off; a folder it refuses raises :class:`CacheRefused` so the caller can say so.
+whole entry or none; a missing entry is a miss. When its folder cannot be written, caching is silently
+off; a folder it refuses raises :class:`CacheRefused` so the caller can say so.
+
+Trust: an entry decides what is written into a user's file, and a cache folder can come from anywhere
+(committed to a repository, shared, copied), so nothing in it is believed unless this user's torchopt
+wrote it. Each entry starts with an HMAC-SHA256 over its fingerprint, its name and its body, keyed with
+32 random bytes kept in the user's own cache folder (``$XDG_CACHE_HOME/torchopt/key``, 0600 in a
+folder only the user may write, never in a project). An entry whose MAC does not match is ignored,
+recomputed and overwritten (:class:`Untrusted` tells the caller, who warns once per run). A cache folder
+owned by another user, or writable by group or others, is refused as a whole. The body holds the hash of
+the exact text the result was computed from, so a hit is always the result for the bytes on disk.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -38,7 +48,7 @@ from torchopt.rewrite.engine import Diagnostic, FixInfo
 
 CACHE_DIR_NAME = ".torchopt_cache"
 ENV_VAR = "TORCHOPT_CACHE_DIR"
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes
 CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by torchopt.\n"
@@ -51,12 +61,19 @@ FOLDER_MARKER_TEXT = "torchopt result cache entries for one fingerprint; torchop
 FINGERPRINT_SHAPE = re.compile(r"[0-9a-f]{20}")
 SHARD_SHAPE = re.compile(r"[0-9a-f]{2}")
 MAX_ENTRIES = 200_000  # a fingerprint folder with more entries than this is wiped
+KEY_NAME = "key"
+KEY_BYTES = 32
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class CacheRefused(Exception):
-    """The cache folder is not one torchopt made (or may adopt): the run goes on without a cache
-    rather than write into, or prune, a user's folder."""
+    """The cache folder is not one torchopt made (or may adopt), or not this user's alone: the run goes
+    on without a cache rather than write into, prune, or believe a folder that is not its own."""
+
+
+class Untrusted(Exception):
+    """An entry exists but this user's torchopt did not write it (planted, copied, committed, altered):
+    it is not used; the caller computes the result again and says so once."""
 
 
 def _h(*parts: bytes | str) -> str:
@@ -134,6 +151,12 @@ def _dist_version(name: str) -> str:
         return "?"
 
 
+def user_cache_home() -> str:
+    """The user's own torchopt cache folder: ``$XDG_CACHE_HOME/torchopt``, else ``~/.cache/torchopt``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.abspath(os.path.join(base, "torchopt"))
+
+
 def default_dir(project_root: str | None, override: str | None = None) -> str:
     """``override`` (``--cache-dir``), else ``$TORCHOPT_CACHE_DIR``, else ``.torchopt_cache`` in the
     project root (the folder of the pyproject.toml that configures torchopt), else, for files no
@@ -144,8 +167,77 @@ def default_dir(project_root: str | None, override: str | None = None) -> str:
         return os.path.abspath(chosen)
     if project_root:
         return os.path.abspath(os.path.join(project_root, CACHE_DIR_NAME))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.abspath(os.path.join(base, "torchopt"))
+    return user_cache_home()
+
+
+def _check_private(path: str, st: os.stat_result, what: str = "") -> None:
+    """Refuse a cache folder or file that another user owns or may write (``what`` also refuses one
+    that others may read: the key)."""
+    if not hasattr(os, "geteuid"):  # no owners or modes to go by (Windows)
+        return
+    if st.st_uid != os.geteuid():
+        raise CacheRefused(f"{path} is owned by another user (uid {st.st_uid})")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheRefused(f"{path} is writable by others (mode {mode:04o}; chmod go-w it to use it)")
+    if what and mode & 0o077:
+        raise CacheRefused(f"{what} {path} is readable by others (mode {mode:04o}; chmod 600 it to use it)")
+
+
+def load_key(home: str | None = None) -> bytes:
+    """This user's cache key, made on first use: 32 random bytes in ``home/key`` (mode 0600), in a
+    folder made 0700 and tagged as a torchopt cache. Raises CacheRefused when the folder or the key is
+    not the user's alone, OSError when it cannot be made."""
+    home = os.path.abspath(home or user_cache_home())
+    os.makedirs(os.path.dirname(home), exist_ok=True)
+    _claim(home)
+    path = os.path.join(home, KEY_NAME)
+    if not os.path.lexists(path):
+        # Written whole under another name, then linked into place: a run starting at the same time
+        # reads either no key or the whole key (the first link wins, the other key is dropped).
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=home)  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(KEY_BYTES).hex().encode())
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with os.fdopen(os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheRefused(f"{path} is not a regular file")
+        _check_private(path, st, what="the cache key")
+        text = fh.read(KEY_BYTES * 2 + 1)
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except (UnicodeError, ValueError):
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise CacheRefused(f"{path} is not a torchopt cache key (delete it to make a new one)")
+    return key
+
+
+def _claim(root: str) -> None:
+    """Create ``root`` (0700), or adopt it when empty, or accept it when it carries torchopt's tag;
+    in every case it must be a real folder of this user's that no one else may write."""
+    try:
+        os.mkdir(root, 0o700)
+        created = True
+    except FileExistsError:
+        created = False
+    st = os.lstat(root)
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheRefused(f"{root} is a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheRefused(f"{root} is not a folder")
+    _check_private(root, st)
+    if not _has_torchopt_tag(root):
+        if not created and os.listdir(root):
+            raise CacheRefused(f"{root} is not empty and has no CACHEDIR.TAG from torchopt")
+        _create_new(os.path.join(root, TAG_NAME), CACHEDIR_TAG)
+    _create_new(os.path.join(root, ".gitignore"), GITIGNORE_TEXT)
 
 
 # Diagnostics <-> JSON ---------------------------------------------------------------------------
@@ -186,49 +278,35 @@ class Entry:
 
 @dataclasses.dataclass
 class Cache:
-    """Picklable (it travels to the worker processes): a folder and the fingerprint of this run."""
+    """Picklable (it travels to the worker processes): a folder, the fingerprint of this run and the
+    user's key that authenticates its entries."""
 
     root: str
     fp: str
+    secret: bytes = dataclasses.field(default=b"", repr=False)
 
     @classmethod
-    def open(cls, root: str, rules: Mapping[str, type] | None = None) -> "Cache | None":
+    def open(cls, root: str, rules: Mapping[str, type] | None = None, key_home: str | None = None) -> "Cache | None":
         """The cache in ``root`` (created with its tag files), or None when it cannot be written.
-        Raises CacheRefused for a symbolic link or a non-empty folder without torchopt's tag."""
-        c = cls(root=os.path.abspath(root), fp=fingerprint(rules))
+        Raises CacheRefused for a symbolic link, a non-empty folder without torchopt's tag, or a
+        folder (or key) another user owns or may write."""
         try:
-            c._claim_root()
+            root = os.path.abspath(root)
+            os.makedirs(os.path.dirname(root), exist_ok=True)
+            _claim(root)
+            c = cls(root=root, fp=fingerprint(rules), secret=load_key(key_home))
             if not c._ensure_folder():
                 raise CacheRefused(f"{c.folder} is not a folder torchopt made")
         except OSError:
             return None
         return c
 
-    def _claim_root(self) -> None:
-        """Create the root, or adopt it when empty, or accept it when it carries torchopt's tag."""
-        os.makedirs(os.path.dirname(self.root), exist_ok=True)
-        try:
-            os.mkdir(self.root)
-            created = True
-        except FileExistsError:
-            created = False
-        mode = os.lstat(self.root).st_mode
-        if stat.S_ISLNK(mode):
-            raise CacheRefused(f"{self.root} is a symbolic link")
-        if not stat.S_ISDIR(mode):
-            raise CacheRefused(f"{self.root} is not a folder")
-        if not _has_torchopt_tag(self.root):
-            if not created and os.listdir(self.root):
-                raise CacheRefused(f"{self.root} is not empty and has no CACHEDIR.TAG from torchopt")
-            _create_new(os.path.join(self.root, TAG_NAME), CACHEDIR_TAG)
-        _create_new(os.path.join(self.root, ".gitignore"), GITIGNORE_TEXT)
-
     def _ensure_folder(self) -> bool:
         """This fingerprint's folder exists as a real folder (made, with its marker, if missing)."""
         if not _real_dir(self.root):
             return False
         try:
-            os.mkdir(self.folder)
+            os.mkdir(self.folder, 0o700)
         except FileExistsError:
             pass
         if not _real_dir(self.folder):
@@ -244,28 +322,49 @@ class Cache:
         name = _h(os.path.abspath(path), kind)
         return os.path.join(self.folder, name[:2], name[2:] + ".json")
 
+    def seal(self, target: str, body: bytes) -> bytes:
+        """The bytes of an entry file: the MAC of (fingerprint, entry name, body), a newline, the body."""
+        mac = hmac.new(self.secret, b"\x00".join([self.fp.encode(), os.path.basename(target).encode(), body]), "sha256")
+        return mac.hexdigest().encode() + b"\n" + body
+
+    def _unseal(self, target: str, data: bytes) -> bytes:
+        body = data.partition(b"\n")[2]
+        if not (self.secret and hmac.compare_digest(self.seal(target, body), data)):
+            raise Untrusted(target)
+        return body
+
     @staticmethod
     def key(text: str, path: str, settings: Any, kind: str) -> str:
         return _h(kind, path, _h(text), settings_hash(settings))
 
     def get(self, text: str, path: str, settings: Any, kind: str) -> Entry | None:
+        """The entry for exactly this text, path, settings and kind, or None. Raises Untrusted for an
+        entry this user's torchopt did not write (bad MAC, malformed, another owner's file)."""
         target = self._entry_path(path, kind)
         try:
             if not (_real_dir(self.folder) and _real_dir(os.path.dirname(target))):
                 return None
-            with os.fdopen(os.open(target, os.O_RDONLY | _NOFOLLOW), "rb") as fh:
-                data = json.loads(fh.read())
-            if data["key"] != self.key(text, path, settings, kind):
-                return None
+            with os.fdopen(os.open(target, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+                    raise Untrusted(target)
+                data = fh.read()
+        except OSError:  # missing (the usual miss), or unreadable
+            return None
+        body = self._unseal(target, data)
+        try:
+            entry = json.loads(body)
+            if entry["key"] != self.key(text, path, settings, kind):
+                return None  # the file or its settings changed since: an ordinary miss
             return Entry(
-                status=data["status"],
-                reason=data["reason"],
-                diagnostics=[_diag_in(r, path) for r in data["diagnostics"]],
-                applied=[_diag_in(r, path) for r in data["applied"]],
-                remaining=[_diag_in(r, path) for r in data["remaining"]],
-                new_text=data["new_text"],
+                status=entry["status"],
+                reason=entry["reason"],
+                diagnostics=[_diag_in(r, path) for r in entry["diagnostics"]],
+                applied=[_diag_in(r, path) for r in entry["applied"]],
+                remaining=[_diag_in(r, path) for r in entry["remaining"]],
+                new_text=entry["new_text"],
             )
-        except Exception:  # missing, truncated, corrupt, an older layout: all just a miss
+        except Exception:  # authentic but unusable (cannot happen unless torchopt changed): a miss
             return None
 
     def put(self, text: str, path: str, settings: Any, kind: str, entry: Entry) -> None:
@@ -284,12 +383,13 @@ class Cache:
             if not self._ensure_folder():
                 return
             try:
-                os.mkdir(shard)
+                os.mkdir(shard, 0o700)
             except FileExistsError:
                 pass
             if not _real_dir(shard):
                 return
-            _atomic(target, json.dumps(data, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+            body = json.dumps(data, separators=(",", ":")).encode("utf-8", "surrogatepass")
+            _atomic(target, self.seal(target, body))
         except (OSError, ValueError):
             pass
 

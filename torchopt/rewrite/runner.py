@@ -10,12 +10,14 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from torchopt.rewrite import diff as diffmod
 from torchopt.rewrite import budget, interrupt, notebook, source, speedups
+from torchopt.rewrite import place as placemod
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
+from torchopt.rewrite.place import Place
 from torchopt.rewrite.write import WriteRefused, atomic_write
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ class FileResult:
     applied: list[Diagnostic] = field(default_factory=list)
     remaining: list[Diagnostic] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    untrusted_cache: bool = False  # its cache entry was not this user's and was ignored
 
 
 def process_text(text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None) -> FileResult:
@@ -108,7 +111,8 @@ def _from_entry(entry: "Entry", text: str, path: str, mode: Mode) -> FileResult:
 def process_cached(
     text: str, path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
 ) -> FileResult:
-    """process_text through the cache: a hit answers without analysing the file again."""
+    """process_text through the cache: a hit answers without analysing the file again; an entry this
+    user's torchopt did not write is ignored (and replaced), and the result says so."""
     if cache is None:
         return process_text(text, path, settings, mode, unsafe)
     if notebook.is_notebook(path):  # the program is cached; its positions in cells are found each time
@@ -131,12 +135,19 @@ def _through_cache(
     cache: "Cache",
     analyse: Callable[[str, str, Settings, Mode, bool | None], FileResult],
 ) -> FileResult:
+    from torchopt.rewrite.cache import Untrusted
+
     kind = _kind(settings, mode, unsafe)
-    hit = cache.get(text, path, settings, kind)
+    untrusted = False
+    try:
+        hit = cache.get(text, path, settings, kind)
+    except Untrusted:
+        hit, untrusted = None, True
     if hit is not None:
         return _from_entry(hit, text, path, mode)
     res = analyse(text, path, settings, mode, unsafe)
     cache.put(text, path, settings, kind, _to_entry(res, text))
+    res.untrusted_cache = untrusted
     return res
 
 
@@ -177,12 +188,49 @@ def _notebook(text: str, path: str, mode: Mode, settings: Settings, analyse: Cal
     return res
 
 
+def compiles(text: str, path: str) -> str | None:
+    """Why ``text`` is not Python this interpreter compiles, in one line; None when it compiles.
+    Every text is checked so just before it is written, wherever it came from."""
+    try:
+        compile(text, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        return " ".join(str(exc).split())
+    except (RecursionError, MemoryError):
+        return "too deeply nested to compile"
+    return None
+
+
 def process_file(
-    path: str, settings: Settings, mode: Mode, unsafe: bool | None = None, cache: "Cache | None" = None
+    path: str,
+    settings: Settings,
+    mode: Mode,
+    unsafe: bool | None = None,
+    cache: "Cache | None" = None,
+    place: Place | None = None,
+) -> FileResult:
+    """Read, analyse and (in FIX mode) write ``path``. With ``place`` (where discovery found it), the
+    file is read and written relative to its folder opened again without following links, and a
+    folder swapped since is refused; without it, the file's real folder now is used."""
+    if not placemod.SUPPORTED:
+        return _process_opened(path, path, None, settings, mode, unsafe, cache)
+    place = place or placemod.pin_one(path)
+    if place is None:
+        return FileResult(path=path, status="failed", reason="cannot read: No such file or directory")
+    try:
+        with placemod.opened(place) as folder:
+            return _process_opened(path, place.name, folder, settings, mode, unsafe, cache)
+    except placemod.Moved as exc:
+        return FileResult(path=path, status="failed", reason=str(exc))
+    except OSError as exc:
+        return FileResult(path=path, status="failed", reason=f"cannot read: {exc.strerror or exc}")
+
+
+def _process_opened(
+    path: str, name: str, folder: int | None, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None"
 ) -> FileResult:
     try:
         # In a notebook the limit is on its code (checked later), not on its outputs' images.
-        src = source.read(path, 0 if notebook.is_notebook(path) else settings.max_file_size)
+        src = source.read(name, 0 if notebook.is_notebook(path) else settings.max_file_size, dir_fd=folder)
     except source.SourceError as exc:
         return FileResult(path=path, status="failed", reason=str(exc))
     if source.is_generated(src.text):
@@ -193,9 +241,15 @@ def process_file(
     if res.status != "ok":
         return res
     if res.changed and mode is Mode.FIX:
+        written = res.new_text or ""
+        broken = compiles(notebook.Notebook.load(written).program if notebook.is_notebook(path) else written, path)
+        if broken is not None:
+            return FileResult(
+                path=path, status="failed", reason=f"the fixed text does not compile ({broken}); not written"
+            )
         try:
             with interrupt.writing():
-                atomic_write(path, src.encode(res.new_text or ""), expect=src.state)
+                atomic_write(name, src.encode(res.new_text or ""), expect=src.state, dir_fd=folder)
         except (source.SourceError, WriteRefused) as exc:
             return FileResult(path=path, status="failed", reason=str(exc))
         except (OSError, UnicodeEncodeError) as exc:
@@ -215,33 +269,36 @@ def tune_gc() -> None:
 
 GC_THRESHOLD = 100_000
 
+# A file to process: its path, its settings, and where discovery found it (None: where it is now).
+Item = tuple[str, Settings, "Place | None"]
 
-def _chunk(
-    files: Sequence[tuple[str, Settings]], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None
-) -> list[FileResult]:
+
+def _chunk(files: Sequence[Item], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None) -> list[FileResult]:
     """Process ``files`` one after the other. After a stop signal: the results so far (a write under
     way finishes first; the files not reached have no result)."""
     tune_gc()
     out: list[FileResult] = []
     try:
         with interrupt.abandoning():
-            for path, settings in files:
+            for path, settings, place in files:
                 if interrupt.stop_requested() is not None:
                     break
-                out.append(_one_file(path, settings, mode, unsafe, cache))
+                out.append(_one_file(path, settings, mode, unsafe, cache, place))
     except interrupt.Interrupted:
         pass
     interrupt.exit_if_orphaned()
     return out
 
 
-def _one_file(path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None") -> FileResult:
+def _one_file(
+    path: str, settings: Settings, mode: Mode, unsafe: bool | None, cache: "Cache | None", place: Place | None
+) -> FileResult:
     too_big = None if notebook.is_notebook(path) else budget.file_over_budget(path)  # the engine checks the code
     if too_big is not None:
         return FileResult(path=path, status="failed", reason=too_big)
     try:
         with budget.time_limit(budget.FILE_SECONDS, deferred=interrupt.is_writing):
-            return process_file(path, settings, mode, unsafe, cache)
+            return process_file(path, settings, mode, unsafe, cache, place)
     except budget.TimeBudgetExceeded as exc:  # not cached: a faster machine may manage it
         return FileResult(path=path, status="failed", reason=str(exc))
     except Exception as exc:  # a bug of ours must not stop the run or touch the file
@@ -266,12 +323,16 @@ def run(
     unsafe: bool | None = None,
     on_progress: Callable[[int], None] | None = None,
     cache: "Cache | None" = None,
+    places: Mapping[str, Place] | None = None,
 ) -> list[FileResult]:
     """Process ``files``; results come back in the order of ``files``. With ``cache``, files whose
-    text, path and settings were analysed before (by this torchopt) are answered from it.
+    text, path and settings were analysed before (by this torchopt) are answered from it. ``places``
+    (from ``place.pin`` right after discovery) keep each file's reads and writes inside the folder it
+    was found in.
     On SIGINT/SIGTERM: no new file is started, writes under way finish, and Interrupted is raised
     with the number of files written."""
-    items = [(f, settings_for(f)) for f in files]
+    places = places or {}
+    items = [(f, settings_for(f), places.get(f)) for f in files]
     jobs = worker_count(jobs, len(items))
     results: dict[str, FileResult] = {}
     progress = on_progress or (lambda n: None)
@@ -303,7 +364,7 @@ WORKER_DIED = "the worker process analysing it died (a crash in LibCST's parser,
 
 
 def _run_pool(
-    items: list[tuple[str, Settings]],
+    items: list[Item],
     mode: Mode,
     unsafe: bool | None,
     cache: "Cache | None",
@@ -316,7 +377,7 @@ def _run_pool(
     second death names the file that caused it."""
     size = max(1, min(16, len(items) // (jobs * 4) or 1))
     pending = deque(items[i : i + size] for i in range(0, len(items), size))
-    suspects: deque[tuple[str, Settings]] = deque()
+    suspects: deque[Item] = deque()
     while pending or suspects:
         # spawn/forkserver workers do not inherit this process's LibCST speed-ups: install them there too
         pool = ProcessPoolExecutor(
@@ -324,7 +385,7 @@ def _run_pool(
             initializer=interrupt.init_worker,
             initargs=(os.getpid(), budget.memory_budget(jobs), speedups.worker_initializer()),
         )
-        inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]] = {}
+        inflight: dict[Future, tuple[list[Item], bool]] = {}
         try:
             _feed_pool(pool, inflight, pending, suspects, (mode, unsafe, cache), jobs, progress, results)
         except interrupt.Interrupted:
@@ -337,7 +398,7 @@ def _run_pool(
 
 def _feed_pool(
     pool: ProcessPoolExecutor,
-    inflight: dict[Future, tuple[list[tuple[str, Settings]], bool]],
+    inflight: dict[Future, tuple[list[Item], bool]],
     pending: deque,
     suspects: deque,
     args: tuple,
@@ -376,7 +437,7 @@ def _feed_pool(
 
 def _collect(
     fut: Future,
-    chunk: list[tuple[str, Settings]],
+    chunk: list[Item],
     alone: bool,
     suspects: deque,
     progress: Callable[[int], None],
@@ -394,11 +455,12 @@ def _collect(
         return True
     except Exception as exc:  # e.g. a result that cannot be sent back: report, keep going
         done = [
-            FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}") for p, _ in chunk
+            FileResult(path=p, status="failed", reason=f"internal error: {type(exc).__name__}: {exc}")
+            for p, *_ in chunk
         ]
     for res in done:
         results[res.path] = res
-    for path, _ in chunk[len(done) :]:  # a worker stopped by someone else's SIGTERM
+    for path, *_ in chunk[len(done) :]:  # a worker stopped by someone else's SIGTERM
         results[path] = FileResult(path=path, status="failed", reason="its worker process was stopped; left unchanged")
     progress(len(chunk))
     return False

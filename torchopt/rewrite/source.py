@@ -120,17 +120,22 @@ def file_kind(mode: int) -> str | None:
         return "device"
     if stat.S_ISDIR(mode):
         return "folder"
+    if stat.S_ISLNK(mode):  # only seen where links are not followed: one put in place of the file
+        return "symbolic link"
     return "special file"
 
 
-def read(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> SourceText:
-    """Read and decode ``path``; the result remembers what the file was (``state``)."""
+def read(path: str, max_bytes: int = DEFAULT_MAX_BYTES, dir_fd: int | None = None) -> SourceText:
+    """Read and decode ``path``; the result remembers what the file was (``state``). With ``dir_fd``,
+    ``path`` is a name in that open folder and a symbolic link there is not followed."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0) if dir_fd is not None else 0
     try:
-        kind = file_kind(os.stat(path).st_mode)
+        kind = file_kind(os.stat(path, dir_fd=dir_fd, follow_symlinks=dir_fd is None).st_mode)
         if kind is not None:
             raise SourceError(f"not a regular file ({kind}); not opened")
         # O_NONBLOCK: if the path was swapped for a FIFO since the stat, opening it must not block.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | nofollow
+        fd = os.open(path, flags, dir_fd=dir_fd)
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             kind = file_kind(st.st_mode)
