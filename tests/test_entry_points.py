@@ -57,10 +57,12 @@ RESNET = dedent("""\
         test()
 """)
 
-# A smoke test written inline in the guard, and a helper with no guard at all.
+# A smoke test written inline in the guard, and a helper with no guard at all (wrapping its input
+# in the pre-0.4 `Variable`, as model zoos of that era do).
 VGG = dedent("""\
     import torch
     from torch import nn
+    from torch.autograd import Variable
 
 
     class VGG(nn.Module):
@@ -73,10 +75,10 @@ VGG = dedent("""\
             return self.classifier(self.features(x).mean((2, 3)))
 
 
-    def test_vgg(depth=11):
+    def test(depth=11):
         net = VGG()
         x = torch.randn(2, 3, 32, 32)
-        print(depth, net(x).shape)
+        print(depth, net(Variable(x)).shape)
 
 
     if __name__ == "__main__":

@@ -25,7 +25,7 @@ definitions, never by their spelling:
   whose every call is *smoke-test work*: a model class or factory or another self-test helper of
   the file, a name bound in the function (``net(x)``), a method of a value (``y.size()``,
   ``net.eval()``), a builtin that prints or inspects (``print``, ``len``, ``sum``, ...) or a torch
-  tensor factory (``torch.randn``, ``torch.zeros``, ...). It must also be used nowhere in the file
+  tensor factory (``torch.randn``, ``torch.zeros``, ``Variable(x)``, ...). It must also be used nowhere in the file
   except by the ``if __name__ == "__main__":`` block and other self-test helpers. A function that
   takes a model or a loader (``def test(net, loader):`` in ``train.py``), loops, loads data or
   weights, or is called by the file's own program is not one: it could be a step of a program.
@@ -53,7 +53,8 @@ from torchopt.rewrite.facts import SourceFacts
 from torchopt.rewrite.rule import Rule
 
 _NN = "torch.nn."
-_TENSOR_FACTORIES = frozenset(
+# Tensor factories, and ``Variable(x)``: the pre-0.4 wrapper that smoke tests of that era put around inputs.
+_TENSOR_FACTORIES = frozenset(["torch.autograd.Variable", "torch.autograd.variable.Variable"]) | frozenset(
     "torch." + name
     for name in (
         "randn rand randint randn_like rand_like randint_like zeros ones empty full arange linspace tensor "
