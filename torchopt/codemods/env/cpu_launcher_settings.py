@@ -8,6 +8,7 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from torchopt.analysis.entry_points import ProgramRule
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.codemods.env import FAMILY
@@ -84,7 +85,7 @@ def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
     return "nothing in it selects an accelerator"
 
 
-class CpuLauncherAdvice(Rule):
+class CpuLauncherAdvice(ProgramRule):
     """## What it does
     Reports CPU launcher settings (NUMA, OpenMP, allocator) once per script that runs on the CPU.
 
@@ -93,8 +94,9 @@ class CpuLauncherAdvice(Rule):
     nothing in it selects an accelerator. A script that picks an accelerator and falls back to the
     CPU (`"cuda" if torch.cuda.is_available() else "cpu"`, `torch.accelerator.current_accelerator()`,
     a `--device` option defaulting to `"cuda"`, a trainer or `Accelerator` that picks the device, a
-    device returned by a helper) is a GPU script and is left alone. Display-only: these are launcher
-    settings, not source changes.
+    device returned by a helper) is a GPU script and is left alone, and so is a file that only
+    defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md).
+    Display-only: these are launcher settings, not source changes.
 
     ## Why is this slow
     On the CPU, PyTorch's speed depends on how its threads are placed: threads that migrate
@@ -251,6 +253,31 @@ class CpuLauncherAdvice(Rule):
                     return torch.ones(2)
             """),
             note="a library module, not a script",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(4, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                def test():
+                    net = Net()
+                    print(net(torch.randn(2, 4)).shape)
+
+
+                if __name__ == "__main__":
+                    test()
+            """),
+            note="a file that only defines models and smoke-tests them is no program to launch",
         ),
     )
 

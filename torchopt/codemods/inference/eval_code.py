@@ -11,7 +11,7 @@ from torchopt.analysis.names import callee, dotted
 from torchopt.analysis.arguments import has_star, positional
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, remembered
-from torchopt.rewrite.rule import Rule
+from torchopt.analysis.entry_points import ProgramRule
 from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
 
 GRAD_OFF = {
@@ -36,8 +36,8 @@ _TRAIN_METHODS = {"backward", "step", "zero_grad", "requires_grad_", "retain_gra
 _TRAINING_ROUTINE = re.compile(r"^_*(train|fit)(_\w+)?$|_train$|^finetune")
 
 
-class EvalRule(Rule):
-    """Shared analysis; the subclasses decide what to report."""
+class EvalRule(ProgramRule):
+    """Shared analysis; the subclasses decide what to report (never in a model module's self-test)."""
 
     def forward_calls(self, body: cst.CSTNode) -> list[tuple[cst.Call, str]]:
         """Calls of a model in ``body``: ``model(x)``, ``self.net(x)``, ``model.forward(x)``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.conventions import EVAL_FUNCTION
@@ -33,6 +35,10 @@ class EvalTrainModeMismatch(EvalRule):
     * an epoch loop that trains and then switches a model to evaluation (`model.eval()`, or a
       function of the file that calls `.eval()`) but never switches it back with `model.train()`, so
       from the second epoch on the model trains in evaluation mode.
+
+    A model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
+    only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
+    docs/design.md) is not evaluation code and is not reported.
 
     ## Why is this slow
     It is a correctness trap that looks like a tuning one: `torch.no_grad()` does not disable
@@ -117,6 +123,31 @@ class EvalTrainModeMismatch(EvalRule):
             "def fit(model, opt, train_loader, val_loader, epochs):\n    for epoch in range(epochs):\n"
             "        model.train()\n        for x, y in train_loader:\n            model(x).sum().backward()\n"
             "            opt.step()\n        model.eval()\n        evaluate(model, val_loader)\n"
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(4, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                def test():
+                    net = Net()
+                    print(net(torch.randn(2, 4)).shape)
+
+
+                if __name__ == "__main__":
+                    test()
+            """),
+            note="a model module's smoke test runs no evaluation program",
         ),
     )
 

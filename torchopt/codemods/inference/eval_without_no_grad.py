@@ -71,7 +71,10 @@ class EvalWithoutNoGrad(EvalRule):
     under `torch.no_grad()` / `torch.inference_mode()` already. It decorates the function with
     `@torch.no_grad()` or wraps the loop in `with torch.no_grad():`. Methods count too
     (`Trainer.evaluate(self)`), except methods of a torch module, which are part of its forward.
-    A loop whose model calls already sit in a `with torch.no_grad():` is left alone.
+    A loop whose model calls already sit in a `with torch.no_grad():` is left alone, and so is a
+    model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
+    only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
+    docs/design.md): no evaluation program runs there.
 
     An *inference script* (it loads weights, with `load_state_dict`, `torch.load` or
     `from_pretrained`, and nothing in the file trains) is evaluation code as a whole: its `main()`
@@ -339,6 +342,31 @@ class EvalWithoutNoGrad(EvalRule):
                         return self.predict(self.backbone(x))
             """),
             note="a method of a module is part of its forward (gradients must flow through it)",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc = nn.Linear(4, 2)
+
+                    def forward(self, x):
+                        return self.fc(x)
+
+
+                def test():
+                    net = Net()
+                    print(net(torch.randn(2, 4)).shape)
+
+
+                if __name__ == "__main__":
+                    test()
+            """),
+            note="a model module's smoke test runs no evaluation program",
         ),
     )
 
