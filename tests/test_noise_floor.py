@@ -133,3 +133,8 @@ def test_the_reference_run_follows_the_declared_kinds() -> None:
     assert precision("numerics", "numerics=tf32") == Precision(autocast="bfloat16", tf32=True)
     assert precision(codes=("TOP202", "TOP502")) == Precision(autocast="bfloat16", tf32=True)
     assert precision(codes=("TOP502",)) == Precision(tf32=True)
+
+
+def test_no_reference_run_when_values_are_not_compared() -> None:
+    assert tolerance_for(["numerics", "rng"]).reference is None
+    assert tolerance_for(["numerics", "rng"], replayed=True).reference == Precision(autocast="bfloat16")

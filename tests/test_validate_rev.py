@@ -91,6 +91,22 @@ def test_rev_fails_a_learning_rate_change_riding_with_amp_for_github(repo: Path)
     assert not (repo.parent / "marker").exists()
 
 
+@pytest.mark.slow
+def test_rev_uses_the_tolerance_of_torchopts_own_rewrite(tmp_path: Path) -> None:
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "amp_plain_loop"
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, {"train.py": (fixture / "before.py").read_text()}, "float32")
+    commit(repo, {"train.py": (fixture / "after_unsafe.py").read_text()}, "torchopt rewrite --unsafe-fixes")
+    res = run_rev(repo, "train.py", "--rev", "HEAD~1", "--output-format", "json")
+    out = json.loads(res.stdout)
+    assert res.exit_code == 0, (out["headline"], out.get("first_divergence"))
+    assert {f["code"] for f in out["applied"]} >= {"TOP202", "TOP502"}
+    assert any(n.startswith("train.py at HEAD is torchopt's rewrite") for n in out["notes"])
+    assert "noise floor" in out["tolerance"]["criterion"]
+
+
 def test_rev_with_an_unknown_commit_or_a_missing_entry_could_not_run(repo: Path, tmp_path: Path) -> None:
     res = run_rev(repo, "train.py", "--rev", "nosuchbranch")
     assert res.exit_code == 2 and "is not a commit" in res.stdout

@@ -263,7 +263,7 @@ def tolerance_for(
     result = SAFE
     for tag in dict.fromkeys(str(getattr(t, "value", t)) for t in tags):
         result = _merge(result, replace(_for_tag(tag, key, replayed), tags=(tag,)))
-    if "numerics" in result.tags:
+    if "numerics" in result.tags and result.compare_values:
         floor = reference or Precision(autocast=key)
         result = replace(
             result,
