@@ -151,7 +151,7 @@ def run_and_compare(
     from torchopt.validate import transplant as tp
     from torchopt.validate.compare import compare
     from torchopt.validate.report import render_text, to_json
-    from torchopt.validate.runner import protected_roots
+    from torchopt.validate.runner import Version, protected_roots
 
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-validate-"))
     roots = sorted({*protected_roots(before), *protected_roots(after)})
@@ -163,7 +163,7 @@ def run_and_compare(
     reference = None
     if tol.reference is not None:
         reference = (
-            type(before)("reference", before.path, source=before.source, sources=dict(before.sources)),
+            Version("reference", before.path, source=before.source, sources=dict(before.sources)),
             replace(opts, precision=tol.reference.spec(opts.device), transplant=None),
         )
     try:
