@@ -45,13 +45,14 @@ def _rows(out: dict) -> dict:
     return {r["name"]: r for r in out["rows"]}
 
 
-def test_padded_gpt_passes_validate_bitwise_on_cpu():
+def test_padded_gpt_passes_validate_within_fp32_rounding_and_bitwise_on_cpu():
     out = _validate("pad_gpt_vocab", "TOP301", 4)
     assert out["exit_code"] == 0 and out["verdict"] == "equivalent", json.dumps(out, indent=1)[:3000]
     rows = _rows(out)
     losses = [r for n, r in rows.items() if n.startswith("loss[")]
     assert len(losses) == 4
-    # bitwise: the losses, the sliced logits and loss on the probe batch, the (sliced) parameters
+    # held to fp32 rounding (padded matmuls reassociate: not bitwise in general), and in fact bitwise
+    # here: the losses, the sliced logits and loss on the probe batch, the (sliced) parameters
     for name in [
         "output/model[0]",
         "output/model[1]",
@@ -59,7 +60,8 @@ def test_padded_gpt_passes_validate_bitwise_on_cpu():
         "param/model.head.weight",
         *[n for n in rows if n.startswith("loss[")],
     ]:
-        assert rows[name]["tolerance"] == "bitwise" and rows[name]["max_abs"] == 0, rows[name]
+        assert rows[name]["tolerance"].startswith("rtol=1e-05") or rows[name]["tolerance"].startswith("rtol=1.3e-06")
+        assert rows[name]["max_abs"] == 0, rows[name]
     assert "padded (101, 32) -> (104, 32)" in rows["param/model.tok_emb.weight"]["detail"]
     assert any("weight transplant" in n for n in out["notes"])
     assert not any("transplant stopped" in n for n in out["notes"]), out["notes"]

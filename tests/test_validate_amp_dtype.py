@@ -53,13 +53,20 @@ def _probes(loss_scale: float) -> list[dict]:
 @pytest.fixture
 def canned_runs(monkeypatch):
     """Runs that return the original's probes, and a rewrite whose losses are 3 % higher:
-    inside the bfloat16 row (5 %), outside the float16 one (1 %)."""
+    inside the bfloat16 row (5 %), outside the float16 one (1 %). The reference run (the original
+    at reduced precision, for the noise floor) fails, so the flat rows decide; the dtype it was
+    asked to autocast to is recorded."""
+    asked: list[str] = []
 
     def fake_run(version, opts, workdir=None, cancel=None):  # noqa: ARG001 - run_version's signature
         assert opts.device == "cuda"
+        if version.label == "reference":
+            asked.append(opts.precision["autocast"])
+            return [{"status": "error", "traceback": "RuntimeError: no GPU here", "losses": [], "tensors": {}}]
         return _probes(1.0 if version.label == "before" else 1.03)
 
     monkeypatch.setattr(runner, "run_version", fake_run)
+    return asked
 
 
 def _project(proj: Path, config: str) -> Path:
@@ -98,11 +105,13 @@ def test_amp_row_follows_the_dtype_the_rewrite_computes_in(tmp_path, canned_runs
     assert out.json["tolerance"]["reason"].startswith("numerics (bfloat16)")
     assert out.exit_code == 0, out.text
     assert out.text.startswith("EQUIVALENT")
+    assert canned_runs == ["bfloat16"]
 
     out = _validate(fp16)
     assert out.json["tolerance"]["reason"].startswith("numerics (float16)")
     assert out.exit_code == 1
     assert out.json["first_divergence"]["name"] == "loss[0]"
     assert out.text.startswith("DIVERGED")
+    assert canned_runs == ["bfloat16", "float16"]
 
     assert _tree_hashes(tmp_path) == before

@@ -1,5 +1,8 @@
 """A correct AMP rewrite validated over many steps stays EQUIVALENT once its losses near zero.
 
+It is held to the program's own noise floor (docs/validation.md, "The noise floor"); the loss
+scale, the criterion before, remains a reported figure.
+
 The CNN memorises 64 images: by step 25 its losses are around 0.1 and the bfloat16 run's differ
 from the float32 run's by up to 220 % of themselves, while never more than 10 % of the loss it
 started from. Measured against each loss itself the validator called this correct rewrite
@@ -64,5 +67,7 @@ def test_amp_cnn_over_forty_steps_is_equivalent(tmp_path: Path) -> None:
     assert max(r["max_rel"] for r in losses.values()) > 0.5, (
         "the losses near zero differ by far more than 15 % of themselves"
     )
-    assert losses["loss[30]"]["tolerance"] == "0.15·max|loss so far|"
+    # Held to the program's noise floor (the original run inside autocast), not to a flat band.
+    assert losses["loss[30]"]["tolerance"].startswith("4×ref ("), losses["loss[30]"]
+    assert any(n.startswith("flat band (reported") for n in out["notes"])
     assert _tree(tmp_path) == before

@@ -195,15 +195,16 @@ for epoch in range(100):
 
 
 @pytest.mark.parametrize("steps", [3, 20])
-def test_amp_cnn_passes_by_the_loss_rule(tmp_path: Path, steps: int) -> None:
+def test_amp_cnn_passes_within_its_noise_floor(tmp_path: Path, steps: int) -> None:
     """After AMP training the parameters and the probe batch's outputs drift (by more than the
-    output bound at 20 steps); both are reported, and the losses decide."""
+    flat output bound at 20 steps), as they do in the original run inside autocast: every probe
+    is held to that run's distance (docs/validation.md, "The noise floor")."""
     script = write(tmp_path / "prog" / "cnn.py", CNN)
     before = tree(tmp_path)
     code, out, _ = validate_json(script, "--unsafe-fixes", "--select", "TOP202", "--steps", steps, "--device", "cpu")
     assert code == 0, (out["headline"], out["first_divergence"])
     assert [f["code"] for f in out["applied"]] == ["TOP202"]
-    assert "reported" in row(out, "output/model")["tolerance"]
+    assert row(out, "output/model")["tolerance"].startswith("4×ref (")
     assert row(out, f"loss[{steps - 1}]")["verdict"] == "ok"
     assert tree(tmp_path) == before
 

@@ -515,6 +515,21 @@ def rule_cmd(code: str = typer.Argument(..., help="A rule code such as TOP101, o
     sys.stdout.write(render(rule))
 
 
+ExpectOpt = typer.Option(
+    None,
+    "--expect",
+    metavar="CLASS",
+    help="The class of a hand-made change: numerics[=bf16|fp16|tf32], rng, tolerance or semantics (repeatable).",
+)
+RevOpt = typer.Option(
+    None,
+    "--rev",
+    metavar="BASE[..HEAD]",
+    help="Compare BEFORE (the entry script) at two commits of its repository (HEAD by default).",
+)
+OutputFormatOpt = typer.Option("text", "--output-format", help="text | json | github")
+
+
 @app.command("validate")
 def validate_cmd(
     before: str = typer.Argument(..., help="The program (a script, or the module an --entry imports)."),
@@ -559,14 +574,20 @@ def validate_cmd(
     bench_warmup: int = typer.Option(
         2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."
     ),
+    expect: Optional[List[str]] = ExpectOpt,
+    rev: Optional[str] = RevOpt,
+    output_format: str = OutputFormatOpt,
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
-    Exit 0 equivalent, 1 diverged, 2 could not run."""
-    import json
+    Exit 0 equivalent, 1 diverged, 2 could not run, 3 inconclusive."""
+    from torchopt.validate.declared import parse as parse_expect
 
-    if device not in ("auto", "cpu", "cuda"):
-        _err("error: --device must be auto, cpu or cuda")
+    if device not in ("auto", "cpu", "cuda") or output_format not in ("text", "json", "github"):
+        _err("error: --device must be auto, cpu or cuda; --output-format text, json or github")
         raise typer.Exit(EXIT_ERROR)
+    output_format = "json" if json_out else output_format
+    if rev is not None:
+        _validate_rev(rev, before, after, expect, output_format, steps, device, script_arg, timeout, nproc)
     try:
         _need_torch("`torchopt validate`")
         resolver = _resolver(select, ignore, unsafe_fixes, config)
@@ -581,6 +602,10 @@ def validate_cmd(
 
         from torchopt.validate.bench import BenchOptions
 
+        try:
+            declared = parse_expect(expect or ())
+        except ValueError as exc:
+            raise _Usage(str(exc)) from None
         out = validate(
             before,
             after,
@@ -595,6 +620,7 @@ def validate_cmd(
             transplant=transplant,
             jobs=jobs or os.cpu_count() or 1,
             bench=BenchOptions(bench_repeats, bench_warmup) if bench else None,
+            expect=declared,
         )
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
@@ -602,8 +628,22 @@ def validate_cmd(
     except (source.SourceError, OSError, ParseError, FixError) as exc:
         _err(f"error: {before}: {exc}")
         raise typer.Exit(EXIT_ERROR)
-    sys.stdout.write(json.dumps(out.json, indent=2) + "\n" if json_out else out.text)
+    from torchopt.validate.revisions import render
+
+    sys.stdout.write(render(out, None, output_format))
     raise typer.Exit(out.exit_code)
+
+
+def _validate_rev(rev, entry, after, expect, output_format, steps, device, script_arg, timeout, nproc) -> None:
+    """`torchopt validate ENTRY.py --rev BASE[..HEAD]`; always exits."""
+    from torchopt.validate.revisions import run_cli
+
+    if after is not None:
+        _err("error: --rev compares one entry script at two commits; give only ENTRY.py")
+        raise typer.Exit(EXIT_ERROR)
+    raise typer.Exit(
+        run_cli(rev, entry, expect or (), output_format, steps, device, tuple(script_arg or ()), timeout, nproc)
+    )
 
 
 @app.command("migrate")

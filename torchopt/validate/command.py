@@ -135,20 +135,23 @@ def run_and_compare(
     transplant: bool | None = None,
     before_runs: list[dict] | None = None,
     amp_dtype: str | None = None,
+    declared: Sequence[str] = (),
 ) -> Outcome:
     """Run both versions side by side (two processes at once, each in a scratch copy of its
     folder), compare and report. With
     ``transplant`` (default: when a padding fix was applied) the original runs first and the
     rewrite starts from its weights (torchopt.validate.transplant). ``before_runs``: the
     original's probes from an earlier call (same text, same options): only the rewrite runs.
-    ``amp_dtype``: what the AMP fixes compute in (``autocast_dtype``); by default the device's."""
+    ``amp_dtype``: what the AMP fixes compute in (``autocast_dtype``); by default the device's.
+    ``declared``: classes of change the user declared (``--expect``; torchopt.validate.declared).
+    A numerics change also runs the original at reduced precision: the noise floor."""
     from dataclasses import replace
 
     from torchopt.validate import scratch
     from torchopt.validate import transplant as tp
     from torchopt.validate.compare import compare
     from torchopt.validate.report import render_text, to_json
-    from torchopt.validate.runner import protected_roots
+    from torchopt.validate.runner import Version, protected_roots
 
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-validate-"))
     roots = sorted({*protected_roots(before), *protected_roots(after)})
@@ -156,8 +159,15 @@ def run_and_compare(
     user_files = scratch.fingerprint(roots, {workdir})
     if transplant is None:
         transplant = tp.wanted(applied)
+    tol = _tolerance(applied, opts.device, transplant, replayed, amp_dtype, declared)
+    reference = None
+    if tol.reference is not None:
+        reference = (
+            Version("reference", before.path, source=before.source, sources=dict(before.sources)),
+            replace(opts, precision=tol.reference.spec(opts.device), transplant=None),
+        )
     try:
-        results = _run_versions(before, after, opts, workdir, transplant, before_runs)
+        results = _run_versions(before, after, opts, workdir, transplant, before_runs, reference)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -165,13 +175,15 @@ def run_and_compare(
 
     fixes = _fix_rows(applied)
     b, a = results[before.label][0], results[after.label][0]
-    tol = _tolerance(applied, opts.device, transplant, replayed, amp_dtype)
-    cmp = compare(b, a, tol, fixes)
+    ref = results.pop("reference", [None])[0]
+    cmp = compare(b, a, tol, fixes, reference=ref)
     extra = list(notes) + _run_notes(cmp, results, a, transplant)
     warnings, wrote = _disk_notes(results, touched)
     cmp.notes = list(cmp.notes) + warnings + extra + wrote
     kw: dict[str, Any] = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
-    code = {"equivalent": 0, "diverged": 1}.get(cmp.verdict, 2)
+    from torchopt.validate.exits import exit_code
+
+    code = exit_code(cmp.verdict)
     return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
 
 
@@ -182,29 +194,35 @@ def _run_versions(
     workdir: str,
     transplant: bool,
     before_runs: list[dict] | None,
+    reference: "tuple[Version, RunOptions] | None" = None,
 ) -> dict[str, list[dict]]:
     """Each version's runs, by label. Both at once when neither needs the other: with a weight
     transplant the original's record must exist before the rewrite starts, and an original already
-    run (``before_runs``) is not run again."""
+    run (``before_runs``) is not run again. ``reference``: the original at reduced precision
+    (the noise floor), run beside them."""
     from dataclasses import replace
 
     from torchopt.validate.runner import run_version
 
     results: dict[str, list[dict]] = {}
     cancel = threading.Event()
+    options = {} if reference is None else {reference[0].label: reference[1]}
 
     def go(v: "Version") -> None:
-        results[v.label] = run_version(v, opts, workdir, cancel)
+        results[v.label] = run_version(v, options.get(v.label, opts), workdir, cancel)
 
+    extra = [] if reference is None else [reference[0]]
     if before_runs is not None and not transplant:
         results[before.label] = before_runs
-        go(after)
+        pending = [after, *extra]
     elif transplant:
         opts = replace(opts, transplant=os.path.join(workdir, "transplant.pt"))
         go(before)
-        go(after)
+        pending = [after, *extra]
     else:
-        threads = [threading.Thread(target=go, args=(v,)) for v in (before, after)]
+        pending = [before, after, *extra]
+    if pending:
+        threads = [threading.Thread(target=go, args=(v,)) for v in pending]
         for t in threads:
             t.start()
         try:
@@ -219,20 +237,36 @@ def _run_versions(
 
 
 def _tolerance(
-    applied: Sequence[Diagnostic], device: str, transplant: bool, replayed: bool, amp_dtype: str | None
+    applied: Sequence[Diagnostic],
+    device: str,
+    transplant: bool,
+    replayed: bool,
+    amp_dtype: str | None,
+    declared: Sequence[str] = (),
 ) -> "Tolerance":
-    """How far the two versions may differ, given what the fixes change and how the runs were
-    aligned (random values replayed, or weights transplanted)."""
+    """How far the two versions may differ, given what the fixes (or the user's declared classes)
+    change and how the runs were aligned (random values replayed, or weights transplanted)."""
     from dataclasses import replace
 
     from torchopt.validate import transplant as tp
-    from torchopt.validate.tolerance import tolerance_for
+    from torchopt.validate.declared import split
+    from torchopt.validate.tolerance import precision_for, tolerance_for
 
-    tags = sorted({t for d in applied if d.fix for t in d.fix.tags})
+    classes, kinds = split(declared)
+    tags = sorted({t for d in applied if d.fix for t in d.fix.tags} | classes)
+    if transplant:
+        tags = sorted({*tags, "tolerance"})  # padded matmuls sum extra zeros in other blocks: not bitwise
     amp_dtype = amp_dtype or ("float16" if device == "cuda" else "bfloat16")
     if transplant and all(d.code in tp.CODES for d in applied if d.fix and "rng" in d.fix.tags):
         replayed = True  # the transplant restores the original's RNG state after each construction
-    tol = tolerance_for(tags, dtype=amp_dtype, replayed=replayed)
+    numerics = [d.code for d in applied if d.fix and "numerics" in d.fix.tags]
+    precision = precision_for(numerics, amp_dtype, kinds) if "numerics" in tags else None
+    tol = tolerance_for(
+        tags,
+        dtype=precision.autocast if precision and precision.autocast else amp_dtype,
+        replayed=replayed,
+        reference=precision,
+    )
     if transplant:
         tol = replace(
             tol,
@@ -324,14 +358,21 @@ def validate(
     jobs: int = 1,
     bisect: bool = True,
     bench: "BenchOptions | None" = None,
+    expect: Sequence[str] = (),
 ) -> Outcome:
     """`torchopt validate BEFORE [AFTER]`. A divergence of a one-file rewrite with several fixes is
-    bisected to the smallest set of fixes that still diverges."""
+    bisected to the smallest set of fixes that still diverges. ``expect``: declared classes of a
+    hand-made change (torchopt.validate.declared.parse); without them, a recognisable edit's class
+    is inferred."""
     from torchopt.rewrite import notebook, source
     from torchopt.validate.runner import RunOptions, Version
 
     text = notebook.as_script(before_path, source.read(before_path, 0).text)
     plan, after_version = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
+    declared = list(expect) or _inferred(plan, after_path)
+    if expect:
+        plan.notes[:] = [n for n in plan.notes if not n.startswith("two files given")]
+        plan.notes.append(f"declared change: --expect {' --expect '.join(expect)}")
     if after_path is None and plan.after == plan.before:
         msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
         return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
@@ -353,6 +394,7 @@ def validate(
         replayed=plan.replayed,
         transplant=forced,
         amp_dtype=amp_dtype,
+        declared=declared,
     )
     if bisect and after_path is None and out.exit_code == 1 and len(plan.applied) > 1:
 
@@ -383,6 +425,26 @@ def validate(
         )
         measure(out, Version("before", before_path, source=text), plain_after, opts, bench)
     return out
+
+
+def _inferred(plan: Plan, after_path: str | None) -> list[str]:
+    """Two files that torchopt's fixes do not explain: the classes of the recognisable edits
+    (declared.infer), each said in the notes with its reason; else a note on how to declare one."""
+    from torchopt.validate import declared
+
+    if after_path is None or plan.applied or plan.before == plan.after:
+        return []
+    found = declared.infer(plan.before, plan.after)
+    plan.notes[:] = [n for n in plan.notes if not n.startswith("two files given")]
+    if not found:
+        plan.notes.append(
+            "two files given: compared bitwise (no torchopt fix explains the difference and no recognisable "
+            f"edit was found); {declared.HOW_TO_DECLARE}"
+        )
+        return []
+    for f in found:
+        plan.notes.append(f"inferred --expect {f.declared}: {f.reason} (declare the class with --expect to override)")
+    return [f.declared for f in found]
 
 
 def _plan_versions(

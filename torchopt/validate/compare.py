@@ -36,6 +36,7 @@ class Row:
     verdict: str  # "ok" | "diverged" | "missing" | "shape" | "dtype" | "skipped"
     step: int | None = None  # for losses: the optimizer step the loss belongs to
     detail: str = ""
+    band: float | None = None  # losses under a noise floor: the error as a fraction of the loss scale (reported)
 
 
 @dataclass
@@ -153,9 +154,13 @@ def _compare_pair(
     step: int | None = None,
     trained: bool = False,
     scale: float | None = None,
+    floor: "Floor | None" = None,
 ) -> Row:
     rg_b, rg_a = (bool(getattr(t, "requires_grad", False)) for t in (before, after))
     b, a = _prep(before), _prep(after)
+    if floor is not None and floor.dtype is not None and a.dtype != b.dtype and str(a.dtype) != floor.dtype:
+        why = f"{b.dtype} -> {a.dtype}; the original run at reduced precision computes it in {floor.dtype}"
+        return Row(name, kind, None, None, "", "dtype", step, why)
     detail = []
     if a.shape != b.shape and tol.transplant and grown(b.shape, a.shape):
         detail.append(f"padded {tuple(b.shape)} -> {tuple(a.shape)}: leading slice compared")
@@ -170,6 +175,8 @@ def _compare_pair(
         return Row(name, kind, None, None, "", "diverged", step, f"requires_grad {rg_b} -> {rg_a}")
     exact = not (_is_float(a) and _is_float(b))
     bound = Bound(bitwise=True) if exact else tol.bound(kind, step, trained=trained, scale=scale)
+    if floor is not None and not exact:
+        bound = tol.floor_bound(floor.distance, float(b.double().abs().max()) if b.numel() else 0.0)
     max_abs, max_rel, diff, ref, problem = _errors(
         a.to(torch.int64) if a.dtype == torch.bool else a, b.to(torch.int64) if b.dtype == torch.bool else b
     )
@@ -197,11 +204,79 @@ def _compare_pair(
     return Row(name, kind, max_abs, max_rel, label, "ok" if ok else "diverged", step, "; ".join(detail))
 
 
+# --------------------------------------------------------------------------- the noise floor
+
+
+@dataclass
+class Floor:
+    """What the reference run (the original at reduced precision) says about one probe: its
+    distance from the original, and the dtype it computed in."""
+
+    distance: float
+    dtype: str | None = None
+
+
+def _distance(ref: Any, before: Any) -> float | None:
+    r, b = _prep(ref), _prep(before)
+    if r.shape != b.shape or not (_is_float(r) and _is_float(b)):
+        return None
+    return _errors(r, b)[0]
+
+
+def _reference_ok(reference: Mapping | None) -> bool:
+    return reference is not None and reference.get("status", "ok") == "ok"
+
+
+def _precision_row(rows: list[Row], floors: dict[str, Floor]) -> list[Row]:
+    """A declared or applied precision change that changes nothing (autocast around the optimizer
+    step only, a TF32 switch that no matmul sees) while the reference run shows the program would
+    compute differently at that precision: the change did not take effect."""
+    compared = [r for r in rows if r.name in floors and r.max_abs is not None]
+    if not compared or any(r.max_abs for r in compared) or not any(floors[r.name].distance for r in compared):
+        return []
+    return [
+        Row(
+            "precision",
+            "meta",
+            None,
+            None,
+            "",
+            "diverged",
+            None,
+            "the reduced precision has no effect: every probe keeps its float32 value, while the original "
+            "run at reduced precision differs (is the autocast region around the forward pass and loss?)",
+        )
+    ]
+
+
 # --------------------------------------------------------------------------- whole runs
 
 
-def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: bool = False) -> list[Row]:
+def _loss_floors(before: Mapping, reference: Mapping | None, tol: Tolerance) -> dict[str, Floor]:
+    """Per loss, the largest distance of the reference run's losses from the original's up to it:
+    the noise of a trajectory at step i is the largest deviation it has shown so far, since one
+    step's distance can be near zero by chance."""
+    if tol.reference is None or not _reference_ok(reference):
+        return {}
+    assert reference is not None
+    lb, lr = list(before.get("losses") or []), list(reference.get("losses") or [])
+    dtypes = list(reference.get("loss_dtypes") or [])
+    floors, envelope = {}, 0.0
+    for i, (b, r) in enumerate(zip(lb, lr)):
+        d = _distance(r, b)
+        if d is None:
+            break
+        envelope = max(envelope, d)
+        floors[f"loss[{i}]"] = Floor(envelope, dtypes[i] if i < len(dtypes) else None)
+    return floors
+
+
+def _loss_rows(
+    before: Mapping, after: Mapping, tol: Tolerance, common_only: bool = False, floors: dict | None = None
+) -> list[Row]:
+    floors = floors or {}
     lb, la = list(before.get("losses") or []), list(after.get("losses") or [])
+    db, da = list(before.get("loss_dtypes") or []), list(after.get("loss_dtypes") or [])
     sb, sa = list(before.get("loss_steps") or []), list(after.get("loss_steps") or [])
     n = min(len(lb), len(la)) if common_only else max(len(lb), len(la))
     rows = []
@@ -228,7 +303,16 @@ def _loss_rows(before: Mapping, after: Mapping, tol: Tolerance, common_only: boo
                 )
             )
         else:
-            rows.append(_compare_pair(f"loss[{i}]", "loss", lb[i], la[i], tol, step, scale=scale))
+            name, floor = f"loss[{i}]", floors.get(f"loss[{i}]")
+            changed = i < len(da) and i < len(db) and da[i] != db[i]
+            if floor is not None and floor.dtype and changed and da[i] != floor.dtype:
+                why = f"loss computed in {da[i]}; the original computes it in {db[i]}, and in {floor.dtype} at reduced precision"
+                rows.append(Row(name, "loss", None, None, "", "dtype", step, why))
+                continue
+            row = _compare_pair(name, "loss", lb[i], la[i], tol, step, scale=scale, floor=floor)
+            if floor is not None and scale and row.max_abs is not None:
+                row.band = row.max_abs / scale
+            rows.append(row)
     return rows
 
 
@@ -241,11 +325,41 @@ def _uncomputed(name: str, entries: set[str]) -> bool:
     return any(rest == e or (rest.startswith(e) and rest[len(e)] in "[.") for e in entries)
 
 
+def _reference_notes(tol: Tolerance, reference: Mapping | None) -> list[str]:
+    if tol.reference is None or reference is None:
+        return []
+    if not _reference_ok(reference):
+        why = (reference.get("traceback") or reference.get("status") or "").strip().splitlines()[-1:]
+        return [
+            f"the reference run ({tol.reference.describe()}) failed ({'; '.join(why)}): "
+            "held to the flat bands instead of the noise floor"
+        ]
+    return [
+        f"noise floor: each probe within {tol.floor_k:g}× the distance of the original run with "
+        f"{tol.reference.describe()} from the float32 original (losses: the largest such distance so far)"
+    ]
+
+
 def _trained(run: Mapping) -> bool:
     return bool(run.get("steps_done")) and bool(run.get("losses"))
 
 
-def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
+def _tensor_floors(before: Mapping, reference: Mapping | None, tol: Tolerance) -> dict[str, Floor]:
+    if tol.reference is None or not _reference_ok(reference):
+        return {}
+    assert reference is not None
+    tb, tr = dict(before.get("tensors") or {}), dict(reference.get("tensors") or {})
+    floors = {}
+    for name, ref in tr.items():
+        if name in tb and kind_of(name) != "rng":
+            d = _distance(ref, tb[name])
+            if d is not None:
+                floors[name] = Floor(d, str(_prep(ref).dtype))
+    return floors
+
+
+def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance, floors: dict | None = None) -> list[Row]:
+    floors = floors or {}
     tb, ta = dict(before.get("tensors") or {}), dict(after.get("tensors") or {})
     uncomputed = set(before.get("uncomputed") or ()) | set(after.get("uncomputed") or ())
     trained = _trained(before) and _trained(after)
@@ -266,7 +380,9 @@ def _tensor_rows(before: Mapping, after: Mapping, tol: Tolerance) -> list[Row]:
             side = "after" if name in tb else "before"
             rows.append(Row(name, kind_of(name), None, None, "", "missing", None, f"absent {side}"))
         else:
-            rows.append(_compare_pair(name, kind_of(name), tb[name], ta[name], tol, trained=trained))
+            rows.append(
+                _compare_pair(name, kind_of(name), tb[name], ta[name], tol, trained=trained, floor=floors.get(name))
+            )
     return rows
 
 
@@ -330,9 +446,13 @@ def _first(rows: list[Row], steps_done: int | None) -> tuple[Divergence | None, 
     return None, ""
 
 
-def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Mapping] = ()) -> Comparison:
-    """Compare the probes of the original (``before``) and rewritten (``after``) program."""
-    notes: list[str] = []
+def compare(
+    before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Mapping] = (), reference: Mapping | None = None
+) -> Comparison:
+    """Compare the probes of the original (``before``) and rewritten (``after``) program.
+    ``reference``: the original's probes at the reduced precision of ``tol.reference`` (the noise
+    floor of numerics-changing fixes)."""
+    notes: list[str] = _reference_notes(tol, reference)
     tracebacks = {
         side: p["traceback"]
         for side, p in (("before", before), ("after", after))
@@ -366,7 +486,13 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
             notes.append(f"{earlier.name} (step {earlier.step}) already differed before the {name}")
         return Comparison("diverged", rows, div, _explain(div, name, fixes), notes, tol, tracebacks)
 
-    rows = _loss_rows(before, after, tol) + _steps_row(before, after, tol, notes) + _tensor_rows(before, after, tol)
+    loss_floors, tensor_floors = _loss_floors(before, reference, tol), _tensor_floors(before, reference, tol)
+    rows = (
+        _loss_rows(before, after, tol, floors=loss_floors)
+        + _steps_row(before, after, tol, notes)
+        + _tensor_rows(before, after, tol, tensor_floors)
+    )
+    rows += _precision_row(rows, {**loss_floors, **tensor_floors})
     _documented_changes(rows, fixes)
     padded = [r for r in rows if r.detail.startswith("padded ")]
     if padded:
@@ -398,6 +524,13 @@ def compare(before: Mapping, after: Mapping, tol: Tolerance, fixes: Sequence[Map
             notes.append(f"{r.name}: {r.detail}")
     if not tol.compare_values:
         notes.append("values not compared: " + tol.reason)
+    bands = [r.band for r in rows if r.band is not None]
+    if bands and tol.loss_rtol is not None:
+        notes.append(
+            f"flat band (reported, not the criterion): losses differ by at most {max(bands):.2%} of the loss scale "
+            f"(the band would allow {tol.loss_rtol:.0%} in the first {tol.loss_window} steps, "
+            f"{tol.late_loss_rtol or tol.loss_rtol:.0%} after)"
+        )
     div, why = _first(rows, before.get("steps_done"))
     verdict = "equivalent" if div is None else "diverged"
     return Comparison(verdict, rows, div, _explain(div, why, fixes), notes, tol, tracebacks)

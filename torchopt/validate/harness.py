@@ -84,6 +84,7 @@ class Recorder:
         self.max_steps = steps
         self.losses: list[Any] = []
         self.loss_steps: list[int] = []
+        self.loss_dtypes: list[str] = []  # what each loss was computed in (before the float copy)
         self.steps_done = 0
         self.optimizers: list[Any] = []
         self.first_inputs: dict[int, tuple[Any, tuple, dict]] = {}
@@ -97,6 +98,7 @@ class Recorder:
         try:
             self.losses.append(t.detach().float().cpu().clone())
             self.loss_steps.append(self.steps_done)
+            self.loss_dtypes.append(str(t.dtype))
         except Exception:  # not a tensor we can read; keep running
             pass
 
@@ -236,6 +238,7 @@ class Recorder:
         return {
             "losses": self.losses,
             "loss_steps": self.loss_steps,
+            "loss_dtypes": self.loss_dtypes,
             "steps_done": self.steps_done,
             "tensors": tensors,
             "notes": self.notes,
@@ -450,6 +453,42 @@ def _determinism(torch: Any, threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+def _reduced_precision(torch: Any, precision: dict | None) -> Any:
+    """The reference run of a numerics-changing fix (docs/validation.md, "Tolerances"): the original
+    program with the precision reduced by the harness itself, TF32 switched on and/or the whole run
+    inside one ``torch.autocast``. How far it lands from the float32 run is the program's own noise
+    floor."""
+    import contextlib
+
+    if not precision:
+        return contextlib.nullcontext()
+    if precision.get("tf32"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+    dtype = precision.get("autocast")
+    if not dtype:
+        return contextlib.nullcontext()
+    device = precision.get("device") or "cpu"
+    # Autocast applies to the forward pass: the backward runs outside it, as PyTorch's AMP recipe
+    # asks (on the CPU the backward runs on the calling thread and would otherwise autocast too).
+    for name in ("backward", "grad"):
+        plain = getattr(torch.autograd, name)
+
+        def outside(*args: Any, _plain: Any = plain, **kwargs: Any) -> Any:
+            with torch.autocast(device, enabled=False):
+                return _plain(*args, **kwargs)
+
+        setattr(torch.autograd, name, outside)
+    # Autocast caches its low-precision copies of the parameters until the outermost region exits,
+    # which a region around the whole run never does: the forward would keep using step 0's
+    # weights. The cache is dropped after every optimizer step, as leaving a per-step region does.
+    import torch.optim.optimizer as optim_mod
+
+    optim_mod.register_optimizer_step_post_hook(lambda *_: torch.clear_autocast_cache())
+    return torch.autocast(device, dtype=getattr(torch, dtype))
+
+
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # audit event -> positions of the path arguments it changes; the NOFOLLOW ones act on a link itself
 _PATH_EVENTS = {
@@ -574,6 +613,8 @@ def main(spec_path: str) -> int:
     namespace: dict[str, Any] | None = None
     returned: Any = None
     has_return = False
+    reduced = _reduced_precision(torch, spec.get("precision"))
+    reduced.__enter__()
     try:
         if spec["mode"] == "script":
             path = spec["path"]
@@ -600,6 +641,7 @@ def main(spec_path: str) -> int:
             status, tb = "error", f"SystemExit: {exc.code}"
     except BaseException:
         status, tb = "error", traceback.format_exc()
+    reduced.__exit__(None, None, None)
     if transplant is not None:
         transplant.finish()
     try:

@@ -41,6 +41,7 @@ class RunOptions:
     transplant: str | None = None  # record file: the "before" run records, the others apply (transplant.py)
     protect: tuple[str, ...] = ()  # more of the user's folders no run may write into
     bench: bool = False  # time the optimizer steps instead of recording probes (bench.py)
+    precision: dict | None = None  # the noise-floor reference run: {"autocast": dtype, "device": ..., "tf32": bool}
 
 
 def _env(device: str) -> dict[str, str]:
@@ -166,6 +167,7 @@ def _spec(version: Version, opts: RunOptions, box: scratch.Scratch, script: str,
         "protect": sorted({*protected_roots(version), *opts.protect}),
         "allow": [tmp],
         "bench": opts.bench,
+        "precision": opts.precision,
     }
     return spec
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-__all__ = ["Bound", "Tolerance", "tolerance_for", "TRAINING_KINDS"]
+__all__ = ["Bound", "Precision", "Tolerance", "tolerance_for", "precision_for", "TRAINING_KINDS", "FLOOR_K"]
 
 # Probes whose error accumulates over optimizer steps (rather than one forward pass).
 TRAINING_KINDS = frozenset({"loss", "param", "optim"})
@@ -43,6 +43,47 @@ _DTYPE_ALIASES = {
 }
 _TAGS = ("semantics", "tolerance", "numerics", "rng")
 
+# Noise floor of a numerics-changing fix (docs/validation.md, "The noise floor"): the rewrite may be
+# at most FLOOR_K times as far from the float32 original as the original itself run at the reduced
+# precision (the reference run), plus the fp32 assert_close floor for values near zero. A correct
+# rewrite reduces the precision of the same operations as the reference does, so its distance is
+# the reference's or very near it (ratios up to 1.0 measured on the CPU); a mistake (a changed
+# learning rate, a loss scaled twice, weights kept in bfloat16) moves the run by an amount
+# unrelated to rounding: 25x the floor and more in the smallest one measured.
+FLOOR_K = 4.0
+# Fixes whose reduced precision is TF32 matmuls rather than autocast.
+_TF32_CODES = frozenset({"TOP502"})
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the harness applies to the original to measure the noise floor (the reference run)."""
+
+    autocast: str | None = None  # "bfloat16" | "float16": the whole run inside one torch.autocast
+    tf32: bool = False  # TF32 matmuls and convolutions
+
+    def describe(self) -> str:
+        parts = ([f"autocast {self.autocast}"] if self.autocast else []) + (["TF32"] if self.tf32 else [])
+        return " + ".join(parts) or "nothing"
+
+    def spec(self, device: str) -> dict:
+        """The harness's ``precision`` entry (runner.RunOptions.precision)."""
+        return {"autocast": self.autocast, "tf32": self.tf32, "device": "cuda" if device == "cuda" else "cpu"}
+
+
+def precision_for(codes: Iterable[str], dtype: str, declared: Iterable[str] = ()) -> Precision:
+    """The reduced precision that numerics fixes ``codes`` (rule codes) and declared ``numerics=``
+    kinds (``bf16``, ``fp16``, ``tf32``; "" for a bare ``numerics``) stand for; ``dtype``: the
+    autocast dtype of an AMP fix or a bare declaration."""
+    codes, declared = set(codes), set(declared)
+    autocast = None
+    if codes - _TF32_CODES:
+        autocast = dtype
+    for d in declared:
+        if d != "tf32":
+            autocast = _DTYPE_ALIASES.get(d, dtype)
+    return Precision(autocast=autocast, tf32=bool(codes & _TF32_CODES) or "tf32" in declared)
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -54,10 +95,13 @@ class Bound:
     atol_relative: bool = False  # atol is a fraction of max|ref| (the AMP rows)
     rel_l2: float | None = None
     scale_fraction: float | None = None  # AMP losses: atol is this fraction of the loss scale
+    floor: float | None = None  # noise floor: atol is this multiple of the reference distance (+ fp32 floor)
 
     def describe(self) -> str:
         if self.bitwise:
             return "bitwise"
+        if self.floor is not None:
+            return f"{self.floor:g}×ref ({self.atol:.3g})"
         if self.scale_fraction is not None:
             return f"{self.scale_fraction:g}·max|loss so far|"
         atol = f"{self.atol:g}·max|ref|" if self.atol_relative else f"{self.atol:g}"
@@ -93,6 +137,13 @@ class Tolerance:
     check_requires_grad: bool = True  # semantics fixes may change leaf-ness / requires_grad
     transplant: bool = False  # padded tensors are compared on their leading slice (transplant.py)
     tags: tuple[str, ...] = ()
+    reference: Precision | None = None  # numerics: measure the noise floor with this reference run
+    floor_k: float = FLOOR_K
+
+    def floor_bound(self, ref_distance: float, ref_scale: float) -> Bound:
+        """The noise-floor criterion of one probe: at most ``floor_k`` times the reference run's
+        distance from the original, plus the fp32 floor (``ref_scale``: max|original|)."""
+        return Bound(False, 0.0, self.floor_k * ref_distance + _FP32_ATOL + _FP32_RTOL * ref_scale, floor=self.floor_k)
 
     def bound(self, kind: str, step: int | None = None, trained: bool = False, scale: float | None = None) -> Bound:
         """The criterion for one probe of ``kind`` ("loss", "param", ...), at ``step`` for losses;
@@ -122,6 +173,8 @@ class Tolerance:
     def describe(self) -> str:
         if not self.compare_values:
             return "values not compared"
+        if self.reference is not None:
+            return f"{self.floor_k:g}× the noise floor (reference: {self.reference.describe()})"
         return self.bound("output").describe()
 
 
@@ -193,12 +246,16 @@ def _rank(t: Tolerance) -> int:
     return 2 if t.atol_relative else (1 if not t.bitwise else 0)
 
 
-def tolerance_for(tags: Iterable[str], dtype: str | None = None, *, replayed: bool = False) -> Tolerance:
+def tolerance_for(
+    tags: Iterable[str], dtype: str | None = None, *, replayed: bool = False, reference: Precision | None = None
+) -> Tolerance:
     """The tolerance a set of applied fix tags buys; no tags means bitwise.
 
     ``dtype`` picks the AMP row for ``numerics`` ("float16"/"bfloat16"; default bfloat16, the CPU
     autocast dtype).  ``replayed`` says the harness replayed recorded random values, so
-    ``rng`` is held to bitwise instead of skipping value comparison.
+    ``rng`` is held to bitwise instead of skipping value comparison. ``reference``: the reduced
+    precision of the numerics fixes; their probes are then held to the noise floor it measures
+    (the flat AMP bands remain as a fallback when that run fails, and as reported figures).
     """
     key = _DTYPE_ALIASES.get(str(dtype) if dtype is not None else "bfloat16")
     if key is None:
@@ -206,4 +263,14 @@ def tolerance_for(tags: Iterable[str], dtype: str | None = None, *, replayed: bo
     result = SAFE
     for tag in dict.fromkeys(str(getattr(t, "value", t)) for t in tags):
         result = _merge(result, replace(_for_tag(tag, key, replayed), tags=(tag,)))
+    if "numerics" in result.tags and result.compare_values:
+        floor = reference or Precision(autocast=key)
+        result = replace(
+            result,
+            reference=floor,
+            reason=f"numerics ({key}): every probe within {FLOOR_K:g}× the distance of the original run with "
+            f"{floor.describe()} from the original (its noise floor; should that run fail: "
+            + result.reason.removeprefix(f"numerics ({key}): ")
+            + ")",
+        )
     return result
