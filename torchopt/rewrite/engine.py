@@ -110,10 +110,14 @@ def syntax_check(text: str) -> None:
     """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
     exc = pyast.parse(text)  # usually parsed already, by some rule's prefilter
     if isinstance(exc, SyntaxError):
-        col = f", column {exc.offset}" if exc.offset else ""
-        raise ParseError(f"syntax error at line {exc.lineno}{col}: {exc.msg}") from None
+        raise ParseError(_cpython_message(exc)) from None
     if isinstance(exc, BaseException):
         raise ParseError(f"cannot parse: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+
+
+def _cpython_message(exc: SyntaxError) -> str:
+    col = f", column {exc.offset}" if exc.offset else ""
+    return f"syntax error at line {exc.lineno}{col}: {exc.msg}"
 
 
 def parse(text: str) -> cst.Module:
@@ -124,6 +128,11 @@ def parse(text: str) -> cst.Module:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
+        # Where CPython (and ruff, and the user's editor) puts the error: LibCST's own position is
+        # often the token after it, a line or more further on.
+        cpython = pyast.parse(text)
+        if isinstance(cpython, SyntaxError):
+            raise ParseError(_cpython_message(cpython)) from None
         msg = " ".join(str(exc.message).split())
         raise ParseError(f"syntax error at line {exc.raw_line}, column {exc.raw_column + 1}: {msg}") from None
     except (RecursionError, MemoryError) as exc:  # pathological nesting
@@ -135,6 +144,7 @@ class _Pass:
     module: cst.Module
     findings: list[tuple[Finding, Diagnostic]]
     positions: Mapping[cst.CSTNode, CodeRange]
+    used: set[tuple[int, str]] = field(default_factory=set)  # (line, code) of suppressions that silenced a finding
 
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str, text: str) -> _Pass:
@@ -166,11 +176,14 @@ def _run_rules_on(
     positions = file_positions(facts, wrapper) if findings else {}
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
-    for f in findings:
+    used: set[tuple[int, str]] = set()
+    for f, also in one_per_problem(findings, positions):
         rng = positions[f.node]
         start, end = rng.start, rng.end
         code = f.rule.code
-        if suppress.is_suppressed(table, code, (start.line, end.line)):
+        hits = [suppress.matching(table, c, (start.line, end.line)) for c in (code, *also)]
+        if any(hits):
+            used.update(h for h in hits if h is not None)
             continue
         fix = None
         if f.replacement is not None and f.safety is not Safety.DISPLAY:
@@ -194,21 +207,105 @@ def _run_rules_on(
         )
         out.append((f, diag))
     out.sort(key=lambda fd: fd[1].sort_key())
-    return _Pass(module=module, findings=out, positions=positions)
+    return _Pass(module=module, findings=out, positions=positions, used=used)
+
+
+def one_per_problem(
+    findings: list[Finding], positions: Mapping[cst.CSTNode, CodeRange]
+) -> list[tuple[Finding, tuple[str, ...]]]:
+    """Each finding with the codes that yielded to it, less the findings of a rule that yields
+    (``Rule.yields_to``) to a rule reporting on the same span: two rules describing the same change
+    on the same code give one finding, and a suppression of either code silences it."""
+    if not any(f.rule.yields_to for f in findings):
+        return [(f, ()) for f in findings]
+    by_span: dict[tuple[int, int, int, int], set[str]] = {}
+    spans = []
+    for f in findings:
+        r = positions[f.node]
+        span = (r.start.line, r.start.column, r.end.line, r.end.column)
+        spans.append(span)
+        by_span.setdefault(span, set()).add(f.rule.code)
+    out = []
+    for f, span in zip(findings, spans):
+        here = by_span[span]
+        if here & f.rule.yields_to.keys():
+            continue
+        also = tuple(sorted(c for c in here if f.rule.code in all_rules()[c].yields_to))
+        out.append((f, also))
+    return out
+
+
+def drop_yielded(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """``one_per_problem`` on diagnostics gathered from separate analyses (the language server's
+    incremental check)."""
+    rules = all_rules()
+    spans: dict[tuple, set[str]] = {}
+    for d in diags:
+        spans.setdefault((d.path, d.line, d.column, d.end_line, d.end_column), set()).add(d.code)
+    return [
+        d
+        for d in diags
+        if not (spans[(d.path, d.line, d.column, d.end_line, d.end_column)] & rules[d.code].yields_to.keys())
+    ]
 
 
 def check_source(
     text: str, settings: Settings, path: str = "<stdin>", codes: Iterable[str] | None = None
 ) -> CheckResult:
     """Every diagnostic (fixable or not) for ``text``."""
-    codes = settings.enabled_codes(path) if codes is None else codes
+    codes = settings.enabled_codes(path) if codes is None else frozenset(codes)
     with analysing(text):  # the prefilters, the syntax check and the rules share one SourceFacts
         rules = active_rules(codes, text)
         if not rules:
             syntax_check(text)
-            return CheckResult([])
+            return CheckResult(unused_suppressions(text, set(), codes, settings, path)[0])
         p = _run_rules(parse(text), rules, settings, path, text)
-    return CheckResult([d for _, d in p.findings])
+    diags = [d for _, d in p.findings] + unused_suppressions(text, p.used, codes, settings, path)[0]
+    return CheckResult(sorted(diags, key=Diagnostic.sort_key))
+
+
+def unused_suppressions(
+    text: str, used: set[tuple[int, str]], codes: frozenset[str], settings: Settings, path: str
+) -> tuple[list[Diagnostic], list[suppress.Unused]]:
+    """The suppressions of ``text`` that silenced nothing in this run (``used``: those that did),
+    as diagnostics of ``suppress.UNUSED_CODE`` when it is enabled, with their edits."""
+    if suppress.UNUSED_CODE not in codes:
+        return [], []
+    rules = all_rules()
+    found = suppress.unused(text, used, codes, lambda c: any(r.startswith(c) for r in rules))
+    rule = rules[suppress.UNUSED_CODE]
+    safe = settings.fix_is_safe(rule.code, True)
+    fix = FixInfo(title=rule.fix_title or "", safety="safe" if safe else "unsafe")
+    diags = [
+        Diagnostic(rule.code, rule.name, u.message(), path, u.line, u.column + 1, u.line, u.end_column + 1, fix)
+        for u in found
+    ]
+    return diags, found
+
+
+def _remove_unused(
+    result: FixResult,
+    text: str,
+    used: set[tuple[int, str]],
+    codes: frozenset[str],
+    settings: Settings,
+    path: str,
+    unsafe: bool,
+    only: Callable[[Diagnostic], bool] | None,
+) -> str:
+    """The last step of a fix: the suppressions left unused go (a comment-only edit)."""
+    diags, found = unused_suppressions(text, used, codes, settings, path)
+    take = [i for i, d in enumerate(diags) if _applicable(d, unsafe) and (only is None or only(d))]
+    result.remaining += [d for i, d in enumerate(diags) if i not in take]
+    if not take:
+        return text
+    new = suppress.remove_unused(text, [found[i] for i in take])
+    try:
+        verify(new, path)
+    except FixError as exc:
+        raise FixError(f"fix by {suppress.UNUSED_CODE} produced invalid code ({exc}); file left unchanged") from None
+    result.applied += [diags[i] for i in take]
+    return new
 
 
 def _applicable(diag: Diagnostic, unsafe: bool) -> bool:
@@ -291,6 +388,7 @@ def fix_source(
     result = FixResult(text=text)
     current = text
     module: cst.Module | None = None
+    used: set[tuple[int, str]] = set()
     for n in range(MAX_PASSES + 1):
         with analysing(current):  # each pass's text has its own SourceFacts
             rules = active_rules(codes, current)
@@ -301,6 +399,7 @@ def fix_source(
             module = module or parse(current)
             p = _run_rules(module, rules, settings, path, current)
         chosen = _choose(p, unsafe, only) if n < MAX_PASSES else []
+        used = p.used
         if not chosen:
             result.remaining = [d for _, d in p.findings]
             break
@@ -319,5 +418,6 @@ def fix_source(
         current = new_text
         # Re-parse from text so positions and metadata are fresh for the next pass.
         module = None
-    result.text = current
+        used = set()
+    result.text = _remove_unused(result, current, used, codes, settings, path, unsafe, only)
     return result

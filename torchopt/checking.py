@@ -1,0 +1,69 @@
+"""What `torchopt check` does besides reporting: the summary line, `--output-file`, `--add-noqa`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from torchopt.rewrite import report, source
+from torchopt.rewrite.engine import Diagnostic
+from torchopt.rewrite.runner import FileResult
+from torchopt.rewrite.suppress import add_comments
+from torchopt.rewrite.write import WriteRefused, atomic_write
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+def write_output(text: str, path: Optional[str]) -> None:
+    """The report on stdout, or in ``path`` (its folder is created, as ruff's `--output-file`)."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def summary(diags: list[Diagnostic], applied: list[Diagnostic], fix: bool, n_failed: int) -> str:
+    """The last line of `check`: never "All checks passed." when a file could not be checked."""
+    failed = f"; {report.plural(n_failed, 'file')} could not be checked" if n_failed else ""
+    if fix and applied:
+        total = report.plural(len(diags) + len(applied), "diagnostic")
+        return f"Found {total} ({len(applied)} fixed, {len(diags)} remaining){failed}."
+    if diags:
+        safe = sum(1 for d in diags if d.fix and d.fix.safety == "safe")
+        unsafe = sum(1 for d in diags if d.fix and d.fix.safety == "unsafe")
+        more = f", {unsafe} more with `--fix --unsafe-fixes`" if unsafe else ""
+        return (
+            f"Found {report.plural(len(diags), 'diagnostic')} ({report.per_code(diags)}){failed}: "
+            f"{safe} fixable with `--fix`{more}."
+        )
+    if n_failed:
+        return f"{report.plural(n_failed, 'file')} could not be checked (no diagnostic in the others)."
+    return "All checks passed."
+
+
+def add_noqa(results: list[FileResult], quiet: bool) -> int:
+    """`check --add-noqa`: a suppression comment on a line of every diagnostic, written in place only
+    when the file is still what was checked; the new text must still compile."""
+    added, n_failed = 0, 0
+    for r in results:
+        if r.status == "failed":
+            sys.stderr.write(f"error: {source.shown(r.path)}: {r.reason}\n")
+            n_failed += 1
+        if r.status != "ok" or not r.diagnostics:
+            continue
+        try:
+            src = source.read(r.path)
+            text, n = add_comments(src.text, [(d.code, (d.line, d.end_line)) for d in r.diagnostics])
+            if n:
+                compile(text, r.path, "exec", dont_inherit=True)
+                atomic_write(r.path, src.encode(text), expect=src.state)
+            added += n
+        except (source.SourceError, WriteRefused, OSError, SyntaxError, ValueError) as exc:
+            sys.stderr.write(f"error: {source.shown(r.path)}: cannot add suppressions: {exc}\n")
+            n_failed += 1
+    if not quiet:
+        sys.stderr.write(f"Added {report.plural(added, 'suppression comment')}.\n")
+    return EXIT_ERROR if n_failed else EXIT_OK
