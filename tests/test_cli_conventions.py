@@ -266,3 +266,28 @@ def test_check_and_rewrite_count_fixable_findings_the_same_way(proj):
     rewrite = cli("rewrite", "loader.py", "--diff", "--no-cache")
     would = int(re.search(r"Would fix (\d+) issue", rewrite.stderr).group(1))
     assert fixable == would == 3
+
+
+def _apply(text: str, edits: list[dict]) -> str:
+    lines = text.splitlines(keepends=True)
+    starts = [sum(len(x) for x in lines[:i]) for i in range(len(lines) + 1)]
+
+    def offset(pos: dict) -> int:
+        return starts[pos["row"] - 1] + pos["column"] - 1
+
+    for e in sorted(edits, key=lambda e: offset(e["location"]), reverse=True):
+        text = text[: offset(e["location"])] + e["content"] + text[offset(e["end_location"]) :]
+    return text
+
+
+def test_json_findings_carry_the_edits_of_their_fix(proj):
+    src = "import torch\n\nx = torch.zeros(3).cuda()\ny = torch.rand(3).cuda()\n"
+    (proj / "e.py").write_text(src)
+    rows = json.loads(cli("check", "e.py", "--output-format", "json", "--no-cache").stdout)
+    assert [(row["code"], row["line"]) for row in rows] == [("TOP101", 3), ("TOP101", 4)]
+    for row, line, after in zip(
+        rows, (3, 4), ("x = torch.zeros(3, device='cuda')\n", "y = torch.rand(3, device='cuda')\n")
+    ):
+        edits = row["fix"]["edits"]
+        assert edits and all(e["location"]["row"] == line for e in edits)
+        assert _apply(src, edits).splitlines(keepends=True)[line - 1] == after

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from torchopt.rewrite import report, source
-from torchopt.rewrite.engine import Diagnostic
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_edits
 from torchopt.rewrite.runner import FileResult
 from torchopt.rewrite.suppress import add_comments
 from torchopt.rewrite.write import WriteRefused, atomic_write
@@ -67,3 +68,27 @@ def add_noqa(results: list[FileResult], quiet: bool) -> int:
     if not quiet:
         sys.stderr.write(f"Added {report.plural(added, 'suppression comment')}.\n")
     return EXIT_ERROR if n_failed else EXIT_OK
+
+
+def edits_of(
+    results: list[FileResult], diags: list[Diagnostic], settings_for: Callable[[str], Settings]
+) -> Callable[[Diagnostic], list[dict] | None]:
+    """For `--output-format json`: the edits of each fixable diagnostic's fix, made on the file as
+    it is now (None where the file cannot be read again, e.g. stdin)."""
+    wanted = {d for d in diags if d.fix is not None}
+    table: dict[Diagnostic, list[dict]] = {}
+    for r in results:
+        mine = [d for d in (*r.diagnostics, *r.remaining) if d in wanted]
+        if r.status != "ok" or not mine:
+            continue
+        try:
+            text = source.read(r.path).text
+        except (source.SourceError, OSError):
+            continue
+        settings = settings_for(r.path)
+        for d in mine:
+            try:
+                table[d] = fix_edits(text, settings, d.path, d)
+            except (ParseError, FixError, RecursionError):
+                continue
+    return table.get

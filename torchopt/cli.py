@@ -459,7 +459,11 @@ def check_cmd(
         except ProfileError as exc:
             _err(f"error: {exc}")
             raise typer.Exit(EXIT_ERROR)
-    out = report.statistics(diags, output_format) if statistics else report.render(diags, output_format)
+    if statistics:
+        out = report.statistics(diags, output_format)
+    else:
+        edits = checking.edits_of(results, diags, resolver.for_path) if output_format == "json" else None
+        out = report.render(diags, output_format, edits=edits or (lambda d: None))
     try:
         checking.write_output(out, output_file)
     except OSError as exc:

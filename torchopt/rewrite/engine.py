@@ -7,6 +7,7 @@ and compiled, and a pass that breaks either is rolled back and reported.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
@@ -66,15 +67,19 @@ class Diagnostic:
     def sort_key(self) -> tuple:
         return (self.path, self.line, self.column, self.code)
 
-    def to_json(self) -> dict:
+    def to_json(self, edits: list[dict] | None = None) -> dict:
+        """The diagnostic as a JSON object; ``edits`` (from ``fix_edits``) go with its fix."""
         d = asdict(self)
         if self.fix is not None:
             d["fix"] = {
                 "safety": self.fix.safety,
                 "title": self.fix.title,
                 "tags": list(self.fix.tags),
+                # what an unsafe fix changes, in words (a safe one changes no result)
                 "changes": self.fix.changes() if self.fix.safety == "unsafe" else "",
             }
+            if edits is not None:
+                d["fix"]["edits"] = edits
         return d
 
 
@@ -421,3 +426,31 @@ def fix_source(
         used = set()
     result.text = _remove_unused(result, current, used, codes, settings, path, unsafe, only)
     return result
+
+
+def fix_edits(text: str, settings: Settings, path: str, diag: Diagnostic) -> list[dict]:
+    """The edits ``diag``'s fix makes to ``text`` (with the imports it needs), as ruff's JSON
+    writes them: ``{"content", "location": {"row", "column"}, "end_location": {...}}``, 1-based,
+    columns in characters, end exclusive. Found by making that one fix and comparing the texts."""
+    import difflib
+
+    after = fix_source(text, settings, path, unsafe=True, only=lambda d: d == diag).text
+    old, new = text.splitlines(keepends=True), after.splitlines(keepends=True)
+    edits = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        a, b = "".join(old[i1:i2]), "".join(new[j1:j2])
+        head = len(os.path.commonprefix([a, b]))
+        tail = len(os.path.commonprefix([a[head:][::-1], b[head:][::-1]]))
+        start, end = _row_col(old, i1, a[:head]), _row_col(old, i1, a[: len(a) - tail])
+        edits.append({"content": b[head : len(b) - tail], "location": start, "end_location": end})
+    return edits
+
+
+def _row_col(lines: list[str], first: int, before: str) -> dict:
+    """The position after ``before``, text that starts at the beginning of line ``first`` (0-based)."""
+    rows = before.split("\n")
+    row = first + len(rows)
+    column = len(rows[-1]) + 1
+    return {"row": row, "column": column}

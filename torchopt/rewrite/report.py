@@ -6,7 +6,7 @@ import json
 import os
 from collections import Counter
 from pathlib import PurePath
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 from urllib.parse import quote
 
 from torchopt import __version__
@@ -27,12 +27,18 @@ def text_line(d: Diagnostic) -> str:
     return f"{d.path}:{d.line}:{d.column}: {d.code} {marker(d)}{d.message}"
 
 
-def render(diags: Sequence[Diagnostic], fmt: str, fixed: Iterable[Diagnostic] = ()) -> str:
+def render(
+    diags: Sequence[Diagnostic],
+    fmt: str,
+    fixed: Iterable[Diagnostic] = (),
+    edits: Callable[[Diagnostic], list[dict] | None] = lambda d: None,
+) -> str:
+    """``edits``: the edits of a diagnostic's fix, for the JSON rows (None: not known)."""
     diags = sorted(diags, key=Diagnostic.sort_key)
     if fmt == "text":
         return "".join(text_line(d) + "\n" for d in diags)
     if fmt == "json":
-        rows = [dict(d.to_json(), fixed=False) for d in diags]
+        rows = [dict(d.to_json(edits(d)), fixed=False) for d in diags]
         rows += [dict(d.to_json(), fixed=True) for d in sorted(fixed, key=Diagnostic.sort_key)]
         return json.dumps(rows, indent=2) + "\n"
     if fmt == "github":
