@@ -10,7 +10,7 @@ from torchopt.rewrite import report, source
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_edits
 from torchopt.rewrite.runner import FileResult
-from torchopt.rewrite.suppress import add_comments
+from torchopt.rewrite.suppress import UNUSED_CODE, add_comments
 from torchopt.rewrite.write import WriteRefused, atomic_write
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -57,7 +57,9 @@ def add_noqa(results: list[FileResult], quiet: bool) -> int:
             continue
         try:
             src = source.read(r.path)
-            text, n = add_comments(src.text, [(d.code, (d.line, d.end_line)) for d in r.diagnostics])
+            # an unused suppression is removed (--fix), not suppressed
+            wanted = [(d.code, (d.line, d.end_line)) for d in r.diagnostics if d.code != UNUSED_CODE]
+            text, n = add_comments(src.text, wanted)
             if n:
                 compile(text, r.path, "exec", dont_inherit=True)
                 atomic_write(r.path, src.encode(text), expect=src.state)

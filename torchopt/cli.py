@@ -53,6 +53,9 @@ PathsArg = typer.Argument(None, help="Files or folders (default: the current fol
 SelectOpt = typer.Option(
     None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated."
 )
+ExtendSelectOpt = typer.Option(
+    None, "--extend-select", help="Like --select, but added to the selection of the configuration or --select."
+)
 IgnoreOpt = typer.Option(None, "--ignore", help="Codes, prefixes or families to leave out.")
 UnsafeOpt = typer.Option(
     None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics."
@@ -208,6 +211,7 @@ def rewrite(
     check: bool = typer.Option(False, "--check", help="List files that would change; write nothing. Exit 1 if any."),
     unsafe_fixes: Optional[bool] = UnsafeOpt,
     select: Optional[List[str]] = SelectOpt,
+    extend_select: Optional[List[str]] = ExtendSelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
     jobs: Optional[int] = JobsOpt,
     output_format: str = FormatOpt,
@@ -244,7 +248,7 @@ def rewrite(
         _check_format(output_format)
         if diff and output_format != "text":
             raise _Usage("--diff prints a diff; --output-format applies to the report without --diff")
-        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        resolver = _resolver(select, ignore, unsafe_fixes, config, extend_select)
         mode = Mode.DIFF if diff else Mode.LIST if check else Mode.FIX
         paths = paths or ["."]
         if paths == ["-"]:
@@ -391,8 +395,8 @@ def check_cmd(
     unsafe_fixes: Optional[bool] = typer.Option(
         None,
         "--unsafe-fixes/--no-unsafe-fixes",
-        help="With --fix: also apply fixes that change numerics, RNG streams or semantics. Without --fix: "
-        "mark them fixable.",
+        help="With --fix: also apply fixes that change numerics, RNG streams or semantics (without --fix, "
+        "check writes nothing).",
     ),
     show_fixes: bool = typer.Option(
         False, "--show-fixes", help="With --fix: list the fixes applied, per file and code."
@@ -409,9 +413,7 @@ def check_cmd(
         help="Add `# noqa: CODE` to every line with a diagnostic (merged into a `# noqa:` list already there; comments are kept).",
     ),
     select: Optional[List[str]] = SelectOpt,
-    extend_select: Optional[List[str]] = typer.Option(
-        None, "--extend-select", help="Like --select, but added to the selection of the configuration or --select."
-    ),
+    extend_select: Optional[List[str]] = ExtendSelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
     jobs: Optional[int] = JobsOpt,
     output_format: str = FormatOpt,
