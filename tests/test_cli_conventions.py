@@ -291,3 +291,16 @@ def test_json_findings_carry_the_edits_of_their_fix(proj):
         edits = row["fix"]["edits"]
         assert edits and all(e["location"]["row"] == line for e in edits)
         assert _apply(src, edits).splitlines(keepends=True)[line - 1] == after
+
+
+def test_one_fix_for_several_findings_counts_them_all(proj):
+    """TOP201 rewrites a whole module for its three findings in one edit: rewrite said "Would fix 1"
+    where check said "3 fixable"."""
+    (proj / "amp.py").write_text(
+        "import torch\nfrom torch.cuda.amp import GradScaler, autocast\n\n"
+        "scaler = GradScaler(enabled=True)\nwith autocast(enabled=True):\n    y = torch.ones(2) * 2\n"
+    )
+    check = cli("check", "amp.py", "--no-cache")
+    assert "3 fixable with `--fix`" in check.stderr
+    rewrite = cli("rewrite", "amp.py", "--diff", "--no-cache")
+    assert "Would fix 3 issues in 1 file (TOP201 ×3)." in rewrite.stderr

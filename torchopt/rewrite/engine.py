@@ -332,17 +332,29 @@ class _Apply(cst.CSTTransformer):
 def _choose(
     p: _Pass, unsafe: bool, only: Callable[[Diagnostic], bool] | None = None
 ) -> list[tuple[Finding, Diagnostic]]:
-    """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass."""
+    """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass. A finding
+    whose fix is the very edit of one chosen (same rule, same target, same replacement: one fix
+    resolves several findings) comes along with it, so that it is counted as fixed."""
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
+    riders: list[tuple[Finding, Diagnostic]] = []
     for f, d in p.findings:
         if not _applicable(d, unsafe) or (only is not None and not only(d)):
             continue
         r = p.positions[f.target or f.node]
         span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
         if any(_overlap(span, s) for _, _, s in chosen):
+            if any(_same_edit(f, g) for g, _, _ in chosen):
+                riders.append((f, d))
             continue
         chosen.append((f, d, span))
-    return [(f, d) for f, d, _ in chosen]
+    return [(f, d) for f, d, _ in chosen] + riders
+
+
+def _same_edit(f: Finding, g: Finding) -> bool:
+    if f.rule is not g.rule or (f.target or f.node) is not (g.target or g.node) or f.imports != g.imports:
+        return False
+    a, b = f.replacement, g.replacement
+    return a is b or (isinstance(a, cst.CSTNode) and isinstance(b, cst.CSTNode) and a.deep_equals(b))
 
 
 def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) -> bool:
@@ -352,7 +364,10 @@ def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) 
 
 
 def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.Module:
-    repl = {id(f.target or f.node): f.replacement for f, _ in chosen if f.replacement is not None}
+    repl: dict[int, Replacement] = {}
+    for f, _ in chosen:  # a finding riding on another's edit replaces the same node the same way
+        if f.replacement is not None:
+            repl.setdefault(id(f.target or f.node), f.replacement)
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:
