@@ -58,7 +58,9 @@ def add_noqa(results: list[FileResult], quiet: bool) -> int:
         try:
             src = source.read(r.path)
             # an unused suppression is removed (--fix), not suppressed
-            wanted = [(d.code, (d.line, d.end_line)) for d in r.diagnostics if d.code != UNUSED_CODE]
+            wanted: list[tuple[str, tuple[int, ...]]] = [
+                (d.code, (d.line, d.end_line)) for d in r.diagnostics if d.code != UNUSED_CODE
+            ]
             text, n = add_comments(src.text, wanted)
             if n:
                 compile(text, r.path, "exec", dont_inherit=True)
