@@ -5,6 +5,7 @@ after) text, and nothing outside the named folder changed."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from torchopt.cli import app
-from torchopt.rewrite import budget, runner
+from torchopt.rewrite import budget, interrupt, runner
 from torchopt.rewrite.config import Overrides, Resolver
 
 GOOD = b"import torch\nx = torch.zeros(3).cuda()\n"
@@ -113,16 +114,48 @@ def test_language_server_check_refuses_deep_text():
 # Crashed workers, memory, time ----------------------------------------------------------------
 
 
+_REAL_INIT_WORKER = interrupt.init_worker
+_CRASH_DUMPS: list = []  # the file the workers of the crash test write their fault dumps to
+
+
+def _init_worker_dumping_to_file(*args):
+    """A worker inherits pytest's faulthandler, which writes straight to the terminal (past pytest's
+    capture): this one writes its dump to a file the test reads instead."""
+    faulthandler.enable(file=_CRASH_DUMPS[0])
+    _REAL_INIT_WORKER(*args)
+
+
 def test_crashed_worker_is_reported_and_the_rest_still_run(tmp_path, outside, monkeypatch):
     """With the nesting check off, LibCST's parser crashes its worker: only that file is reported,
     and the files that were queued behind it (lost with the broken pool before) are still fixed."""
     monkeypatch.setattr(budget, "over_budget", lambda text: None)
+    monkeypatch.setattr(interrupt, "init_worker", _init_worker_dumping_to_file)
     root = tmp_path / "src"
     bad = {"crash.py": DEEP["parens.py"].encode()}
     make_tree(root, bad, good=20)
-    r = cli("rewrite", str(root), "-j", "2", "--no-cache")
+    with open(tmp_path / "dumps.txt", "w") as dumps:
+        monkeypatch.setattr(sys.modules[__name__], "_CRASH_DUMPS", [dumps])
+        r = cli("rewrite", str(root), "-j", "2", "--no-cache")
     assert r.exit_code == 2
     assert_outcome(root, bad, 20, r.stderr, "worker process analysing it died")
+    assert "Segmentation fault" in (tmp_path / "dumps.txt").read_text()  # it did crash, quietly
+
+
+@pytest.mark.slow
+def test_the_crash_test_prints_no_crash_dump():
+    """The README's test command: a newcomer sees no "Fatal Python error" from the worker crashed
+    on purpose above."""
+    here = Path(__file__)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "crashed_worker", str(here)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=here.parent.parent,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 passed" in r.stdout
+    assert "Fatal Python error" not in r.stdout + r.stderr
 
 
 def test_file_over_the_memory_budget_is_refused(tmp_path, outside, monkeypatch):

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from torchopt import __version__
+from torchopt import __version__, checking
 from torchopt.rewrite import budget, interrupt, report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
@@ -54,6 +54,9 @@ PathsArg = typer.Argument(None, help="Files or folders (default: the current fol
 SelectOpt = typer.Option(
     None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated."
 )
+ExtendSelectOpt = typer.Option(
+    None, "--extend-select", help="Like --select, but added to the selection of the configuration or --select."
+)
 IgnoreOpt = typer.Option(None, "--ignore", help="Codes, prefixes or families to leave out.")
 UnsafeOpt = typer.Option(
     None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics."
@@ -86,15 +89,20 @@ def _need_torch(what: str) -> None:
         raise _Usage(f"{what} runs your program and needs PyTorch: pip install '{DIST}[validate]'")
 
 
-def _resolver(select, ignore, unsafe, config) -> Resolver:
+def _resolver(select, ignore, unsafe, config, extend_select=None) -> Resolver:
     try:
         sel = split_arg(select, "--select") or None
         ign = split_arg(ignore, "--ignore")
+        ext = split_arg(extend_select, "--extend-select")
         expand_all(sel or ())
         expand_all(ign)
+        expand_all(ext)
     except SelectorError as exc:
         raise _Usage(str(exc)) from None
-    return Resolver(Overrides(select=tuple(sel) if sel else None, ignore=tuple(ign), unsafe_fixes=unsafe), config)
+    over = Overrides(
+        select=tuple(sel) if sel else None, ignore=tuple(ign), unsafe_fixes=unsafe, extend_select=tuple(ext)
+    )
+    return Resolver(over, config)
 
 
 def _check_format(fmt: str) -> None:
@@ -146,6 +154,8 @@ def _run_files(
     cache_dir: Optional[str] = None,
 ) -> list[FileResult]:
     files = discover(paths, resolver.for_path, on_skip=lambda path, why: _err(f"warning: {source.shown(path)}: {why}"))
+    if not files:
+        _err("warning: No Python files found under the given path(s)")
     places = pin(paths, files)
     cache = _open_cache(paths, resolver, no_cache, cache_dir) if files else None
     prog, advance = _progress(len(files))
@@ -219,6 +229,7 @@ def rewrite(
     check: bool = typer.Option(False, "--check", help="List files that would change; write nothing. Exit 1 if any."),
     unsafe_fixes: Optional[bool] = UnsafeOpt,
     select: Optional[List[str]] = SelectOpt,
+    extend_select: Optional[List[str]] = ExtendSelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
     jobs: Optional[int] = JobsOpt,
     output_format: str = FormatOpt,
@@ -255,7 +266,7 @@ def rewrite(
         _check_format(output_format)
         if diff and output_format != "text":
             raise _Usage("--diff prints a diff; --output-format applies to the report without --diff")
-        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        resolver = _resolver(select, ignore, unsafe_fixes, config, extend_select)
         mode = Mode.DIFF if diff else Mode.LIST if check else Mode.FIX
         paths = paths or ["."]
         if paths == ["-"]:
@@ -397,11 +408,37 @@ def _rewrite_report(results: list[FileResult], mode: Mode, fmt: str, quiet: bool
 @app.command("check")
 def check_cmd(
     paths: Optional[List[str]] = PathsArg,
-    unsafe_fixes: Optional[bool] = UnsafeOpt,
+    fix: bool = typer.Option(
+        False, "--fix", help="Apply safe fixes in place (as `torchopt rewrite`), then report what is left."
+    ),
+    unsafe_fixes: Optional[bool] = typer.Option(
+        None,
+        "--unsafe-fixes/--no-unsafe-fixes",
+        help="With --fix: also apply fixes that change numerics, RNG streams or semantics (without --fix, "
+        "check writes nothing).",
+    ),
+    show_fixes: bool = typer.Option(
+        False, "--show-fixes", help="With --fix: list the fixes applied, per file and code."
+    ),
+    exit_zero: bool = typer.Option(
+        False, "--exit-zero", "-e", help="Exit 0 even when diagnostics are found (2 still means an error)."
+    ),
+    statistics: bool = typer.Option(
+        False, "--statistics", help="Print the number of diagnostics per code instead of each one."
+    ),
+    add_noqa: bool = typer.Option(
+        False,
+        "--add-noqa",
+        help="Add `# noqa: CODE` to every line with a diagnostic (merged into a `# noqa:` list already there; comments are kept).",
+    ),
     select: Optional[List[str]] = SelectOpt,
+    extend_select: Optional[List[str]] = ExtendSelectOpt,
     ignore: Optional[List[str]] = IgnoreOpt,
     jobs: Optional[int] = JobsOpt,
     output_format: str = FormatOpt,
+    output_file: Optional[str] = typer.Option(
+        None, "--output-file", "-o", help="Write the diagnostics (or --statistics) to this file instead of stdout."
+    ),
     stdin_filename: Optional[str] = StdinNameOpt,
     config: Optional[str] = ConfigOpt,
     quiet: bool = QuietOpt,
@@ -414,25 +451,27 @@ def check_cmd(
         "synchronisations it recorded to the SYNC diagnostics of the functions that ran them.",
     ),
 ) -> None:
-    """Report every diagnostic, fixable or not. Exit 1 when there is any."""
+    """Report every diagnostic, fixable or not (with --fix: fix what can be, report the rest).
+    Exit 1 when any is left, 0 when none, 2 when a file could not be checked."""
     try:
         _check_format(output_format)
-        resolver = _resolver(select, ignore, unsafe_fixes, config)
+        if fix and add_noqa:
+            raise _Usage("--add-noqa cannot be combined with --fix")
+        resolver = _resolver(select, ignore, unsafe_fixes, config, extend_select)
+        mode = Mode.FIX if fix else Mode.CHECK
         paths = paths or ["."]
         if paths == ["-"]:
-            name = stdin_filename or "-"
-            src = _read_stdin(name)
-            if isinstance(src, FileResult):
-                results = [src]
-            else:
-                settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
-                results = [process_text(src.text, name, settings, Mode.CHECK)]
+            if add_noqa:
+                raise _Usage("--add-noqa needs files, not stdin")
+            results = [_check_stdin(resolver, stdin_filename or "-", mode)]
         else:
-            results = _run_files(paths, resolver, Mode.CHECK, jobs, no_cache, cache_dir)
+            results = _run_files(paths, resolver, mode, jobs, no_cache, cache_dir)
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")
         raise typer.Exit(EXIT_ERROR)
-    diags = [d for r in results if r for d in r.diagnostics]
+    if add_noqa:
+        raise typer.Exit(checking.add_noqa(results, quiet))
+    diags = [d for r in results for d in (r.remaining if fix else r.diagnostics)]
     if profile is not None:
         from torchopt.codemods.sync.profile_evidence import ProfileError, apply_profile
 
@@ -441,21 +480,39 @@ def check_cmd(
         except ProfileError as exc:
             _err(f"error: {exc}")
             raise typer.Exit(EXIT_ERROR)
-    sys.stdout.write(report.render(diags, output_format))
-    n_failed = _print_failures([r for r in results if r])
-    if not quiet and output_format == "text":
-        if diags:
-            safe = sum(1 for d in diags if d.fix and d.fix.safety == "safe")
-            unsafe = sum(1 for d in diags if d.fix and d.fix.safety == "unsafe")
-            _err(
-                f"Found {report.plural(len(diags), 'diagnostic')} ({report.per_code(diags)}): "
-                f"{safe} fixable with `torchopt rewrite`, {unsafe} more with `--unsafe-fixes`."
-            )
-        else:
-            _err("All checks passed.")
+    if statistics:
+        out = report.statistics(diags, output_format)
+    else:
+        edits = checking.edits_of(results, diags, resolver.for_path) if output_format == "json" else None
+        out = report.render(diags, output_format, edits=edits or (lambda d: None))
+    try:
+        checking.write_output(out, output_file)
+    except OSError as exc:
+        _err(f"error: --output-file {output_file}: {exc.strerror or exc}")
+        raise typer.Exit(EXIT_ERROR)
+    n_failed = _print_failures(results)
+    applied = [d for r in results for d in r.applied]
+    if show_fixes and applied:
+        _err(report.fixed_per_file(results))
+    if not quiet and (output_format == "text" or output_file):
+        _err(checking.summary(diags, applied, fix, n_failed))
     if n_failed:
         raise typer.Exit(EXIT_ERROR)
-    raise typer.Exit(EXIT_PENDING if diags else EXIT_OK)
+    raise typer.Exit(EXIT_PENDING if diags and not exit_zero else EXIT_OK)
+
+
+def _check_stdin(resolver: Resolver, name: str, mode: Mode) -> FileResult:
+    """`check -` reports on stdin; with --fix it also writes the fixed source to stdout (as ruff)."""
+    data = sys.stdin.buffer.read()
+    src = _read_stdin(name, data)
+    if isinstance(src, FileResult):
+        return src
+    settings = resolver.for_path(name if name != "-" else os.path.join(os.getcwd(), "-"))
+    res = process_text(src.text, name, settings, mode)
+    if mode is Mode.FIX:
+        fixed = res.status == "ok" and res.changed
+        _give_back(src.encode(res.new_text or "") if fixed else data)
+    return res
 
 
 # lsp -------------------------------------------------------------------------------------------
@@ -546,7 +603,7 @@ def validate_cmd(
     unsafe_fixes: Optional[bool] = UnsafeOpt,
     nproc: int = typer.Option(1, "--nproc", min=1, help="Run each version under torchrun with this many processes."),
     timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds each run may take."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Same as --output-format json."),
     script_arg: Optional[List[str]] = typer.Option(
         None, "--script-arg", help="An argument for the script (also: after `--`)."
     ),
@@ -592,15 +649,10 @@ def validate_cmd(
         _need_torch("`torchopt validate`")
         resolver = _resolver(select, ignore, unsafe_fixes, config)
         settings = resolver.for_path(before)
-        from torchopt.validate.command import resolve_device, validate
-
-        if resolve_device(device) == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise _Usage("--device cuda: no CUDA device is available here (use --device cpu or auto)")
-
         from torchopt.validate.bench import BenchOptions
+        from torchopt.validate.command import validate
+
+        _check_device(device)
 
         try:
             declared = parse_expect(expect or ())
@@ -632,6 +684,17 @@ def validate_cmd(
 
     sys.stdout.write(render(out, None, output_format))
     raise typer.Exit(out.exit_code)
+
+
+def _check_device(device: str) -> None:
+    """--device cuda on a machine without one is a usage error, said before anything runs."""
+    from torchopt.validate.command import resolve_device
+
+    if resolve_device(device) == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise _Usage("--device cuda: no CUDA device is available here (use --device cpu or auto)")
 
 
 def _validate_rev(rev, entry, after, expect, output_format, steps, device, script_arg, timeout, nproc) -> None:

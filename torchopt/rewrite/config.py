@@ -31,6 +31,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True)
 class Settings:
     select: tuple[str, ...] = ("ALL",)
+    extend_select: tuple[str, ...] = ()  # added to `select` (ruff's `extend-select`)
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     exclude: tuple[str, ...] = ()
@@ -46,8 +47,9 @@ class Settings:
     target_torch: tuple[int, int] | None = None
 
     def enabled_codes(self, path: str | None = None) -> frozenset[str]:
-        codes = expand_all(self.select) - expand_all(self.ignore)
-        codes = _drop_unrequested_opt_in(codes, self.select)
+        selected = self.select + self.extend_select
+        codes = expand_all(selected) - expand_all(self.ignore)
+        codes = _drop_unrequested_opt_in(codes, selected)
         if self.target_torch is not None:
             rules = all_rules()
             codes = {c for c in codes if (rules[c].min_torch or (0, 0)) <= self.target_torch}
@@ -103,6 +105,7 @@ def glob_match(rel: str, pattern: str) -> bool:
 
 _KEYS = {
     "select",
+    "extend-select",
     "ignore",
     "unsafe-fixes",
     "exclude",
@@ -178,6 +181,8 @@ def from_table(table: Mapping[str, Any], where: str, root: str) -> Settings:
     kw: dict[str, Any] = {"root": root, "config_path": where}
     if "select" in table:
         kw["select"] = _selectors(table["select"], "select", where)
+    if "extend-select" in table:
+        kw["extend_select"] = _selectors(table["extend-select"], "extend-select", where)
     if "ignore" in table:
         kw["ignore"] = _selectors(table["ignore"], "ignore", where)
     for key, attr in (("extend-safe-fixes", "extend_safe_fixes"), ("extend-unsafe-fixes", "extend_unsafe_fixes")):
@@ -246,11 +251,16 @@ class Overrides:
     select: tuple[str, ...] | None = None
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool | None = None
+    extend_select: tuple[str, ...] = ()
 
     def apply(self, s: Settings) -> Settings:
         kw: dict[str, Any] = {}
         if self.select is not None:
+            # as in ruff, --select starts the selection afresh: the file's `extend-select` goes too
             kw["select"] = self.select
+            kw["extend_select"] = self.extend_select
+        elif self.extend_select:
+            kw["extend_select"] = s.extend_select + self.extend_select
         if self.ignore:
             kw["ignore"] = s.ignore + self.ignore
         if self.unsafe_fixes is not None:

@@ -7,6 +7,7 @@ and compiled, and a pass that breaks either is rolled back and reported.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Mapping
 
@@ -67,15 +68,19 @@ class Diagnostic:
     def sort_key(self) -> tuple:
         return (self.path, self.cell or 0, self.line, self.column, self.code)
 
-    def to_json(self) -> dict:
+    def to_json(self, edits: list[dict] | None = None) -> dict:
+        """The diagnostic as a JSON object; ``edits`` (from ``fix_edits``) go with its fix."""
         d = asdict(self)
         if self.fix is not None:
             d["fix"] = {
                 "safety": self.fix.safety,
                 "title": self.fix.title,
                 "tags": list(self.fix.tags),
+                # what an unsafe fix changes, in words (a safe one changes no result)
                 "changes": self.fix.changes() if self.fix.safety == "unsafe" else "",
             }
+            if edits is not None:
+                d["fix"]["edits"] = edits
         return d
 
 
@@ -111,10 +116,14 @@ def syntax_check(text: str) -> None:
     """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
     exc = pyast.parse(text)  # usually parsed already, by some rule's prefilter
     if isinstance(exc, SyntaxError):
-        col = f", column {exc.offset}" if exc.offset else ""
-        raise ParseError(f"syntax error at line {exc.lineno}{col}: {exc.msg}") from None
+        raise ParseError(_cpython_message(exc)) from None
     if isinstance(exc, BaseException):
         raise ParseError(f"cannot parse: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+
+
+def _cpython_message(exc: SyntaxError) -> str:
+    col = f", column {exc.offset}" if exc.offset else ""
+    return f"syntax error at line {exc.lineno}{col}: {exc.msg}"
 
 
 def parse(text: str) -> cst.Module:
@@ -125,6 +134,11 @@ def parse(text: str) -> cst.Module:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
+        # Where CPython (and ruff, and the user's editor) puts the error: LibCST's own position is
+        # often the token after it, a line or more further on.
+        cpython = pyast.parse(text)
+        if isinstance(cpython, SyntaxError):
+            raise ParseError(_cpython_message(cpython)) from None
         msg = " ".join(str(exc.message).split())
         raise ParseError(f"syntax error at line {exc.raw_line}, column {exc.raw_column + 1}: {msg}") from None
     except (RecursionError, MemoryError) as exc:  # pathological nesting
@@ -136,6 +150,7 @@ class _Pass:
     module: cst.Module
     findings: list[tuple[Finding, Diagnostic]]
     positions: Mapping[cst.CSTNode, CodeRange]
+    used: set[tuple[int, str]] = field(default_factory=set)  # (line, code) of suppressions that silenced a finding
 
 
 def _run_rules(module: cst.Module, rules: list[type[Rule]], settings: Settings, path: str, text: str) -> _Pass:
@@ -167,11 +182,14 @@ def _run_rules_on(
     positions = file_positions(facts, wrapper) if findings else {}
     table = suppress.parse(text)
     out: list[tuple[Finding, Diagnostic]] = []
-    for f in findings:
+    used: set[tuple[int, str]] = set()
+    for f, also in one_per_problem(findings, positions):
         rng = positions[f.node]
         start, end = rng.start, rng.end
         code = f.rule.code
-        if suppress.is_suppressed(table, code, (start.line, end.line)):
+        hits = [suppress.matching(table, c, (start.line, end.line)) for c in (code, *also)]
+        if any(hits):
+            used.update(h for h in hits if h is not None)
             continue
         fix = None
         if f.replacement is not None and f.safety is not Safety.DISPLAY:
@@ -195,21 +213,105 @@ def _run_rules_on(
         )
         out.append((f, diag))
     out.sort(key=lambda fd: fd[1].sort_key())
-    return _Pass(module=module, findings=out, positions=positions)
+    return _Pass(module=module, findings=out, positions=positions, used=used)
+
+
+def one_per_problem(
+    findings: list[Finding], positions: Mapping[cst.CSTNode, CodeRange]
+) -> list[tuple[Finding, tuple[str, ...]]]:
+    """Each finding with the codes that yielded to it, less the findings of a rule that yields
+    (``Rule.yields_to``) to a rule reporting on the same span: two rules describing the same change
+    on the same code give one finding, and a suppression of either code silences it."""
+    if not any(f.rule.yields_to for f in findings):
+        return [(f, ()) for f in findings]
+    by_span: dict[tuple[int, int, int, int], set[str]] = {}
+    spans = []
+    for f in findings:
+        r = positions[f.node]
+        span = (r.start.line, r.start.column, r.end.line, r.end.column)
+        spans.append(span)
+        by_span.setdefault(span, set()).add(f.rule.code)
+    out = []
+    for f, span in zip(findings, spans):
+        here = by_span[span]
+        if here & f.rule.yields_to.keys():
+            continue
+        also = tuple(sorted(c for c in here if f.rule.code in all_rules()[c].yields_to))
+        out.append((f, also))
+    return out
+
+
+def drop_yielded(diags: list[Diagnostic]) -> list[Diagnostic]:
+    """``one_per_problem`` on diagnostics gathered from separate analyses (the language server's
+    incremental check)."""
+    rules = all_rules()
+    spans: dict[tuple, set[str]] = {}
+    for d in diags:
+        spans.setdefault((d.path, d.line, d.column, d.end_line, d.end_column), set()).add(d.code)
+    return [
+        d
+        for d in diags
+        if not (spans[(d.path, d.line, d.column, d.end_line, d.end_column)] & rules[d.code].yields_to.keys())
+    ]
 
 
 def check_source(
     text: str, settings: Settings, path: str = "<stdin>", codes: Iterable[str] | None = None
 ) -> CheckResult:
     """Every diagnostic (fixable or not) for ``text``."""
-    codes = settings.enabled_codes(path) if codes is None else codes
+    codes = settings.enabled_codes(path) if codes is None else frozenset(codes)
     with analysing(text):  # the prefilters, the syntax check and the rules share one SourceFacts
         rules = active_rules(codes, text)
         if not rules:
             syntax_check(text)
-            return CheckResult([])
+            return CheckResult(unused_suppressions(text, set(), codes, settings, path)[0])
         p = _run_rules(parse(text), rules, settings, path, text)
-    return CheckResult([d for _, d in p.findings])
+    diags = [d for _, d in p.findings] + unused_suppressions(text, p.used, codes, settings, path)[0]
+    return CheckResult(sorted(diags, key=Diagnostic.sort_key))
+
+
+def unused_suppressions(
+    text: str, used: set[tuple[int, str]], codes: frozenset[str], settings: Settings, path: str
+) -> tuple[list[Diagnostic], list[suppress.Unused]]:
+    """The suppressions of ``text`` that silenced nothing in this run (``used``: those that did),
+    as diagnostics of ``suppress.UNUSED_CODE`` when it is enabled, with their edits."""
+    if suppress.UNUSED_CODE not in codes:
+        return [], []
+    rules = all_rules()
+    found = suppress.unused(text, used, codes, lambda c: any(r.startswith(c) for r in rules))
+    rule = rules[suppress.UNUSED_CODE]
+    safe = settings.fix_is_safe(rule.code, True)
+    fix = FixInfo(title=rule.fix_title or "", safety="safe" if safe else "unsafe")
+    diags = [
+        Diagnostic(rule.code, rule.name, u.message(), path, u.line, u.column + 1, u.line, u.end_column + 1, fix)
+        for u in found
+    ]
+    return diags, found
+
+
+def _remove_unused(
+    result: FixResult,
+    text: str,
+    used: set[tuple[int, str]],
+    codes: frozenset[str],
+    settings: Settings,
+    path: str,
+    unsafe: bool,
+    only: Callable[[Diagnostic], bool] | None,
+) -> str:
+    """The last step of a fix: the suppressions left unused go (a comment-only edit)."""
+    diags, found = unused_suppressions(text, used, codes, settings, path)
+    take = [i for i, d in enumerate(diags) if _applicable(d, unsafe) and (only is None or only(d))]
+    result.remaining += [d for i, d in enumerate(diags) if i not in take]
+    if not take:
+        return text
+    new = suppress.remove_unused(text, [found[i] for i in take])
+    try:
+        verify(new, path)
+    except FixError as exc:
+        raise FixError(f"fix by {suppress.UNUSED_CODE} produced invalid code ({exc}); file left unchanged") from None
+    result.applied += [diags[i] for i in take]
+    return new
 
 
 def _applicable(diag: Diagnostic, unsafe: bool) -> bool:
@@ -231,17 +333,29 @@ class _Apply(cst.CSTTransformer):
 def _choose(
     p: _Pass, unsafe: bool, only: Callable[[Diagnostic], bool] | None = None
 ) -> list[tuple[Finding, Diagnostic]]:
-    """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass."""
+    """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass. A finding
+    whose fix is the very edit of one chosen (same rule, same target, same replacement: one fix
+    resolves several findings) comes along with it, so that it is counted as fixed."""
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
+    riders: list[tuple[Finding, Diagnostic]] = []
     for f, d in p.findings:
         if not _applicable(d, unsafe) or (only is not None and not only(d)):
             continue
         r = p.positions[f.target or f.node]
         span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
         if any(_overlap(span, s) for _, _, s in chosen):
+            if any(_same_edit(f, g) for g, _, _ in chosen):
+                riders.append((f, d))
             continue
         chosen.append((f, d, span))
-    return [(f, d) for f, d, _ in chosen]
+    return [(f, d) for f, d, _ in chosen] + riders
+
+
+def _same_edit(f: Finding, g: Finding) -> bool:
+    if f.rule is not g.rule or (f.target or f.node) is not (g.target or g.node) or f.imports != g.imports:
+        return False
+    a, b = f.replacement, g.replacement
+    return a is b or (isinstance(a, cst.CSTNode) and isinstance(b, cst.CSTNode) and a.deep_equals(b))
 
 
 def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) -> bool:
@@ -251,7 +365,10 @@ def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) 
 
 
 def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.Module:
-    repl = {id(f.target or f.node): f.replacement for f, _ in chosen if f.replacement is not None}
+    repl: dict[int, Replacement] = {}
+    for f, _ in chosen:  # a finding riding on another's edit replaces the same node the same way
+        if f.replacement is not None:
+            repl.setdefault(id(f.target or f.node), f.replacement)
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:
@@ -292,6 +409,7 @@ def fix_source(
     result = FixResult(text=text)
     current = text
     module: cst.Module | None = None
+    used: set[tuple[int, str]] = set()
     for n in range(MAX_PASSES + 1):
         with analysing(current):  # each pass's text has its own SourceFacts
             rules = active_rules(codes, current)
@@ -302,6 +420,7 @@ def fix_source(
             module = module or parse(current)
             p = _run_rules(module, rules, settings, path, current)
         chosen = _choose(p, unsafe, only) if n < MAX_PASSES else []
+        used = p.used
         if not chosen:
             result.remaining = [d for _, d in p.findings]
             break
@@ -320,5 +439,34 @@ def fix_source(
         current = new_text
         # Re-parse from text so positions and metadata are fresh for the next pass.
         module = None
-    result.text = current
+        used = set()
+    result.text = _remove_unused(result, current, used, codes, settings, path, unsafe, only)
     return result
+
+
+def fix_edits(text: str, settings: Settings, path: str, diag: Diagnostic) -> list[dict]:
+    """The edits ``diag``'s fix makes to ``text`` (with the imports it needs), as ruff's JSON
+    writes them: ``{"content", "location": {"row", "column"}, "end_location": {...}}``, 1-based,
+    columns in characters, end exclusive. Found by making that one fix and comparing the texts."""
+    import difflib
+
+    after = fix_source(text, settings, path, unsafe=True, only=lambda d: d == diag).text
+    old, new = text.splitlines(keepends=True), after.splitlines(keepends=True)
+    edits = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        a, b = "".join(old[i1:i2]), "".join(new[j1:j2])
+        head = len(os.path.commonprefix([a, b]))
+        tail = len(os.path.commonprefix([a[head:][::-1], b[head:][::-1]]))
+        start, end = _row_col(old, i1, a[:head]), _row_col(old, i1, a[: len(a) - tail])
+        edits.append({"content": b[head : len(b) - tail], "location": start, "end_location": end})
+    return edits
+
+
+def _row_col(lines: list[str], first: int, before: str) -> dict:
+    """The position after ``before``, text that starts at the beginning of line ``first`` (0-based)."""
+    rows = before.split("\n")
+    row = first + len(rows)
+    column = len(rows[-1]) + 1
+    return {"row": row, "column": column}

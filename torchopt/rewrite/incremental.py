@@ -23,8 +23,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
+from torchopt.rewrite import suppress
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.engine import Diagnostic, active_rules, check_source, parse, _run_rules
+from torchopt.rewrite.engine import Diagnostic, active_rules, check_source, drop_yielded, parse, _run_rules
 from torchopt.rewrite.facts import analysing
 from torchopt.rewrite.registry import all_rules
 
@@ -360,7 +361,7 @@ class IncrementalChecker:
         local_codes = codes - file_codes
         base = (self._settings[2], path)
         out: list[Diagnostic] = []
-        if file_codes and active_rules(file_codes, text):
+        if file_codes and (active_rules(file_codes, text) or suppress.UNUSED_CODE in file_codes):
             key: tuple = base + ("file", file_codes, text)
             hit = self._memo.get(key)
             if hit is None:
@@ -388,6 +389,7 @@ class IncrementalChecker:
                             out.append(d)
                     elif not only_header:
                         out.append(d)
+        out = drop_yielded(out)  # the rules that own a problem may have run in other groups
         out.sort(key=lambda d: d.sort_key())
         return out
 

@@ -6,10 +6,11 @@ import json
 import os
 from collections import Counter
 from pathlib import PurePath
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 from urllib.parse import quote
 
 from torchopt import __version__
+from torchopt.rewrite import source
 from torchopt.rewrite.engine import Diagnostic
 
 FORMATS = ("text", "json", "sarif", "github")
@@ -32,12 +33,18 @@ def text_line(d: Diagnostic) -> str:
     return f"{location(d)}: {d.code} {marker(d)}{d.message}"
 
 
-def render(diags: Sequence[Diagnostic], fmt: str, fixed: Iterable[Diagnostic] = ()) -> str:
+def render(
+    diags: Sequence[Diagnostic],
+    fmt: str,
+    fixed: Iterable[Diagnostic] = (),
+    edits: Callable[[Diagnostic], list[dict] | None] = lambda d: None,
+) -> str:
+    """``edits``: the edits of a diagnostic's fix, for the JSON rows (None: not known)."""
     diags = sorted(diags, key=Diagnostic.sort_key)
     if fmt == "text":
         return "".join(text_line(d) + "\n" for d in diags)
     if fmt == "json":
-        rows = [dict(d.to_json(), fixed=False) for d in diags]
+        rows = [dict(d.to_json(edits(d)), fixed=False) for d in diags]
         rows += [dict(d.to_json(), fixed=True) for d in sorted(fixed, key=Diagnostic.sort_key)]
         return json.dumps(rows, indent=2) + "\n"
     if fmt == "github":
@@ -132,6 +139,33 @@ def sarif(diags: Sequence[Diagnostic]) -> dict:
             }
         ],
     }
+
+
+def statistics(diags: Sequence[Diagnostic], fmt: str) -> str:
+    """`check --statistics`: how many diagnostics each code has, most first (as ruff's)."""
+    counts = Counter(d.code for d in diags)
+    fixable = {d.code for d in diags if d.fix is not None and d.fix.safety == "safe"}
+    names = {d.code: d.name for d in diags}
+    rows = sorted(counts.items(), key=lambda cn: (-cn[1], cn[0]))
+    if fmt == "json":
+        out = [{"code": c, "name": names[c], "count": n, "fixable": c in fixable} for c, n in rows]
+        return json.dumps(out, indent=2) + "\n"
+    width = max((len(str(n)) for _, n in rows), default=1)
+    return "".join(f"{n:>{width}}\t{c}\t{'[*] ' if c in fixable else ''}{names[c]}\n" for c, n in rows)
+
+
+def fixed_per_file(results: Iterable) -> str:
+    """`check --fix --show-fixes`: the fixes applied, per file and code."""
+    lines = []
+    for r in results:
+        if not r.applied:
+            continue
+        lines.append(f"{source.shown(r.path)}:")
+        for code, n in sorted(Counter(d.code for d in r.applied).items()):
+            name = next(d.name for d in r.applied if d.code == code)
+            lines.append(f"    {n} × {code} ({name})")
+    total = sum(len(r.applied) for r in results)
+    return f"Fixed {plural(total, 'diagnostic')}:\n" + "\n".join(lines)
 
 
 def per_code(diags: Iterable[Diagnostic]) -> str:

@@ -163,6 +163,10 @@ class Rule(cst.BatchableCSTVisitor):
     # statements it is linked with by name (and the module's header); "file" when it reads facts
     # from anywhere in the file (then every edit re-runs it on the whole text).
     locality: ClassVar[str] = "component"
+    # One finding per problem: where a rule named here reports on the same code (the same span),
+    # this rule stays silent, for the reason given (code -> why that rule owns the problem). The
+    # engine applies it before suppressions, so suppressing either code silences the problem, not half of it.
+    yields_to: ClassVar[Mapping[str, str]] = {}
 
     METADATA_DEPENDENCIES = (PositionProvider, ScopeProvider, ParentProvider)
     # Filled provider by provider on demand (get_metadata below), so a dict rather than LibCST's Mapping.

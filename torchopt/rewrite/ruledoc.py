@@ -63,6 +63,10 @@ def render(rule: type[Rule]) -> str:
         lines += ["## What an unsafe fix changes", ""]
         lines += [f"- **{t}**: {TAG_MEANING[Tag(t)]}." for t in tags]
         lines += ["", "Apply these with `--unsafe-fixes`, or promote the code with `extend-safe-fixes`.", ""]
+    if rule.yields_to:
+        lines += ["## One finding per problem", ""]
+        lines += [f"Stays silent where {c} reports on the same code: {why}." for c, why in rule.yields_to.items()]
+        lines += ["A suppression of either code on that line silences the problem.", ""]
     if rule.options:
         lines += ["## Options", "", f"Set under `[tool.torchopt.rules.{rule.code}]`:", ""]
         for o in rule.options:

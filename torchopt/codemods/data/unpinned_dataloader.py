@@ -70,6 +70,7 @@ class UnpinnedLoader(LoaderRule):
     fix_title = "Add `pin_memory={value}`"
     safety = Safety.SAFE
     prefilter = ("DataLoader",)
+    yields_to = {"TOP104": "TOP104 writes the same `pin_memory` on this loader and also makes its copies non-blocking"}
 
     @classmethod
     def could_match(cls, text: str) -> bool:

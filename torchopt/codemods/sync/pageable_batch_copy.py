@@ -61,6 +61,10 @@ class PageableBatchCopy(Rule):
     fix_title = None
     safety = Safety.DISPLAY
     prefilter = (".cuda(", ".to(")
+    yields_to = {
+        "TOP104": "TOP104 follows the batches to the DataLoader that makes them: it pins the loader and "
+        "makes this copy non-blocking, where this rule can only advise"
+    }
 
     @classmethod
     def could_match(cls, text: str) -> bool:

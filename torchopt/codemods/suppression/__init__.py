@@ -1,0 +1,3 @@
+"""torchopt's own findings about its suppression comments (TOP001)."""
+
+FAMILY = "suppression"
