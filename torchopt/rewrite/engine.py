@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper
 
-from torchopt.rewrite import budget, pyast, suppress
+from torchopt.rewrite import budget, newsyntax, pyast, suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.positions import file_positions
@@ -110,6 +110,11 @@ def syntax_check(text: str) -> None:
     """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
     exc = pyast.parse(text)  # usually parsed already, by some rule's prefilter
     if isinstance(exc, SyntaxError):
+        if budget.over_budget(text) is None:  # LibCST may read it: syntax of a newer Python?
+            try:
+                _refuse_newer_syntax(cst.parse_module(text), exc)
+            except (cst.ParserSyntaxError, RecursionError, MemoryError):
+                pass
         col = f", column {exc.offset}" if exc.offset else ""
         raise ParseError(f"syntax error at line {exc.lineno}{col}: {exc.msg}") from None
     if isinstance(exc, BaseException):
@@ -122,12 +127,23 @@ def parse(text: str) -> cst.Module:
     if refusal is not None:
         raise ParseError(refusal)
     try:
-        return cst.parse_module(text)
+        module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         msg = " ".join(str(exc.message).split())
         raise ParseError(f"syntax error at line {exc.raw_line}, column {exc.raw_column + 1}: {msg}") from None
     except (RecursionError, MemoryError) as exc:  # pathological nesting
         raise ParseError(f"cannot parse: {type(exc).__name__}") from None
+    python = pyast.parse(text)  # parsed already by the rules' prefilters
+    if isinstance(python, SyntaxError):
+        _refuse_newer_syntax(module, python)
+    return module
+
+
+def _refuse_newer_syntax(module: cst.Module, error: SyntaxError) -> None:
+    """LibCST parsed what this Python cannot: a newer Python's syntax is said to be that."""
+    why = newsyntax.needs_newer_python(module, error)
+    if why is not None:
+        raise ParseError(why)
 
 
 @dataclass
