@@ -246,6 +246,12 @@ def test_existing_empty_folder_is_adopted_and_user_gitignore_kept(proj, tmp_path
         (b'[tool.torchopt]\nignore = ["TOP1", " "]\n', "empty rule selector"),
         (b'[tool.torchopt]\nper-file-ignores = {"tests/*" = [""]}\n', "empty rule selector"),
         (b'[tool.torchopt]\nmax-file-size = "' + b"9" * 400 + b'MB"\n', "max-file-size"),
+        # a RecursionError traceback and exit 1 before
+        (b"[tool.torchopt]\nexclude = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+        (b"[tool.torchopt]\nrules = " + b"{a = " * 3000 + b"1" + b"}" * 3000 + b"\n", "nested too deeply"),
+        (b"[tool.torchopt]\nx = " + b"1" * 10000 + b"\n", "invalid TOML"),
+        # read as the float 2.1 before, which turned off the rules needing torch 2.10
+        (b"[tool.torchopt]\ntarget-torch = 2.10\n", 'write it as a string: "2.10"'),
     ],
 )
 def test_bad_pyproject_is_one_line_naming_it(proj, tmp_path, body, needle):

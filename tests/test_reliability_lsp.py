@@ -264,6 +264,9 @@ def test_shutdown_then_exit_exits_0_and_requests_between_are_refused(server):
     [
         ("parens.py", "import torch\nx = " + "(" * 5000 + "1" + ")" * 5000 + "\n"),
         ("chain.py", "import torch\nx = torch" + ".a" * 20000 + "\n"),
+        # flat in CPython's tree, nested in LibCST's: the server died (SIGSEGV) on these before
+        ("or.py", "import torch\nx = " + " or ".join(["a"] * 10000) + "\ny = torch.zeros(3).cuda()\n"),
+        ("strings.py", "import torch\nx = " + " ".join(['"s"'] * 60000) + "\ny = torch.zeros(3).cuda()\n"),
     ],
 )
 def test_deep_nesting_gets_no_diagnostics_and_the_server_stays_up(server, name, text):
@@ -313,3 +316,25 @@ def test_depth_check_passes_real_code_and_names_the_problem():
     assert over_budget("s = '((((' * 3  # " + "(" * 5000 + "\n") is None  # strings and comments do not count
     why = over_budget("x = 1\ny = 2\nz = " + "[" * 300 + "]" * 300 + "\n")
     assert why is not None and "too deeply nested" in why
+
+
+def test_deep_toml_is_a_short_message_and_the_server_keeps_working(tmp_path):
+    """A RecursionError traceback of 170 KB in the log before."""
+    (tmp_path / "pyproject.toml").write_text("[tool.torchopt]\nexclude = " + "[" * 5000 + "]" * 5000 + "\n")
+    srv = Server(tmp_path)
+    try:
+        srv.initialize()
+        uri, _ = srv.open("a.py", SRC, wait=START)
+        shown = [m["params"]["message"] for m in srv.seen if m.get("method") == "window/showMessage"]
+        assert len(shown) == 1, srv.seen
+        message = shown[0]
+        assert "pyproject.toml: invalid TOML: arrays or tables nested too deeply" in message
+        assert len(message) < 300 and "Traceback" not in message
+        assert not any("Traceback" in json.dumps(m) for m in srv.seen)
+        got = srv.request(
+            9, "textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 0}}
+        )
+        assert "error" not in got
+        assert srv.proc.poll() is None
+    finally:
+        srv.close()

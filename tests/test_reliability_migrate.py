@@ -493,3 +493,65 @@ def test_a_partial_clone_does_not_fetch_through_its_ssh_command(tmp_path):
     assert not marker.exists(), "the repository's ssh command ran"
     assert f"failed: {repo}: cannot read object" in res.stderr
     assert {k: v for k, v in tree_state(tmp_path).items() if not k.startswith("out" + os.sep)} == before
+
+
+# Symbolic links and aliases ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["patch", "commit"])
+def test_a_tracked_link_leaves_the_link_and_migrates_its_target(tmp_path, mode):
+    """`alias.py -> lib.py` is met first by the walk: before, lib.py was neither migrated nor reported."""
+    repo = make_repo(tmp_path, "repo", {"lib.py": BEFORE})
+    os.symlink("lib.py", repo / "alias.py")
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-q", "-m", "link")
+    before = tree_state(repo)
+    out = tmp_path / "out"
+    res = cli(repo, "--out", out, "--select", "TOP101", "-j", "1", *(["--commit"] if mode == "commit" else []))
+    assert res.exit_code == (0 if mode == "commit" else 1), res.output
+    (got,) = json.loads((out / "report.json").read_text())["repos"]
+    assert got["files_changed"] == ["lib.py"] and got["fixes"] == {"TOP101": 1}
+    assert got["skipped"] == [["alias.py", "symbolic link to lib.py; migrated there, the link kept"]]
+    if mode == "commit":
+        listing = sh(repo, "ls-tree", "-r", BRANCH).stdout.decode()
+        assert {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()} == {
+            "alias.py": "120000",
+            "lib.py": "100644",
+        }
+        assert sh(repo, "cat-file", "blob", f"{BRANCH}:lib.py").stdout == AFTER.encode()
+        assert sh(repo, "cat-file", "blob", f"{BRANCH}:alias.py").stdout == b"lib.py"
+        assert without_new_commit(tree_state(repo), ".") == without_new_commit(before, ".")
+    else:
+        patch = (out / "repo.patch").read_text()
+        assert "+++ b/lib.py" in patch and "alias.py" not in patch
+        assert tree_state(repo) == before
+
+
+def test_a_link_to_a_repository_is_the_same_repository(tmp_path):
+    """Before, the alias was a second repository: two conflicting patches, or a failed second commit
+    whose fixes were still counted ("fixes committed: TOP101 ×2" where 1 was)."""
+    repo = make_repo(tmp_path, "repo", {"train.py": BEFORE})
+    os.symlink(repo, tmp_path / "alias")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        app,
+        ["migrate", str(repo), str(tmp_path / "alias"), "--out", str(out), "--select", "TOP101", "-j", "1", "--commit"],
+    )
+    assert res.exit_code == 0, res.output
+    assert [r["name"] for r in json.loads((out / "report.json").read_text())["repos"]] == ["repo"]
+    assert "1 repository: 1 changed" in res.stderr
+    assert "1 file changed, fixes committed: TOP101 ×1." in res.stderr
+
+
+def test_fixes_of_a_repository_that_failed_are_not_counted(tmp_path):
+    """A repository whose patch cannot be written (a file of the user's holds its name) applied nothing."""
+    repo = make_repo(tmp_path, "repo", {"train.py": BEFORE})
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "repo.patch").write_text("mine\n")
+    res = CliRunner().invoke(app, ["migrate", str(repo), "--out", str(out), "--select", "TOP101", "-j", "1"])
+    assert res.exit_code == 2, res.output
+    (got,) = json.loads((out / "report.json").read_text())["repos"]
+    assert got["status"] == "failed" and got["fixes"] == {} and got["files_changed"] == []
+    assert "fixes in patches" not in res.stderr
+    assert (out / "repo.patch").read_text() == "mine\n"

@@ -355,7 +355,7 @@ def _assert_each_file_old_or_new(root: Path, after: str) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.parametrize("signame,code", [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_stop_signal_stops_the_run_cleanly(tmp_path, outside, signame, code):
     root = _many(tmp_path)
     after = _expected_after()
@@ -363,7 +363,7 @@ def test_stop_signal_stops_the_run_cleanly(tmp_path, outside, signame, code):
     if signame == "SIGINT":  # Ctrl-C reaches the whole foreground process group
         os.killpg(proc.pid, signal.SIGINT)
     else:
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, getattr(signal, signame))
     _, stderr = proc.communicate(timeout=15)
     assert proc.returncode == code, stderr
     assert _wait_until_gone(str(root)) == []

@@ -240,9 +240,14 @@ def migrate(
 
 
 def _repository_paths(repos: Sequence[str], out: str) -> list[str]:
-    """The repositories, absolute and each once; --out inside one of them is refused, since their
+    """The repositories, absolute and each once (by real path: a symbolic link to a repository already
+    listed is that repository); --out inside one of them is refused, since their
     working trees are never written to."""
-    paths = list(dict.fromkeys(os.path.abspath(os.path.expanduser(r)) for r in repos))
+    by_real: dict[str, str] = {}  # a repository is its real path: a link to one is the same repository
+    for r in repos:
+        p = os.path.abspath(os.path.expanduser(r))
+        by_real.setdefault(os.path.realpath(p), p)
+    paths = list(by_real.values())
     real_out = os.path.realpath(out)
     for p in paths:
         if os.path.isdir(p) and (real_out + os.sep).startswith(os.path.realpath(p) + os.sep):

@@ -152,8 +152,8 @@ def migrate_repo(task: RepoTask, file_jobs: int = 1) -> RepoResult:
         res.status, res.reason = FAILED, str(exc)
     except Exception as exc:  # a bug of ours must not stop the run
         res.status, res.reason = FAILED, f"internal error: {type(exc).__name__}: {exc}"
-    if res.status not in DONE:
-        res.patch, res.files_changed = b"", []
+    if res.status not in DONE:  # nothing of it was applied
+        res.patch, res.files_changed, res.fixes, res.unsafe_not_applied = b"", [], {}, {}
     res.seconds = round(time.monotonic() - t0, 3)
     return res
 
@@ -199,14 +199,11 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
         res.config = _rel(root_settings.config_path, tree)
     listed = set(modes) if modes is not None else git.listed_files(tree)
     # Python files only: patches are made by the engine's fix of each file's text (no notebook support yet)
-    files = [f for f in discover([tree], settings.for_path, suffixes=(".py",)) if _rel(f, tree) in listed]
+    files = _tracked_files(tree, discover([tree], settings.for_path, suffixes=(".py",)), listed, res)
     res.files_seen = len(files)
     loaded: list[tuple[str, str, bytes, source.SourceText]] = []
     for f in files:
         rel = _rel(f, tree)
-        if os.path.islink(f):
-            res.skipped.append([rel, "symbolic link (its target is rewritten where it is tracked)"])
-            continue
         try:
             limit = settings.for_path(f).max_file_size
             size = os.stat(f).st_size
@@ -252,6 +249,27 @@ def _work(task: RepoTask, res: RepoResult, tree: str, file_jobs: int, modes: dic
             sha = git.commit_files(task.path, res.head, changes, modes, commit_message(task, res))
             git.create_branch(task.path, task.options.branch, sha)
         res.branch, res.commit = task.options.branch, sha
+
+
+def _tracked_files(tree: str, found: list[str], listed: set[str], res: RepoResult) -> list[str]:
+    """The tracked files to migrate, each once: a tracked symbolic link is kept a link (listed in the
+    report as such) and its target migrated where it is tracked, also when the walk met the link first."""
+    real_tree = os.path.realpath(tree)
+    files: dict[str, str] = {}  # rel -> path
+    for f in found:
+        rel = _rel(f, tree)
+        if rel not in listed:
+            continue
+        if not os.path.islink(f):
+            files.setdefault(rel, f)
+            continue
+        target = _rel(os.path.realpath(f), real_tree)
+        if target in listed and os.path.isfile(os.path.join(tree, target)):
+            res.skipped.append([rel, f"symbolic link to {target}; migrated there, the link kept"])
+            files.setdefault(target, os.path.join(tree, target))
+        else:
+            res.skipped.append([rel, "symbolic link to a file not tracked in the repository; the link kept"])
+    return sorted(files.values(), key=lambda f: _rel(f, tree))
 
 
 def _fix_text(path: str, rel: str, src: source.SourceText, s: Settings, keep: set[str] | None):

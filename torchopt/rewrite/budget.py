@@ -21,11 +21,15 @@ from torchopt.rewrite import pyast
 
 # CPython's tokenizer refuses deeper brackets, so nothing that runs is refused here.
 MAX_BRACKET_DEPTH = 200
-# Expressions nested deeper than this (attribute, call or operator chains) take LibCST seconds per
-# line, and not far past CPython's own limit (~3000) its parser crashes.
-MAX_EXPRESSION_DEPTH = 1000
-# LibCST's peak memory per byte of source, measured (a 20 MB file drives it past 11 GB).
-MEMORY_PER_SOURCE_BYTE = 600
+# The deepest expression LibCST is given, counted as LibCST nests it: CPython's tree is flat for
+# `a or b or c` and `"a" "b" "c"` where LibCST's nests one level per term. Measured with the default
+# recursion limit and an 8 MB stack: a rewrite's transform raises RecursionError at 244 levels (four
+# Python frames a level), LibCST's parser raises RecursionError at ~3000 adjacent string literals and
+# crashes the process (SIGSEGV) at ~7000 `or` terms.
+MAX_EXPRESSION_DEPTH = 200
+# LibCST's peak memory per byte of source, measured: a rewrite of dense code (short statements of
+# lists and literals) grows the address space by 1,000-1,100 bytes per source byte.
+MEMORY_PER_SOURCE_BYTE = 1200
 # Seconds one file may take to analyse (one-line deep files stay well under a second a file).
 FILE_SECONDS = 60.0
 # Overrides the memory one file may use (bytes; "512MB" and "4GB" also work).
@@ -48,17 +52,70 @@ class TimeBudgetExceeded(BaseException):
 
 def memory_budget(workers: int = 1) -> int:
     """Bytes one file may use when ``workers`` files are analysed at once: the environment's
-    override, else 80% of physical memory shared between the workers (0 when unknown)."""
+    override, else 80% of what this process may still take (physical memory, the cgroup's
+    ``memory.max``, both shared between the workers; ``RLIMIT_AS`` and ``RLIMIT_DATA``, which
+    each worker has for itself), 0 when unknown."""
     override = os.environ.get(MEMORY_ENV, "").strip()
     if override:
         got = _SIZE.match(override)
         if got:
             return int(float(got.group(1)) * _UNITS[got.group(2).upper()])
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
+    shared = [m for m in (_physical_memory(), _cgroup_memory_left()) if m is not None]
+    own = [m for m in _rlimits_left() if m is not None]
+    if not shared and not own:
         return 0
-    return int(physical * 0.8) // max(1, workers)
+    each = [int(m * 0.8) // max(1, workers) for m in shared] + [int(m * 0.8) for m in own]
+    return max(1, min(each))
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _rlimits_left() -> list[int | None]:
+    """What ``ulimit -v`` (RLIMIT_AS) and RLIMIT_DATA still allow this process: the limit less the
+    address space (or data segment) already in use."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as fh:
+            fields = fh.read().split()
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError, AttributeError):
+        return []
+    out: list[int | None] = []
+    for which, used in ((resource.RLIMIT_AS, int(fields[0]) * page), (resource.RLIMIT_DATA, int(fields[5]) * page)):
+        soft, _ = resource.getrlimit(which)
+        out.append(None if soft == resource.RLIM_INFINITY else max(0, soft - used))
+    return out
+
+
+def _cgroup_memory_left(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """``memory.max`` less ``memory.current`` of this process's cgroup (v2), None without a limit."""
+    try:
+        with open(proc) as fh:
+            entry = next((line.split(":", 2)[2].strip() for line in fh if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if entry is None:
+        return None
+    root = os.path.normpath(root)
+    folder = os.path.normpath(os.path.join(root, entry.lstrip("/")))
+    while True:  # the nearest limit up the tree (a child cgroup may have none of its own)
+        try:
+            with open(os.path.join(folder, "memory.max")) as fh:
+                limit = fh.read().strip()
+            if limit != "max":
+                with open(os.path.join(folder, "memory.current")) as fh:
+                    return max(0, int(limit) - int(fh.read().strip()))
+        except (OSError, ValueError):
+            pass
+        if folder == root or len(folder) <= len(root):
+            return None
+        folder = os.path.dirname(folder)
 
 
 # The budget of this process: the main process shares memory with nobody it knows of; a pool
@@ -92,10 +149,13 @@ def over_budget(text: str) -> str | None:
             return f"too deeply nested to analyse ({tree.msg}, line {tree.lineno})"
         # CPython stopped at the first error: the rest of the file was never checked for depth
         return _bracket_problem(text)
-    if isinstance(tree, ast.Module) and len(text) > 2 * MAX_EXPRESSION_DEPTH:
+    if isinstance(tree, ast.Module) and len(text) > MAX_EXPRESSION_DEPTH:
         depth = deepest_long_expression(tree, text)
         if depth > MAX_EXPRESSION_DEPTH:
-            return f"too deeply nested to analyse (expressions {depth} deep; the limit is {MAX_EXPRESSION_DEPTH})"
+            return (
+                f"too deeply nested for the parser (expressions {depth} levels deep as LibCST nests them; "
+                f"the limit is {MAX_EXPRESSION_DEPTH})"
+            )
     return None
 
 
@@ -142,23 +202,71 @@ def deepest_long_expression(tree: ast.Module, text: str) -> int:
                 if first is None or last is None:  # arguments, keywords, aliases: measure their parts
                     stack.append(child)
                 elif ends[min(last, len(ends) - 1)] - ends[first - 1] > MAX_EXPRESSION_DEPTH:
-                    deepest = max(deepest, expression_depth(child))
+                    deepest = max(deepest, expression_depth(child, text, ends))
     return deepest
 
 
-def expression_depth(tree: ast.AST) -> int:
-    """The deepest nesting of expressions in ``tree`` (iterative: the depth may be in the thousands)."""
+def expression_depth(tree: ast.AST, text: str = "", ends: list[int] | None = None) -> int:
+    """The deepest nesting of expressions in ``tree`` as LibCST builds it (iterative: the depth may
+    be in the thousands). CPython keeps ``a or b or c`` as one node and adjacent string literals as
+    one constant; LibCST nests a BooleanOperation per operator and a ConcatenatedString per literal
+    (given the ``text`` and its line ``ends``, the literals are counted)."""
     deepest = 0
-    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    stack: list[tuple[ast.AST, int, bool]] = [(tree, 0, False)]
     expr, children = ast.expr, ast.iter_child_nodes
     while stack:
-        node, depth = stack.pop()
+        node, depth, in_fstring = stack.pop()
         if isinstance(node, expr):
             depth += 1
+            if isinstance(node, ast.BoolOp):
+                depth += len(node.values) - 2
+            elif not in_fstring and ends and _is_string(node):
+                depth += _adjacent_literals(node, text, ends) - 1
             if depth > deepest:
                 deepest = depth
-        stack.extend((child, depth) for child in children(node))
+        inner = in_fstring or isinstance(node, ast.JoinedStr)
+        stack.extend((child, depth, inner) for child in children(node))
     return deepest
+
+
+def _is_string(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)))
+
+
+def _adjacent_literals(node: ast.expr, text: str, ends: list[int]) -> int:
+    """How many adjacent literals make up the string ``node`` (1 for a short one, without looking)."""
+    first, last = node.lineno, node.end_lineno
+    if last is None or last > len(ends) - 1:
+        return 1
+    start = ends[first - 1] + _byte_to_char(text, ends[first - 1], node.col_offset)
+    end = ends[last - 1] + _byte_to_char(text, ends[last - 1], node.end_col_offset or 0)
+    if end - start <= 2 * MAX_EXPRESSION_DEPTH:  # every literal takes two characters or more
+        return 1
+    import io
+    import tokenize
+
+    count = nested = 0
+    starts = {tokenize.STRING, getattr(tokenize, "FSTRING_START", -1), getattr(tokenize, "TSTRING_START", -1)}
+    finishes = {getattr(tokenize, "FSTRING_END", -1), getattr(tokenize, "TSTRING_END", -1)}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO("(" + text[start:end] + ")").readline):
+            if tok.type in starts:
+                count += nested == 0
+                nested += tok.type != tokenize.STRING
+            elif tok.type in finishes:
+                nested -= 1
+    except (tokenize.TokenError, SyntaxError):
+        pass  # what was read so far still counts
+    return max(1, count)
+
+
+def _byte_to_char(text: str, line_start: int, col: int) -> int:
+    """CPython's column offsets count UTF-8 bytes; the text is indexed by characters."""
+    line_end = text.find("\n", line_start)
+    line = text[line_start : len(text) if line_end < 0 else line_end]
+    if line.isascii():
+        return col
+    return len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
 
 
 def _bracket_problem(text: str) -> str | None:
@@ -240,4 +348,9 @@ def limit_worker_memory(nbytes: int) -> None:
 
 
 def _mb(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):.1f} GB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.0f} MB"
+    """A size with the unit that shows it in a few digits: ``512 bytes``, ``600 KB``, ``1.5 GB``."""
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{nbytes} bytes"

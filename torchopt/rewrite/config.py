@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
@@ -212,9 +213,27 @@ def from_table(table: Mapping[str, Any], where: str, root: str) -> Settings:
     return Settings(**kw)
 
 
+class _TomlFloat(float):
+    """A TOML float that remembers how it was written (``2.10`` is the float 2.1)."""
+
+    text = ""
+
+
+def _toml_float(text: str) -> float:
+    value = _TomlFloat(text.replace("_", ""))
+    value.text = text
+    return value
+
+
 def parse_torch_version(value: Any, where: str) -> tuple[int, int]:
-    """``"2.1"`` (or ``"2.1.2"``, ``2.1``) → ``(2, 1)``: the major and minor version that matter."""
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", str(value)) if isinstance(value, (str, float)) else None
+    """``"2.1"`` (or ``"2.1.2"``) → ``(2, 1)``: the major and minor version that matter. A TOML
+    number is refused: ``2.10`` would be read as the float 2.1."""
+    if isinstance(value, float):
+        written = getattr(value, "text", repr(value))
+        raise ConfigError(
+            f'{where}: `target-torch` = {written} is a number, not a version; write it as a string: "{written}"'
+        )
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", value) if isinstance(value, str) else None
     if m is None:
         raise ConfigError(f'{where}: `target-torch` must be a version such as "2.1", got {value!r}')
     return int(m.group(1)), int(m.group(2))
@@ -223,16 +242,19 @@ def parse_torch_version(value: Any, where: str) -> tuple[int, int]:
 def load_file(path: str) -> Settings | None:
     """Settings from one pyproject.toml, or None when it has no [tool.torchopt] table."""
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(_read_config(path).decode("utf-8"), parse_float=_toml_float)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid TOML: arrays or tables nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); TOML files must be UTF-8"
         ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except (ValueError, MemoryError) as exc:  # a number too long to convert, say
+        raise ConfigError(f"{path}: invalid TOML: {' '.join(str(exc).split())[:200]}") from None
     tool = data.get("tool", {})
     if not isinstance(tool, dict):
         raise ConfigError(f"{path}: [tool] must be a table, got {tool!r}")
@@ -242,6 +264,29 @@ def load_file(path: str) -> Settings | None:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.torchopt] must be a table, got {table!r}")
     return from_table(table, path, os.path.dirname(os.path.abspath(path)))
+
+
+# A configuration file larger than this is not a configuration file.
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _read_config(path: str) -> bytes:
+    """The bytes of a configuration file that is a regular file (checked before it is opened: a
+    named pipe would block the open), of a sane size."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: not a regular file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {info.st_size} bytes; a configuration file is at most {MAX_CONFIG_BYTES >> 20} MB")
+    # O_NONBLOCK: had it been swapped for a pipe since, the open still returns (and fstat says so)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        return fh.read(MAX_CONFIG_BYTES + 1)
 
 
 @dataclass(frozen=True)

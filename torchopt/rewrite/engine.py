@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper
 
-from torchopt.rewrite import budget, pyast, suppress
+from torchopt.rewrite import budget, newsyntax, pyast, suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.positions import file_positions
@@ -116,6 +116,11 @@ def syntax_check(text: str) -> None:
     """For files no rule needs to parse: CPython's parser is fast and still reports broken files."""
     exc = pyast.parse(text)  # usually parsed already, by some rule's prefilter
     if isinstance(exc, SyntaxError):
+        if budget.over_budget(text) is None:  # LibCST may read it: syntax of a newer Python?
+            try:
+                _refuse_newer_syntax(cst.parse_module(text), exc)
+            except (cst.ParserSyntaxError, RecursionError, MemoryError):
+                pass
         raise ParseError(_cpython_message(exc)) from None
     if isinstance(exc, BaseException):
         raise ParseError(f"cannot parse: {' '.join(str(exc).split()) or type(exc).__name__}") from None
@@ -132,7 +137,7 @@ def parse(text: str) -> cst.Module:
     if refusal is not None:
         raise ParseError(refusal)
     try:
-        return cst.parse_module(text)
+        module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         # Where CPython (and ruff, and the user's editor) puts the error: LibCST's own position is
         # often the token after it, a line or more further on.
@@ -143,6 +148,17 @@ def parse(text: str) -> cst.Module:
         raise ParseError(f"syntax error at line {exc.raw_line}, column {exc.raw_column + 1}: {msg}") from None
     except (RecursionError, MemoryError) as exc:  # pathological nesting
         raise ParseError(f"cannot parse: {type(exc).__name__}") from None
+    python = pyast.parse(text)  # parsed already by the rules' prefilters
+    if isinstance(python, SyntaxError):
+        _refuse_newer_syntax(module, python)
+    return module
+
+
+def _refuse_newer_syntax(module: cst.Module, error: SyntaxError) -> None:
+    """LibCST parsed what this Python cannot: a newer Python's syntax is said to be that."""
+    why = newsyntax.needs_newer_python(module, error)
+    if why is not None:
+        raise ParseError(why)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Stopping a run cleanly on Ctrl-C (SIGINT) or SIGTERM.
+"""Stopping a run cleanly on Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal or editor went away).
 
 No new file is started after the signal; a write that has begun is let finish (each write is a temp
 file and a rename, so every file is either its old or its new text); the analysis under way is
@@ -19,7 +19,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 from torchopt.rewrite import budget
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP where the platform has it: a closed terminal or an editor dropping its filter stops a run
+# the way SIGTERM does (the stdin filter still gives its input back).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 _PR_SET_PDEATHSIG = 1
 
 
@@ -133,6 +135,8 @@ def init_worker(parent_pid: int, memory: int, then: Callable[[], object] | None 
     # which exits when torchopt does. Either way the worker is re-parented when its parent dies.
     _this.direct_parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):  # a hang-up reaches the whole process group: the parent decides
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_stop)
     _die_with_parent()
     if _parent_gone():  # it died before the line above took effect
