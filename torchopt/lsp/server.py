@@ -14,9 +14,8 @@ import json
 import logging
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 from cattrs import transform_error
@@ -28,26 +27,25 @@ from pygls.protocol import LanguageServerProtocol
 
 from torchopt import __version__
 from torchopt.lsp.frames import FrameError, read_frames
+from torchopt.lsp.options import OPTION_KEYS, ClientOptions
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
 from torchopt.rewrite.budget import over_budget
-from torchopt.rewrite.config import ConfigError, Overrides, Resolver, Settings
+from torchopt.rewrite.config import ConfigError, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
-from torchopt.rewrite.incremental import IncrementalChecker
+from torchopt.rewrite.incremental import IncrementalChecker, Stale
 from torchopt.rewrite.registry import all_rules
-from torchopt.rewrite.selection import SelectorError, expand_all
 from torchopt.rewrite.source import is_generated
 
 log = logging.getLogger("torchopt.lsp")
 
 SOURCE = "torchopt"
-# Where `codeDescription.href` points: the generated rule pages (docs/rules/CODE.md) of the
-# repository. Clients may override it with the initialization option `ruleUrl` ("...{code}...").
-RULE_URL = "https://github.com/torchopt/torchopt/blob/main/docs/rules/{code}.md"
 FIX_ALL = "source.fixAll.torchopt"
 # Deliberately not under `source.fixAll`: editors run every `source.fixAll.*` action on save, and
 # unsafe fixes must only ever be applied on request.
 FIX_ALL_UNSAFE = "source.unsafeFixAll.torchopt"
-DEBOUNCE_S = 0.05
+# Documents analysed at the same time, each in its own thread (one slow document never holds up the
+# others); more than this many busy documents queue for a thread.
+ENGINE_THREADS = 32
 
 
 @dataclass
@@ -61,6 +59,10 @@ class Doc:
     diags: list[Diagnostic] = field(default_factory=list)
     broken: bool = False
     task: asyncio.Task | None = None
+    # Its own incremental checker (results per group of statements), and the engine job now running
+    # for it: one at a time per document, since the checker is not thread-safe.
+    checker: IncrementalChecker = field(default_factory=IncrementalChecker, repr=False)
+    job: Future | None = field(default=None, repr=False)
     _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
 
     def lines(self, text: str) -> Lines:
@@ -70,58 +72,6 @@ class Doc:
             cache.clear()  # keeps at most the texts asked for since the last change
             hit = cache[text] = Lines(text)
         return hit
-
-
-_OPTION_KEYS = ("select", "ignore", "unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe", "debounceMs", "ruleUrl")
-
-
-@dataclass
-class ClientOptions:
-    """`initializationOptions` (and `workspace/didChangeConfiguration` settings): select / ignore /
-    unsafeFixes like the CLI flags, plus debounceMs and ruleUrl."""
-
-    select: tuple[str, ...] | None = None
-    ignore: tuple[str, ...] = ()
-    unsafe_fixes: bool | None = None
-    debounce_s: float = DEBOUNCE_S
-    rule_url: str = RULE_URL
-
-    @classmethod
-    def parse(cls, raw: Any) -> tuple["ClientOptions", list[str]]:
-        opts = cls()
-        problems: list[str] = []
-        if not isinstance(raw, dict):
-            return opts, problems
-        raw = raw.get("torchopt", raw) if isinstance(raw.get("torchopt"), dict) else raw
-
-        def selectors(key: str) -> tuple[str, ...] | None:
-            val = raw.get(key)
-            if val is None:
-                return None
-            if isinstance(val, str):
-                val = [v for v in val.split(",") if v.strip()]
-            try:
-                if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
-                    raise SelectorError(f"must be a list of rule selectors, got {val!r}")
-                expand_all(val)
-            except SelectorError as exc:
-                problems.append(f"initializationOptions.{key}: {exc}")
-                return None
-            return tuple(v.strip() for v in val)
-
-        opts.select = selectors("select")
-        opts.ignore = selectors("ignore") or ()
-        for key in ("unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe"):
-            if isinstance(raw.get(key), bool):
-                opts.unsafe_fixes = raw[key]
-        if isinstance(raw.get("debounceMs"), (int, float)) and raw["debounceMs"] >= 0:
-            opts.debounce_s = raw["debounceMs"] / 1000
-        if isinstance(raw.get("ruleUrl"), str):
-            opts.rule_url = raw["ruleUrl"]
-        return opts, problems
-
-    def overrides(self) -> Overrides:
-        return Overrides(select=self.select, ignore=self.ignore, unsafe_fixes=self.unsafe_fixes)
 
 
 def uri_to_path(uri: str, root: str) -> str:
@@ -231,12 +181,10 @@ class TorchoptServer(LanguageServer):
         self.options = ClientOptions()
         self.resolver = Resolver(self.options.overrides())
         self.root = os.getcwd()
-        # One worker: analyses run off the event loop (so new edits are read while one runs) and
-        # never pile up; stale results are dropped by version.
-        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchopt-engine")
-        # Results per group of linked top-level statements, shared by the open documents (used only
-        # from the engine thread).
-        self.checker = IncrementalChecker()
+        # Analyses run off the event loop (so new edits are read while one runs), one thread per
+        # document being analysed: a large document does not hold up the diagnostics of the others.
+        # A document's analysis stops early when its text changes (Stale); stale results are dropped.
+        self.engine = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="torchopt-engine")
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
         self._lsp_memo: dict[tuple, lsp.Diagnostic] = {}
@@ -280,6 +228,18 @@ class TorchoptServer(LanguageServer):
     def log_line(self, message: str, kind: lsp.MessageType = lsp.MessageType.Info) -> None:
         self.window_log_message(lsp.LogMessageParams(type=kind, message=message))
 
+    def report_option_problems(self, problems: list[str]) -> None:
+        """Client settings the server rejected (the defaults stand in for them): one message the
+        user sees, and each problem in the log."""
+        if not problems:
+            return
+        for p in problems:
+            self.log_line(p, lsp.MessageType.Warning)
+        shown = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more in the log)" if len(problems) > 3 else "")
+        self.window_show_message(
+            lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=f"torchopt: invalid settings: {shown}")
+        )
+
     def settings_for(self, path: str) -> Settings:
         folder = os.path.dirname(path)
         try:
@@ -304,6 +264,14 @@ class TorchoptServer(LanguageServer):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.engine, functools.partial(fn, *args, **kwargs))
 
+    async def run_for(self, doc: Doc, fn, *args, **kwargs):
+        """Run ``fn`` in the engine after the document's previous job has finished (a cancelled
+        caller leaves its job running; the next one waits for it rather than share the checker)."""
+        while doc.job is not None and not doc.job.done():
+            await asyncio.wait([asyncio.wrap_future(doc.job)])
+        doc.job = self.engine.submit(functools.partial(fn, *args, **kwargs))
+        return await asyncio.wrap_future(doc.job)
+
     # analysis -------------------------------------------------------------------------------------
 
     async def analyse(self, doc: Doc) -> bool:
@@ -317,11 +285,17 @@ class TorchoptServer(LanguageServer):
             doc.broken, doc.checked_text, doc.diags = False, text, []
             return True
         # Checked before LibCST sees the text: its parser crashes the process on deep nesting.
-        problem = await self.run(over_budget, text)
+        problem = await self.run_for(doc, over_budget, text)
         if problem is not None:
             return self.unanalysable(doc, text, problem)
+
+        def stale() -> bool:  # (read from the engine thread) edited or closed since
+            return doc.text is not text or self.docs.get(doc.uri) is not doc
+
         try:
-            diags = await self.run(self.checker.check, text, settings, doc.path)
+            diags = await self.run_for(doc, doc.checker.check, text, settings, doc.path, stale=stale)
+        except Stale:
+            return False  # a newer analysis is scheduled (or the document was closed)
         except (RecursionError, MemoryError) as exc:  # deep nesting the pre-check did not see
             return self.unanalysable(doc, text, f"too deeply nested to analyse ({type(exc).__name__})")
         except ParseError as exc:
@@ -516,8 +490,7 @@ def create_server() -> TorchoptServer:
     @server.feature(lsp.INITIALIZE)
     def initialize(ls: TorchoptServer, params: lsp.InitializeParams) -> None:
         ls.options, problems = ClientOptions.parse(params.initialization_options)
-        for p in problems:
-            ls.log_line(p, lsp.MessageType.Warning)
+        ls.report_option_problems(problems)
         folders = params.workspace_folders or []
         root_uri = folders[0].uri if folders else params.root_uri
         if root_uri:
@@ -598,11 +571,10 @@ def create_server() -> TorchoptServer:
             return
         if isinstance(raw.get("torchopt"), dict):
             raw = raw["torchopt"]
-        elif not any(k in raw for k in _OPTION_KEYS):
+        elif not any(k in raw for k in OPTION_KEYS):
             return  # settings for other tools only
         ls.options, problems = ClientOptions.parse(raw)
-        for p in problems:
-            ls.log_line(p, lsp.MessageType.Warning)
+        ls.report_option_problems(problems)
         ls.log_line("client settings changed; settings reloaded")
         await _settings_changed(ls)
 
