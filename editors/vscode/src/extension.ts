@@ -66,8 +66,8 @@ async function start(context: vscode.ExtensionContext): Promise<void> {
       { scheme: "file", language: "python" },
       { scheme: "untitled", language: "python" },
     ],
+    // The server asks VS Code to watch pyproject.toml files itself (dynamic registration).
     initializationOptions: initializationOptions(current),
-    synchronize: { fileEvents: vscode.workspace.createFileSystemWatcher("**/pyproject.toml") },
   };
   const next = new LanguageClient("torchopt", "torchopt", serverOptions, clientOptions);
   try {
