@@ -6,6 +6,11 @@ server keeps publishing diagnostics with the defaults."""
 from __future__ import annotations
 
 import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +41,20 @@ def large_module(size: int) -> str:
         n += len(parts[-1])
         i += 1
     return "".join(parts)
+
+
+def workers(pid: int) -> list[int]:
+    """The live worker processes (multiprocessing's spawn) of ``pid``; Linux /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] != "Z" and b"spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return out
 
 
 def publishes(srv: Server, uri: str) -> list[dict]:
@@ -81,6 +100,7 @@ def wait_publish(srv: Server, uri: str, wait: float, version: int | None = None)
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_large_open_document_does_not_hold_up_a_small_ones_diagnostics(tmp_path):
     big = large_module(1_500_000)
     srv = start(tmp_path, {"select": ["TOP1"], "debounceMs": 0})
@@ -91,6 +111,14 @@ def test_a_large_open_document_does_not_hold_up_a_small_ones_diagnostics(tmp_pat
         assert [d["code"] for d in got["diagnostics"]] == ["TOP101"]
         # The small document did not wait for the large one's analysis (minutes on this text).
         assert publishes(srv, big_uri) == []
+        # Closing the large document ends the process that was checking it.
+        assert workers(srv.proc.pid), "the large document is not checked in a process of its own"
+        srv.notify("textDocument/didClose", {"textDocument": {"uri": big_uri}})
+        assert wait_publish(srv, big_uri, START)["diagnostics"] == []
+        deadline = time.monotonic() + 30
+        while workers(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers(srv.proc.pid) == []
     finally:
         srv.close()
 
@@ -194,3 +222,28 @@ def test_invalid_options_show_a_message_and_diagnostics_keep_coming(tmp_path):
     finally:
         srv.close()
     assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_worker_is_reported_and_the_document_checked_again(tmp_path):
+    srv = start(tmp_path, {"select": ["TOP1"], "debounceMs": 0})
+    try:
+        uri = did_open(srv, "big.py", large_module(300_000))
+        deadline = time.monotonic() + START
+        while not workers(srv.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (worker,) = workers(srv.proc.pid)
+        os.kill(worker, signal.SIGKILL)
+        srv.wait_for(
+            lambda m: m.get("method") == "window/logMessage" and "worker process" in m["params"]["message"],
+            "a log line about the worker",
+            START,
+        )
+        srv.notify(
+            "textDocument/didChange", {"textDocument": {"uri": uri, "version": 2}, "contentChanges": [{"text": SMALL}]}
+        )
+        assert [d["code"] for d in wait_publish(srv, uri, START, version=2)["diagnostics"]] == ["TOP101"]
+        assert srv.proc.poll() is None
+    finally:
+        srv.close()

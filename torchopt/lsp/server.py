@@ -27,9 +27,9 @@ from pygls.protocol import LanguageServerProtocol
 
 from torchopt import __version__
 from torchopt.lsp.frames import FrameError, read_frames
+from torchopt.lsp.lanes import LARGE_DOC_CHARS, Lane, LaneDied, check_text
 from torchopt.lsp.options import OPTION_KEYS, ClientOptions
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
-from torchopt.rewrite.budget import over_budget
 from torchopt.rewrite.config import ConfigError, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
 from torchopt.rewrite.incremental import IncrementalChecker, Stale
@@ -59,11 +59,21 @@ class Doc:
     diags: list[Diagnostic] = field(default_factory=list)
     broken: bool = False
     task: asyncio.Task | None = None
-    # Its own incremental checker (results per group of statements), and the engine job now running
-    # for it: one at a time per document, since the checker is not thread-safe.
+    # Its own incremental checker (results per group of statements), or its own worker process once
+    # it is large (lanes.py); the engine job now running for it (one at a time per document, since
+    # the checker is not thread-safe); how many times it changed (a check of an older text stops).
     checker: IncrementalChecker = field(default_factory=IncrementalChecker, repr=False)
+    lane: Lane | None = field(default=None, repr=False)
     job: Future | None = field(default=None, repr=False)
+    edits: int = 0
+    no_lane: bool = False  # a process could not be started for it
     _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
+
+    def touch(self) -> None:
+        """The text changed, or the document was closed: checks of the text before stop."""
+        self.edits += 1
+        if self.lane is not None:
+            self.lane.touch(self.edits)
 
     def lines(self, text: str) -> Lines:
         cache = self._lines_cache
@@ -206,6 +216,9 @@ class TorchoptServer(LanguageServer):
         except KeyboardInterrupt:
             return 130
         finally:
+            for doc in self.docs.values():
+                if doc.lane is not None:
+                    doc.lane.close()
             self.shutdown()
         return 0
 
@@ -264,19 +277,41 @@ class TorchoptServer(LanguageServer):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.engine, functools.partial(fn, *args, **kwargs))
 
-    async def run_for(self, doc: Doc, fn, *args, **kwargs):
-        """Run ``fn`` in the engine after the document's previous job has finished (a cancelled
-        caller leaves its job running; the next one waits for it rather than share the checker)."""
+    async def check_text(
+        self, doc: Doc, text: str, edits: int, settings: Settings
+    ) -> tuple[str | None, list[Diagnostic]]:
+        """Check ``text`` in the document's lane (lanes.check_text), after the document's previous
+        job has finished: a cancelled caller leaves its job running, and the next one waits for it
+        rather than share the checker. ``edits`` is the document's edit count when it had ``text``."""
         while doc.job is not None and not doc.job.done():
             await asyncio.wait([asyncio.wrap_future(doc.job)])
-        doc.job = self.engine.submit(functools.partial(fn, *args, **kwargs))
+        if doc.lane is None and len(text) >= LARGE_DOC_CHARS and not doc.no_lane:
+            try:
+                doc.lane = Lane()
+                self.log_line(f"{doc.path}: {len(text)} characters: checked in a process of its own")
+            except OSError as exc:  # no process to be had: checked in a thread, like a small file
+                doc.no_lane = True
+                self.log_line(f"{doc.path}: cannot start a process to check it in: {exc}", lsp.MessageType.Warning)
+        if doc.lane is not None:
+            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits)
+        else:
+            doc.job = self.engine.submit(check_text, doc.checker, text, settings, doc.path, lambda: doc.edits != edits)
         return await asyncio.wrap_future(doc.job)
+
+    def retire(self, doc: Doc) -> None:
+        """The document was closed (or opened again): stop its checks and end its process."""
+        doc.touch()
+        if doc.task is not None:
+            doc.task.cancel()
+        if doc.lane is not None:
+            self.engine.submit(doc.lane.close)
+            doc.lane = None
 
     # analysis -------------------------------------------------------------------------------------
 
     async def analyse(self, doc: Doc) -> bool:
         """Check the document's current text; True when its diagnostics are now current."""
-        text, version = doc.text, doc.version
+        text, version, edits = doc.text, doc.version, doc.edits
         if doc.checked_text == text and not doc.broken:
             return True
         settings = self.settings_for(doc.path)
@@ -284,18 +319,16 @@ class TorchoptServer(LanguageServer):
             # What `torchopt check` skips (marked @generated, over `max-file-size`) shows nothing here.
             doc.broken, doc.checked_text, doc.diags = False, text, []
             return True
-        # Checked before LibCST sees the text: its parser crashes the process on deep nesting.
-        problem = await self.run_for(doc, over_budget, text)
-        if problem is not None:
-            return self.unanalysable(doc, text, problem)
-
-        def stale() -> bool:  # (read from the engine thread) edited or closed since
-            return doc.text is not text or self.docs.get(doc.uri) is not doc
-
         try:
-            diags = await self.run_for(doc, doc.checker.check, text, settings, doc.path, stale=stale)
+            problem, diags = await self.check_text(doc, text, edits, settings)
         except Stale:
             return False  # a newer analysis is scheduled (or the document was closed)
+        except LaneDied as exc:
+            if self.docs.get(doc.uri) is doc and doc.lane is not None:
+                self.log_line(f"{doc.path}: {exc}; starting another", lsp.MessageType.Warning)
+                self.engine.submit(doc.lane.close)
+                doc.lane = None
+            return False
         except (RecursionError, MemoryError) as exc:  # deep nesting the pre-check did not see
             return self.unanalysable(doc, text, f"too deeply nested to analyse ({type(exc).__name__})")
         except ParseError as exc:
@@ -306,6 +339,8 @@ class TorchoptServer(LanguageServer):
         except Exception as exc:  # a rule's bug must not take the server down
             self.log_line(f"{doc.path}: internal error: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
             return False
+        if problem is not None:
+            return self.unanalysable(doc, text, problem)
         if doc.text != text or doc.version != version:
             return False  # edited meanwhile; a newer analysis is scheduled
         doc.broken = False
@@ -518,6 +553,9 @@ def create_server() -> TorchoptServer:
     async def did_open(ls: TorchoptServer, params: lsp.DidOpenTextDocumentParams) -> None:
         td = params.text_document
         doc = Doc(uri=td.uri, path=uri_to_path(td.uri, ls.root), text=td.text, version=td.version)
+        old = ls.docs.get(td.uri)
+        if old is not None:
+            ls.retire(old)
         ls.docs[td.uri] = doc
         ls.schedule(doc, 0.0)
 
@@ -536,6 +574,7 @@ def create_server() -> TorchoptServer:
                     doc.text, (rng.start.line, rng.start.character), (rng.end.line, rng.end.character), ch.text, enc
                 )
         doc.version = params.text_document.version
+        doc.touch()
         ls.schedule(doc, ls.options.debounce_s)
 
     @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
@@ -551,8 +590,8 @@ def create_server() -> TorchoptServer:
     @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: TorchoptServer, params: lsp.DidCloseTextDocumentParams) -> None:
         doc = ls.docs.pop(params.text_document.uri, None)
-        if doc is not None and doc.task is not None:
-            doc.task.cancel()
+        if doc is not None:
+            ls.retire(doc)
         ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
     async def _settings_changed(ls: TorchoptServer) -> None:
