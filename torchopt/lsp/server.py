@@ -14,9 +14,8 @@ import json
 import logging
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 from cattrs import transform_error
@@ -28,26 +27,25 @@ from pygls.protocol import LanguageServerProtocol
 
 from torchopt import __version__
 from torchopt.lsp.frames import FrameError, read_frames
+from torchopt.lsp.lanes import LARGE_DOC_CHARS, Lane, LaneDied, check_text
+from torchopt.lsp.options import OPTION_KEYS, ClientOptions
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
-from torchopt.rewrite.budget import over_budget
-from torchopt.rewrite.config import ConfigError, Overrides, Resolver, Settings
+from torchopt.rewrite.config import ConfigError, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
-from torchopt.rewrite.incremental import IncrementalChecker
+from torchopt.rewrite.incremental import IncrementalChecker, Stale
 from torchopt.rewrite.registry import all_rules
-from torchopt.rewrite.selection import SelectorError, expand_all
 from torchopt.rewrite.source import is_generated
 
 log = logging.getLogger("torchopt.lsp")
 
 SOURCE = "torchopt"
-# Where `codeDescription.href` points: the generated rule pages (docs/rules/CODE.md) of the
-# repository. Clients may override it with the initialization option `ruleUrl` ("...{code}...").
-RULE_URL = "https://github.com/torchopt/torchopt/blob/main/docs/rules/{code}.md"
 FIX_ALL = "source.fixAll.torchopt"
 # Deliberately not under `source.fixAll`: editors run every `source.fixAll.*` action on save, and
 # unsafe fixes must only ever be applied on request.
 FIX_ALL_UNSAFE = "source.unsafeFixAll.torchopt"
-DEBOUNCE_S = 0.05
+# Documents analysed at the same time, each in its own thread (one slow document never holds up the
+# others); more than this many busy documents queue for a thread.
+ENGINE_THREADS = 32
 
 
 @dataclass
@@ -61,7 +59,21 @@ class Doc:
     diags: list[Diagnostic] = field(default_factory=list)
     broken: bool = False
     task: asyncio.Task | None = None
+    # Its own incremental checker (results per group of statements), or its own worker process once
+    # it is large (lanes.py); the engine job now running for it (one at a time per document, since
+    # the checker is not thread-safe); how many times it changed (a check of an older text stops).
+    checker: IncrementalChecker = field(default_factory=IncrementalChecker, repr=False)
+    lane: Lane | None = field(default=None, repr=False)
+    job: Future | None = field(default=None, repr=False)
+    edits: int = 0
+    no_lane: bool = False  # a process could not be started for it
     _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
+
+    def touch(self) -> None:
+        """The text changed, or the document was closed: checks of the text before stop."""
+        self.edits += 1
+        if self.lane is not None:
+            self.lane.touch(self.edits)
 
     def lines(self, text: str) -> Lines:
         cache = self._lines_cache
@@ -70,58 +82,6 @@ class Doc:
             cache.clear()  # keeps at most the texts asked for since the last change
             hit = cache[text] = Lines(text)
         return hit
-
-
-_OPTION_KEYS = ("select", "ignore", "unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe", "debounceMs", "ruleUrl")
-
-
-@dataclass
-class ClientOptions:
-    """`initializationOptions` (and `workspace/didChangeConfiguration` settings): select / ignore /
-    unsafeFixes like the CLI flags, plus debounceMs and ruleUrl."""
-
-    select: tuple[str, ...] | None = None
-    ignore: tuple[str, ...] = ()
-    unsafe_fixes: bool | None = None
-    debounce_s: float = DEBOUNCE_S
-    rule_url: str = RULE_URL
-
-    @classmethod
-    def parse(cls, raw: Any) -> tuple["ClientOptions", list[str]]:
-        opts = cls()
-        problems: list[str] = []
-        if not isinstance(raw, dict):
-            return opts, problems
-        raw = raw.get("torchopt", raw) if isinstance(raw.get("torchopt"), dict) else raw
-
-        def selectors(key: str) -> tuple[str, ...] | None:
-            val = raw.get(key)
-            if val is None:
-                return None
-            if isinstance(val, str):
-                val = [v for v in val.split(",") if v.strip()]
-            try:
-                if not isinstance(val, list) or not all(isinstance(v, str) for v in val):
-                    raise SelectorError(f"must be a list of rule selectors, got {val!r}")
-                expand_all(val)
-            except SelectorError as exc:
-                problems.append(f"initializationOptions.{key}: {exc}")
-                return None
-            return tuple(v.strip() for v in val)
-
-        opts.select = selectors("select")
-        opts.ignore = selectors("ignore") or ()
-        for key in ("unsafeFixes", "unsafe-fixes", "unsafe_fixes", "unsafe"):
-            if isinstance(raw.get(key), bool):
-                opts.unsafe_fixes = raw[key]
-        if isinstance(raw.get("debounceMs"), (int, float)) and raw["debounceMs"] >= 0:
-            opts.debounce_s = raw["debounceMs"] / 1000
-        if isinstance(raw.get("ruleUrl"), str):
-            opts.rule_url = raw["ruleUrl"]
-        return opts, problems
-
-    def overrides(self) -> Overrides:
-        return Overrides(select=self.select, ignore=self.ignore, unsafe_fixes=self.unsafe_fixes)
 
 
 def uri_to_path(uri: str, root: str) -> str:
@@ -231,12 +191,10 @@ class TorchoptServer(LanguageServer):
         self.options = ClientOptions()
         self.resolver = Resolver(self.options.overrides())
         self.root = os.getcwd()
-        # One worker: analyses run off the event loop (so new edits are read while one runs) and
-        # never pile up; stale results are dropped by version.
-        self.engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchopt-engine")
-        # Results per group of linked top-level statements, shared by the open documents (used only
-        # from the engine thread).
-        self.checker = IncrementalChecker()
+        # Analyses run off the event loop (so new edits are read while one runs), one thread per
+        # document being analysed: a large document does not hold up the diagnostics of the others.
+        # A document's analysis stops early when its text changes (Stale); stale results are dropped.
+        self.engine = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="torchopt-engine")
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
         self._lsp_memo: dict[tuple, lsp.Diagnostic] = {}
@@ -258,6 +216,9 @@ class TorchoptServer(LanguageServer):
         except KeyboardInterrupt:
             return 130
         finally:
+            for doc in self.docs.values():
+                if doc.lane is not None:
+                    doc.lane.close()
             self.shutdown()
         return 0
 
@@ -279,6 +240,18 @@ class TorchoptServer(LanguageServer):
 
     def log_line(self, message: str, kind: lsp.MessageType = lsp.MessageType.Info) -> None:
         self.window_log_message(lsp.LogMessageParams(type=kind, message=message))
+
+    def report_option_problems(self, problems: list[str]) -> None:
+        """Client settings the server rejected (the defaults stand in for them): one message the
+        user sees, and each problem in the log."""
+        if not problems:
+            return
+        for p in problems:
+            self.log_line(p, lsp.MessageType.Warning)
+        shown = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more in the log)" if len(problems) > 3 else "")
+        self.window_show_message(
+            lsp.ShowMessageParams(type=lsp.MessageType.Warning, message=f"torchopt: invalid settings: {shown}")
+        )
 
     def settings_for(self, path: str) -> Settings:
         folder = os.path.dirname(path)
@@ -304,11 +277,41 @@ class TorchoptServer(LanguageServer):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.engine, functools.partial(fn, *args, **kwargs))
 
+    async def check_text(
+        self, doc: Doc, text: str, edits: int, settings: Settings
+    ) -> tuple[str | None, list[Diagnostic]]:
+        """Check ``text`` in the document's lane (lanes.check_text), after the document's previous
+        job has finished: a cancelled caller leaves its job running, and the next one waits for it
+        rather than share the checker. ``edits`` is the document's edit count when it had ``text``."""
+        while doc.job is not None and not doc.job.done():
+            await asyncio.wait([asyncio.wrap_future(doc.job)])
+        if doc.lane is None and len(text) >= LARGE_DOC_CHARS and not doc.no_lane:
+            try:
+                doc.lane = Lane()
+                self.log_line(f"{doc.path}: {len(text)} characters: checked in a process of its own")
+            except OSError as exc:  # no process to be had: checked in a thread, like a small file
+                doc.no_lane = True
+                self.log_line(f"{doc.path}: cannot start a process to check it in: {exc}", lsp.MessageType.Warning)
+        if doc.lane is not None:
+            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits)
+        else:
+            doc.job = self.engine.submit(check_text, doc.checker, text, settings, doc.path, lambda: doc.edits != edits)
+        return await asyncio.wrap_future(doc.job)
+
+    def retire(self, doc: Doc) -> None:
+        """The document was closed (or opened again): stop its checks and end its process."""
+        doc.touch()
+        if doc.task is not None:
+            doc.task.cancel()
+        if doc.lane is not None:
+            self.engine.submit(doc.lane.close)
+            doc.lane = None
+
     # analysis -------------------------------------------------------------------------------------
 
     async def analyse(self, doc: Doc) -> bool:
         """Check the document's current text; True when its diagnostics are now current."""
-        text, version = doc.text, doc.version
+        text, version, edits = doc.text, doc.version, doc.edits
         if doc.checked_text == text and not doc.broken:
             return True
         settings = self.settings_for(doc.path)
@@ -316,12 +319,16 @@ class TorchoptServer(LanguageServer):
             # What `torchopt check` skips (marked @generated, over `max-file-size`) shows nothing here.
             doc.broken, doc.checked_text, doc.diags = False, text, []
             return True
-        # Checked before LibCST sees the text: its parser crashes the process on deep nesting.
-        problem = await self.run(over_budget, text)
-        if problem is not None:
-            return self.unanalysable(doc, text, problem)
         try:
-            diags = await self.run(self.checker.check, text, settings, doc.path)
+            problem, diags = await self.check_text(doc, text, edits, settings)
+        except Stale:
+            return False  # a newer analysis is scheduled (or the document was closed)
+        except LaneDied as exc:
+            if self.docs.get(doc.uri) is doc and doc.lane is not None:
+                self.log_line(f"{doc.path}: {exc}; starting another", lsp.MessageType.Warning)
+                self.engine.submit(doc.lane.close)
+                doc.lane = None
+            return False
         except (RecursionError, MemoryError) as exc:  # deep nesting the pre-check did not see
             return self.unanalysable(doc, text, f"too deeply nested to analyse ({type(exc).__name__})")
         except ParseError as exc:
@@ -332,6 +339,8 @@ class TorchoptServer(LanguageServer):
         except Exception as exc:  # a rule's bug must not take the server down
             self.log_line(f"{doc.path}: internal error: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
             return False
+        if problem is not None:
+            return self.unanalysable(doc, text, problem)
         if doc.text != text or doc.version != version:
             return False  # edited meanwhile; a newer analysis is scheduled
         doc.broken = False
@@ -516,8 +525,7 @@ def create_server() -> TorchoptServer:
     @server.feature(lsp.INITIALIZE)
     def initialize(ls: TorchoptServer, params: lsp.InitializeParams) -> None:
         ls.options, problems = ClientOptions.parse(params.initialization_options)
-        for p in problems:
-            ls.log_line(p, lsp.MessageType.Warning)
+        ls.report_option_problems(problems)
         folders = params.workspace_folders or []
         root_uri = folders[0].uri if folders else params.root_uri
         if root_uri:
@@ -545,6 +553,9 @@ def create_server() -> TorchoptServer:
     async def did_open(ls: TorchoptServer, params: lsp.DidOpenTextDocumentParams) -> None:
         td = params.text_document
         doc = Doc(uri=td.uri, path=uri_to_path(td.uri, ls.root), text=td.text, version=td.version)
+        old = ls.docs.get(td.uri)
+        if old is not None:
+            ls.retire(old)
         ls.docs[td.uri] = doc
         ls.schedule(doc, 0.0)
 
@@ -563,6 +574,7 @@ def create_server() -> TorchoptServer:
                     doc.text, (rng.start.line, rng.start.character), (rng.end.line, rng.end.character), ch.text, enc
                 )
         doc.version = params.text_document.version
+        doc.touch()
         ls.schedule(doc, ls.options.debounce_s)
 
     @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
@@ -578,8 +590,8 @@ def create_server() -> TorchoptServer:
     @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: TorchoptServer, params: lsp.DidCloseTextDocumentParams) -> None:
         doc = ls.docs.pop(params.text_document.uri, None)
-        if doc is not None and doc.task is not None:
-            doc.task.cancel()
+        if doc is not None:
+            ls.retire(doc)
         ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
 
     async def _settings_changed(ls: TorchoptServer) -> None:
@@ -598,11 +610,10 @@ def create_server() -> TorchoptServer:
             return
         if isinstance(raw.get("torchopt"), dict):
             raw = raw["torchopt"]
-        elif not any(k in raw for k in _OPTION_KEYS):
+        elif not any(k in raw for k in OPTION_KEYS):
             return  # settings for other tools only
         ls.options, problems = ClientOptions.parse(raw)
-        for p in problems:
-            ls.log_line(p, lsp.MessageType.Warning)
+        ls.report_option_problems(problems)
         ls.log_line("client settings changed; settings reloaded")
         await _settings_changed(ls)
 

@@ -21,7 +21,7 @@ import ast
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 from torchopt.rewrite import suppress
 from torchopt.rewrite.config import Settings
@@ -253,8 +253,14 @@ def _map_refs(s: str, sizes: list[tuple[int, int]], starts: tuple[int, ...]) -> 
     return _LINE_REF.sub(sub, s)
 
 
+class Stale(Exception):
+    """Raised by :meth:`IncrementalChecker.check` when its ``stale`` callback says the text is no
+    longer wanted (the groups analysed so far stay remembered)."""
+
+
 class IncrementalChecker:
-    """``check_source`` with memory: call :meth:`check` with each new text of a document."""
+    """``check_source`` with memory: call :meth:`check` with each new text of a document. Not
+    thread-safe: one checker per document, used by one thread at a time."""
 
     def __init__(self, capacity: int = 512) -> None:
         self._memo: OrderedDict[tuple, _Group] = OrderedDict()
@@ -279,12 +285,21 @@ class IncrementalChecker:
         return chunks
 
     def _group(
-        self, key: tuple, chunks: list[Chunk], members: list[int], settings: Settings, path: str, codes: frozenset[str]
+        self,
+        key: tuple,
+        chunks: list[Chunk],
+        members: list[int],
+        settings: Settings,
+        path: str,
+        codes: frozenset[str],
+        stale: Callable[[], bool] | None = None,
     ) -> _Group:
         hit = self._memo.get(key)
         if hit is not None:
             self._memo.move_to_end(key)
             return hit
+        if stale is not None and stale():
+            raise Stale
         self.last_misses += 1
         synth = "".join(chunks[i].text for i in members)
         bounds, at = [], 1
@@ -342,10 +357,16 @@ class IncrementalChecker:
         return out
 
     def check(
-        self, text: str, settings: Settings, path: str = "<stdin>", codes: Iterable[str] | None = None
+        self,
+        text: str,
+        settings: Settings,
+        path: str = "<stdin>",
+        codes: Iterable[str] | None = None,
+        stale: Callable[[], bool] | None = None,
     ) -> list[Diagnostic]:
         """Every diagnostic for ``text``: the same list ``check_source`` returns (sorted the same way).
-        Raises ParseError for text that does not parse."""
+        Raises ParseError for text that does not parse, and Stale when ``stale()`` turns true before
+        a part of the text still to analyse (a newer text is waiting)."""
         from torchopt.rewrite.cache import settings_hash
 
         self.last_misses, self.last_whole = 0, False
@@ -365,6 +386,8 @@ class IncrementalChecker:
             key: tuple = base + ("file", file_codes, text)
             hit = self._memo.get(key)
             if hit is None:
+                if stale is not None and stale():
+                    raise Stale
                 self.last_whole = True
                 hit = self._memo[key] = _Group(
                     [(0, 0, 0, 0, d) for d in check_source(text, settings, path, file_codes).diagnostics]
@@ -380,7 +403,7 @@ class IncrementalChecker:
                 if not members:
                     continue
                 key = base + ("part", local_codes) + tuple(chunks[i].text for i in members)
-                group = self._group(key, chunks, members, settings, path, local_codes)
+                group = self._group(key, chunks, members, settings, path, local_codes, stale)
                 only_header = members is header
                 for owner, d in self._mapped(group, chunks, members):
                     if owner in heads:
