@@ -540,9 +540,15 @@ def validate_cmd(
     bench_warmup: int = typer.Option(
         2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."
     ),
+    allow_unvalidated: Optional[List[str]] = typer.Option(
+        None,
+        "--allow-unvalidated",
+        metavar="CODE",
+        help="Accept that fixes of this rule could not be validated (exit by the verdict instead of 4).",
+    ),
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
-    Exit 0 equivalent, 1 diverged, 2 could not run."""
+    Exit 0 equivalent, 1 diverged, 2 could not run, 3 inconclusive, 4 fixes not validated."""
     import json
 
     if device not in ("auto", "cpu", "cuda"):
@@ -575,6 +581,7 @@ def validate_cmd(
             transplant=transplant,
             jobs=jobs or os.cpu_count() or 1,
             bench=BenchOptions(bench_repeats, bench_warmup) if bench else None,
+            allow_unvalidated=[c for arg in allow_unvalidated or () for c in arg.replace(",", " ").split()],
         )
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")

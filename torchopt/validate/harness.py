@@ -144,6 +144,8 @@ class Recorder:
             # The probe batch is the module's first input after the first optimizer step (else its
             # very first input): a warm-up forward a rewrite inserts before training (TOP711) must
             # not make the two versions probe different batches.
+            if torch.jit.is_tracing():  # the trace must see the program's operations only
+                return None
             key = id(module)
             seen = rec.first_inputs.get(key)
             if seen is not None and (seen[2]["after_step"] or rec.steps_done == 0):
@@ -464,6 +466,7 @@ _PATH_EVENTS = {
     "os.link": (1,),
     "os.symlink": (1,),
     "shutil.rmtree": (0,),
+    "sqlite3.connect": (0,),  # opens (and creates, journals) the database file for writing
 }
 _NOFOLLOW_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.symlink", "os.link"})
 
@@ -513,9 +516,15 @@ class _WriteGuard:
                     self.check(args[i], follow=event not in _NOFOLLOW_EVENTS)
 
 
-def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+def install_write_guard(protect: list[str], allow: list[str]) -> _WriteGuard:
+    """The audit hook that refuses writes into ``protect`` (outside ``allow``)."""
     guard = _WriteGuard(protect, allow)
     sys.addaudithook(guard.hook)
+    return guard
+
+
+def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+    guard = install_write_guard(protect, allow)
     # torch.save opens plain paths in C++, out of the audit hook's sight.
     save = torch.save
 
@@ -526,6 +535,15 @@ def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
 
     torch.save = guarded_save
     torch.serialization.save = guarded_save
+    # torch.jit.save writes from C++ too.
+    jit_save = torch.jit.save
+
+    def guarded_jit_save(m, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            guard.check(f)
+        return jit_save(m, f, *args, **kwargs)
+
+    torch.jit.save = guarded_jit_save
 
 
 def _script_module(path: str, argv: list[str]) -> types.ModuleType:
