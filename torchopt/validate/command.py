@@ -55,14 +55,14 @@ def replayable(d: Diagnostic) -> bool:
     return d.fix is not None and "rng" in d.fix.tags and d.code not in TRANSPLANTED
 
 
-def instrumented(text: str, rewritten: str, applied: Sequence[Diagnostic]) -> Plan:
+def instrumented(text: str, rewritten: str, applied: Sequence[Diagnostic], prefix: str = "s") -> Plan:
     """The plan for ``rewritten`` (the engine's rewrite of ``text`` by ``applied``): the rewrite
     with its random-stream fixes wrapped for record/replay; those that cannot be wrapped are
     listed as not validated."""
     from torchopt.validate import replay
 
     rng = [d for d in applied if replayable(d)]
-    after, sites, refused = replay.instrument(text, rewritten, rng)
+    after, sites, refused = replay.instrument(text, rewritten, rng, prefix)
     plan = Plan(before=text, after=after, applied=list(applied), sites=sites, replayed=not refused)
     plan.unvalidated = [(d, f"it changes the random stream and cannot be replayed: {why}") for d, why in refused]
     if sites:
@@ -138,6 +138,7 @@ def run_and_compare(
     before_runs: list[dict] | None = None,
     amp_dtype: str | None = None,
     unvalidated: Sequence[tuple[Diagnostic, str]] = (),
+    sites: Sequence = (),
 ) -> Outcome:
     """Run both versions side by side (two processes at once, each in a scratch copy of its
     folder), compare and report. With
@@ -175,6 +176,7 @@ def run_and_compare(
     extra = list(notes) + _run_notes(cmp, results, a, transplant)
     warnings, wrote = _disk_notes(results, touched)
     cmp.notes = list(cmp.notes) + warnings + extra + wrote
+    unvalidated = [*unvalidated, *_replayed_objects(a, sites, applied)]
     if cmp.verdict == "equivalent" and not _compared_values(cmp):
         cmp.verdict = "inconclusive"
     if cmp.verdict == "could-not-run" and not opts.entry and opts.nproc == 1:
@@ -277,6 +279,25 @@ def _tolerance(
             ),
         )
     return tol
+
+
+def _replayed_objects(a: dict, sites: Sequence, applied: Sequence[Diagnostic]) -> list[tuple[Diagnostic, str]]:
+    """Replay sites whose value was not a tensor (a module, a DataLoader): the run went on with the
+    original's object, so the fixes there were not exercised."""
+    found = a.get("site_objects") or {}
+    out = []
+    for site in sites:
+        if site.id not in found:
+            continue
+        why = f"replay hands back the original's {found[site.id]}, so the run used the original there"
+        out += [
+            (d, why)  # the site's fix, and any other fix inside its expression
+            for d in applied
+            if d.path == site.path
+            and (site.line, site.column) <= (d.line, d.column)
+            and (d.end_line, d.end_column) <= site.end
+        ]
+    return out
 
 
 def _without_harness(before: "Version", opts: "RunOptions") -> str:
@@ -391,9 +412,9 @@ def validate(
 
     text = source.read(before_path, 0).text
     plan, after_version, mode_unsafe = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
+    allowed = {c.upper() for c in allow_unvalidated}
     if after_path is None and plan.after == plan.before:
-        msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
-        return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
+        return _nothing_to_run(before_path, plan, allowed)
     opts = RunOptions(
         steps=steps, device=resolve_device(device), argv=tuple(argv), entry=entry, timeout=timeout, nproc=nproc
     )
@@ -413,10 +434,11 @@ def validate(
         transplant=forced,
         amp_dtype=amp_dtype,
         unvalidated=plan.unvalidated,
+        sites=plan.sites,
     )
-    if plan.unvalidated and out.exit_code in (0, EXIT_INCONCLUSIVE):
-        if not {d.code for d, _ in plan.unvalidated} <= {c.upper() for c in allow_unvalidated}:
-            out.exit_code = EXIT_UNVALIDATED
+    left_out = {f["code"] for f in out.json.get("unvalidated", [])}
+    if left_out and out.exit_code in (0, EXIT_INCONCLUSIVE) and not left_out <= allowed:
+        out.exit_code = EXIT_UNVALIDATED
     if bisect and mode_unsafe is not None and out.exit_code == 1 and len(plan.applied) > 1:
 
         def probe(keys: tuple) -> Outcome:
@@ -432,6 +454,7 @@ def validate(
                 transplant=forced,
                 before_runs=out.before_runs,
                 amp_dtype=amp_dtype,
+                sites=sub.sites,
             )
 
         _bisect(out, plan.applied, probe, jobs)
@@ -442,6 +465,21 @@ def validate(
         plain_after = Version("after", after_version.path, source=replay.strip(plan.after))
         measure(out, Version("before", before_path, source=text), plain_after, opts, bench)
     return out
+
+
+def _nothing_to_run(path: str, plan: Plan, allowed: set[str]) -> Outcome:
+    """The rewrite left to run changes nothing: say so, with the fixes that could not be validated."""
+    rows = [dict(r, why=why) for r, (_, why) in zip(_fix_rows([d for d, _ in plan.unvalidated]), plan.unvalidated)]
+    if not rows:
+        msg = f"{path}: the rewrite changes nothing; nothing to validate.\n"
+        return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
+    from torchopt.validate.report import fix_line
+
+    lines = [f"{path}: no fix left to validate.", f"Not validated ({len(rows)}):"]
+    lines += [f"  {fix_line(r)}, because {r['why']}" for r in rows]
+    code = 0 if {r["code"] for r in rows} <= allowed else EXIT_UNVALIDATED
+    data = {"verdict": "inconclusive", "notes": ["no fix left to validate"], "applied": [], "unvalidated": rows}
+    return Outcome(code, "\n".join(lines) + "\n", data)
 
 
 def _validated_plan(text: str, path: str, settings: Settings, unsafe: bool) -> Plan:
@@ -535,7 +573,7 @@ def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] |
     from torchopt.rewrite.engine import FixError, ParseError
 
     out = {}
-    for f in files:
+    for i, f in enumerate(files):
         s = settings_for(f)
         real = os.path.realpath(f)
         codes = None if units is None else s.enabled_codes(f) & {c for p, c in units if p in (real, "*")}
@@ -547,7 +585,7 @@ def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] |
         except (source.SourceError, ParseError, FixError):
             continue
         if res.text != text:
-            out[real] = (text, res.text, instrumented(text, res.text, res.applied))
+            out[real] = (text, res.text, instrumented(text, res.text, res.applied, prefix=f"f{i}s"))
     return out
 
 
@@ -568,11 +606,9 @@ def check_rewrite(
 ) -> tuple[set | None, list[str]]:
     """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns
     what may be written (None: all of it) and report lines. A unit with a fix the run cannot check
-    (a random-stream change that cannot be replayed) is never written. When the rest diverges,
-    the same delta-debugging search as `validate` finds a smallest diverging set, leaves one of its
-    units out, and repeats until what is left validates: the set written was run as a whole.
-    The unit is a rule in one file with ``per_file`` (the finest selection the writer can make;
-    returns (real path, code) pairs), else a rule in every file (returns codes)."""
+    is never written. When the rest diverges, `validate`'s delta debugging leaves units out until
+    what is left validates as a whole. The unit is a rule in one file with ``per_file`` (returns
+    (real path, code) pairs), else a rule in every file (returns codes)."""
     from torchopt.validate.bisect import Search, largest_passing
     from torchopt.validate.report import fix_line
     from torchopt.validate.runner import RunOptions, Version
@@ -610,31 +646,36 @@ def check_rewrite(
             before_runs=before_runs,
             replayed=all(plan.replayed for _, _, plan in rw.values()),
             amp_dtype=autocast_dtype(opts.device, applied, settings_for),
+            sites=[site for _, _, plan in rw.values() for site in plan.sites],
         )
         before_runs = before_runs or out.before_runs
         return out
 
-    lines: list[str] = []
     everything = _rewrites(files, settings_for, None, unsafe)
     if not everything:
         return None, ["validation: nothing would change"]
-    refused: set[tuple[str, str]] = set()
-    for p, (_, _, plan) in everything.items():
-        for d in plan.applied:
-            applied_by_unit.setdefault(unit_of(p, d), []).append(d)
-        for d, why in plan.unvalidated:
-            refused.add(unit_of(p, d))
-            lines.append(f"  not validated, so not written: {fix_line(_fix_rows([d])[0])}, because {why}")
+    refused, lines = _static_units(everything, unit_of, applied_by_unit)
     units = tuple(sorted(u for u in applied_by_unit if u not in refused))
-    codes = sorted({c for _, c in units})
     whole = attempt(None if not refused else units) if units else None
+    while whole is not None and whole.json.get("unvalidated"):  # sites the run found it could not check
+        late = {unit_of(os.path.realpath(f["path"]), f["code"]) for f in whole.json["unvalidated"]} - refused
+        if not late:
+            break
+        refused |= late
+        lines += [
+            f"  not validated, so not written: {fix_line(f)}, because {f['why']}"
+            for f in whole.json["unvalidated"]
+            if unit_of(os.path.realpath(f["path"]), f["code"]) in late
+        ]
+        units = tuple(u for u in units if u not in refused)
+        whole = attempt(units) if units else None
+    codes = sorted({c for _, c in units})
     if whole is None:
         return set(), [*lines, "validation: no fix can be validated; nothing written"]
-    if whole.exit_code == 0 and not refused:
-        return None, [f"validation: {entry_script} computes the same thing with every fix ({', '.join(codes)})"]
     if whole.exit_code == 0:
-        lines.append(f"validation: {entry_script} computes the same thing with the other fixes ({', '.join(codes)})")
-        return (set(units) if per_file else {c for _, c in units}), lines
+        which = "the other fixes" if refused else "every fix"
+        lines.append(f"validation: {entry_script} computes the same thing with {which} ({', '.join(codes)})")
+        return (None if not refused else set(units) if per_file else {c for _, c in units}), lines
     if whole.exit_code == 2:  # ENTRY fails in both versions: nothing can be validated
         return set(), [whole.text, *lines, f"validation: {entry_script} could not run; fix it first"]
     if whole.exit_code == EXIT_INCONCLUSIVE:  # no value compared: nothing is validated
@@ -648,6 +689,22 @@ def check_rewrite(
         f"validation: {len(kept)} of {len(units)} selection(s) kept, validated as a whole ({len(search.trials)} run(s))"
     )
     return (set(kept) if per_file else {c for _, c in kept}), lines
+
+
+def _static_units(everything: dict, unit_of, applied_by_unit: dict) -> tuple[set[tuple[str, str]], list[str]]:
+    """Learn the units of the whole rewrite (into ``applied_by_unit``); returns the units holding a
+    fix that cannot be validated, with a line for each such fix."""
+    from torchopt.validate.report import fix_line
+
+    refused: set[tuple[str, str]] = set()
+    lines: list[str] = []
+    for p, (_, _, plan) in everything.items():
+        for d in plan.applied:
+            applied_by_unit.setdefault(unit_of(p, d), []).append(d)
+        for d, why in plan.unvalidated:
+            refused.add(unit_of(p, d))
+            lines.append(f"  not validated, so not written: {fix_line(_fix_rows([d])[0])}, because {why}")
+    return refused, lines
 
 
 def _search_lines(

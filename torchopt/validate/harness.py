@@ -91,6 +91,7 @@ class Recorder:
         self.notes: list[str] = []
         self.site_errors: list[str] = []
         self.site_calls: dict[str, int] = {}
+        self.site_objects: dict[str, str] = {}  # sites whose value is not a tensor: its type
         self.uncomputed: list[str] = []  # globals holding clock/process/random values (provenance.py)
 
     def _record_loss(self, t: Any) -> None:
@@ -243,6 +244,7 @@ class Recorder:
             "notes": self.notes,
             "site_errors": self.site_errors,
             "site_calls": dict(self.site_calls),
+            "site_objects": dict(self.site_objects),
             "uncomputed": list(self.uncomputed),
         }
 
@@ -341,6 +343,8 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
         with torch.random.fork_rng(devices=devices):
             new = new_fn()
         old = orig_fn()
+        if not isinstance(old, torch.Tensor):  # the original's object stands in for the fix's
+            rec.site_objects.setdefault(site_id, type(old).__name__)
         problem = _site_problem(torch, new, old)
         if problem and not any(e.startswith(f"{site_id}:") for e in rec.site_errors):
             rec.site_errors.append(f"{site_id}: {problem}")

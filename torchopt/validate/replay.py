@@ -34,6 +34,8 @@ class Site:
     line: int  # of the fix, in the original text
     column: int
     code: str  # the original expression
+    path: str = ""  # of the file
+    end: tuple[int, int] = (0, 0)  # line and column where the original expression ends
 
 
 # Nodes a lambda would change the meaning of: assignment expressions bind in the lambda's scope,
@@ -103,11 +105,13 @@ def _expressions(text: str) -> dict[tuple[int, int], _Expr]:
     return visitor.by_span
 
 
-def instrument(original: str, rewritten: str, fixes: Sequence[Any]) -> tuple[str, list[Site], list[tuple[Any, str]]]:
+def instrument(
+    original: str, rewritten: str, fixes: Sequence[Any], prefix: str = "s"
+) -> tuple[str, list[Site], list[tuple[Any, str]]]:
     """Wrap, in ``rewritten``, the expression each of ``fixes`` (diagnostics with positions in
     ``original``) wrote in place of an expression of ``original``. Returns the instrumented text,
-    its sites, and the fixes that could not be wrapped with the reason. A fix inside the expression
-    of another is covered by that one's site."""
+    its sites (named ``prefix`` and a number), and the fixes that could not be wrapped with the
+    reason. A fix inside the expression of another is covered by that one's site."""
     if not fixes:
         return rewritten, [], []
     old_index = LineIndex(original)
@@ -133,10 +137,10 @@ def instrument(original: str, rewritten: str, fixes: Sequence[Any]) -> tuple[str
     sites: list[Site] = []
     out = rewritten
     for i, (a1, a2, b1, b2, d, old) in sorted(enumerate(spans), key=lambda x: -x[1][2]):
-        site = Site(f"s{i}", d.line, d.column, old.code)
+        site = Site(f"{prefix}{i}", d.line, d.column, old.code, d.path, (d.end_line, d.end_column))
         sites.append(site)
         out = f"{out[:b1]}{SITE}({site.id!r}, lambda: ({out[b1:b2]}), lambda: ({old.code})){out[b2:]}"
-    return out, sorted(sites, key=lambda s: int(s.id[1:])), refused
+    return out, sorted(sites, key=lambda s: (s.line, s.column)), refused
 
 
 class _Sites(cst.CSTVisitor):

@@ -167,7 +167,7 @@ def render_text(
     for f in applied:
         say(Text(f"  {fix_line(f)}"))
     if unvalidated:
-        say(Text(f"Not validated ({len(unvalidated)}; left out of the runs):", style="bold yellow"))
+        say(Text(f"Not validated ({len(unvalidated)}):", style="bold yellow"))
         for f in unvalidated:
             say(Text(f"  {fix_line(f)}, because {f.get('why', '')}"))
     if cmp.tolerance is not None and cmp.tolerance.reason:
