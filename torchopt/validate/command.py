@@ -283,7 +283,7 @@ def _tolerance(
 
 def _replayed_objects(a: dict, sites: Sequence, applied: Sequence[Diagnostic]) -> list[tuple[Diagnostic, str]]:
     """Replay sites whose value was not a tensor (a module, a DataLoader): the run went on with the
-    original's object, so the fixes there were not exercised."""
+    original's object, so the fix there was not exercised."""
     found = a.get("site_objects") or {}
     out = []
     for site in sites:
@@ -291,11 +291,10 @@ def _replayed_objects(a: dict, sites: Sequence, applied: Sequence[Diagnostic]) -
             continue
         why = f"replay hands back the original's {found[site.id]}, so the run used the original there"
         out += [
-            (d, why)  # the site's fix, and any other fix inside its expression
+            (d, why)  # the site's own fix (a diagnostic's span does not say where its edit lies)
             for d in applied
-            if d.path == site.path
-            and (site.line, site.column) <= (d.line, d.column)
-            and (d.end_line, d.end_column) <= site.end
+            if replayable(d)
+            and (d.path, d.line, d.column, (d.end_line, d.end_column)) == (site.path, site.line, site.column, site.end)
         ]
     return out
 

@@ -343,8 +343,9 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
         with torch.random.fork_rng(devices=devices):
             new = new_fn()
         old = orig_fn()
-        if not isinstance(old, torch.Tensor):  # the original's object stands in for the fix's
-            rec.site_objects.setdefault(site_id, type(old).__name__)
+        unlike = _object_unlike(torch, new, old)
+        if unlike:  # the original's object stands in for one the fix built otherwise
+            rec.site_objects.setdefault(site_id, unlike)
         problem = _site_problem(torch, new, old)
         if problem and not any(e.startswith(f"{site_id}:") for e in rec.site_errors):
             rec.site_errors.append(f"{site_id}: {problem}")
@@ -352,6 +353,22 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
 
     builtins.__torchopt_site__ = site  # type: ignore[attr-defined]  # our own name, which the instrumented code calls
     rec.site_calls = calls
+
+
+def _object_unlike(torch: Any, new: Any, old: Any) -> str:
+    """Why handing back ``old`` in place of ``new`` hides what the fix changed ("" when it does not):
+    a tensor, or a module with the same parameters and buffers (names, shapes, dtypes, devices),
+    stands in for the new one as its random values do; any other object does not."""
+    if isinstance(old, torch.Tensor):
+        return ""
+    if isinstance(old, torch.nn.Module) and isinstance(new, torch.nn.Module):
+        a, b = new.state_dict(), old.state_dict()
+        if a.keys() == b.keys() and all(
+            (a[k].shape, a[k].dtype, a[k].device) == (b[k].shape, b[k].dtype, b[k].device) for k in a
+        ):
+            return ""
+        return f"{type(old).__name__}, whose parameters differ from the rewrite's"
+    return type(old).__name__
 
 
 def _site_problem(torch: Any, new: Any, old: Any) -> str | None:
