@@ -179,7 +179,8 @@ def run_and_compare(
     unvalidated = [*unvalidated, *_replayed_objects(a, sites, applied)]
     if cmp.verdict == "equivalent" and not _compared_values(cmp):
         cmp.verdict = "inconclusive"
-    if cmp.verdict == "could-not-run" and not opts.entry and opts.nproc == 1:
+    failed = [runs[0].get("status") for runs in results.values()]
+    if cmp.verdict == "could-not-run" and failed == ["error", "error"] and not opts.entry and opts.nproc == 1:
         plain = _without_harness(before, opts)
         if "bug in torchopt" in plain:  # not the program's fault: do not ask the user to fix it
             cmp.notes = [n for n in cmp.notes if "fix the original first" not in n]
@@ -304,10 +305,11 @@ def _without_harness(before: "Version", opts: "RunOptions") -> str:
     harness is at fault, not the program."""
     from torchopt.validate.runner import run_plain
 
-    status, tail = run_plain(before, opts)
+    status, _ = run_plain(before, opts, PLAIN_SECONDS)
     if status == "error":
         return "the original fails without torchopt's harness too: fix it first"
-    how = "runs to its end" if status == "ok" else f"was still running after {PLAIN_SECONDS:g} s"
+    limit = min(opts.timeout, PLAIN_SECONDS)
+    how = "runs to its end" if status == "ok" else f"was still running after {limit:g} s"
     return (
         f"the original {how} without torchopt's harness: the failure comes from the harness, a bug in torchopt "
         "(please report it), not from your program"
