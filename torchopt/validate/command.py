@@ -245,14 +245,17 @@ def _run_versions(
             for t in threads:
                 t.join()
             raise
-        # Two versions run at once can fight over a port, a lock or a fixed path: a version that
-        # failed while the other ran is run again alone before its failure counts.
-        for v in (before, after):
-            if results[v.label][0].get("status") == "error":
-                results[v.label] = run_version(v, opts, workdir, cancel)
-                results[v.label][0].setdefault("notes", []).append(
-                    "failed while both versions ran at once; run again alone afterwards"
-                )
+        # Two versions run at once can fight over a port, a lock or a fixed path (the one that comes
+        # second fails): a version that failed while the other ran is run again alone, in a fresh
+        # scratch copy, before its failure counts.
+        failed = [v for v in (before, after) if results[v.label][0].get("status") == "error"]
+        if len(failed) == 1:
+            alone = os.path.join(workdir, "alone")
+            os.makedirs(alone, exist_ok=True)
+            results[failed[0].label] = run_version(failed[0], opts, alone, cancel)
+            results[failed[0].label][0].setdefault("notes", []).append(
+                "failed while both versions ran at once; run again alone afterwards"
+            )
     return results
 
 

@@ -544,7 +544,8 @@ def install_write_guard(protect: list[str], allow: list[str]) -> _WriteGuard:
     return guard
 
 
-def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+def guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+    """The audit hook, and the savers that write from C++ (torch.save, torch.jit.save) checked too."""
     guard = install_write_guard(protect, allow)
     # torch.save opens plain paths in C++, out of the audit hook's sight.
     save = torch.save
@@ -608,7 +609,7 @@ def main(spec_path: str) -> int:
         )
         transplant.install()
     if spec.get("protect"):
-        _guard_writes(torch, spec["protect"], spec.get("allow", []))
+        guard_writes(torch, spec["protect"], spec.get("allow", []))
     status, tb = "ok", None
     namespace: dict[str, Any] | None = None
     returned: Any = None
