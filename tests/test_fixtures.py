@@ -151,7 +151,7 @@ def test_cli_unsafe_diff_on_fixture_names_what_changes():
     lines = [ln for ln in r.stderr.splitlines() if ": TOP" in ln and " unsafe fix: " in ln]
     assert len(lines) == len(unsafe), r.stderr
     remaining = list(lines)
-    for d in unsafe:  # positions refer to the pass each fix was applied in
+    for d in unsafe:  # positions in the original text, whichever pass applied the fix
         match = [ln for ln in remaining if f":{d.line}:{d.column}: {d.code} unsafe fix: " in ln]
         assert match, f"stderr does not name the unsafe fix {d.code} at {d.line}:{d.column}:\n{r.stderr}"
         ln = match[0]

@@ -12,6 +12,29 @@ from typing import List, Optional
 import typer
 
 from torchopt import __version__, checking
+from torchopt.options import (
+    AllowUnvalidatedOpt,
+    BenchOpt,
+    BenchRepeatsOpt,
+    BenchWarmupOpt,
+    BisectJobsOpt,
+    CacheDirOpt,
+    ConfigOpt,
+    ExpectOpt,
+    ExtendSelectOpt,
+    FormatOpt,
+    IgnoreOpt,
+    JobsOpt,
+    NoCacheOpt,
+    OutputFormatOpt,
+    PathsArg,
+    QuietOpt,
+    RevOpt,
+    SelectOpt,
+    StdinNameOpt,
+    TransplantOpt,
+    UnsafeOpt,
+)
 from torchopt.rewrite import budget, interrupt, report, source
 from torchopt.rewrite.config import ConfigError, Overrides, Resolver
 from torchopt.rewrite.discovery import discover
@@ -46,32 +69,6 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     pass
-
-
-# Shared options -------------------------------------------------------------------------------
-
-PathsArg = typer.Argument(None, help="Files or folders (default: the current folder); `-` reads stdin.")
-SelectOpt = typer.Option(
-    None, "--select", help="Rule codes, prefixes (TOP1), family names or ALL; comma-separated or repeated."
-)
-ExtendSelectOpt = typer.Option(
-    None, "--extend-select", help="Like --select, but added to the selection of the configuration or --select."
-)
-IgnoreOpt = typer.Option(None, "--ignore", help="Codes, prefixes or families to leave out.")
-UnsafeOpt = typer.Option(
-    None, "--unsafe-fixes/--no-unsafe-fixes", help="Also apply fixes that change numerics, RNG streams or semantics."
-)
-JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: CPU count).")
-FormatOpt = typer.Option("text", "--output-format", help="text | json | sarif | github")
-StdinNameOpt = typer.Option(None, "--stdin-filename", help="Path used for config and messages when reading stdin.")
-ConfigOpt = typer.Option(None, "--config", help="Use this pyproject.toml instead of the nearest one.")
-QuietOpt = typer.Option(False, "--quiet", "-q", help="Print diagnostics and diffs only, no summary.")
-NoCacheOpt = typer.Option(False, "--no-cache", help="Analyse every file again; do not read or write the cache.")
-CacheDirOpt = typer.Option(
-    None,
-    "--cache-dir",
-    help="Cache folder (default: $TORCHOPT_CACHE_DIR, else .torchopt_cache next to the pyproject.toml, else ~/.cache/torchopt).",
-)
 
 
 class _Usage(Exception):
@@ -572,21 +569,6 @@ def rule_cmd(code: str = typer.Argument(..., help="A rule code such as TOP101, o
     sys.stdout.write(render(rule))
 
 
-ExpectOpt = typer.Option(
-    None,
-    "--expect",
-    metavar="CLASS",
-    help="The class of a hand-made change: numerics[=bf16|fp16|tf32], rng, tolerance or semantics (repeatable).",
-)
-RevOpt = typer.Option(
-    None,
-    "--rev",
-    metavar="BASE[..HEAD]",
-    help="Compare BEFORE (the entry script) at two commits of its repository (HEAD by default).",
-)
-OutputFormatOpt = typer.Option("text", "--output-format", help="text | json | github")
-
-
 @app.command("validate")
 def validate_cmd(
     before: str = typer.Argument(..., help="The program (a script, or the module an --entry imports)."),
@@ -608,35 +590,18 @@ def validate_cmd(
         None, "--script-arg", help="An argument for the script (also: after `--`)."
     ),
     config: Optional[str] = ConfigOpt,
-    transplant: bool = typer.Option(
-        False,
-        "--transplant",
-        help="Start the rewritten run from the original's weights, zero-padded (automatic after padding fixes, TOP301/TOP302).",
-    ),
-    jobs: Optional[int] = typer.Option(
-        None,
-        "--jobs",
-        "-j",
-        min=1,
-        help="Runs at once while bisecting a divergence to the fixes that cause it (default: CPU count).",
-    ),
-    bench: bool = typer.Option(
-        False,
-        "--bench",
-        help="After the comparison, time both versions one at a time and report step times, memory and the speed-up.",
-    ),
-    bench_repeats: int = typer.Option(
-        3, "--bench-repeats", min=1, help="With --bench: rounds of (before, after) runs."
-    ),
-    bench_warmup: int = typer.Option(
-        2, "--bench-warmup", min=0, help="With --bench: optimizer steps not timed at the start of each run."
-    ),
+    transplant: bool = TransplantOpt,
+    jobs: Optional[int] = BisectJobsOpt,
+    bench: bool = BenchOpt,
+    bench_repeats: int = BenchRepeatsOpt,
+    bench_warmup: int = BenchWarmupOpt,
     expect: Optional[List[str]] = ExpectOpt,
     rev: Optional[str] = RevOpt,
     output_format: str = OutputFormatOpt,
+    allow_unvalidated: Optional[List[str]] = AllowUnvalidatedOpt,
 ) -> None:
     """Run a program before and after its rewrite under the same seeds and compare what they compute.
-    Exit 0 equivalent, 1 diverged, 2 could not run, 3 inconclusive."""
+    Exit 0 equivalent, 1 diverged, 2 could not run, 3 inconclusive, 4 fixes not validated."""
     from torchopt.validate.declared import parse as parse_expect
 
     if device not in ("auto", "cpu", "cuda") or output_format not in ("text", "json", "github"):
@@ -673,6 +638,7 @@ def validate_cmd(
             jobs=jobs or os.cpu_count() or 1,
             bench=BenchOptions(bench_repeats, bench_warmup) if bench else None,
             expect=declared,
+            allow_unvalidated=[c for arg in allow_unvalidated or () for c in arg.replace(",", " ").split()],
         )
     except (ConfigError, _Usage) as exc:
         _err(f"error: {exc}")

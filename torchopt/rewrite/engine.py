@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper
@@ -20,6 +20,7 @@ from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.positions import file_positions
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
+from torchopt.rewrite.textmap import TextMap
 
 MAX_PASSES = 8
 
@@ -92,7 +93,7 @@ class CheckResult:
 @dataclass
 class FixResult:
     text: str
-    applied: list[Diagnostic] = field(default_factory=list)  # positions refer to the pass they were applied in
+    applied: list[Diagnostic] = field(default_factory=list)  # positions in the original text
     remaining: list[Diagnostic] = field(default_factory=list)  # on the final text
     passes: int = 0
 
@@ -347,15 +348,22 @@ class _Apply(cst.CSTTransformer):
 
 
 def _choose(
-    p: _Pass, unsafe: bool, only: Callable[[Diagnostic], bool] | None = None
+    p: _Pass,
+    unsafe: bool,
+    only: Callable[[Diagnostic], bool] | None = None,
+    original: Callable[[Diagnostic], Diagnostic] | None = None,
 ) -> list[tuple[Finding, Diagnostic]]:
     """Non-overlapping applicable fixes, outermost first; the rest wait for the next pass. A finding
     whose fix is the very edit of one chosen (same rule, same target, same replacement: one fix
-    resolves several findings) comes along with it, so that it is counted as fixed."""
+    resolves several findings) comes along with it, so that it is counted as fixed. With
+    ``original``, the diagnostics (those ``only`` sees, and those returned) are moved by it."""
     chosen: list[tuple[Finding, Diagnostic, tuple[int, int, int, int]]] = []
     riders: list[tuple[Finding, Diagnostic]] = []
     for f, d in p.findings:
-        if not _applicable(d, unsafe) or (only is not None and not only(d)):
+        if not _applicable(d, unsafe):
+            continue
+        d = original(d) if original is not None else d
+        if only is not None and not only(d):
             continue
         r = p.positions[f.target or f.node]
         span = (r.start.line, r.start.column + 1, r.end.line, r.end.column + 1)
@@ -399,6 +407,20 @@ def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.
     return new
 
 
+def _to_original(d: Diagnostic, back: Sequence[TextMap]) -> Diagnostic:
+    """``d``, found on a later pass's text, at its place in the original text. A place inside text
+    an earlier fix wrote is named by where that fix's change starts."""
+    from dataclasses import replace
+
+    (line, column), (end_line, end_column) = (d.line, d.column), (d.end_line, d.end_column)
+    for m in back:
+        line, column = m.position(line, column)
+        end_line, end_column = m.end_position(end_line, end_column)
+    if (end_line, end_column) < (line, column):
+        end_line, end_column = line, column
+    return replace(d, line=line, column=column, end_line=end_line, end_column=end_column)
+
+
 def verify(text: str, path: str) -> None:
     """The output must parse with LibCST and compile with CPython."""
     try:
@@ -426,6 +448,7 @@ def fix_source(
     current = text
     module: cst.Module | None = None
     used: set[tuple[int, str]] = set()
+    back: list[TextMap] = []  # each later pass's text back to the one before it
     for n in range(MAX_PASSES + 1):
         with analysing(current):  # each pass's text has its own SourceFacts
             rules = active_rules(codes, current)
@@ -435,10 +458,13 @@ def fix_source(
                 break
             module = module or parse(current)
             p = _run_rules(module, rules, settings, path, current)
-        chosen = _choose(p, unsafe, only) if n < MAX_PASSES else []
+        remaining = [d for _, d in p.findings]  # on this pass's text
+        # a later pass names its fixes by their place in the original text
+        original = (lambda d, back=tuple(back): _to_original(d, back)) if back else None
+        chosen = _choose(p, unsafe, only, original) if n < MAX_PASSES else []
         used = p.used
         if not chosen:
-            result.remaining = [d for _, d in p.findings]
+            result.remaining = remaining
             break
         new_module = _apply(p.module, chosen)
         new_text = new_module.code
@@ -450,8 +476,9 @@ def fix_source(
         result.applied.extend(d for _, d in chosen)
         result.passes = n + 1
         if new_text == current:
-            result.remaining = [d for _, d in p.findings]
+            result.remaining = remaining
             break
+        back.insert(0, TextMap(new_text, current))
         current = new_text
         # Re-parse from text so positions and metadata are fresh for the next pass.
         module = None

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, fix_source
+from torchopt.validate import exits
+from torchopt.validate.declared import inferred
 
 if TYPE_CHECKING:
     from torchopt.validate.bench import BenchOptions
@@ -24,7 +26,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Plan:
-    """What will be compared: the two sources and the fixes that turned one into the other."""
+    """What will be compared: the two sources and the fixes that turned one into the other.
+    ``after`` is the rewrite as `torchopt rewrite` writes it, with the random-stream sites wrapped
+    for record/replay (``replay.strip(after)`` gives it back exactly)."""
 
     before: str
     after: str
@@ -32,6 +36,7 @@ class Plan:
     sites: list = field(default_factory=list)  # replay.Site
     notes: list[str] = field(default_factory=list)
     replayed: bool = False  # every random-stream fix is wrapped for record/replay
+    unvalidated: list[tuple[Diagnostic, str]] = field(default_factory=list)  # fixes this run cannot check, and why
 
     @property
     def tags(self) -> set[str]:
@@ -39,48 +44,47 @@ class Plan:
 
 
 def fix_key(d: Diagnostic) -> tuple[str, str, int, int]:
-    """Names one applied fix across runs of the engine over the same text: file, rule, position.
-    (Positions of fixes found in a later pass are those of that pass's text.)"""
+    """Names one applied fix across runs of the engine over the same text: file, rule, position
+    (in the original text)."""
     return (d.path, d.code, d.line, d.column)
 
 
-def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool, keys: frozenset | None = None) -> Plan:
-    """The rewrite of ``text`` with random-stream sites wrapped for record/replay;
-    with ``keys`` (see ``fix_key``), only those fixes. The original text (wrapped) does not depend
-    on ``keys``, so one run of it serves every selection."""
-    from torchopt.rewrite.engine import check_source
-    from torchopt.validate import replay
+def replayable(d: Diagnostic) -> bool:
+    """A fix whose random numbers the validator replays (the padding fixes' streams are aligned by
+    the weight transplant instead)."""
     from torchopt.validate.transplant import CODES as TRANSPLANTED
 
-    only = None if keys is None else (lambda d: fix_key(d) in keys)
-    first = fix_source(text, settings, path, unsafe=unsafe)
-    if first.text == text:
-        return Plan(before=text, after=text)
-    rng_sites = [
-        d
-        for d in check_source(text, settings, path).diagnostics
-        if d.fix is not None
-        and "rng" in d.fix.tags
-        and (unsafe or d.fix.safety == "safe")
-        and d.code not in TRANSPLANTED
-    ]  # padding: the weight transplant aligns the streams
-    if not rng_sites:
-        if keys is not None:
-            first = fix_source(text, settings, path, unsafe=unsafe, only=only)
-        return Plan(before=text, after=first.text, applied=first.applied)
-    wrapped, sites = replay.wrap_sites(text, rng_sites)
-    second = fix_source(wrapped, settings, path, unsafe=unsafe, only=only)
-    lost = replay.unwrap_check(second.text, sites) if keys is None else []
-    after = replay.add_originals(second.text, sites)
-    plan = Plan(before=wrapped, after=after, applied=second.applied, sites=sites, replayed=not lost)
-    plan.notes.append(
-        f"{len(sites)} fix(es) change the random stream; they are validated by record/replay: the rewritten "
-        "run evaluates each new expression under a forked RNG state, checks its shape, dtype, device and "
-        "moments, and continues with the original's numbers so the rest of the program is compared exactly."
-    )
-    if lost:
-        plan.notes.append(f"replay sites not rewritten: {', '.join(lost)}")
+    return d.fix is not None and "rng" in d.fix.tags and d.code not in TRANSPLANTED
+
+
+def instrumented(text: str, rewritten: str, applied: Sequence[Diagnostic], prefix: str = "s") -> Plan:
+    """The plan for ``rewritten`` (the engine's rewrite of ``text`` by ``applied``): the rewrite
+    with its random-stream fixes wrapped for record/replay; those that cannot be wrapped are
+    listed as not validated."""
+    from torchopt.validate import replay
+
+    rng = [d for d in applied if replayable(d)]
+    after, sites, refused = replay.instrument(text, rewritten, rng, prefix)
+    plan = Plan(before=text, after=after, applied=list(applied), sites=sites, replayed=not refused)
+    plan.unvalidated = [(d, f"it changes the random stream and cannot be replayed: {why}") for d, why in refused]
+    if sites:
+        plan.notes.append(
+            f"{len(sites)} fix(es) change the random stream; they are validated by record/replay: the rewritten "
+            "run evaluates each new expression under a forked RNG state, checks its shape, dtype, device and "
+            "moments, and continues with the original's numbers so the rest of the program is compared exactly."
+        )
     return plan
+
+
+def plan_rewrite(text: str, path: str, settings: Settings, unsafe: bool, keys: frozenset | None = None) -> Plan:
+    """The rewrite of ``text``, exactly as `torchopt rewrite` makes it (with ``keys``, see
+    ``fix_key``, only those fixes), instrumented for record/replay after the rewrite. The
+    original runs as it is, so one run of it serves every selection."""
+    only = None if keys is None else (lambda d: fix_key(d) in keys)
+    res = fix_source(text, settings, path, unsafe=unsafe, only=only)
+    if res.text == text:
+        return Plan(before=text, after=text)
+    return instrumented(text, res.text, res.applied)
 
 
 def autocast_dtype(device: str, applied: Sequence[Diagnostic], settings_for: Callable[[str], Settings]) -> str:
@@ -136,6 +140,8 @@ def run_and_compare(
     before_runs: list[dict] | None = None,
     amp_dtype: str | None = None,
     declared: Sequence[str] = (),
+    unvalidated: Sequence[tuple[Diagnostic, str]] = (),
+    sites: Sequence = (),
 ) -> Outcome:
     """Run both versions side by side (two processes at once, each in a scratch copy of its
     folder), compare and report. With
@@ -144,7 +150,9 @@ def run_and_compare(
     original's probes from an earlier call (same text, same options): only the rewrite runs.
     ``amp_dtype``: what the AMP fixes compute in (``autocast_dtype``); by default the device's.
     ``declared``: classes of change the user declared (``--expect``; torchopt.validate.declared).
-    A numerics change also runs the original at reduced precision: the noise floor."""
+    A numerics change also runs the original at reduced precision: the noise floor.
+    ``unvalidated``: fixes left out of the run, with the reason (listed in the report). An
+    equivalent verdict that compared no value the program computed is INCONCLUSIVE."""
     from dataclasses import replace
 
     from torchopt.validate import scratch
@@ -180,11 +188,33 @@ def run_and_compare(
     extra = list(notes) + _run_notes(cmp, results, a, transplant)
     warnings, wrote = _disk_notes(results, touched)
     cmp.notes = list(cmp.notes) + warnings + extra + wrote
+    unvalidated = [*unvalidated, *_replayed_objects(a, sites, applied)]
+    if cmp.verdict == "equivalent" and not _compared_values(cmp):
+        cmp.verdict = "inconclusive"
+    failed = [runs[0].get("status") for runs in results.values()]
+    if cmp.verdict == "could-not-run" and failed == ["error", "error"] and not opts.entry and opts.nproc == 1:
+        plain = _without_harness(before, opts)
+        if "bug in torchopt" in plain:  # not the program's fault: do not ask the user to fix it
+            cmp.notes = [n for n in cmp.notes if "fix the original first" not in n]
+        cmp.notes.insert(0, plain)
     kw: dict[str, Any] = dict(before_label=labels[0], after_label=labels[1], device=opts.device, applied=fixes)
-    from torchopt.validate.exits import exit_code
-
-    code = exit_code(cmp.verdict)
+    kw["unvalidated"] = [
+        dict(row, why=why) for row, (_, why) in zip(_fix_rows([d for d, _ in unvalidated]), unvalidated)
+    ]
+    code = exits.exit_code(cmp.verdict)
     return Outcome(code, render_text(cmp, **kw), to_json(cmp, **kw), before_runs=results[before.label])
+
+
+# What the program computed: a verdict needs at least one of these compared value for value (the
+# RNG state and the step count alone say nothing about the computation).
+_COMPUTED = frozenset({"loss", "param", "optim", "output", "global", "return"})
+
+
+def _compared_values(cmp: "Comparison") -> bool:
+    tol = cmp.tolerance
+    if tol is not None and not tol.compare_values:
+        return False
+    return any(r.verdict == "ok" and r.kind in _COMPUTED for r in cmp.rows)
 
 
 def _run_versions(
@@ -233,6 +263,17 @@ def _run_versions(
             for t in threads:
                 t.join()
             raise
+        # Two versions run at once can fight over a port, a lock or a fixed path (the one that comes
+        # second fails): a version that failed while the other ran is run again alone, in a fresh
+        # scratch copy, before its failure counts.
+        failed = [v for v in (before, after) if results[v.label][0].get("status") == "error"]
+        if len(failed) == 1:
+            alone = os.path.join(workdir, "alone")
+            os.makedirs(alone, exist_ok=True)
+            results[failed[0].label] = run_version(failed[0], opts, alone, cancel)
+            results[failed[0].label][0].setdefault("notes", []).append(
+                "failed while both versions ran at once; run again alone afterwards"
+            )
     return results
 
 
@@ -276,6 +317,40 @@ def _tolerance(
             ),
         )
     return tol
+
+
+def _replayed_objects(a: dict, sites: Sequence, applied: Sequence[Diagnostic]) -> list[tuple[Diagnostic, str]]:
+    """Replay sites whose value was not a tensor (a module, a DataLoader): the run went on with the
+    original's object, so the fix there was not exercised."""
+    found = a.get("site_objects") or {}
+    out = []
+    for site in sites:
+        if site.id not in found:
+            continue
+        why = f"replay hands back the original's {found[site.id]}, so the run used the original there"
+        out += [
+            (d, why)  # the site's own fix (a diagnostic's span does not say where its edit lies)
+            for d in applied
+            if replayable(d)
+            and (d.path, d.line, d.column, (d.end_line, d.end_column)) == (site.path, site.line, site.column, site.end)
+        ]
+    return out
+
+
+def _without_harness(before: "Version", opts: "RunOptions") -> str:
+    """Both versions failed under the harness: does the original run on its own? If it does, the
+    harness is at fault, not the program."""
+    from torchopt.validate.runner import run_plain
+
+    status, _ = run_plain(before, opts, PLAIN_SECONDS)
+    if status == "error":
+        return "the original fails without torchopt's harness too: fix it first"
+    limit = min(opts.timeout, PLAIN_SECONDS)
+    how = "runs to its end" if status == "ok" else f"was still running after {limit:g} s"
+    return (
+        f"the original {how} without torchopt's harness: the failure comes from the harness, a bug in torchopt "
+        "(please report it), not from your program"
+    )
 
 
 def _run_notes(cmp: "Comparison", results: dict[str, list[dict]], a: dict, transplant: bool) -> list[str]:
@@ -341,6 +416,11 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+PLAIN_SECONDS = 120.0  # how long the original may run without the harness to show it works
+EXIT_INCONCLUSIVE = exits.INCONCLUSIVE
+EXIT_UNVALIDATED = exits.UNVALIDATED
+
+
 def validate(
     before_path: str,
     after_path: str | None,
@@ -359,23 +439,26 @@ def validate(
     bisect: bool = True,
     bench: "BenchOptions | None" = None,
     expect: Sequence[str] = (),
+    allow_unvalidated: Sequence[str] = (),
 ) -> Outcome:
     """`torchopt validate BEFORE [AFTER]`. A divergence of a one-file rewrite with several fixes is
     bisected to the smallest set of fixes that still diverges. ``expect``: declared classes of a
     hand-made change (torchopt.validate.declared.parse); without them, a recognisable edit's class
-    is inferred."""
+    is inferred. Fixes the run cannot check are listed as not validated and left out of the run;
+    unless their codes are in ``allow_unvalidated`` the exit status is then EXIT_UNVALIDATED."""
     from torchopt.rewrite import notebook, source
+    from torchopt.validate import replay
     from torchopt.validate.runner import RunOptions, Version
 
     text = notebook.as_script(before_path, source.read(before_path, 0).text)
-    plan, after_version = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
-    declared = list(expect) or _inferred(plan, after_path)
+    plan, after_version, mode_unsafe = _plan_versions(text, before_path, after_path, settings, unsafe, entry)
+    allowed = {c.upper() for c in allow_unvalidated}
+    declared = list(expect) or inferred(plan, after_path)
     if expect:
         plan.notes[:] = [n for n in plan.notes if not n.startswith("two files given")]
         plan.notes.append(f"declared change: --expect {' --expect '.join(expect)}")
     if after_path is None and plan.after == plan.before:
-        msg = f"{before_path}: the rewrite changes nothing; nothing to validate.\n"
-        return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
+        return _nothing_to_run(before_path, plan, allowed)
     opts = RunOptions(
         steps=steps, device=resolve_device(device), argv=tuple(argv), entry=entry, timeout=timeout, nproc=nproc
     )
@@ -395,14 +478,19 @@ def validate(
         transplant=forced,
         amp_dtype=amp_dtype,
         declared=declared,
+        unvalidated=plan.unvalidated,
+        sites=plan.sites,
     )
-    if bisect and after_path is None and out.exit_code == 1 and len(plan.applied) > 1:
+    left_out = {f["code"] for f in out.json.get("unvalidated", [])}
+    if left_out and out.exit_code in (0, EXIT_INCONCLUSIVE) and not left_out <= allowed:
+        out.exit_code = EXIT_UNVALIDATED
+    if bisect and mode_unsafe is not None and out.exit_code == 1 and len(plan.applied) > 1:
 
         def probe(keys: tuple) -> Outcome:
-            sub = plan_rewrite(text, before_path, settings, unsafe, keys=frozenset(keys))
+            sub = plan_rewrite(text, before_path, settings, mode_unsafe, keys=frozenset(keys))
             return run_and_compare(
                 before_version,
-                Version("after", before_path, source=sub.after),
+                Version("after", after_version.path, source=sub.after),
                 sub.applied,
                 sub.notes,
                 opts,
@@ -411,6 +499,7 @@ def validate(
                 transplant=forced,
                 before_runs=out.before_runs,
                 amp_dtype=amp_dtype,
+                sites=sub.sites,
             )
 
         _bisect(out, plan.applied, probe, jobs)
@@ -418,54 +507,67 @@ def validate(
         from torchopt.validate.bench import measure
 
         # Timed as the user would run them: without the record/replay wrappers.
-        plain_after = (
-            Version("after", before_path, source=fix_source(text, settings, before_path, unsafe=unsafe).text)
-            if after_path is None
-            else after_version
-        )
+        plain_after = Version("after", after_version.path, source=replay.strip(plan.after))
         measure(out, Version("before", before_path, source=text), plain_after, opts, bench)
     return out
 
 
-def _inferred(plan: Plan, after_path: str | None) -> list[str]:
-    """Two files that torchopt's fixes do not explain: the classes of the recognisable edits
-    (declared.infer), each said in the notes with its reason; else a note on how to declare one."""
-    from torchopt.validate import declared
+def _nothing_to_run(path: str, plan: Plan, allowed: set[str]) -> Outcome:
+    """The rewrite left to run changes nothing: say so, with the fixes that could not be validated."""
+    rows = [dict(r, why=why) for r, (_, why) in zip(_fix_rows([d for d, _ in plan.unvalidated]), plan.unvalidated)]
+    if not rows:
+        msg = f"{path}: the rewrite changes nothing; nothing to validate.\n"
+        return Outcome(0, msg, {"verdict": "equivalent", "notes": ["the rewrite changes nothing"], "applied": []})
+    from torchopt.validate.report import fix_line
 
-    if after_path is None or plan.applied or plan.before == plan.after:
-        return []
-    found = declared.infer(plan.before, plan.after)
-    plan.notes[:] = [n for n in plan.notes if not n.startswith("two files given")]
-    if not found:
-        plan.notes.append(
-            "two files given: compared bitwise (no torchopt fix explains the difference and no recognisable "
-            f"edit was found); {declared.HOW_TO_DECLARE}"
-        )
-        return []
-    for f in found:
-        plan.notes.append(f"inferred --expect {f.declared}: {f.reason} (declare the class with --expect to override)")
-    return [f.declared for f in found]
+    lines = [f"{path}: no fix left to validate.", f"Not validated ({len(rows)}):"]
+    lines += [f"  {fix_line(r)}, because {r['why']}" for r in rows]
+    code = 0 if {r["code"] for r in rows} <= allowed else EXIT_UNVALIDATED
+    data = {"verdict": "inconclusive", "notes": ["no fix left to validate"], "applied": [], "unvalidated": rows}
+    return Outcome(code, "\n".join(lines) + "\n", data)
+
+
+def _validated_plan(text: str, path: str, settings: Settings, unsafe: bool) -> Plan:
+    """torchopt's rewrite of ``text``, instrumented; when some fixes cannot be validated, the
+    rewrite without them (the run checks what is left), with them listed."""
+    plan = plan_rewrite(text, path, settings, unsafe)
+    left_out: list[tuple[Diagnostic, str]] = []
+    for _ in range(4):  # leaving a fix out can change the passes after it; settle quickly or give up
+        if not plan.unvalidated:
+            break
+        left_out += plan.unvalidated
+        dropped = {fix_key(d) for d, _ in left_out}
+        keys = frozenset(fix_key(d) for d in plan.applied if fix_key(d) not in dropped)
+        plan = plan_rewrite(text, path, settings, unsafe, keys=keys)
+    plan.unvalidated = left_out + plan.unvalidated
+    return plan
 
 
 def _plan_versions(
     text: str, before_path: str, after_path: str | None, settings: Settings, unsafe: bool, entry: str | None
-) -> "tuple[Plan, Version]":
-    """The rewrite to validate and its "after" version: torchopt's own rewrite of the one file given,
-    or the second file, whose difference is explained by torchopt's fixes when they produce it
-    exactly (else it is compared bitwise). In entry mode the second file's text is served in place
-    of the first's, so that the entry imports it."""
+) -> "tuple[Plan, Version, bool | None]":
+    """The rewrite to validate, its "after" version, and the unsafe setting that produced it (None:
+    the second file is not a torchopt rewrite of the first). One file: torchopt's own rewrite. Two
+    files: when the second is exactly torchopt's rewrite of the first (with or without unsafe
+    fixes), it is validated as that rewrite (random-stream fixes replayed, the tolerance its fixes
+    allow); otherwise the two are compared bitwise. In entry mode the second file's text is served
+    in place of the first's, so that the entry imports it."""
     from torchopt.rewrite import notebook, source
     from torchopt.validate.runner import Version
 
     if after_path is None:
-        plan = plan_rewrite(text, before_path, settings, unsafe)
-        return plan, Version("after", before_path, source=plan.after)
+        plan = _validated_plan(text, before_path, settings, unsafe)
+        return plan, Version("after", before_path, source=plan.after), unsafe
     after_text = notebook.as_script(after_path, source.read(after_path, 0).text)
-    guess = fix_source(text, settings, before_path, unsafe=True)
-    plan = Plan(before=text, after=after_text, applied=guess.applied if guess.text == after_text else [])
-    if not plan.applied:
-        plan.notes.append("two files given: compared bitwise (no torchopt fix explains the difference)")
-    return plan, Version("after", before_path if entry else after_path, source=after_text)
+    run_as = before_path if entry else after_path
+    for u in dict.fromkeys((unsafe, True)):
+        if after_text != text and fix_source(text, settings, before_path, unsafe=u).text == after_text:
+            plan = _validated_plan(text, before_path, settings, u)
+            plan.notes.insert(0, f"{after_path} is torchopt's rewrite of {before_path}: validated as that rewrite")
+            return plan, Version("after", run_as, source=plan.after), u
+    plan = Plan(before=text, after=after_text)
+    plan.notes.append("two files given: compared bitwise (no torchopt fix explains the difference)")
+    return plan, Version("after", run_as, source=after_text), None
 
 
 def _first_row(outcome: Outcome) -> dict:
@@ -509,14 +611,14 @@ def _bisect(out: Outcome, applied: Sequence[Diagnostic], probe, jobs: int) -> No
 
 
 def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] | None", unsafe: bool):
-    """In-memory rewrites of ``files``: path -> (old, new, applied). With ``units`` ((real path,
-    rule code) pairs; the path "*" stands for every file), each file gets only the fixes of its
-    selected codes."""
+    """In-memory rewrites of ``files``, instrumented for record/replay: path -> (old, new, plan).
+    With ``units`` ((real path, rule code) pairs; the path "*" stands for every file), each file
+    gets only the fixes of its selected codes."""
     from torchopt.rewrite import source
     from torchopt.rewrite.engine import FixError, ParseError
 
     out = {}
-    for f in files:
+    for i, f in enumerate(files):
         s = settings_for(f)
         real = os.path.realpath(f)
         codes = None if units is None else s.enabled_codes(f) & {c for p, c in units if p in (real, "*")}
@@ -528,7 +630,7 @@ def _rewrites(files: Sequence[str], settings_for, units: "set[tuple[str, str]] |
         except (source.SourceError, ParseError, FixError):
             continue
         if res.text != text:
-            out[real] = (text, res.text, res.applied)
+            out[real] = (text, res.text, instrumented(text, res.text, res.applied, prefix=f"f{i}s"))
     return out
 
 
@@ -548,12 +650,12 @@ def check_rewrite(
     per_file: bool = False,
 ) -> tuple[set | None, list[str]]:
     """`rewrite --validate ENTRY`: run ENTRY with every rewritten file served from memory. Returns
-    what may be written (None: all of it) and report lines. When the whole rewrite diverges, the
-    same delta-debugging search as `validate` finds a smallest diverging set, leaves one of its
-    units out, and repeats until what is left validates: the set written was run as a whole.
-    The unit is a rule in one file with ``per_file`` (the finest selection the writer can make;
-    returns (real path, code) pairs), else a rule in every file (returns codes)."""
+    what may be written (None: all of it) and report lines. A unit with a fix the run cannot check
+    is never written. When the rest diverges, `validate`'s delta debugging leaves units out until
+    what is left validates as a whole. The unit is a rule in one file with ``per_file`` (returns
+    (real path, code) pairs), else a rule in every file (returns codes)."""
     from torchopt.validate.bisect import Search, largest_passing
+    from torchopt.validate.report import fix_line
     from torchopt.validate.runner import RunOptions, Version
 
     real_entry = os.path.realpath(entry_script)
@@ -563,54 +665,91 @@ def check_rewrite(
     before_runs: list[dict] | None = None
     applied_by_unit: dict[tuple[str, str], list[Diagnostic]] = {}
 
+    def unit_of(p: str, d: Diagnostic) -> tuple[str, str]:
+        return (p if per_file else "*", d.code)
+
     def attempt(units: "tuple[tuple[str, str], ...] | None") -> Outcome | None:
         nonlocal before_runs
         rw = _rewrites(files, settings_for, None if units is None else set(units), unsafe)
         if not rw:
             return None
-        applied = [d for _, _, ap in rw.values() for d in ap]
-        if units is None:  # the whole rewrite: learn the units
-            for p, (_, _, ap) in rw.items():
-                for d in ap:
-                    applied_by_unit.setdefault((p if per_file else "*", d.code), []).append(d)
-        entry_new = rw.get(real_entry, (None, None, None))[1]
+        applied = [d for _, _, plan in rw.values() for d in plan.applied]
+        entry_new = rw[real_entry][2].after if real_entry in rw else None
         after = Version(
             "after",
             entry_script,
             source=entry_new,
-            sources={p: new for p, (_, new, _) in rw.items() if p != real_entry},
+            sources={p: plan.after for p, (_, _, plan) in rw.items() if p != real_entry},
         )
         out = run_and_compare(
             Version("before", entry_script),
             after,
             applied,
-            [],
+            [n for _, _, plan in rw.values() for n in plan.notes],
             opts,
             labels=(entry_script, f"{entry_script} (with rewritten files)"),
             before_runs=before_runs,
+            replayed=all(plan.replayed for _, _, plan in rw.values()),
             amp_dtype=autocast_dtype(opts.device, applied, settings_for),
+            sites=[site for _, _, plan in rw.values() for site in plan.sites],
         )
         before_runs = before_runs or out.before_runs
         return out
 
-    whole = attempt(None)
-    if whole is None:
+    everything = _rewrites(files, settings_for, None, unsafe)
+    if not everything:
         return None, ["validation: nothing would change"]
-    codes = sorted({c for _, c in applied_by_unit})
+    refused, lines = _static_units(everything, unit_of, applied_by_unit)
+    units = tuple(sorted(u for u in applied_by_unit if u not in refused))
+    whole = attempt(None if not refused else units) if units else None
+    while whole is not None and whole.json.get("unvalidated"):  # sites the run found it could not check
+        late = {unit_of(os.path.realpath(f["path"]), f["code"]) for f in whole.json["unvalidated"]} - refused
+        if not late:
+            break
+        refused |= late
+        lines += [
+            f"  not validated, so not written: {fix_line(f)}, because {f['why']}"
+            for f in whole.json["unvalidated"]
+            if unit_of(os.path.realpath(f["path"]), f["code"]) in late
+        ]
+        units = tuple(u for u in units if u not in refused)
+        whole = attempt(units) if units else None
+    codes = sorted({c for _, c in units})
+    if whole is None:
+        return set(), [*lines, "validation: no fix can be validated; nothing written"]
     if whole.exit_code == 0:
-        return None, [f"validation: {entry_script} computes the same thing with every fix ({', '.join(codes)})"]
+        which = "the other fixes" if refused else "every fix"
+        lines.append(f"validation: {entry_script} computes the same thing with {which} ({', '.join(codes)})")
+        return (None if not refused else set(units) if per_file else {c for _, c in units}), lines
     if whole.exit_code == 2:  # ENTRY fails in both versions: nothing can be validated
-        return set(), [whole.text, f"validation: {entry_script} could not run; fix it first"]
-    units = tuple(sorted(applied_by_unit))
+        return set(), [whole.text, *lines, f"validation: {entry_script} could not run; fix it first"]
+    if whole.exit_code == EXIT_INCONCLUSIVE:  # no value compared: nothing is validated
+        return set(), [whole.text, *lines, "validation: inconclusive (no computed value compared); nothing written"]
     search = Search(probe=attempt, diverges=lambda o: o is None or cast(Outcome, o).exit_code != 0, jobs=jobs)
     search.known(units, whole)
     kept, left, _ = largest_passing(units, search)
-    lines = [whole.text, "validation failed for the whole rewrite; searching for the fixes that break it"]
+    lines = [whole.text, *lines, "validation failed for the whole rewrite; searching for the fixes that break it"]
     lines += _search_lines(kept, left, applied_by_unit)
     lines.append(
         f"validation: {len(kept)} of {len(units)} selection(s) kept, validated as a whole ({len(search.trials)} run(s))"
     )
     return (set(kept) if per_file else {c for _, c in kept}), lines
+
+
+def _static_units(everything: dict, unit_of, applied_by_unit: dict) -> tuple[set[tuple[str, str]], list[str]]:
+    """Learn the units of the whole rewrite (into ``applied_by_unit``); returns the units holding a
+    fix that cannot be validated, with a line for each such fix."""
+    from torchopt.validate.report import fix_line
+
+    refused: set[tuple[str, str]] = set()
+    lines: list[str] = []
+    for p, (_, _, plan) in everything.items():
+        for d in plan.applied:
+            applied_by_unit.setdefault(unit_of(p, d), []).append(d)
+        for d, why in plan.unvalidated:
+            refused.add(unit_of(p, d))
+            lines.append(f"  not validated, so not written: {fix_line(_fix_rows([d])[0])}, because {why}")
+    return refused, lines
 
 
 def _search_lines(

@@ -48,7 +48,7 @@ class Divergence:
 
 @dataclass
 class Comparison:
-    verdict: str  # "equivalent" | "diverged" | "could-not-run"
+    verdict: str  # "equivalent" | "diverged" | "could-not-run" | "inconclusive" (set by command.py)
     rows: list[Row]
     first_divergence: Divergence | None
     explanations: list[str]

@@ -13,7 +13,10 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from torchopt.validate.command import Plan
 
 __all__ = ["CLASSES", "KINDS", "Inferred", "parse", "split", "infer", "HOW_TO_DECLARE"]
 
@@ -142,3 +145,21 @@ def infer(before: str, after: str) -> list[Inferred]:
     if tolerant:
         out.append(Inferred("tolerance", f"AFTER asks for other kernels ({', '.join(sorted(tolerant))})"))
     return out
+
+
+def inferred(plan: "Plan", after_path: str | None) -> list[str]:
+    """Two files that torchopt's fixes do not explain: the classes of the recognisable edits
+    (infer), each said in the notes with its reason; else a note on how to declare one."""
+    if after_path is None or plan.applied or plan.before == plan.after:
+        return []
+    found = infer(plan.before, plan.after)
+    plan.notes[:] = [n for n in plan.notes if not n.startswith("two files given")]
+    if not found:
+        plan.notes.append(
+            "two files given: compared bitwise (no torchopt fix explains the difference and no recognisable "
+            f"edit was found); {HOW_TO_DECLARE}"
+        )
+        return []
+    for f in found:
+        plan.notes.append(f"inferred --expect {f.declared}: {f.reason} (declare the class with --expect to override)")
+    return [f.declared for f in found]

@@ -92,6 +92,7 @@ class Recorder:
         self.notes: list[str] = []
         self.site_errors: list[str] = []
         self.site_calls: dict[str, int] = {}
+        self.site_objects: dict[str, str] = {}  # sites whose value is not a tensor: its type
         self.uncomputed: list[str] = []  # globals holding clock/process/random values (provenance.py)
 
     def _record_loss(self, t: Any) -> None:
@@ -146,6 +147,8 @@ class Recorder:
             # The probe batch is the module's first input after the first optimizer step (else its
             # very first input): a warm-up forward a rewrite inserts before training (TOP711) must
             # not make the two versions probe different batches.
+            if torch.jit.is_tracing():  # the trace must see the program's operations only
+                return None
             key = id(module)
             seen = rec.first_inputs.get(key)
             if seen is not None and (seen[2]["after_step"] or rec.steps_done == 0):
@@ -244,6 +247,7 @@ class Recorder:
             "notes": self.notes,
             "site_errors": self.site_errors,
             "site_calls": dict(self.site_calls),
+            "site_objects": dict(self.site_objects),
             "uncomputed": list(self.uncomputed),
         }
 
@@ -342,6 +346,9 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
         with torch.random.fork_rng(devices=devices):
             new = new_fn()
         old = orig_fn()
+        unlike = _object_unlike(torch, new, old)
+        if unlike:  # the original's object stands in for one the fix built otherwise
+            rec.site_objects.setdefault(site_id, unlike)
         problem = _site_problem(torch, new, old)
         if problem and not any(e.startswith(f"{site_id}:") for e in rec.site_errors):
             rec.site_errors.append(f"{site_id}: {problem}")
@@ -349,6 +356,22 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
 
     builtins.__torchopt_site__ = site  # type: ignore[attr-defined]  # our own name, which the instrumented code calls
     rec.site_calls = calls
+
+
+def _object_unlike(torch: Any, new: Any, old: Any) -> str:
+    """Why handing back ``old`` in place of ``new`` hides what the fix changed ("" when it does not):
+    a tensor, or a module with the same parameters and buffers (names, shapes, dtypes, devices),
+    stands in for the new one as its random values do; any other object does not."""
+    if isinstance(old, torch.Tensor):
+        return ""
+    if isinstance(old, torch.nn.Module) and isinstance(new, torch.nn.Module):
+        a, b = new.state_dict(), old.state_dict()
+        if a.keys() == b.keys() and all(
+            (a[k].shape, a[k].dtype, a[k].device) == (b[k].shape, b[k].dtype, b[k].device) for k in a
+        ):
+            return ""
+        return f"{type(old).__name__}, whose parameters differ from the rewrite's"
+    return type(old).__name__
 
 
 def _site_problem(torch: Any, new: Any, old: Any) -> str | None:
@@ -503,6 +526,7 @@ _PATH_EVENTS = {
     "os.link": (1,),
     "os.symlink": (1,),
     "shutil.rmtree": (0,),
+    "sqlite3.connect": (0,),  # opens (and creates, journals) the database file for writing
 }
 _NOFOLLOW_EVENTS = frozenset({"os.remove", "os.rmdir", "os.rename", "os.symlink", "os.link"})
 
@@ -552,9 +576,16 @@ class _WriteGuard:
                     self.check(args[i], follow=event not in _NOFOLLOW_EVENTS)
 
 
-def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+def install_write_guard(protect: list[str], allow: list[str]) -> _WriteGuard:
+    """The audit hook that refuses writes into ``protect`` (outside ``allow``)."""
     guard = _WriteGuard(protect, allow)
     sys.addaudithook(guard.hook)
+    return guard
+
+
+def guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
+    """The audit hook, and the savers that write from C++ (torch.save, torch.jit.save) checked too."""
+    guard = install_write_guard(protect, allow)
     # torch.save opens plain paths in C++, out of the audit hook's sight.
     save = torch.save
 
@@ -565,6 +596,15 @@ def _guard_writes(torch: Any, protect: list[str], allow: list[str]) -> None:
 
     torch.save = guarded_save
     torch.serialization.save = guarded_save
+    # torch.jit.save writes from C++ too.
+    jit_save = torch.jit.save
+
+    def guarded_jit_save(m, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)):
+            guard.check(f)
+        return jit_save(m, f, *args, **kwargs)
+
+    torch.jit.save = guarded_jit_save
 
 
 def _script_module(path: str, argv: list[str]) -> types.ModuleType:
@@ -608,7 +648,7 @@ def main(spec_path: str) -> int:
         )
         transplant.install()
     if spec.get("protect"):
-        _guard_writes(torch, spec["protect"], spec.get("allow", []))
+        guard_writes(torch, spec["protect"], spec.get("allow", []))
     status, tb = "ok", None
     namespace: dict[str, Any] | None = None
     returned: Any = None

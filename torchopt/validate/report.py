@@ -29,6 +29,11 @@ def headline(cmp: Comparison) -> str:
     """One line: EQUIVALENT (bitwise) / DIVERGED at step 3, loss[3] / COULD NOT RUN."""
     if cmp.verdict == "could-not-run":
         return "COULD NOT RUN"
+    if cmp.verdict == "inconclusive":
+        tol = cmp.tolerance
+        if tol is not None and not tol.compare_values:
+            return f"INCONCLUSIVE (values not compared: {', '.join(tol.tags) or 'rng'}; structure only)"
+        return "INCONCLUSIVE (no value the program computed was compared)"
     if cmp.verdict == "equivalent":
         tol = cmp.tolerance
         if tol is None or tol.bitwise:
@@ -143,6 +148,7 @@ def render_text(
     after_label: str,
     device: str,
     applied: Sequence[Mapping],
+    unvalidated: Sequence[Mapping] = (),
     console_width: int = 100,
 ) -> str:
     """The human report: headline, probe table, first divergence, explanations, notes, tracebacks."""
@@ -160,6 +166,10 @@ def render_text(
     say(Text(f"Fixes applied ({len(applied)}):"))
     for f in applied:
         say(Text(f"  {fix_line(f)}"))
+    if unvalidated:
+        say(Text(f"Not validated ({len(unvalidated)}):", style="bold yellow"))
+        for f in unvalidated:
+            say(Text(f"  {fix_line(f)}, because {f.get('why', '')}"))
     if cmp.tolerance is not None and cmp.tolerance.reason:
         say(Text(f"tolerance: {cmp.tolerance.reason}"))
     if cmp.rows:
@@ -206,6 +216,7 @@ def to_json(
     after_label: str | None = None,
     device: str | None = None,
     applied: Sequence[Mapping] = (),
+    unvalidated: Sequence[Mapping] = (),
 ) -> dict:
     """The machine report: every row (not summarised), verdict and reasons; passes json.dumps(allow_nan=False)."""
     tol = cmp.tolerance
@@ -231,5 +242,6 @@ def to_json(
             "notes": list(cmp.notes),
             "tracebacks": dict(cmp.tracebacks),
             "applied": [dict(f) for f in applied],
+            "unvalidated": [dict(f) for f in unvalidated],
         }
     )

@@ -245,3 +245,31 @@ def _probes(
         probes["linked"] = list(box.linked)
         results.append(probes)
     return results
+
+
+def run_plain(version: Version, opts: RunOptions, seconds: float = 120.0) -> tuple[str, str]:
+    """Run the script as the user would (`python SCRIPT ARGS`, no harness but the write guard) in a
+    scratch copy of its folder, for at most ``seconds`` (or the run timeout): ("ok" | "error" | "timeout", log tail)."""
+    from dataclasses import replace
+
+    tmp = os.path.realpath(tempfile.mkdtemp(prefix="torchopt-plain-"))
+    try:
+        real_script = os.path.realpath(version.path)
+        box = scratch.make(os.path.dirname(real_script), os.path.join(tmp, "plain"), {tmp})
+        script = box.mapped(real_script)
+        if version.source is not None:
+            with open(script, "w", encoding="utf-8") as fh:
+                fh.write(version.source)
+        limit = replace(opts, timeout=min(opts.timeout, seconds))
+        cmd = [sys.executable, "-m", "torchopt.validate.reaper", repr(float(limit.timeout)), "--"]
+        protect = json.dumps(sorted({*protected_roots(version), *opts.protect}))
+        cmd += [sys.executable, "-m", "torchopt.validate.plain", protect, script, *opts.argv]
+        log = os.path.join(tmp, "plain.log")
+        status, code = _launch(cmd, os.path.dirname(script), limit, log, None)
+        if status == "ok" and code != 0:
+            status = "error"
+        return status, box.unmapped(_tail(log))
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
