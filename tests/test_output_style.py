@@ -352,3 +352,8 @@ def test_ruff_agrees_on_the_trailing_comma_either_way(tmp_path):
     assert _ruff_rejects(tmp_path, _fix(EXPLODED, "TOP701")) == []
     skip = ("--config", "format.skip-magic-trailing-comma = true")
     assert _ruff_rejects(tmp_path, _fix(EXPLODED, "TOP701", Style(magic_trailing_comma=False)), *skip) == []
+
+
+def test_form_feeds_and_line_separators_do_not_shift_the_lines_laid_out():
+    src = "import torch.nn as nn\n\x0c\n# page\u2028break in a comment\nlayer = nn.Linear(4, 3).cuda()\n"
+    assert _fix(src, "TOP103") == src.replace("nn.Linear(4, 3).cuda()", 'nn.Linear(4, 3, device="cuda")')

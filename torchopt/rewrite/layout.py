@@ -27,6 +27,12 @@ _COMPOUND = (ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While, ast.If)
 _STRING = re.compile(r"""^([rRbBuUfF]{0,2})(['"])(.*)\2$""", re.S)
 
 
+def physical_lines(text: str) -> list[str]:
+    """The lines of ``text`` as Python counts them (``str.splitlines`` also splits at form feeds and
+    other characters that end no line of code)."""
+    return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z", text)
+
+
 class LineDiff:
     """Which lines of ``new`` a rewrite of ``old`` changed, and where the others were in ``old``."""
 
@@ -122,7 +128,7 @@ def _join(lines: list[str], magic: bool) -> tuple[str, str] | None:
     spans lines (such a statement keeps its layout). Without the magic trailing comma, a trailing
     comma goes (not the one of a one-element tuple)."""
     text = "".join(line.strip() + "\n" for line in lines)
-    rows = text.splitlines()
+    rows = text.split("\n")
     try:
         toks = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError):
@@ -165,8 +171,8 @@ def _join(lines: list[str], magic: bool) -> tuple[str, str] | None:
 
 class _Pass:
     def __init__(self, old: str, new: str, style: Style, indent_unit: str) -> None:
-        self.lines = new.splitlines(keepends=True)
-        self.diff = LineDiff(old.splitlines(keepends=True), self.lines)
+        self.lines = physical_lines(new)
+        self.diff = LineDiff(physical_lines(old), self.lines)
         self.changed = self.diff.changed
         self.style = style
         self.quote_char = {"double": '"', "single": "'"}.get(style.quote) or dominant_quote(old)
