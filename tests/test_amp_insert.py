@@ -147,7 +147,9 @@ def test_fp16_control_flow_on_cpu(name, tmp_path):
 
 def force_float16(text: str) -> str:
     """The inserted dtype choice made float16 everywhere (a CPU then runs the GradScaler path)."""
-    forced = re.sub(r'(amp_dtype\w*) = (\w+)\.float16 if \w+ == "cuda" else \w+\.bfloat16', r"\1 = \2.float16", text)
+    forced = re.sub(
+        r"""(amp_dtype\w*) = (\w+)\.float16 if \w+ == ["']cuda["'] else \w+\.bfloat16""", r"\1 = \2.float16", text
+    )
     assert forced != text or "amp_dtype" not in text
     return forced
 
@@ -201,7 +203,8 @@ def test_reuses_torch_alias_and_avoids_taken_names():
     )
     out = _fix(src)
     assert "scaler_1 = T.amp.GradScaler(amp_device_type" in out
-    assert 'amp_dtype_1 = T.float16 if amp_device_type == "cuda" else T.bfloat16' in out
+    # the file writes its strings in single quotes, and so does the inserted line
+    assert "amp_dtype_1 = T.float16 if amp_device_type == 'cuda' else T.bfloat16" in out
     assert "with T.autocast(device_type=amp_device_type, dtype=amp_dtype_1):" in out
     assert "scaler_1.scale(loss).backward()" in out
 
@@ -361,8 +364,8 @@ def test_checkpoint_through_named_dict():
     )
     out = _fix(src)
     assert (
-        '    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), '
-        '"scaler": scaler.state_dict()}\n    torch.save(ckpt, "f.pt")\n'
+        '    ckpt = {\n        "model": model.state_dict(),\n        "optimizer": optimizer.state_dict(),\n'
+        '        "scaler": scaler.state_dict(),\n    }\n    torch.save(ckpt, "f.pt")\n'
     ) in out
     assert out.endswith(
         'optimizer.load_state_dict(ckpt["optimizer"])\n'

@@ -46,6 +46,10 @@ def test_dataloader_fix_on_a_multi_line_call_leaves_no_blank_line(tmp_path):
         "        opt.step()\n"
     )
     out = fix_source(src, Settings(), "train.py", unsafe=True).text
-    assert "        shuffle=True,\n        num_workers=" in out
+    # the touched call is laid out as ruff format would: its arguments on one indented line
+    assert (
+        "    return DataLoader(\n        ds, batch_size=8, shuffle=True, num_workers=min(8, os.cpu_count() or 1)\n    )\n"
+        in out
+    )
     assert not any(line.strip() == "" and line for line in out.splitlines()), "a line of only spaces"
     assert "\n    )\n" in out

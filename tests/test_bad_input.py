@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from torchopt.cli import app
 
 GOOD = b"import torch\nx = torch.zeros(3).cuda()\n"
-GOOD_AFTER = b"import torch\nx = torch.zeros(3, device='cuda')\n"
+GOOD_AFTER = b'import torch\nx = torch.zeros(3, device="cuda")\n'
 
 BAD = {
     "syntax.py": (b"import torch\ndef f(:\n    pass\n", "syntax error"),
@@ -77,7 +77,7 @@ def test_unreadable_and_broken_links(tmp_path, monkeypatch):
     [
         (
             b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3).cuda()\r\n",
-            b"\xef\xbb\xbfimport torch\r\nx = torch.zeros(3, device='cuda')\r\n",
+            b'\xef\xbb\xbfimport torch\r\nx = torch.zeros(3, device="cuda")\r\n',
         ),
         (
             b"# -*- coding: latin-1 -*-\nimport torch\ns = '\xe9t\xe9'\nx = torch.zeros(3).cuda()\n",
@@ -85,9 +85,9 @@ def test_unreadable_and_broken_links(tmp_path, monkeypatch):
         ),
         (
             b"import torch\r\nx = torch.zeros(3).cuda()\ny = 1\r\n",
-            b"import torch\r\nx = torch.zeros(3, device='cuda')\ny = 1\r\n",
+            b'import torch\r\nx = torch.zeros(3, device="cuda")\ny = 1\r\n',
         ),
-        (b"import torch\nx = torch.zeros(3).cuda()", b"import torch\nx = torch.zeros(3, device='cuda')"),
+        (b"import torch\nx = torch.zeros(3).cuda()", b'import torch\nx = torch.zeros(3, device="cuda")'),
     ],
 )
 def test_encodings_boms_and_line_endings_kept(tmp_path, monkeypatch, data, after):

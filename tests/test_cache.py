@@ -182,7 +182,7 @@ def test_rewrite_diff_warm_and_fix_after_cached_check(proj, analyses):
     analyses.clear()
     warm = cli(*args, "--diff", "--unsafe-fixes")
     assert analyses == [] and warm.stdout == cold.stdout and warm.exit_code == cold.exit_code == 1
-    assert "device='cuda'" in warm.stdout
+    assert 'device="cuda"' in warm.stdout
     # Safe fixes only: another kind of result, analysed once, then cached.
     cli(*args, "--check")
     assert len(analyses) == 4
@@ -192,7 +192,7 @@ def test_rewrite_diff_warm_and_fix_after_cached_check(proj, analyses):
     # Writing from a cached result writes exactly what the analysis produced.
     fixed = cli(*args)
     assert analyses == [] and fixed.exit_code == 0
-    assert (proj / "src" / "safe.py").read_text() == "import torch\nx = torch.zeros(3, device='cuda')\n"
+    assert (proj / "src" / "safe.py").read_text() == 'import torch\nx = torch.zeros(3, device="cuda")\n'
     assert (proj / "src" / "unsafe.py").read_text() == UNSAFE
     again = cli(*args, "--diff")
     assert analyses == ["safe.py"] and again.exit_code == 0 and again.stdout == ""

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from torchopt.cli import app
 
 SAFE = "import torch\nx = torch.zeros(3).cuda()\n"
-SAFE_AFTER = "import torch\nx = torch.zeros(3, device='cuda')\n"
+SAFE_AFTER = 'import torch\nx = torch.zeros(3, device="cuda")\n'
 UNSAFE = "import torch\ny = torch.rand(3).cuda()\n"
-UNSAFE_AFTER = "import torch\ny = torch.rand(3, device='cuda')\n"
-CLEAN = "import torch\nz = torch.zeros(3, device='cuda')\n"
+UNSAFE_AFTER = 'import torch\ny = torch.rand(3, device="cuda")\n'
+CLEAN = 'import torch\nz = torch.zeros(3, device="cuda")\n'
 
 
 def cli(*args, input=None):
@@ -51,7 +51,7 @@ def test_rewrite_unsafe_says_what_changes(proj):
 def test_diff_writes_nothing_and_exits_1(proj):
     r = cli("rewrite", ".", "--diff")
     assert r.exit_code == 1
-    assert "-x = torch.zeros(3).cuda()" in r.stdout and "+x = torch.zeros(3, device='cuda')" in r.stdout
+    assert "-x = torch.zeros(3).cuda()" in r.stdout and '+x = torch.zeros(3, device="cuda")' in r.stdout
     assert "--- a/safe.py" in r.stdout
     assert (proj / "safe.py").read_text() == SAFE
     assert "Would fix 1 issue" in r.stderr

@@ -26,15 +26,15 @@ def diags(text: str):
     [
         (
             "import torch\nx = torch.zeros(3).cuda().half()\n",
-            "import torch\nx = torch.zeros(3, device='cuda', dtype=torch.half)\n",
+            'import torch\nx = torch.zeros(3, device="cuda", dtype=torch.half)\n',
         ),
         (
             "import torch\nx = torch.zeros(3).float().cuda()\n",
-            "import torch\nx = torch.zeros(3, dtype=torch.float32, device='cuda')\n",
+            'import torch\nx = torch.zeros(3, dtype=torch.float32, device="cuda")\n',
         ),
         (
             "import torch\nx = torch.arange(4).cuda().to(torch.float64)\n",
-            "import torch\nx = torch.arange(4, device='cuda', dtype=torch.float64)\n",
+            'import torch\nx = torch.arange(4, device="cuda", dtype=torch.float64)\n',
         ),
     ],
 )
@@ -46,13 +46,13 @@ def test_chain_composes_through_the_fix_point(src, out):
 
 def test_torch_alias_is_reused_in_generated_device_call():
     src = "import torch as T\n\ndef f(rank: int):\n    return T.zeros(3).cuda(rank)\n"
-    assert fix(src) == "import torch as T\n\ndef f(rank: int):\n    return T.zeros(3, device=T.device('cuda', rank))\n"
+    assert fix(src) == 'import torch as T\n\ndef f(rank: int):\n    return T.zeros(3, device=T.device("cuda", rank))\n'
 
 
 def test_from_import_only_adds_import_torch():
     src = "from torch import zeros\n\ndef f(rank: int):\n    return zeros(3).cuda(rank)\n"
     out = fix(src)
-    assert "import torch\n" in out and "zeros(3, device=torch.device('cuda', rank))" in out
+    assert "import torch\n" in out and 'zeros(3, device=torch.device("cuda", rank))' in out
     compile(out, "<out>", "exec")
 
 
@@ -144,12 +144,12 @@ def test_whole_file_is_idempotent_and_compiles(unsafe):
     twice = fix_source(once.text, BOTH, unsafe=unsafe)
     assert twice.text == once.text
     assert not twice.applied
-    assert "torch.zeros(3, device='cuda', dtype=torch.half)" in once.text
-    assert "torch.zeros(3, dtype=torch.float32, device='cuda')" in once.text
-    assert "torch.empty(2, 3, dtype=torch.float32, device='cuda')" in once.text
+    assert 'torch.zeros(3, device="cuda", dtype=torch.half)' in once.text
+    assert 'torch.zeros(3, dtype=torch.float32, device="cuda")' in once.text
+    assert 'torch.empty(2, 3, dtype=torch.float32, device="cuda")' in once.text
     assert "torch.empty(3).to(x)" in once.text
     assert "torch.linspace(0, 1, 7).double()" in once.text
-    assert ("R(5, device='cuda')" in once.text) is unsafe
+    assert ('R(5, device="cuda")' in once.text) is unsafe
 
 
 def test_crlf_input_stays_crlf():
@@ -157,7 +157,7 @@ def test_crlf_input_stays_crlf():
     out = fix(src)
     assert (
         out
-        == "import torch\r\nx = torch.zeros(\r\n    3,\r\n    device='cuda',\r\n)\r\ny = torch.ones(2, dtype=torch.half)\r\n"
+        == 'import torch\r\nx = torch.zeros(\r\n    3,\r\n    device="cuda",\r\n)\r\ny = torch.ones(2, dtype=torch.half)\r\n'
     )
     assert "\n" not in out.replace("\r\n", "")
 

@@ -27,7 +27,7 @@ from torchopt.rewrite.rule import Invalid  # noqa: E402
 SERVER = [sys.executable, "-m", "torchopt", "lsp"]
 TOP1 = {"select": ["TOP1"], "debounceMs": 20}
 SRC = "import torch\n\nx = torch.zeros(3).cuda()\ny = 1\n"
-FIXED = "import torch\n\nx = torch.zeros(3, device='cuda')\ny = 1\n"
+FIXED = 'import torch\n\nx = torch.zeros(3, device="cuda")\ny = 1\n'
 TIMEOUT = 30
 
 
@@ -237,7 +237,7 @@ async def test_quick_fix_touches_only_its_diagnostic(client: LanguageClient):
     actions = await _actions(client, uri, diags[1].range, diags[1:], only=[lsp.CodeActionKind.QuickFix])
     fix = _one(actions, lambda a: a.is_preferred)
     assert _apply(client, src, _edits(client, fix, uri)) == (
-        "import torch\na = torch.zeros(3).cuda()\nb = torch.ones(2, device='cuda')\n"
+        'import torch\na = torch.zeros(3).cuda()\nb = torch.ones(2, device="cuda")\n'
     )
 
 
@@ -383,7 +383,7 @@ async def test_initialization_options(options_client: LanguageClient):
     (fix_all,) = await _actions(c, uri, lsp.Range(lsp.Position(0, 0), lsp.Position(0, 0)), [], only=["source"])
     assert fix_all.kind == "source.fixAll.torchopt"
     want = fix_source(src, Settings(select=("TOP1",), ignore=("TOP105",)), unsafe=True).text
-    assert "torch.rand(4, device='cuda')" in want
+    assert 'torch.rand(4, device="cuda")' in want
     assert _apply(c, src, _edits(c, fix_all, uri)) == want
 
 

@@ -16,9 +16,9 @@ from torchopt.cli import app
 from torchopt.migrate.patch import file_patch, quote
 
 SAFE = "import torch\nx = torch.zeros(3).cuda()\n"
-SAFE_AFTER = "import torch\nx = torch.zeros(3, device='cuda')\n"
+SAFE_AFTER = 'import torch\nx = torch.zeros(3, device="cuda")\n'
 UNSAFE = "import torch\ny = torch.rand(3).cuda()\n"
-CLEAN = "import torch\nz = torch.zeros(3, device='cuda')\n"
+CLEAN = 'import torch\nz = torch.zeros(3, device="cuda")\n'
 
 
 @pytest.fixture(autouse=True)
@@ -115,11 +115,13 @@ def test_patches_apply_cleanly_and_working_trees_are_untouched(three, tmp_path):
     sh(three["alpha"], "apply", str(out / "alpha.patch"))
     after = snapshot(three["alpha"])
     assert after["train.py"] == (SAFE_AFTER + UNSAFE.replace("import torch\n", "")).encode()
-    assert after["pkg/model.py"] == b"import torch\n\n\ndef f(n):\n    return torch.ones(n, device='cuda')"
+    assert after["pkg/model.py"] == b'import torch\n\n\ndef f(n):\n    return torch.ones(n, device="cuda")'
     assert after["with space \u00e9.py"] == SAFE_AFTER.encode()
     assert after["crlf.py"] == SAFE_AFTER.replace("\n", "\r\n").encode()
-    assert after["ff.py"] == ALPHA["ff.py"].replace("torch.zeros(2).cuda()", "torch.zeros(2, device='cuda')").encode()
-    assert after["latin.py"] == ALPHA["latin.py"].replace(b"torch.zeros(3).cuda()", b"torch.zeros(3, device='cuda')")
+    assert after["ff.py"] == ALPHA["ff.py"].replace("torch.zeros(2).cuda()", 'torch.zeros(2, device="cuda")').encode()
+    assert after["latin.py"] == ALPHA["latin.py"].replace(
+        b"torch.zeros(3).cuda()", b"torch.zeros(3, device='cuda')"
+    )  # the file's own quote
     assert after["gen.py"] == before["alpha"]["gen.py"]
     rewritten = {k for k in after if after[k] != before["alpha"][k]}
     assert rewritten == {"train.py", "pkg/model.py", "with space \u00e9.py", "crlf.py", "ff.py", "latin.py"}

@@ -216,8 +216,11 @@ def test_parameter_named_like_the_train_function_does_not_hide_its_loader(tmp_pa
     code, out = _run(tmp_path, {"pairs.py": PAIRS}, "rewrite", "--diff", "--select", "TOP104")
     assert code == 1
     assert (
-        "+        left, right, target = left.to(device, non_blocking=True), right.to(device, non_blocking=True), "
-        "target.to(device, non_blocking=True)"
+        "+        left, right, target = (\n"
+        "+            left.to(device, non_blocking=True),\n"
+        "+            right.to(device, non_blocking=True),\n"
+        "+            target.to(device, non_blocking=True),\n"
+        "+        )\n"
     ) in out
     assert "Would fix 3 issues in 1 file (TOP104 ×3)." in out
 

@@ -16,7 +16,7 @@ from torchopt.rewrite import cache as cache_mod
 from torchopt.rewrite import runner
 
 SAFE = "import torch\nx = torch.zeros(3).cuda()\n"
-FIXED = "import torch\nx = torch.zeros(3, device='cuda')\n"
+FIXED = 'import torch\nx = torch.zeros(3, device="cuda")\n'
 WARNING = "running without a cache"
 
 

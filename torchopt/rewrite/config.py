@@ -21,6 +21,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.selection import SelectorError, expand_all
 from torchopt.rewrite.source import DEFAULT_MAX_BYTES
+from torchopt.rewrite.style import Style, style_for
 
 DEFAULT_DEVICE_NAMES = ("device", "dev", "*_device")
 
@@ -46,6 +47,8 @@ class Settings:
     config_path: str | None = None
     # The oldest PyTorch the user supports: rules whose fix needs a newer API are not run.
     target_torch: tuple[int, int] | None = None
+    # The formatter settings of the file (ruff, black, isort), which rewritten code follows.
+    style: Style = Style()
 
     def enabled_codes(self, path: str | None = None) -> frozenset[str]:
         selected = self.select + self.extend_select
@@ -321,16 +324,17 @@ class Resolver:
         self.overrides = overrides
         self._cache: dict[str, Settings] = {}
         self._explicit: Settings | None = None
+        self._styles: dict[str, Style] = {}
         if config is not None:
             loaded = load_file(config)
             base = loaded or Settings(root=os.path.dirname(os.path.abspath(config)), config_path=config)
             self._explicit = overrides.apply(base)
 
     def for_path(self, path: str) -> Settings:
-        if self._explicit is not None:
-            return self._explicit
         folder = os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else os.path.abspath(path)
-        return self._for_dir(folder)
+        settings = self._explicit if self._explicit is not None else self._for_dir(folder)
+        style = style_for(folder, self._styles)  # the file's own formatter settings, whatever --config says
+        return settings if settings.style == style else replace(settings, style=style)
 
     def _for_dir(self, folder: str) -> Settings:
         hit = self._cache.get(folder)

@@ -20,6 +20,7 @@ from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.positions import file_positions
 from torchopt.rewrite.registry import all_rules
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
+from torchopt.rewrite.style import Style
 from torchopt.rewrite.textmap import TextMap
 
 MAX_PASSES = 8
@@ -388,7 +389,7 @@ def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) 
     return start < other_end and other_start < end
 
 
-def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.Module:
+def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]], style: Style) -> cst.Module:
     repl: dict[int, Replacement] = {}
     for f, _ in chosen:  # a finding riding on another's edit replaces the same node the same way
         if f.replacement is not None:
@@ -396,14 +397,9 @@ def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]]) -> cst.
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:
-        # Imported here: libcst.codemod pulls in libcst.matchers, 0.3 s of start-up most runs never need.
-        from libcst.codemod import CodemodContext
-        from libcst.codemod.visitors import AddImportsVisitor
+        from torchopt.rewrite.imports import add_imports  # (fixes only: `check` never loads it)
 
-        ctx = CodemodContext()
-        for imp in imports:
-            AddImportsVisitor.add_needed_import(ctx, imp.module, imp.obj, imp.asname)
-        new = AddImportsVisitor(ctx).transform_module(new)
+        new = add_imports(new, imports, style)
     return new
 
 
@@ -466,8 +462,10 @@ def fix_source(
         if not chosen:
             result.remaining = remaining
             break
-        new_module = _apply(p.module, chosen)
-        new_text = new_module.code
+        new_module = _apply(p.module, chosen, settings.style)
+        from torchopt.rewrite.layout import restyle  # (fixes only: `check` never loads it)
+
+        new_text = restyle(current, new_module.code, settings.style, new_module.default_indent)
         try:
             verify(new_text, path)
         except FixError as exc:

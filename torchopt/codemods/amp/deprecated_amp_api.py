@@ -167,9 +167,7 @@ class DeprecatedAmpApi(Rule):
             "import torch\n\ndef step(model, x, use_amp):\n"
             "    with torch.cuda.amp.autocast(enabled=use_amp, dtype=torch.float16, cache_enabled=False):\n"
             "        return model(x)\n",
-            after="import torch\n\ndef step(model, x, use_amp):\n"
-            '    with torch.autocast("cuda", enabled=use_amp, dtype=torch.float16, cache_enabled=False):\n'
-            "        return model(x)\n",
+            after='import torch\n\ndef step(model, x, use_amp):\n    with torch.autocast(\n        "cuda", enabled=use_amp, dtype=torch.float16, cache_enabled=False\n    ):\n        return model(x)\n',
         ),
         Invalid(
             "import torch\n\nscaler = torch.cuda.amp.GradScaler()\nloss = torch.ones(()) * 3\n"
@@ -233,7 +231,7 @@ class DeprecatedAmpApi(Rule):
         ),
         Invalid(
             "import torch.cuda.amp as amp\n\nscaler = amp.GradScaler()\n",
-            after='import torch.cuda.amp as amp\nimport torch\n\nscaler = torch.amp.GradScaler("cuda")\n',
+            after='import torch\nimport torch.cuda.amp as amp\n\nscaler = torch.amp.GradScaler("cuda")\n',
             note="resolved by qualified name; `import torch` is added",
         ),
         Invalid(

@@ -104,7 +104,7 @@ class InferenceAutocast(_AmpBase):
                 device = 'cuda' if torch.cuda.is_available() else 'cpu'
                 model = nn.Linear(4, 2).to(device)
                 amp_device_type = torch.device(device).type
-                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
                 with torch.no_grad():
                     for x in batches:
                         with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):

@@ -175,7 +175,7 @@ class MissingAutocast(_AmpBase):
                 model = nn.Linear(4, 2).to(device)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 amp_device_type = torch.device(device).type
-                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
                 scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
                 for x, y in batches:
                     optimizer.zero_grad()
@@ -211,7 +211,7 @@ class MissingAutocast(_AmpBase):
                 model = nn.Linear(4, 2).to(device)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 amp_device_type = torch.device(device).type
-                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
                 scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
                 for x, y in batches:
                     optimizer.zero_grad()
@@ -265,7 +265,7 @@ class MissingAutocast(_AmpBase):
                 model = nn.Linear(4, 2).to(device)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 amp_device_type = torch.device(device).type
-                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
                 scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
                 for x, y in batches:
                     optimizer.zero_grad()
@@ -314,7 +314,11 @@ class MissingAutocast(_AmpBase):
                     scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
-                    ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict()}
+                    ckpt = {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scaler": scaler.state_dict(),
+                    }
                     torch.save(ckpt, "ckpt.pt")
             """),
             unsafe="numerics",
@@ -343,7 +347,7 @@ class MissingAutocast(_AmpBase):
                 model = nn.Linear(4, 2).to(device)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 amp_device_type = torch.device(device).type
-                amp_dtype = torch.float16 if amp_device_type == "cuda" else torch.bfloat16
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
                 scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
                 for x, y in batches:
                     optimizer.zero_grad()

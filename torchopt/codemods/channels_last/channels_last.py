@@ -187,7 +187,9 @@ class ChannelsLast(Rule):
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 for step in range(3):
                     images = torch.randn(4, 3, 8, 8)
-                    loss = model(images.to(device, memory_format=torch.channels_last)).logsumexp(1).mean()
+                    loss = (
+                        model(images.to(device, memory_format=torch.channels_last)).logsumexp(1).mean()
+                    )
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()

@@ -142,7 +142,7 @@ class ConvBiasBeforeNorm(Rule):
     examples = (
         Invalid(
             "import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU())\n",
-            after="import torch.nn as nn\n\nblock = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())\n",
+            after="import torch.nn as nn\n\nblock = nn.Sequential(\n    nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()\n)\n",
             unsafe=("semantics", "tolerance", "rng"),
         ),
         Invalid(

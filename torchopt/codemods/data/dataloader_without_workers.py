@@ -131,15 +131,18 @@ class SingleProcessLoading(LoaderRule):
                     out = main()
             """),
             after=dedent("""\
+                import os
+
                 import torch
                 from torch.utils.data import DataLoader, Dataset, TensorDataset
-                import os
 
                 ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
 
 
                 def main():
-                    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=min(8, os.cpu_count() or 1))
+                    loader = DataLoader(
+                        ds, batch_size=4, shuffle=True, num_workers=min(8, os.cpu_count() or 1)
+                    )
                     return [x.sum() for x, y in loader]
 
 
@@ -180,13 +183,24 @@ class SingleProcessLoading(LoaderRule):
                     return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=0)
             """),
             after=dedent("""\
+                import os
+
                 import torch.distributed as dist
                 from torch.utils.data import DataLoader, DistributedSampler
-                import os
 
 
                 def make_loader(ds):
-                    return DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds), num_workers=min(8, max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+                    return DataLoader(
+                        ds,
+                        batch_size=8,
+                        sampler=DistributedSampler(ds),
+                        num_workers=min(
+                            8,
+                            max(
+                                1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                            ),
+                        ),
+                    )
             """),
             unsafe=("rng", "semantics"),
             note="one process per GPU: the CPUs are shared by the local ranks",

@@ -117,7 +117,9 @@ class TransientWorkers(LoaderRule):
 
 
                 def main():
-                    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+                    loader = DataLoader(
+                        ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+                    )
                     seen = []
                     for epoch in range(2):
                         for x, y in loader:
@@ -147,7 +149,9 @@ class TransientWorkers(LoaderRule):
 
 
                 def fit(model, ds, args):
-                    loader = DataLoader(ds, batch_size=32, num_workers=args.workers, persistent_workers=args.workers > 0)
+                    loader = DataLoader(
+                        ds, batch_size=32, num_workers=args.workers, persistent_workers=args.workers > 0
+                    )
                     for epoch in range(args.epochs):
                         train_one_epoch(model, loader)
             """),

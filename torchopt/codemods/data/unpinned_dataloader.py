@@ -148,9 +148,9 @@ class UnpinnedLoader(LoaderRule):
                         batch = to_device(batch, device)
             """),
             after=dedent("""\
+                import torch
                 from torch.utils.data import DataLoader
                 from helpers import to_device
-                import torch
 
 
                 def train(ds, device):

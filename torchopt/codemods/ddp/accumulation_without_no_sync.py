@@ -104,11 +104,12 @@ class NoSyncAccumulation(Rule):
                         optimizer.zero_grad()
             """),
             after=dedent("""\
+                import contextlib
+
                 import torch
                 import torch.distributed as dist
                 import torch.nn as nn
                 from torch.nn.parallel import DistributedDataParallel as DDP
-                import contextlib
 
                 if not dist.is_initialized():
                     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -118,7 +119,7 @@ class NoSyncAccumulation(Rule):
                 data = torch.randn(4, 3, 4)
                 for i in range(4):
                     sync_grads = (i + 1) % 2 == 0
-                    with (contextlib.nullcontext() if sync_grads else model.no_sync()):
+                    with contextlib.nullcontext() if sync_grads else model.no_sync():
                         loss = model(data[i]).pow(2).mean() / 2
                         loss.backward()
                     if sync_grads:
@@ -146,18 +147,23 @@ class NoSyncAccumulation(Rule):
                         optimizer.zero_grad()
             """),
             after=dedent("""\
+                import contextlib
+
                 import torch
                 import torch.distributed as dist
                 import torch.nn as nn
                 from torch.nn.parallel import DistributedDataParallel as DDP
-                import contextlib
 
                 model = nn.Linear(4, 2)
                 model = DDP(model) if dist.is_initialized() else model
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 for i, (x, y) in enumerate(batches):
                     sync_grads = (i + 1) % 4 == 0 or i == len(batches) - 1
-                    with (contextlib.nullcontext() if sync_grads else getattr(model, "no_sync", contextlib.nullcontext)()):
+                    with (
+                        contextlib.nullcontext()
+                        if sync_grads
+                        else getattr(model, "no_sync", contextlib.nullcontext)()
+                    ):
                         loss = (model(x) - y).pow(2).mean()
                         loss.backward()
                     if sync_grads:

@@ -68,7 +68,8 @@ def setup_def(fn: str, n: Names) -> cst.BaseStatement:
     return cst.parse_statement(
         f"def {fn}():\n"
         f'    """Join the process group that torchrun describes in the environment (RANK,\n'
-        f'    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""\n'
+        f"    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of\n"
+        f'    one process."""\n'
         f"    if not {d}.is_initialized():\n"
         f'        backend = "nccl" if {T}.cuda.is_available() else "gloo"\n'
         f'        if "WORLD_SIZE" in {o}.environ:\n'
@@ -455,11 +456,10 @@ def convert(
     if top is None:
         raise Refusal(node, "nothing to insert the set-up before")
     helper = setup_def(fn, n).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    comment = cst.EmptyLine(
-        comment=cst.Comment(
-            "# launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process"
-        )
-    )
+    comment = [
+        cst.EmptyLine(comment=cst.Comment("# launch with `torchrun --standalone --nproc_per_node=N <script>`;")),
+        cst.EmptyLine(comment=cst.Comment("# `python <script>` runs one process")),
+    ]
     call = statement(f"{lr}, {rank}, {world} = {fn}()\n")
     if isinstance(scope, cst.Module):
         first = _first_exec(analysis.module.body, skip_defs=True)
@@ -482,7 +482,7 @@ def convert(
         ctx.block = first
         first = first.body.body[0]
     if first is top:
-        e.add_before(top, [helper, call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment])])
+        e.add_before(top, [helper, call.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *comment])])
     else:
         e.add_before(top, [helper])
         e.replace_statement(
@@ -494,7 +494,7 @@ def convert(
                 )
             ],
         )
-        e.add_before(first, [call.with_changes(leading_lines=[comment])])
+        e.add_before(first, [call.with_changes(leading_lines=comment)])
     # the model wraps
     anchors: dict[str, list[cst.CSTNode]] = {}
     for s, name, expr in wraps:

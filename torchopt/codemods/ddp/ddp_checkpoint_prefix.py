@@ -109,12 +109,13 @@ class CheckpointPortability(Rule):
                 import torch
                 import torch.distributed as dist
                 import torch.nn as nn
-                from torch.nn.parallel import DistributedDataParallel as DDP
                 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+                from torch.nn.parallel import DistributedDataParallel as DDP
 
                 model = DDP(nn.Linear(4, 2))
                 state_dict = torch.load("ckpt.pt")
-                consume_prefix_in_state_dict_if_present(state_dict, "module.")  # also load checkpoints saved from the wrapper
+                # also load checkpoints saved from the wrapper
+                consume_prefix_in_state_dict_if_present(state_dict, "module.")
                 model.module.load_state_dict(state_dict)
             """),
         ),

@@ -109,41 +109,52 @@ class SingleProcessToDDP(Rule):
                 torch.save(model.state_dict(), 'ckpt.pt')
             """),
             after=dedent('''\
-                import torch
-                import torch.nn as nn
-                from torch.utils.data import DataLoader, TensorDataset
                 import os
+
+                import torch
                 import torch.distributed as dist
+                import torch.nn as nn
                 from torch.nn.parallel import DistributedDataParallel
+                from torch.utils.data import DataLoader, TensorDataset
                 from torch.utils.data.distributed import DistributedSampler
 
 
                 def setup_distributed():
                     """Join the process group that torchrun describes in the environment (RANK,
-                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of one process."""
+                    LOCAL_RANK, WORLD_SIZE); started with plain `python`, the program is a group of
+                    one process."""
                     if not dist.is_initialized():
-                        backend = "nccl" if torch.cuda.is_available() else "gloo"
-                        if "WORLD_SIZE" in os.environ:
+                        backend = 'nccl' if torch.cuda.is_available() else 'gloo'
+                        if 'WORLD_SIZE' in os.environ:
                             dist.init_process_group(backend=backend)
                         else:
-                            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
-                    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                            dist.init_process_group(
+                                backend=backend, store=dist.HashStore(), rank=0, world_size=1
+                            )
+                    local_rank = int(os.environ.get('LOCAL_RANK', '0'))
                     if torch.cuda.is_available():
                         torch.cuda.set_device(local_rank)  # before any CUDA allocation
                     return local_rank, dist.get_rank(), dist.get_world_size()
 
 
-                # launch with `torchrun --standalone --nproc_per_node=N <script>`; `python <script>` runs one process
+                # launch with `torchrun --standalone --nproc_per_node=N <script>`;
+                # `python <script>` runs one process
                 local_rank, rank, world_size = setup_distributed()
 
                 device = 'cuda' if torch.cuda.is_available() else 'cpu'
                 train_ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))
                 model = nn.Linear(4, 2).to(device)
                 # each process loads its own shard; batch_size is per process
-                assert 8 % world_size == 0, "the global batch size must divide by the number of processes"
+                assert 8 % world_size == 0, (
+                    'the global batch size must divide by the number of processes'
+                )
                 sampler = DistributedSampler(train_ds, shuffle=True) if world_size > 1 else None
-                loader = DataLoader(train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler)
-                model = DistributedDataParallel(model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None)
+                loader = DataLoader(
+                    train_ds, batch_size=8 // world_size, shuffle=sampler is None, sampler=sampler
+                )
+                model = DistributedDataParallel(
+                    model, device_ids=[local_rank] if next(model.parameters()).is_cuda else None
+                )
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 for epoch in range(2):
                     if sampler is not None:

@@ -76,21 +76,17 @@ class AssertAllclose(Rule):
         Invalid(
             "import torch\n\nout = torch.ones(3)\nref = torch.ones(3, dtype=torch.float64)\n"
             "torch.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-5)\n",
-            after="import torch\n\nout = torch.ones(3)\nref = torch.ones(3, dtype=torch.float64)\n"
-            "torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-5, equal_nan=True, check_dtype=False)\n",
+            after="import torch\n\nout = torch.ones(3)\nref = torch.ones(3, dtype=torch.float64)\ntorch.testing.assert_close(\n    out, ref, rtol=1e-3, atol=1e-5, equal_nan=True, check_dtype=False\n)\n",
             runnable=True,
         ),
         Invalid(
             "import torch\n\nloss = torch.tensor(0.5)\ntorch.testing.assert_allclose(loss, 0.5, rtol=0, atol=1e-6)\n",
-            after="import torch\n\nloss = torch.tensor(0.5)\n"
-            "torch.testing.assert_close(loss, torch.as_tensor(0.5, dtype=loss.dtype, device=loss.device), rtol=0, "
-            "atol=1e-6, equal_nan=True, check_dtype=False)\n",
+            after="import torch\n\nloss = torch.tensor(0.5)\ntorch.testing.assert_close(\n    loss,\n    torch.as_tensor(0.5, dtype=loss.dtype, device=loss.device),\n    rtol=0,\n    atol=1e-6,\n    equal_nan=True,\n    check_dtype=False,\n)\n",
             runnable=True,
         ),
         Invalid(
             "from torch.testing import assert_allclose\n\ndef check(a, b):\n    assert_allclose(a, b)\n",
-            after="from torch.testing import assert_allclose\nimport torch\n\ndef check(a, b):\n"
-            "    torch.testing.assert_close(a, b, equal_nan=True, check_dtype=False)\n",
+            after="import torch\nfrom torch.testing import assert_allclose\n\ndef check(a, b):\n    torch.testing.assert_close(a, b, equal_nan=True, check_dtype=False)\n",
             unsafe=("tolerance", "semantics"),
         ),
         Valid("import torch\n\ntorch.testing.assert_close(torch.ones(2), torch.ones(2))\n", runnable=True),

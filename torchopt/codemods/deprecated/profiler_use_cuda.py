@@ -93,9 +93,7 @@ class ProfilerUseCuda(Rule):
         Invalid(
             "import torch\n\nwith torch.autograd.profiler.profile(use_cuda=True, record_shapes=True) as prof:\n"
             "    torch.ones(3).sum()\nprint(prof.key_averages().table())\n",
-            after="import torch\n\nwith torch.profiler.profile(record_shapes=True, activities=[torch.profiler.ProfilerActivity.CPU, "
-            "torch.profiler.ProfilerActivity.CUDA]) as prof:\n"
-            "    torch.ones(3).sum()\nprint(prof.key_averages().table())\n",
+            after="import torch\n\nwith torch.profiler.profile(\n    record_shapes=True,\n    activities=[\n        torch.profiler.ProfilerActivity.CPU,\n        torch.profiler.ProfilerActivity.CUDA,\n    ],\n) as prof:\n    torch.ones(3).sum()\nprint(prof.key_averages().table())\n",
             unsafe="semantics",
         ),
         Invalid(
@@ -109,9 +107,7 @@ class ProfilerUseCuda(Rule):
         Invalid(
             "from torch.autograd import profiler\n\n\ndef run(f, gpu):\n"
             "    with profiler.profile(use_cuda=gpu, profile_memory=True) as p:\n        f()\n    return p.total_average()\n",
-            after="from torch.autograd import profiler\n\n\ndef run(f, gpu):\n"
-            '    with profiler.profile(use_device=("cuda" if gpu else None), profile_memory=True) as p:\n'
-            "        f()\n    return p.total_average()\n",
+            after='from torch.autograd import profiler\n\n\ndef run(f, gpu):\n    with profiler.profile(\n        use_device=("cuda" if gpu else None), profile_memory=True\n    ) as p:\n        f()\n    return p.total_average()\n',
         ),
         Invalid(
             "import torch\n\nwith torch.autograd.profiler.profile(use_cuda=False) as prof:\n    torch.ones(3).sum()\n"

@@ -70,8 +70,7 @@ class SdpKernel(Rule):
     examples = (
         Invalid(
             "import torch\n\nwith torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass\n",
-            after="import torch\n\nwith torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION, "
-            "torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION, torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):\n    pass\n",
+            after="import torch\n\nwith torch.nn.attention.sdpa_kernel(\n    [\n        torch.nn.attention.SDPBackend.FLASH_ATTENTION,\n        torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,\n        torch.nn.attention.SDPBackend.CUDNN_ATTENTION,\n    ]\n):\n    pass\n",
             runnable=True,
         ),
         Invalid(

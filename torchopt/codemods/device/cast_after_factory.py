@@ -478,9 +478,8 @@ class CastAfterFactory(_FactoryRule):
                 x = zeros(3).half()
             """),
             after=dedent("""\
-                from torch import zeros
                 import torch
-
+                from torch import zeros
                 x = zeros(3, dtype=torch.half)
             """),
             runnable=True,

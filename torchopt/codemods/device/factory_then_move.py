@@ -383,10 +383,10 @@ class FactoryThenMove(_FactoryRule):
     examples = (
         # --- the factories that take a device
         Invalid(
-            "import torch\nx = torch.zeros(3, 4).cuda()\n", after="import torch\nx = torch.zeros(3, 4, device='cuda')\n"
+            "import torch\nx = torch.zeros(3, 4).cuda()\n", after='import torch\nx = torch.zeros(3, 4, device="cuda")\n'
         ),
         Invalid(
-            "import torch as T\nx = T.ones(2).cuda(1)\n", after="import torch as T\nx = T.ones(2, device='cuda:1')\n"
+            "import torch as T\nx = T.ones(2).cuda(1)\n", after='import torch as T\nx = T.ones(2, device="cuda:1")\n'
         ),
         Invalid(
             'from torch import zeros\nimport torch\nx = zeros(5, dtype=torch.long).to("cuda:0", non_blocking=True)\n',
@@ -407,15 +407,15 @@ class FactoryThenMove(_FactoryRule):
         ),
         Invalid(
             "import torch\nx = torch.zeros(3, pin_memory=True).cuda(non_blocking=True)\n",
-            after="import torch\nx = torch.zeros(3, device='cuda')\n",
+            after='import torch\nx = torch.zeros(3, device="cuda")\n',
         ),
         Invalid(
             "import torch\n\ndef f(n, rank: int):\n    return torch.ones(n).cuda(rank)\n",
-            after="import torch\n\ndef f(n, rank: int):\n    return torch.ones(n, device=torch.device('cuda', rank))\n",
+            after='import torch\n\ndef f(n, rank: int):\n    return torch.ones(n, device=torch.device("cuda", rank))\n',
         ),
         Invalid(
             "import torch\nx = torch.rand(5).cuda()\n",
-            after="import torch\nx = torch.rand(5, device='cuda')\n",
+            after='import torch\nx = torch.rand(5, device="cuda")\n',
             unsafe="rng",
         ),
         Invalid(
@@ -425,7 +425,7 @@ class FactoryThenMove(_FactoryRule):
         ),
         Invalid(
             "import torch\nx = torch.zeros(3, requires_grad=True).cuda()\n",
-            after="import torch\nx = torch.zeros(3, device='cuda', requires_grad=True)\n",
+            after='import torch\nx = torch.zeros(3, device="cuda", requires_grad=True)\n',
             unsafe="semantics",
         ),
         Invalid(
@@ -434,28 +434,28 @@ class FactoryThenMove(_FactoryRule):
         ),
         Invalid(
             "import torch\n\ndef f(a):\n    return torch.from_numpy(a).cuda()\n",
-            after="import torch\n\ndef f(a):\n    return torch.as_tensor(a, device='cuda')\n",
+            after='import torch\n\ndef f(a):\n    return torch.as_tensor(a, device="cuda")\n',
         ),
         Invalid(
             "import torch\nx = torch.Tensor(2, 3).cuda()\n",
-            after="import torch\nx = torch.empty(2, 3, device='cuda')\n",
+            after='import torch\nx = torch.empty(2, 3, device="cuda")\n',
         ),
         Invalid(
             "import torch\nx = torch.cuda.FloatTensor(2, 3)\n",
-            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n",
+            after='import torch\nx = torch.empty(2, 3, dtype=torch.float32, device="cuda")\n',
         ),
         Invalid(
             "import torch\nx = torch.cuda.LongTensor(4)\n",
-            after="import torch\nx = torch.empty(4, dtype=torch.int64, device='cuda')\n",
+            after='import torch\nx = torch.empty(4, dtype=torch.int64, device="cuda")\n',
         ),
         Invalid(
             "import torch\nx = torch.FloatTensor(2, 3).cuda()\n",
-            after="import torch\nx = torch.empty(2, 3, dtype=torch.float32, device='cuda')\n",
+            after='import torch\nx = torch.empty(2, 3, dtype=torch.float32, device="cuda")\n',
         ),
         # --- aliases and imports
         Invalid(
             "import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n).cuda(rank)\n",
-            after="import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n, device=T.device('cuda', rank))\n",
+            after='import torch as T\n\ndef f(n, rank: int):\n    return T.ones(n, device=T.device("cuda", rank))\n',
         ),
         Invalid(
             dedent("""\
@@ -466,26 +466,26 @@ class FactoryThenMove(_FactoryRule):
                     return ones(n).cuda(rank)
             """),
             after=dedent("""\
-                from torch import ones
                 import torch
+                from torch import ones
 
                 def f(n):
                     rank = int(2)
-                    return ones(n, device=torch.device('cuda', rank))
+                    return ones(n, device=torch.device("cuda", rank))
             """),
         ),
         Invalid(
             "from torch import rand as R\nx = R(3).cuda()\n",
-            after="from torch import rand as R\nx = R(3, device='cuda')\n",
+            after='from torch import rand as R\nx = R(3, device="cuda")\n',
             unsafe="rng",
         ),
         Invalid(
             "import torch\nimport torch.distributed as dist\nx = torch.zeros(3).cuda(dist.get_rank())\n",
-            after="import torch\nimport torch.distributed as dist\nx = torch.zeros(3, device=torch.device('cuda', dist.get_rank()))\n",
+            after='import torch\nimport torch.distributed as dist\nx = torch.zeros(3, device=torch.device("cuda", dist.get_rank()))\n',
         ),
         Invalid(
             "import torch\nx = torch.zeros(3).cuda(device=1)\n",
-            after="import torch\nx = torch.zeros(3, device='cuda:1')\n",
+            after='import torch\nx = torch.zeros(3, device="cuda:1")\n',
         ),
         Invalid(
             "import torch\n\ndef f(target_device):\n    return torch.ones(3).to(device=target_device)\n",
@@ -494,22 +494,22 @@ class FactoryThenMove(_FactoryRule):
         # --- device-computed and random factories
         Invalid(
             "import torch\nx = torch.linspace(0, 1, 5).cuda()\n",
-            after="import torch\nx = torch.linspace(0, 1, 5, device='cuda')\n",
+            after='import torch\nx = torch.linspace(0, 1, 5, device="cuda")\n',
             unsafe="tolerance",
         ),
         Invalid(
             "import torch\nx = torch.arange(0, 1, 0.1).cuda()\n",
-            after="import torch\nx = torch.arange(0, 1, 0.1, device='cuda')\n",
+            after='import torch\nx = torch.arange(0, 1, 0.1, device="cuda")\n',
             unsafe="tolerance",
         ),
         Invalid(
             "import torch\nx = torch.hann_window(8).cuda()\n",
-            after="import torch\nx = torch.hann_window(8, device='cuda')\n",
+            after='import torch\nx = torch.hann_window(8, device="cuda")\n',
             unsafe="tolerance",
         ),
         Invalid(
             "import torch\n\ndef f(x):\n    return torch.arange(x.size(0)).cuda()\n",
-            after="import torch\n\ndef f(x):\n    return torch.arange(x.size(0), device='cuda')\n",
+            after='import torch\n\ndef f(x):\n    return torch.arange(x.size(0), device="cuda")\n',
         ),
         Invalid(
             "import torch\nx = torch.randint(0, 10, (3,)).to('cuda', torch.int32)\n",
@@ -523,7 +523,7 @@ class FactoryThenMove(_FactoryRule):
         ),
         Invalid(
             "import torch\nx = torch.normal(0.0, 1.0, size=(3,)).cuda()\n",
-            after="import torch\nx = torch.normal(0.0, 1.0, size=(3,), device='cuda')\n",
+            after='import torch\nx = torch.normal(0.0, 1.0, size=(3,), device="cuda")\n',
             unsafe="rng",
         ),
         # --- layout: multi-line calls, existing device=, parentheses
@@ -540,7 +540,7 @@ class FactoryThenMove(_FactoryRule):
                 x = torch.zeros(
                     3,
                     4,
-                    device='cuda',
+                    device="cuda",
                 )
             """),
         ),
@@ -555,7 +555,7 @@ class FactoryThenMove(_FactoryRule):
                 import torch
                 x = torch.zeros(
                     3,
-                    device='cuda',
+                    device="cuda",
                 )
             """),
         ),
@@ -564,7 +564,7 @@ class FactoryThenMove(_FactoryRule):
             after="import torch\nx = torch.zeros(3, device='cuda')\n",
         ),
         Invalid(
-            "import torch\nx = (torch.zeros(3)).cuda()\n", after="import torch\nx = (torch.zeros(3, device='cuda'))\n"
+            "import torch\nx = (torch.zeros(3)).cuda()\n", after='import torch\nx = torch.zeros(3, device="cuda")\n'
         ),
         # --- display-only
         Invalid(
@@ -678,7 +678,7 @@ class FactoryThenMove(_FactoryRule):
                     import torch
 
                 def f(a, rank: int):
-                    return torch.zeros(3, device=torch.device('cuda', rank))
+                    return torch.zeros(3, device=torch.device("cuda", rank))
             """),
             note="a guarded `import torch` is reused; no top-level import is added",
         ),

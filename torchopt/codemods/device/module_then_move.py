@@ -145,7 +145,7 @@ class ModuleThenMove(Rule):
     examples = (
         Invalid(
             "import torch.nn as nn\n\nlayer = nn.Linear(4, 3).cuda()\n",
-            after="import torch.nn as nn\n\nlayer = nn.Linear(4, 3, device='cuda')\n",
+            after='import torch.nn as nn\n\nlayer = nn.Linear(4, 3, device="cuda")\n',
             unsafe="rng",
         ),
         Invalid(

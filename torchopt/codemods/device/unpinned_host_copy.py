@@ -171,7 +171,9 @@ class UnpinnedHostCopy(Rule):
                 from torch.utils.data import DataLoader
 
                 def train(model, ds, device):
-                    loader = DataLoader(ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available())
+                    loader = DataLoader(
+                        ds, batch_size=32, shuffle=True, pin_memory=torch.cuda.is_available()
+                    )
                     for step, (images, labels) in enumerate(loader):
                         out = model(images.to(device, non_blocking=True))
                         loss = (out - labels.to(device, torch.float32, non_blocking=True)).pow(2).mean()
@@ -303,7 +305,10 @@ class UnpinnedHostCopy(Rule):
 
                 def train(model, device, train_loader):
                     for batch_idx, (data, target) in enumerate(train_loader):
-                        data, target = data.to(device, non_blocking=True), target.to(device, non_blocking=True)
+                        data, target = (
+                            data.to(device, non_blocking=True),
+                            target.to(device, non_blocking=True),
+                        )
 
                 def main(ds, model):
                     device = torch.device("cuda")

@@ -109,6 +109,7 @@ class CudnnBenchmark(Rule):
             after=dedent("""\
                 import torch
                 import torch.nn as nn
+
                 torch.backends.cudnn.benchmark = True
 
                 model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).cuda()

@@ -100,6 +100,7 @@ class MatmulPrecision(Rule):
             """),
             after=dedent("""\
                 import torch
+
                 torch.set_float32_matmul_precision("high")
 
                 model = torch.nn.Linear(64, 64).cuda()
@@ -130,7 +131,7 @@ class MatmulPrecision(Rule):
 
 
                 def main():
-                    torch.set_float32_matmul_precision("high")
+                    torch.set_float32_matmul_precision('high')
                     device = 'cuda' if torch.cuda.is_available() else 'cpu'
                     w = torch.randn(4, 4, device=device)
                     print((w @ w).sum())

@@ -160,13 +160,14 @@ class PreallocateVarLen(Rule):
 
 
                 def preallocate_for_longest_batch(modules, optimizers, make_batch, forward_loss):
-                    """Run one forward and backward pass on the largest batch before training, so the CUDA
-                    caching allocator already holds blocks of the maximum size and later, smaller batches reuse
-                    them instead of fragmenting memory (PyTorch tuning guide, "Preallocate memory in case of
-                    variable input length"). Random streams are forked, buffers (BatchNorm statistics) restored,
-                    train/eval modes and gradients put back, so training is bitwise unchanged. The backward goes
-                    through torch.autograd.backward: this is not a training step, and hooks or profilers that
-                    count Tensor.backward calls should not see it."""
+                    """Run one forward and backward pass on the largest batch before training, so the
+                    CUDA caching allocator already holds blocks of the maximum size and later, smaller
+                    batches reuse them instead of fragmenting memory (PyTorch tuning guide, "Preallocate
+                    memory in case of variable input length"). Random streams are forked, buffers
+                    (BatchNorm statistics) restored, train/eval modes and gradients put back, so
+                    training is bitwise unchanged. The backward goes through torch.autograd.backward:
+                    this is not a training step, and hooks or profilers that count Tensor.backward calls
+                    should not see it."""
                     import random
                     import sys
 
@@ -208,7 +209,14 @@ class PreallocateVarLen(Rule):
                     return loss
 
 
-                preallocate_for_longest_batch([criterion, model], [optimizer], lambda: collate([data[i] for i in sorted(range(len(data)), key=lambda i: len(data[i][0]))[-2:]]), warmup_loss)
+                preallocate_for_longest_batch(
+                    [criterion, model],
+                    [optimizer],
+                    lambda: collate(
+                        [data[i] for i in sorted(range(len(data)), key=lambda i: len(data[i][0]))[-2:]]
+                    ),
+                    warmup_loss,
+                )
                 for x, y in loader:
                     optimizer.zero_grad()
                     loss = criterion(model(x).mean(1), y)

@@ -16,13 +16,14 @@ STEP = "warmup_loss"
 
 HELPER_SRC = '''\
 def {helper}(modules, optimizers, make_batch, forward_loss):
-    """Run one forward and backward pass on the largest batch before training, so the CUDA
-    caching allocator already holds blocks of the maximum size and later, smaller batches reuse
-    them instead of fragmenting memory (PyTorch tuning guide, "Preallocate memory in case of
-    variable input length"). Random streams are forked, buffers (BatchNorm statistics) restored,
-    train/eval modes and gradients put back, so training is bitwise unchanged. The backward goes
-    through torch.autograd.backward: this is not a training step, and hooks or profilers that
-    count Tensor.backward calls should not see it."""
+    """Run one forward and backward pass on the largest batch before training, so the
+    CUDA caching allocator already holds blocks of the maximum size and later, smaller
+    batches reuse them instead of fragmenting memory (PyTorch tuning guide, "Preallocate
+    memory in case of variable input length"). Random streams are forked, buffers
+    (BatchNorm statistics) restored, train/eval modes and gradients put back, so
+    training is bitwise unchanged. The backward goes through torch.autograd.backward:
+    this is not a training step, and hooks or profilers that count Tensor.backward calls
+    should not see it."""
     import random
     import sys
 

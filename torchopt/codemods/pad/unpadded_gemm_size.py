@@ -177,7 +177,12 @@ class PadGemmDims(Rule):
                 import torch.nn as nn
 
                 H = 50
-                net = nn.Sequential(nn.Linear(32, ((H + 7) // 8) * 8), nn.GELU(), nn.Dropout(0.1), nn.Linear(((H + 7) // 8) * 8, 8))
+                net = nn.Sequential(
+                    nn.Linear(32, ((H + 7) // 8) * 8),
+                    nn.GELU(),
+                    nn.Dropout(0.1),
+                    nn.Linear(((H + 7) // 8) * 8, 8),
+                )
             """),
             unsafe=("semantics", "rng", "tolerance"),
         ),
