@@ -15,9 +15,9 @@ from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source
 
 SAFE = "import torch\nx = torch.zeros(3).cuda()\n"
-SAFE_AFTER = "import torch\nx = torch.zeros(3, device='cuda')\n"
+SAFE_AFTER = 'import torch\nx = torch.zeros(3, device="cuda")\n'
 UNSAFE = "import torch\ny = torch.rand(3).cuda()\n"
-UNSAFE_AFTER = "import torch\ny = torch.rand(3, device='cuda')\n"
+UNSAFE_AFTER = 'import torch\ny = torch.rand(3, device="cuda")\n'
 CLEAN = "import torch\nz = torch.zeros(3, device='cuda')\n"
 
 # A loader passed to the function that copies its batches: TOP104 pins it and makes the copies
@@ -286,7 +286,7 @@ def test_json_findings_carry_the_edits_of_their_fix(proj):
     rows = json.loads(cli("check", "e.py", "--output-format", "json", "--no-cache").stdout)
     assert [(row["code"], row["line"]) for row in rows] == [("TOP101", 3), ("TOP101", 4)]
     for row, line, after in zip(
-        rows, (3, 4), ("x = torch.zeros(3, device='cuda')\n", "y = torch.rand(3, device='cuda')\n")
+        rows, (3, 4), ('x = torch.zeros(3, device="cuda")\n', 'y = torch.rand(3, device="cuda")\n')
     ):
         edits = row["fix"]["edits"]
         assert edits and all(e["location"]["row"] == line for e in edits)

@@ -47,7 +47,8 @@ SEQ = "import torch.nn as nn\n\nblock = nn.Sequential({conv}, nn.BatchNorm2d(8))
     [
         ("nn.Conv2d(3, 8, 3)", "nn.Conv2d(3, 8, 3, bias=False)"),
         ("nn.Conv2d(3, 8, 3, bias=True)", "nn.Conv2d(3, 8, 3, bias=False)"),
-        ("nn.Conv2d(3, out_channels=8, kernel_size=3)", "nn.Conv2d(3, out_channels=8, kernel_size=3, bias=False)"),
+        # past 88 columns once `bias=False` is added: laid out as ruff format would
+        ("nn.Conv2d(3, out_channels=8, kernel_size=3)", "wrapped"),
         ("nn.Conv2d(3, 8, 3, 1, 1, 1, 1, True)", None),  # positional bias: left alone
         ("nn.Conv2d(3, 8, 3, bias=use_bias)", None),
         ("nn.Conv2d(\n    3, 8, 3,  # stem\n)", "blocked"),
@@ -62,6 +63,12 @@ def test_sequential_forms(conv, after):
     elif after == "blocked":
         [d] = diags(src)
         assert d.fix is None and "comment" in d.message
+    elif after == "wrapped":
+        assert out == (
+            "import torch.nn as nn\n\nblock = nn.Sequential(\n"
+            "    nn.Conv2d(3, out_channels=8, kernel_size=3, bias=False), nn.BatchNorm2d(8)\n)\n"
+        )
+        assert fix(out) == out
     else:
         assert out == SEQ.format(conv=after)
         assert fix(out) == out

@@ -153,7 +153,7 @@ DP_LOOP = (
 def test_tutorial_data_parallel_forms_are_converted(tmp_path, wrap, moved):
     res, text = rewrite(tmp_path, DP_HEAD + wrap + DP_LOOP, "--unsafe-fixes", "--select", "TOP401")
     assert res.exit_code == 0
-    assert moved + "model = DistributedDataParallel(model, device_ids=" in text
+    assert moved + "model = DistributedDataParallel(\n    model, device_ids=" in text
     assert "DataParallel(" not in text.replace("DistributedDataParallel(", "")
     assert "device_count" not in text  # the wrap no longer depends on the GPUs one process sees
     compile(text, "main.py", "exec")

@@ -183,8 +183,8 @@ def test_other_json_layouts_are_kept(tmp_path):
     r = cli("rewrite", str(path))
     assert r.exit_code == 0, r.output
     want = json.loads(json.dumps(nb))
-    want["cells"][0]["source"] = "import torch\nx = torch.zeros(3, device='cuda')  # café"
-    want["cells"][1]["source"] = ["y = torch.ones(2, device='cuda')\n"]
+    want["cells"][0]["source"] = 'import torch\nx = torch.zeros(3, device="cuda")  # café'
+    want["cells"][1]["source"] = ['y = torch.ones(2, device="cuda")\n']
     assert path.read_text(encoding="utf-8") == colab(want)
 
 
@@ -279,7 +279,7 @@ def test_stdin_with_a_notebook_name(tmp_path):
     }
     r = cli("rewrite", "-", "--stdin-filename", "nb.ipynb", input=jupyter(nb))
     assert r.exit_code == 0
-    assert r.stdout == jupyter(with_sources(nb, {0: "import torch\nx = torch.zeros(3, device='cuda')"}))
+    assert r.stdout == jupyter(with_sources(nb, {0: 'import torch\nx = torch.zeros(3, device="cuda")'}))
 
 
 @pytest.mark.slow
@@ -334,4 +334,4 @@ def test_large_outputs_do_not_count_against_the_size_limit(tmp_path):
     path.write_text(jupyter(nb))
     r = cli("rewrite", str(path))
     assert r.exit_code == 0, r.output
-    assert path.read_text() == jupyter(with_sources(nb, {0: "import torch\nx = torch.zeros(3, device='cuda')"}))
+    assert path.read_text() == jupyter(with_sources(nb, {0: 'import torch\nx = torch.zeros(3, device="cuda")'}))

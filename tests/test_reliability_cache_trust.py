@@ -18,7 +18,7 @@ from torchopt.cli import app
 from torchopt.rewrite import cache as cache_mod
 
 NEEDS_FIX = "import torch\nx = torch.zeros(3).cuda()\n"
-FIXED = "import torch\nx = torch.zeros(3, device='cuda')\n"
+FIXED = 'import torch\nx = torch.zeros(3, device="cuda")\n'
 PAYLOAD = "__import__('os').system('touch /tmp/pwned')\n" + FIXED
 BROKEN = "def broken(:\n \0"
 
