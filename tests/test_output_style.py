@@ -246,6 +246,10 @@ SHAPES = [
     "with contextlib.nullcontext() if sync_grads else getattr(model, 'no_sync', contextlib.nullcontext)():",
     "with (contextlib.nullcontext() if sync_grads else model.no_sync()):",
     "activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA_aaaaaaa]",
+    "self.amp_dtype = torch.float16 if self.amp_device_type_aaaaaaaaaa == 'cuda' else torch.bfloat16",
+    "amp_dtype = torch.float16 if self.amp_device_type_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa == 'cuda' else bf16",
+    "total_loss_aaaaaaaa = reconstruction_loss_aaaaaaaaaaaa + kl_weight_aaaaaaaa * kl_divergence_aaaaa",
+    "return reconstruction_loss_aaaaaaaaaaaaaaaaaaaaaaaa + kl_weight_aaaaaaaaaaaaaaaa * kl_divergence_aa",
 ]
 
 

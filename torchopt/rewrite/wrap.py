@@ -256,9 +256,9 @@ class Wrapper:
         comma = priority == _PRIORITY[","]
         inner = indent + self.unit
         head = code[: toks[rhs].start].rstrip() + " ("
-        if not any(t.text in OPEN for t in toks[rhs:end]):
-            # nothing to split at: parentheses help only when the value then fits
-            fits = self.fits(inner, body) and priority == 0
+        if priority == 0 and not any(t.text in OPEN for t in toks[rhs:end]):
+            # no operator and nothing to split at: parentheses help only when the value then fits
+            fits = self.fits(inner, body)
             return [indent + head, inner + body, indent + ")" + tail + trail] if fits else None
         if priority == 0 or (comma and toks[0].text == "return") or (len(at) == 1 and priority == DOT):
             return None  # a returned bare tuple keeps its shape: ruff splits inside its last element
