@@ -77,7 +77,9 @@ def test_float16_scaler_path_runs_on_the_cpu(name, tmp_path):
     """With the dtype choice forced to float16 the scaler is enabled on the CPU: the scaled backward,
     unscale_, step and update run in the places the rewrite put them."""
     after = _amp(name)
-    forced = re.sub(r"(\S*amp_dtype) = torch\.float16 if .* else torch\.bfloat16", r"\1 = torch.float16", after)
+    forced = re.sub(  # on one line or, past the line length, in parentheses over three
+        r"(\S*amp_dtype) = \(?\s*torch\.float16 if [^\n]* else torch\.bfloat16(\s*\))?", r"\1 = torch.float16", after
+    )
     forced = forced.replace('enabled=amp_device_type == "cuda"', "enabled=True")
     assert forced != after
     path = tmp_path / "prog.py"

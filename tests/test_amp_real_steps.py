@@ -47,7 +47,9 @@ def _calls_under_autocast(src: str) -> list[str]:
 
 def _force_float16(src: str) -> str:
     """The rewrite with float16 chosen on every device, so the scaler runs on the CPU too."""
-    forced = re.sub(r"(\S*amp_dtype) = torch\.float16 if .* else torch\.bfloat16", r"\1 = torch.float16", src)
+    forced = re.sub(  # on one line or, past the line length, in parentheses over three
+        r"(\S*amp_dtype) = \(?\s*torch\.float16 if [^\n]* else torch\.bfloat16(\s*\))?", r"\1 = torch.float16", src
+    )
     assert forced != src
     return forced
 

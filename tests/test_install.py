@@ -164,7 +164,7 @@ def test_base_install_lints_without_torch(tmp_path):
     check = run("check", "train.py")
     assert check.returncode == 1 and "train.py:3:5: TOP101" in check.stdout, check.stderr
     diff = run("rewrite", "--diff", "train.py")
-    assert diff.returncode == 1 and "+x = torch.zeros(3, device='cuda')" in diff.stdout, diff.stderr
+    assert diff.returncode == 1 and '+x = torch.zeros(3, device="cuda")' in diff.stdout, diff.stderr
     assert run("rules").returncode == 0
     page = run("rule", "TOP101")
     assert page.returncode == 0 and "## Fix safety" in page.stdout
@@ -175,7 +175,7 @@ def test_base_install_lints_without_torch(tmp_path):
     _git("commit", "-qm", "start", cwd=proj)
     migrate = run("migrate", str(proj), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert migrate.returncode == 1, migrate.stderr
-    assert "torch.zeros(3, device='cuda')" in (tmp_path / "out" / "proj.patch").read_text()
+    assert 'torch.zeros(3, device="cuda")' in (tmp_path / "out" / "proj.patch").read_text()
 
     validate = run("validate", "train.py")
     assert validate.returncode == 2
@@ -211,8 +211,8 @@ def test_pre_commit_hooks_install_and_run_without_torch(tmp_path):
     assert "train.py:3:5: TOP101" in check.stdout and "nb.ipynb:cell 1:3:5: TOP101" in check.stdout
     fix = hook("torchopt-rewrite")
     assert fix.returncode == 1, fix.stdout + fix.stderr  # files were modified: the commit stops for review
-    assert (proj / "train.py").read_text() == "import torch\n\nx = torch.zeros(3, device='cuda')\n"
+    assert (proj / "train.py").read_text() == 'import torch\n\nx = torch.zeros(3, device="cuda")\n'
     assert (
         json.loads((proj / "nb.ipynb").read_text())["cells"][0]["source"]
-        == "import torch\n\nx = torch.zeros(3, device='cuda')\n"
+        == 'import torch\n\nx = torch.zeros(3, device="cuda")\n'
     )

@@ -79,7 +79,7 @@ def test_long_chain_in_a_tree_is_refused_and_the_rest_fixed(tmp_path):
         f"nests them; the limit is {budget.MAX_EXPRESSION_DEPTH})"
     ]
     assert (root / "deep.py").read_bytes() == deep_before
-    assert (root / "good.py").read_text() == "import torch\nx = torch.zeros(3, device='cuda')\n"
+    assert (root / "good.py").read_text() == 'import torch\nx = torch.zeros(3, device="cuda")\n'
 
 
 def test_depth_counts_what_libcst_nests():
