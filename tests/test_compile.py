@@ -117,8 +117,10 @@ def test_display_only_rules_on_fixtures():
 
 
 def test_fixture_validates(tmp_path, monkeypatch):
-    """`torchopt validate before.py after.py` for the TOP911+TOP921 rewrite: equivalent (tags
-    tolerance+rng), and with the aot_eager override every probe is bitwise equal."""
+    """`torchopt validate before.py after.py` for the TOP911+TOP921 rewrite (torchopt's own, so it is
+    validated as that rewrite): both fixes change the random stream and are not one expression
+    replaced by another, so record/replay cannot check them; they are listed as not validated, with
+    the reason, and the exit status says so (4) instead of a pass that compared nothing they changed."""
     monkeypatch.setenv("TORCH_COMPILE_OVERRIDE_BACKENDS", ">=0:aot_eager")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     (tmp_path / "b").mkdir()
@@ -148,9 +150,7 @@ def test_fixture_validates(tmp_path, monkeypatch):
         catch_exceptions=False,
     )
     out = json.loads(r.stdout)
-    assert r.exit_code == 0 and out["verdict"] == "equivalent", r.stdout[-3000:]
-    assert {a["code"] for a in out["applied"]} == {"TOP911", "TOP921"}, out["applied"]
-    assert out["tolerance"]["tags"] == ["rng", "tolerance"]
-    rows = [row for row in out["rows"] if row["max_abs"] is not None]
-    assert any(row["kind"] == "param" for row in rows) and any(row["kind"] == "loss" for row in rows)
-    assert all(row["max_abs"] == 0 for row in rows), [row for row in rows if row["max_abs"]][:3]
+    assert r.exit_code == 4, r.stdout[-3000:]
+    assert {u["code"] for u in out["unvalidated"]} == {"TOP911", "TOP921"}, out["unvalidated"]
+    assert all("cannot be replayed" in u["why"] for u in out["unvalidated"])
+    assert out["applied"] == []

@@ -82,16 +82,16 @@ def test_workers_keep_every_value_bitwise(tmp_path):
     assert out["headline"] == "EQUIVALENT (bitwise)", out["headline"]
 
 
-def test_unsafe_rewrite_validates_within_rng_tolerance():
-    """The whole unsafe rewrite is R class: values are not compared (rng, without replay), the
-    structure must agree. The losses also show what TOP703 changes: the first epoch (4 steps) differs
-    only by AMP rounding, the second is shuffled from another seed."""
+def test_unsafe_rewrite_validates_what_it_can_and_lists_the_rest():
+    """The golden unsafe rewrite is torchopt's own, so it is validated as that rewrite: the loader
+    fixes that change the random stream (TOP701 workers, TOP703 the sampler's seed) cannot be
+    replayed and are listed as not validated (exit 4); everything else (AMP, pinning, non-blocking
+    copies) runs and its values are compared: every loss within AMP rounding of the original."""
     code, out = _validate(FIXTURE / "before.py", FIXTURE / "after_unsafe.py")
-    assert code == 0, out
-    assert "rng" in out["tolerance"]["tags"] and out["tolerance"]["compare_values"] is False
+    assert code == 4, out
+    assert {u["code"] for u in out["unvalidated"]} == {"TOP701", "TOP703"}, out["unvalidated"]
+    assert out["verdict"] == "equivalent" and out["tolerance"]["compare_values"] is True
+    assert {"TOP202", "TOP104"} <= {a["code"] for a in out["applied"]}
     losses = {r["step"]: r for r in out["rows"] if r["name"].startswith("loss[")}
     assert len(losses) == 8
-    # The first epoch sees the same batches: only the AMP rewrite's rounding (CPU bfloat16) moves
-    # its losses. The second epoch is shuffled from another seed.
-    assert all(losses[s]["max_rel"] < 1e-2 for s in range(4)), losses
-    assert max(losses[s]["max_rel"] for s in range(4, 8)) > max(losses[s]["max_rel"] for s in range(4)), losses
+    assert all(losses[s]["max_rel"] < 1e-2 for s in range(8)), losses

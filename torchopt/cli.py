@@ -604,8 +604,11 @@ def validate_cmd(
     Exit 0 equivalent, 1 diverged, 2 could not run, 3 inconclusive, 4 fixes not validated."""
     from torchopt.validate.declared import parse as parse_expect
 
-    if device not in ("auto", "cpu", "cuda") or output_format not in ("text", "json", "github"):
-        _err("error: --device must be auto, cpu or cuda; --output-format text, json or github")
+    if device not in ("auto", "cpu", "cuda"):
+        _err("error: --device must be auto, cpu or cuda")
+        raise typer.Exit(EXIT_ERROR)
+    if output_format not in ("text", "json", "github"):
+        _err(f"error: unknown --output-format {output_format!r} (choose from text, json, github)")
         raise typer.Exit(EXIT_ERROR)
     output_format = "json" if json_out else output_format
     if rev is not None:
