@@ -214,7 +214,8 @@ def _compared_values(cmp: "Comparison") -> bool:
     tol = cmp.tolerance
     if tol is not None and not tol.compare_values:
         return False
-    return any(r.verdict == "ok" and r.kind in _COMPUTED for r in cmp.rows)
+    # an --entry function's return values are named "return[...]" (kind "other")
+    return any(r.verdict == "ok" and (r.kind in _COMPUTED or r.name.startswith("return")) for r in cmp.rows)
 
 
 def _run_versions(
