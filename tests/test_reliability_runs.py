@@ -329,11 +329,21 @@ def _start_and_wait_for_a_write(root: Path) -> subprocess.Popen:
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if any(p.read_text() != MANY_BEFORE for p in root.iterdir()):
+        if any(_written(p) for p in root.iterdir()):
             return proc
         time.sleep(0.01)
     proc.kill()
     pytest.fail("torchopt finished or never wrote before the signal")
+
+
+def _written(p: Path) -> bool:
+    """``p`` holds the fixed text; a temporary file (renamed away while we look) does not count."""
+    if p.name.startswith(".torchopt-"):
+        return False
+    try:
+        return p.read_text() != MANY_BEFORE
+    except FileNotFoundError:
+        return False
 
 
 def _processes_mentioning(marker: str) -> list[int]:
