@@ -203,6 +203,21 @@ class Lifecycle:
             stack.extend(children_of(cur))
         return out
 
+    def argument_modes(self, fn: cst.FunctionDef, param: str) -> list[Modes] | None:
+        """For each call of the file's function ``fn``, the modes of the module it passes as
+        ``param`` (None when ``fn`` is not a plain function or method of the file)."""
+        func = self.program.function_of(fn.body)
+        if func is None or func.node is not fn or param not in func.params:
+            return None
+        out: list[Modes] = []
+        idx = func.params.index(param)
+        for edge in func.callers:
+            offset = 1 if edge.how in ("method", "constructor", "spawn") else 0
+            arg = _argument(edge.call, idx - offset, param)
+            key = dotted(arg) if arg is not None else None
+            out.append(self.modes_at(key, edge.call) if key else _UNKNOWN)
+        return out
+
     def builds_or_loads(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` builds a module or loads weights into one."""
         return bool(self.phases_in(node) & {Phase.CONSTRUCTION, Phase.LOADING})
