@@ -116,6 +116,29 @@ def test_a_script_block_stops_at_the_construction_of_the_next_model(tmp_path):
     assert text == TWO_MODELS_AFTER
 
 
+IMPORTED_BUILDER = """\
+import torch
+from models import ModelRegistry, build_model
+
+registry = ModelRegistry({"small": 1})
+model = build_model("small")
+model.load_state_dict(torch.load("weights.pt"))
+model.eval()
+out = model(torch.ones(1, 4))
+print(out.argmax(-1).tolist())
+"""
+
+
+def test_a_builder_imported_from_another_file_is_construction_not_a_model_call(tmp_path):
+    # `build_model(...)` and `ModelRegistry(...)` are named like models but build something: the
+    # block starts at the first call of the model itself.
+    res, text = rewrite(tmp_path, IMPORTED_BUILDER, "--unsafe-fixes", "--select", "TOP801")
+    assert res.exit_code == 0, res.output
+    assert text == IMPORTED_BUILDER.replace(
+        "out = model(torch.ones(1, 4))\n", "with torch.no_grad():\n    out = model(torch.ones(1, 4))\n"
+    )
+
+
 EVAL_SET_BEFORE = """\
 import torch
 import torch.nn as nn

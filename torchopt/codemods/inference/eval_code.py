@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.names import callee, dotted
 from torchopt.analysis.arguments import has_star, positional
@@ -51,10 +52,22 @@ class EvalRule(ProgramRule):
             d = dotted(func)
             if d is None or not model_name(d.rsplit(".", 1)[-1]) or callee(self, n) is not None:
                 continue
-            if isinstance(func, cst.Name) and self._is_function_name(func):
+            if isinstance(func, cst.Name) and (self._is_function_name(func) or self._imported(func)):
                 continue
             out.append((n, d))
         return out
+
+    def _imported(self, name: cst.Name) -> bool:
+        """``name`` is bound only by imports: ``build_model(cfg)`` or ``ModelRegistry(...)`` from
+        another file builds something (a construction, in the model lifecycle), it runs no model."""
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return False
+        if scope is None or name.value not in scope:
+            return False
+        found = list(scope[name.value])
+        return bool(found) and all(isinstance(getattr(a, "node", None), (cst.Import, cst.ImportFrom)) for a in found)
 
     def _is_function_name(self, name: cst.Name) -> bool:
         """``name`` is bound by a def or a class in the file (``build_model(...)`` is not a forward)."""
