@@ -160,14 +160,12 @@ with torch.no_grad():
 
 
 def test_eval_set_by_a_factory_or_a_chain_is_not_missing(tmp_path):
-    res = check(tmp_path, EVAL_SET_BEFORE, "--select", "TOP803")
+    res = check(tmp_path / "a", EVAL_SET_BEFORE, "--select", "TOP803")
     assert res.exit_code == 0, res.output
     assert "TOP803" not in res.output
-
-
-def test_a_model_never_switched_to_eval_is_still_reported(tmp_path):
+    # a model never switched to eval is still reported
     src = EVAL_SET_BEFORE.replace("    net.eval()\n", "").replace(").eval()\n", ")\n")
-    res = check(tmp_path, src, "--select", "TOP803")
+    res = check(tmp_path / "b", src, "--select", "TOP803")
     assert res.exit_code == 1
     assert "TOP803" in res.output and "without `model.eval()`" in res.output
 
@@ -205,13 +203,12 @@ def fit(model, opt, train_loader, epochs):
 
 
 def test_freezing_batchnorm_inside_training_is_not_a_misplaced_eval(tmp_path):
-    res = check(tmp_path, FROZEN_BN, "--select", "TOP803")
+    res = check(tmp_path / "a", FROZEN_BN, "--select", "TOP803")
     assert res.exit_code == 0, res.output
     assert "TOP803" not in res.output
-
-
-def test_switching_the_whole_trained_model_to_eval_is_still_reported(tmp_path):
-    res = check(tmp_path, FROZEN_BN.replace("model.backbone.eval()", "model.eval()"), "--select", "TOP803")
+    # switching the whole trained model to eval after the step is still reported: the next epoch
+    # trains in eval mode
+    res = check(tmp_path / "b", FROZEN_BN + "        model.eval()\n", "--select", "TOP803")
     assert res.exit_code == 1
     assert "switches the model to evaluation inside an epoch loop" in res.output
 
@@ -231,3 +228,31 @@ def test_rewritten_programs_run_and_print_what_the_originals_print(tmp_path, src
     assert res.exit_code == 0, res.output
     assert text == after
     _same_outputs(tmp_path, src, text)
+
+
+LINEAR_PROBE = """\
+import torch
+import torch.nn as nn
+
+
+def train(loader, model, opt):
+    # linear classification on frozen features: BatchNorm statistics must not change
+    model.eval()
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+def main(model, opt, train_loader, val_loader, epochs):
+    for epoch in range(epochs):
+        train(train_loader, model, opt)
+        model.eval()
+        print(sum(model(x).sum().item() for x, y in val_loader))
+"""
+
+
+def test_a_training_routine_that_chooses_eval_mode_for_its_own_step_is_not_a_misplaced_eval(tmp_path):
+    res = check(tmp_path, LINEAR_PROBE, "--select", "TOP803")
+    assert res.exit_code == 0, res.output
+    assert "TOP803" not in res.output

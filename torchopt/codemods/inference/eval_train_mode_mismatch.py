@@ -45,7 +45,9 @@ class EvalTrainModeMismatch(EvalRule):
       (`model.eval()`, or a function of the file that calls `.eval()` on the model it is given) but
       never switches it back with `model.train()`, so from the second epoch on the model trains in
       evaluation mode. Switching a part on purpose (`model.backbone.eval()`, or the BatchNorm layers
-      of `model.modules()` for a linear probe) is not reported.
+      of `model.modules()`) is not reported, nor is a loop whose training step runs the model in
+      eval mode on every way in, the first epoch included (a linear probe on frozen features that
+      calls `model.eval()` before its own step): the code chose that mode.
 
     A model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
     only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
@@ -298,13 +300,26 @@ class EvalTrainModeMismatch(EvalRule):
                 and lc.sets_whole_mode(n, Mode.EVAL)
             ):
                 evals.append(n)
-        if not evals:
+        if not evals or any(self._trains_in_eval_mode(b) for b in [body, *(f.body for f in called)]):
             return
         first = min(evals, key=self.get_metadata_pos)
         if id(first) in reported:
             return
         reported.add(id(first))
         self.report(first, message=self.train_message, fmt={"call": source(self, first)})
+
+    def _trains_in_eval_mode(self, body: cst.CSTNode) -> bool:
+        """Whether a training step in ``body`` runs its model in eval mode on every way in, the first
+        epoch included: the code chose eval mode for its own step (a linear probe on frozen features
+        keeps BatchNorm statistics fixed), so an `eval()` after it leaves nothing behind."""
+        lc = lifecycle_of(self)
+        for n in walk(body):
+            if not (isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"):
+                continue
+            for _call, name in self.forward_calls(body):
+                if lc.modes_at(_module_key(name), n) == {Mode.EVAL}:
+                    return True
+        return False
 
     def _has_backward(self, body: cst.CSTNode) -> bool:
         for n in walk(body):
