@@ -117,9 +117,11 @@ def test_a_script_block_stops_at_the_construction_of_the_next_model(tmp_path):
 
 
 IMPORTED_BUILDER = """\
+import models
 import torch
 from models import ModelRegistry, build_model
 
+print(models.available_models())
 registry = ModelRegistry({"small": 1})
 model = build_model("small")
 model.load_state_dict(torch.load("weights.pt"))
@@ -130,8 +132,8 @@ print(out.argmax(-1).tolist())
 
 
 def test_a_builder_imported_from_another_file_is_construction_not_a_model_call(tmp_path):
-    # `build_model(...)` and `ModelRegistry(...)` are named like models but build something: the
-    # block starts at the first call of the model itself.
+    # `build_model(...)`, `ModelRegistry(...)` and `models.available_models()` are named like models
+    # but build or look up something: the block starts at the first call of the model itself.
     res, text = rewrite(tmp_path, IMPORTED_BUILDER, "--unsafe-fixes", "--select", "TOP801")
     assert res.exit_code == 0, res.output
     assert text == IMPORTED_BUILDER.replace(

@@ -52,14 +52,20 @@ class EvalRule(ProgramRule):
             d = dotted(func)
             if d is None or not model_name(d.rsplit(".", 1)[-1]) or callee(self, n) is not None:
                 continue
-            if isinstance(func, cst.Name) and (self._is_function_name(func) or self._imported(func)):
+            if isinstance(func, cst.Name) and self._is_function_name(func):
+                continue
+            root = func
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if isinstance(root, cst.Name) and self._imported(root):
                 continue
             out.append((n, d))
         return out
 
     def _imported(self, name: cst.Name) -> bool:
-        """``name`` is bound only by imports: ``build_model(cfg)`` or ``ModelRegistry(...)`` from
-        another file builds something (a construction, in the model lifecycle), it runs no model."""
+        """``name`` is bound only by imports: ``build_model(cfg)``, ``ModelRegistry(...)`` or
+        ``clip.available_models()`` from another module builds or looks up something (a
+        construction, in the model lifecycle), it runs no model."""
         try:
             scope = self.get_metadata(ScopeProvider, name)
         except KeyError:
