@@ -116,6 +116,36 @@ def test_a_script_block_stops_at_the_construction_of_the_next_model(tmp_path):
     assert text == TWO_MODELS_AFTER
 
 
+TEST_FUNCTION = """\
+import torch
+import torch.nn as nn
+
+test_loader = [(torch.ones(2, 4), torch.tensor([0, 1]))]
+
+
+def test():
+    model = nn.Linear(4, 2)
+    model.load_state_dict({"weight": torch.eye(2, 4), "bias": torch.zeros(2)})
+    model.eval()
+    correct = 0
+    for x, y in test_loader:
+        correct += (model(x).argmax(1) == y).sum().item()
+    return correct
+"""
+
+
+def test_an_evaluation_function_that_builds_its_model_wraps_its_loop(tmp_path):
+    # `correct` holds only counts: the fix is safe, and applies without --unsafe-fixes
+    res, text = rewrite(tmp_path, TEST_FUNCTION, "--select", "TOP801")
+    assert res.exit_code == 0, res.output
+    assert text == TEST_FUNCTION.replace(
+        "    for x, y in test_loader:\n        correct += (model(x).argmax(1) == y).sum().item()\n",
+        "    with torch.no_grad():\n"
+        "        for x, y in test_loader:\n"
+        "            correct += (model(x).argmax(1) == y).sum().item()\n",
+    )
+
+
 IMPORTED_BUILDER = """\
 import models
 import torch

@@ -165,6 +165,7 @@ class Lifecycle:
         self._entry_pending: set[int] = set()
         self._entry: dict[tuple[int, str], Modes] = {}
         self._done: set[int] = set()
+        self._module_uses: dict[int, set[str]] = {}  # id(scope) -> what it calls module-only methods on
         self._run_scope(self.module)
 
     # ----------------------------------------------------------------- public
@@ -434,16 +435,18 @@ class Lifecycle:
         return ModuleObject(key, stmt, "load" if q in ("torch.load", "torch.hub.load") else "use", _UNKNOWN)
 
     def _used_as_module(self, key: str, stmt: cst.CSTNode, scope: cst.CSTNode) -> bool:
-        """``key`` is later used as only a module is: ``key.eval()``, ``key.load_state_dict(...)``..."""
-        for n in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope):
-            if (
-                isinstance(n, cst.Call)
+        """``key`` is used in its scope as only a module is: ``key.eval()``, ``key.load_state_dict(...)``..."""
+        uses = self._module_uses.get(id(scope))
+        if uses is None:
+            uses = self._module_uses[id(scope)] = {
+                d
+                for n in walk(scope.body if isinstance(scope, cst.FunctionDef) else scope)
+                if isinstance(n, cst.Call)
                 and isinstance(n.func, cst.Attribute)
                 and n.func.attr.value in _MODULE_USES
-                and dotted(n.func.value) == key
-            ):
-                return True
-        return False
+                and (d := dotted(n.func.value)) is not None
+            }
+        return key in uses
 
     def _file_function(self, call: cst.Call) -> cst.FunctionDef | None:
         if not isinstance(call.func, cst.Name):

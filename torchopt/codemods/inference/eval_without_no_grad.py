@@ -451,7 +451,7 @@ class EvalWithoutNoGrad(EvalRule):
             i
             for i, st in enumerate(body)
             if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
-            and not (isinstance(st, cst.For) and st in self._loops)
+            and not self._own_unit(st)
             and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
             and not lc.builds_or_loads(st)
         ]
@@ -463,7 +463,7 @@ class EvalWithoutNoGrad(EvalRule):
                 runs.append([i, i])
         for first, last in runs:
             if any(
-                isinstance(st, (cst.FunctionDef, cst.ClassDef)) or st in self._loops or self.trains(st) is not None
+                isinstance(st, (cst.FunctionDef, cst.ClassDef)) or self._own_unit(st) or self.trains(st) is not None
                 for st in body[first : last + 1]
             ):
                 return False
@@ -503,6 +503,14 @@ class EvalWithoutNoGrad(EvalRule):
             "(a saved output tensor no longer carries requires_grad)",
         )
         return True
+
+    def _own_unit(self, st: cst.CSTNode) -> bool:
+        """A loop over held-out data that ``_loop`` wraps on its own (not one inside a function named
+        like evaluation: there the function is the unit)."""
+        if not (isinstance(st, cst.For) and st in self._loops):
+            return False
+        fn = self.enclosing_function(st)
+        return fn is None or not EVAL_FUNCTION.match(fn.name.value)
 
     def _bound(self, stmts: list[cst.BaseStatement]) -> set[str]:
         out: set[str] = set()
