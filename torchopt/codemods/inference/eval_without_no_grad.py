@@ -436,39 +436,50 @@ class EvalWithoutNoGrad(EvalRule):
         """Top-level statements of an inference script (load weights, call the model, save the
         output) that call a model with autograd on go under ``with torch.no_grad():`` (a ``with``
         does not scope names, so everything after still sees them)."""
-        self._wrap_runs(block, "This inference script", None)
+        self._wrap_runs(block, "This inference script", None, in_function=False)
 
-    def _wrap_runs(self, block: cst.Module | cst.IndentedBlock, what: str, gf: _GradFree | None) -> bool:
+    def _wrap_runs(
+        self, block: cst.Module | cst.IndentedBlock, what: str, gf: _GradFree | None, in_function: bool = True
+    ) -> bool | None:
         """Wrap the statements of ``block`` that call a model with autograd on, from the first to the
         last, in one ``with torch.no_grad():``; a statement that builds a module or loads weights into
         one (the lifecycle's construction and loading) stays outside and splits the run, since
         parameters made under ``inference_mode`` (which TOP802 may make of it) are inference tensors
         that a later ``load_state_dict`` cannot update. ``gf``: decide safety from the names the
-        wrapped statements bind (None: always unsafe). Returns whether anything was reported."""
+        wrapped statements bind (None: always unsafe). Returns True when it reported, None when no
+        statement of ``block`` is left to wrap, False when the statements cannot be wrapped."""
         body = list(block.body)
         lc = lifecycle_of(self)
         hits = [
             i
             for i, st in enumerate(body)
-            if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
+            if not isinstance(st, (cst.FunctionDef, cst.ClassDef))
+            and (in_function or not isinstance(st, cst.If))  # a script's `if`s are its guard, wrapped on its own
             and not self._own_unit(st)
             and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
             and not lc.builds_or_loads(st)
         ]
         runs: list[list[int]] = []
-        for i in hits:
-            if runs and not any(lc.builds_or_loads(st) for st in body[runs[-1][1] + 1 : i]):
+        for i in hits:  # a construction, a loading or a loop wrapped on its own ends a run
+            if runs and not any(lc.builds_or_loads(st) or self._own_unit(st) for st in body[runs[-1][1] + 1 : i]):
                 runs[-1][1] = i
             else:
                 runs.append([i, i])
         for first, last in runs:
             if any(
-                isinstance(st, (cst.FunctionDef, cst.ClassDef)) or self._own_unit(st) or self.trains(st) is not None
+                isinstance(st, (cst.FunctionDef, cst.ClassDef)) or self.trains(st) is not None
                 for st in body[first : last + 1]
             ):
                 return False
         ref = torch_ref(self)
-        if not runs or ref is None:
+        if not runs:
+            blocked = any(
+                lc.builds_or_loads(st) and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
+                for st in body
+                if not isinstance(st, (cst.FunctionDef, cst.ClassDef))
+            )
+            return False if blocked else None
+        if ref is None:
             return False
         new_body: list[cst.BaseStatement] = []
         done = 0
@@ -538,8 +549,13 @@ class EvalWithoutNoGrad(EvalRule):
         if lifecycle_of(self).builds_or_loads(fn.body):
             # Never decorate over the model's construction or weight loading: wrap the statements
             # that run the model instead.
-            if isinstance(fn.body, cst.IndentedBlock):
-                self._wrap_runs(fn.body, f"`{fn.name.value}()`", gf)
+            what = f"`{fn.name.value}()`"
+            if not isinstance(fn.body, cst.IndentedBlock) or self._wrap_runs(fn.body, what, gf) is False:
+                self.report(
+                    fn.name,
+                    fmt={"what": what, "model": fwd[0][1]},
+                    note="not rewritten: the statements that run the model also build it or load its weights",
+                )
             return
         results = [n.value for n in walk(fn.body) if isinstance(n, (cst.Return, cst.Yield)) and n.value is not None]
         for call in self.calls_to(fn.name.value):

@@ -204,6 +204,20 @@ class NoGradInPureInference(EvalRule):
             note="used by a forward with autograd on (the parameters require grad): would raise",
             runnable=True,
         ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+                if __name__ == "__main__":
+                    with torch.no_grad():
+                        model = nn.Linear(4, 2)
+                    model.load_state_dict({"weight": torch.ones(2, 4), "bias": torch.zeros(2)})
+            """),
+            note="builds the model: its parameters would be inference tensors, and the `load_state_dict` "
+            "after the block would raise",
+            runnable=True,
+        ),
     )
 
     def __init__(self, ctx) -> None:
