@@ -1,0 +1,239 @@
+"""The value and control facts the sync family asks (torchopt/analysis/placement.py, control.py):
+findings the facts rule out on small programs of the shapes real scripts use, and the TOP601 fix
+that must not write a device the program did not choose."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+import pytest
+
+from semantic import compare_programs
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+S = Settings(select=("TOP6",))
+
+STEP = """\
+import torch
+
+def train(model, loader, opt, crit):
+    for x, y in loader:
+        out = model(x)
+        loss = crit(out, y)
+        loss.backward()
+        opt.step()
+"""
+
+
+def codes(src: str) -> list[tuple[int, str]]:
+    return [(d.line, d.code) for d in check_source(src, S).diagnostics]
+
+
+def in_step(body: str, header: str = "") -> str:
+    """``body`` (8-space indented lines) appended to the step of a training loop."""
+    return header + STEP + dedent(body).replace("\n", "\n        ").join(["        ", "\n"])
+
+
+# ------------------------------------------------------------------ value facts
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a tensor moved with .cpu(), then read: the sync is the .cpu() (TOP603), not the .tolist()
+        "preds = out.argmax(1).cpu()\nlabels = preds.tolist()",
+        # a list built from a CPU tensor, and an element of it
+        "scores = out.detach().cpu()\nrows = [float(s) for s in scores]\nbest = int(scores[0])",
+        # a tensor made on the CPU without a device
+        "noise = torch.rand(3)\nprint(noise.tolist())",
+    ],
+)
+def test_no_host_read_of_host_values(body):
+    found = codes(in_step(body))
+    assert [c for _, c in found if c != "TOP603"] == [], found
+
+
+def test_the_cpu_copy_is_reported_where_it_waits_and_a_device_read_stays_reported():
+    assert codes(in_step("preds = out.argmax(1).cpu()\nlabels = preds.tolist()")) == [(9, "TOP603")]
+    assert codes(in_step("labels = out.argmax(1).tolist()")) == [(9, "TOP601")]
+
+
+def test_a_rebinding_replaces_the_fact_only_where_it_surely_runs():
+    straight = in_step("vals = out.detach()\nvals = vals.cpu()\nprint(vals.tolist())")
+    assert codes(straight) == [(10, "TOP603")]
+    one_path = in_step("vals = out.detach()\nif loss > 0:\n    vals = vals.cpu()\nprint(vals.tolist())")
+    assert (12, "TOP601") in codes(one_path)
+    as_list = in_step("vals = out.detach().cpu()\nvals = vals.tolist()\nfor v in vals:\n    print(float(v))")
+    assert codes(as_list) == [(9, "TOP603")]
+
+
+def test_an_fstring_of_a_str_path_is_no_tensor():
+    src = dedent("""\
+        import torch
+
+        def train(model, loader, opt, crit, out_dir):
+            paths = [f"{out_dir}/{i}.png" for i in range(100)]
+            for path, (x, y) in zip(paths, loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                print(f"saved {path}")
+    """)
+    assert codes(src) == []
+
+
+def test_counters_from_itertools_count_and_enumerate_are_ints():
+    src = dedent("""\
+        import itertools
+        import torch
+
+        def train(model, loader, opt, crit):
+            for step, (x, y) in zip(itertools.count(), loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                print(f"step {step}")
+                if step > 100:
+                    break
+            for i, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                print(f"batch {i}", float(i))
+    """)
+    assert codes(src) == []
+
+
+# ------------------------------------------------------------------ control facts
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "step % log_every == 0",
+        "step % sample_every == 0 and rank == 0",
+        "i == 0",
+        "i < 1",
+        "rank == 0",
+        "local_rank in (-1, 0)",
+        "is_main_process()",
+        "dist.get_rank() == 0",
+        "accelerator.is_main_process",
+        "torch.cuda.is_available()",
+        "args.gpu",
+    ],
+)
+def test_no_per_step_finding_under_a_rare_or_guarded_branch(test):
+    """The same reads under a test of no known shape (`if flag:`) are reported: the guard is read."""
+    src = dedent(f"""\
+        import torch
+        import torch.distributed as dist
+
+        def train(model, loader, opt, crit, args, rank, local_rank, accelerator, log_every, sample_every):
+            step = 0
+            for i, (x, y) in enumerate(loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                step += 1
+                if {test}:
+                    torch.cuda.synchronize()
+                    print(loss.item(), loss)
+                    v = loss.cpu()
+    """)
+    assert codes(src) == []
+    unguarded = src.replace(f"if {test}:", "if log_every > 2:")
+    assert sorted(c for _, c in codes(unguarded)) == ["TOP601", "TOP602", "TOP603", "TOP606"]
+
+
+def test_a_logger_that_returns_early_off_rank_0_but_not_a_rank_guard_around_the_loop():
+    src = dedent("""\
+        import torch
+        import torch.distributed as dist
+
+        def log_value(value):
+            if dist.get_rank() != 0:
+                return
+            print(value.item())
+
+        def train(model, loader, opt, crit):
+            for x, y in loader:
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                log_value(loss)
+    """)
+    assert codes(src) == []
+    evaluation = dedent("""\
+        import torch
+
+        def evaluate(model, loader, rank):
+            correct = 0
+            if rank == 0:
+                for x, y in loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+            return correct
+    """)
+    assert [c for _, c in codes(evaluation)] == ["TOP601"]
+
+
+# ------------------------------------------------------------------ the device of a fix
+
+GPU_FLAG = """\
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--gpu", action="store_true")
+args = parser.parse_args([])
+
+model = torch.nn.Linear(4, 1)
+if args.gpu:
+    model.cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = torch.nn.MSELoss()
+torch.manual_seed(0)
+data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+
+
+def train():
+    running = 0.0
+    logged = []
+    for i, (x, y) in enumerate(data):
+        if args.gpu:
+            x, y = x.cuda(), y.cuda()
+        loss = crit(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running += loss.item()
+        if i % 3 == 2:
+            logged.append(running / 3)
+            running = 0.0
+    return logged
+
+
+logged = train()
+"""
+
+
+def test_no_device_literal_the_program_chose_only_under_a_flag():
+    """The accumulator would be created with `device="cuda"` on a CPU-only run too."""
+    out = fix_source(GPU_FLAG, S).text
+    assert out == GPU_FLAG
+    assert compare_programs(GPU_FLAG, out) == []  # the program still runs on the CPU
+    (diag,) = [d for d in check_source(GPU_FLAG, S).diagnostics if d.code == "TOP601"]
+    assert 'moves to "cuda" only under a condition' in diag.message
+    # With a device expression of its own, the fix uses it; an unconditional `.cuda()` is a choice.
+    src = GPU_FLAG.replace(
+        "if args.gpu:\n    model.cuda()\n", 'device = torch.device("cuda" if args.gpu else "cpu")\nmodel.to(device)\n'
+    ).replace(
+        "        if args.gpu:\n            x, y = x.cuda(), y.cuda()\n", "        x, y = x.to(device), y.to(device)\n"
+    )
+    out = fix_source(src, S).text
+    assert "running = torch.zeros((), dtype=torch.float64, device=device)" in out
+    assert compare_programs(src, out) == []
+    src = GPU_FLAG.replace(
+        "        if args.gpu:\n            x, y = x.cuda(), y.cuda()\n", "        x, y = x.cuda(), y.cuda()\n"
+    )
+    out = fix_source(src, S).text
+    assert 'running = torch.zeros((), dtype=torch.float64, device="cuda")' in out
