@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from textwrap import dedent
 
+import libcst as cst
 import pytest
+from libcst.metadata import MetadataWrapper
 
 from semantic import compare_programs
+from torchopt.analysis.control import Guard, Rate, control_of
+from torchopt.analysis.placement import Kind, Where, placements
+from torchopt.analysis.syntax import walk
+from torchopt.rewrite.rule import Rule, RuleContext
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import check_source, fix_source
 
@@ -57,6 +63,8 @@ def test_no_host_read_of_host_values(body):
 def test_the_cpu_copy_is_reported_where_it_waits_and_a_device_read_stays_reported():
     assert codes(in_step("preds = out.argmax(1).cpu()\nlabels = preds.tolist()")) == [(9, "TOP603")]
     assert codes(in_step("labels = out.argmax(1).tolist()")) == [(9, "TOP601")]
+    # a copy in the same expression as the read: reported once, at the read (TOP603 leaves it)
+    assert codes(in_step("labels = out.detach().cpu().numpy().tolist()")) == [(9, "TOP601")]
 
 
 def test_a_rebinding_replaces_the_fact_only_where_it_surely_runs():
@@ -237,3 +245,101 @@ def test_no_device_literal_the_program_chose_only_under_a_flag():
     )
     out = fix_source(src, S).text
     assert 'running = torch.zeros((), dtype=torch.float64, device="cuda")' in out
+
+
+# ------------------------------------------------------------------ the facts asked directly
+
+
+class _Probe(Rule):
+    code, name, family, message = "TOP000", "probe", "probe", "probe"
+
+
+def _rule(src: str) -> tuple[_Probe, cst.Module]:
+    wrapper = MetadataWrapper(cst.parse_module(src), unsafe_skip_copy=True)
+    rule = _Probe(RuleContext(wrapper.module, {}, ("device", "dev", "*_device")))
+    rule.resolving = rule.resolve(wrapper)  # kept alive: closing it drops the metadata
+    rule.resolving.__enter__()
+    return rule, wrapper.module
+
+
+def _call(module: cst.Module, name: str) -> cst.Call:
+    return next(
+        n
+        for n in walk(module, True)
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name
+    )
+
+
+def _read(module: cst.Module, name: str) -> cst.Name:
+    """The argument of the call `probe(name)`."""
+    arg = _call(module, "probe").args[0].value
+    assert isinstance(arg, cst.Name) and arg.value == name
+    return arg
+
+
+def test_value_facts_follow_rebinding_and_say_what_is_unknown():
+    src = dedent("""\
+        import torch
+
+        def f(x, device, n: int):
+            t = torch.zeros(3)
+            t = t.to(device)
+            probe(t)
+    """)
+    rule, module = _rule(src)
+    v = placements(rule).value(_read(module, "t"))
+    assert (v.kind, v.where) == (Kind.TENSOR, Where.UNKNOWN)
+    assert v.unknown_part == "its device: `.to(...)` to `device`, which may be the CPU or a GPU"
+    rule, module = _rule(src.replace("t = t.to(device)", "t = t.tolist()"))
+    v = placements(rule).value(_read(module, "t"))
+    assert (v.kind, v.on_host) == (Kind.SEQUENCE, True)
+    rule, module = _rule(src.replace("probe(t)", "probe(x)"))
+    assert placements(rule).value(_read(module, "x")).unknown_part == "what it holds: `x` is a parameter"
+
+
+def test_control_facts_read_guards_from_the_condition():
+    src = dedent("""\
+        import torch
+
+        def train(model, loader, opt, rank):
+            for x, y in loader:
+                try:
+                    model(x).sum().backward()
+                except torch.cuda.OutOfMemoryError:
+                    oom()
+                if rank != 0:
+                    pass
+                else:
+                    main_only()
+                if not is_main_process():
+                    others()
+                if torch.cuda.is_available() and rank == 0:
+                    both()
+    """)
+    rule, module = _rule(src)
+    control = control_of(rule)
+    assert Guard.OOM in control.guards(_call(module, "oom"))
+    assert control.guards(_call(module, "main_only")).flags == Guard.RANK0
+    assert control.guards(_call(module, "others")).flags == Guard.NONE
+    assert control.guards(_call(module, "both")).flags == Guard.RANK0 | Guard.DEVICE
+    assert control.frequency(_call(module, "oom")).rate is Rate.ON_ERROR
+    assert control.frequency(_call(module, "both")).rate is Rate.EVERY_STEP
+
+
+def test_a_refused_accumulator_says_which_value_fact_is_missing():
+    src = dedent("""\
+        import torch
+        import torch.nn.functional as F
+
+        def train(model, loader, opt, device, weight):
+            total = 0.0
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                total += loss.item() * weight
+            return total
+    """)
+    (diag,) = [d for d in check_source(src, S).diagnostics if d.code == "TOP601"]
+    assert "not rewritten: `weight` is not known to be a Python number (`weight` is a parameter)" in diag.message

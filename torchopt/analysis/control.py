@@ -256,6 +256,8 @@ class Control:
             right = self._test_guard(test.right, negated)
             both_needed = isinstance(test.operator, cst.And) != negated  # a conjunction (De Morgan)
             if both_needed:
+                if left is not None and right is not None:
+                    return left[0] | right[0], left[1]
                 return left or right
             return left if left is not None and right is not None and left[0] == right[0] else None
         rank = self._rank_test(test)
@@ -390,7 +392,8 @@ def _is_modulo(expr: cst.BaseExpression) -> bool:
 
 
 def _first_step(test: cst.BaseExpression) -> bool:
-    """`i == 0`, `i < 1`, `i <= 0`: a counter compared with a small literal, alone or `and`-ed."""
+    """`i == 0`, `i < 1`, `i <= 0`: a counter (not a rank) compared with a small literal, alone or
+    `and`-ed."""
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         return _first_step(test.left) or _first_step(test.right)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
@@ -398,6 +401,8 @@ def _first_step(test: cst.BaseExpression) -> bool:
         right = test.comparisons[0].comparator
         if not (isinstance(test.left, cst.Name) and isinstance(right, cst.Integer)):
             return False
+        if test.left.value in _RANK_NAMES:
+            return False  # `rank == 0` is a guard, not a first step
         n = int(right.evaluated_value)
         return (
             isinstance(op, cst.Equal)

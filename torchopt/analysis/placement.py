@@ -40,7 +40,8 @@ class Kind(enum.Enum):
     SCALAR = "a Python number"  # int, float or bool
     STR = "a string"
     SEQUENCE = "a list or tuple"
-    OTHER = "a Python object"  # None, a dict, a NumPy array, a device, a dtype
+    ARRAY = "a NumPy array"
+    OTHER = "a Python object"  # None, a dict, a device, a dtype
     UNKNOWN = "unknown"
 
 
@@ -65,7 +66,7 @@ class Value:
     def on_host(self) -> bool:
         """Reading it on the host cannot wait for a device: a Python value, or a tensor on the host
         (a list of them too); False when that is not established."""
-        if self.kind in (Kind.SCALAR, Kind.STR, Kind.OTHER):
+        if self.kind in (Kind.SCALAR, Kind.STR, Kind.ARRAY, Kind.OTHER):
             return True
         if self.kind is Kind.SEQUENCE:
             if self.items is not None:
@@ -77,9 +78,9 @@ class Value:
     def unknown_part(self) -> str | None:
         """The fact that could not be established (for messages), or None when both are known."""
         if self.kind is Kind.UNKNOWN:
-            return f"what it holds ({self.why})" if self.why else "what it holds"
+            return f"what it holds: {self.why}" if self.why else "what it holds"
         if self.kind is Kind.TENSOR and self.where is Where.UNKNOWN:
-            return f"its device ({self.why})" if self.why else "its device"
+            return f"its device: {self.why}" if self.why else "its device"
         return None
 
 
@@ -115,7 +116,7 @@ def join(values: list[Value]) -> Value:
         inner = [v.item for v in vals]
         item = join([i for i in inner if i is not None]) if all(i is not None for i in inner) else None
         return Value(kind, where, "lists from several assignments", item=item)
-    if kind in (Kind.SCALAR, Kind.STR, Kind.OTHER):
+    if kind in (Kind.SCALAR, Kind.STR, Kind.ARRAY, Kind.OTHER):
         return Value(kind, Where.HOST, first.why)
     return Value(kind, where, "it is assigned different values on different paths")
 
@@ -219,6 +220,8 @@ class Placements:
             return Value(Kind.TENSOR, join(tensors).where, "a comparison of tensors")
         if all(v.kind in (Kind.SCALAR, Kind.STR, Kind.SEQUENCE, Kind.OTHER) for v in vals):
             return _BOOL
+        if any(v.kind is Kind.ARRAY for v in vals) and all(v.on_host for v in vals):
+            return Value(Kind.ARRAY, Where.HOST, "a comparison of arrays")
         if all(v.on_host for v in vals):
             return Value(Kind.UNKNOWN, Where.HOST, "a comparison of host data")
         return unknown("a comparison of values of unknown kind")
@@ -369,6 +372,8 @@ class Placements:
                 return Value(Kind.SEQUENCE, Where.HOST, "a split string", item=_STR)
             if meth in ("startswith", "endswith", "isdigit"):
                 return _BOOL
+        if base.kind is Kind.ARRAY:  # NumPy computes on the host
+            return Value(Kind.UNKNOWN, Where.HOST, f"`.{meth}()` of a NumPy array")
         if meth in ("item", "tolist", "numpy") and not call.args:
             if base.kind not in (Kind.TENSOR, Kind.UNKNOWN):
                 return unknown(f"`.{meth}()` of {base.kind.value}")
@@ -377,7 +382,7 @@ class Placements:
                 return Value(Kind.SCALAR, Where.HOST, "`.item()`")
             if meth == "tolist":
                 return Value(Kind.SEQUENCE, Where.HOST, "`.tolist()`", item=_HOST_ANY)
-            return Value(Kind.OTHER, Where.HOST, "`.numpy()`", item=_HOST_ANY)
+            return Value(Kind.ARRAY, Where.HOST, "`.numpy()`", item=_HOST_ANY)
         kind = Kind.TENSOR if base.kind is Kind.TENSOR else Kind.UNKNOWN
         why = "" if kind is Kind.TENSOR else f" of a value not known to be a tensor ({base.why})"
         # `.cpu()` gives host data and `.cuda()` device data whatever the receiver (a tensor, a module).

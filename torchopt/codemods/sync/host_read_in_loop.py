@@ -380,9 +380,21 @@ class HostReadInLoop(Rule):
 
 def _reads_host_data(rule: Rule, read: cst.Call) -> bool:
     """`.tolist()` of a tensor moved with `.cpu()` or made on the CPU, `float(n)` of a Python number
-    (an `enumerate` counter, a list element): no device involved (the value facts)."""
+    (an `enumerate` counter, a list element): no device involved (the value facts). A copy written
+    in the same expression (`t.cpu().numpy()`) is where this read waits: TOP603 leaves it to this
+    rule, so the value read is the one before that chain of methods."""
     read_of = read.func.value if isinstance(read.func, cst.Attribute) else read.args[0].value if read.args else None
+    while (
+        isinstance(read_of, cst.Call)
+        and isinstance(read_of.func, cst.Attribute)
+        and (read_of.func.attr.value in HOST_READS or read_of.func.attr.value in _CHAIN)
+    ):
+        read_of = read_of.func.value
     return read_of is not None and placements(rule).value(read_of).on_host
+
+
+# Methods a read chain passes through on its way to the host (`t.detach().cpu().numpy().ravel()`).
+_CHAIN = frozenset(("cpu", "to", "detach", "clone", "contiguous", "ravel", "flatten", "float", "double", "squeeze"))
 
 
 _WHY = {

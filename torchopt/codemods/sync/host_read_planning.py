@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
+from torchopt.analysis.placement import Kind, placements
 from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.statement_edits import Refusal
@@ -134,7 +135,10 @@ class _Planner:
             return [expr]
         if self.tz.number(expr):
             return []
-        raise Refusal(None, f"`{source(self.rule, expr)}` is not a Python number")
+        value, text = placements(self.rule).value(expr), source(self.rule, expr)
+        if value.kind is Kind.UNKNOWN:
+            raise Refusal(None, f"`{text}` is not known to be a Python number ({value.why})")
+        raise Refusal(None, f"`{text}` is {value.kind.value}, not a Python number")
 
     def plan(self, aug: cst.AugAssign) -> Plan:
         if not isinstance(aug.target, cst.Name) or not isinstance(aug.operator, cst.AddAssign):

@@ -206,5 +206,7 @@ def truth_of_tensor(rule: Rule, test: cst.BaseExpression, scope: FunctionScope) 
         if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in test.comparisons):
             return False
         sides = [test.left, *(c.comparator for c in test.comparisons)]
-        return any(tensor_valued(rule, s, scope) for s in sides) and not all(placements(rule).value(s).on_host for s in sides)
+        return any(tensor_valued(rule, s, scope) for s in sides) and not all(
+            placements(rule).value(s).on_host for s in sides
+        )
     return isinstance(test, cst.Call) and tensor_valued(rule, test, scope)
