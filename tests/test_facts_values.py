@@ -343,3 +343,18 @@ def test_a_refused_accumulator_says_which_value_fact_is_missing():
     """)
     (diag,) = [d for d in check_source(src, S).diagnostics if d.code == "TOP601"]
     assert "not rewritten: `weight` is not known to be a Python number (`weight` is a parameter)" in diag.message
+
+
+def test_grad_norm_reads_and_data_dependent_shapes_follow_the_facts():
+    src = in_step(
+        "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "if step % 100 == 0:\n"
+        "    print(norm.item())\n"
+        "classes = y.cpu().unique()\n"
+        "if step % 100 == 0:\n"
+        "    hits = torch.nonzero(out > 0)",
+        header="step = 0\n",
+    )
+    assert codes(src) == [(13, "TOP603")]
+    every_step = src.replace("if step % 100 == 0:\n            ", "if step:\n            ")
+    assert sorted(c for _, c in codes(every_step)) == ["TOP603", "TOP604", "TOP607"]
