@@ -358,3 +358,20 @@ def test_grad_norm_reads_and_data_dependent_shapes_follow_the_facts():
     assert codes(src) == [(13, "TOP603")]
     every_step = src.replace("if step % 100 == 0:\n            ", "if step:\n            ")
     assert sorted(c for _, c in codes(every_step)) == ["TOP603", "TOP604", "TOP607"]
+
+
+def test_a_loader_batch_has_no_device_until_it_is_moved():
+    src = dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(list(range(8)), batch_size=2)
+        for x in loader:
+            probe(x)
+    """)
+    rule, module = _rule(src)
+    v = placements(rule).value(_read(module, "x"))
+    assert v.unknown_part == "what it holds: a batch of the loader `loader`, not moved to a device yet"
+    rule, module = _rule(src.replace("    probe(x)", '    x = x.to("cuda")\n    probe(x)'))
+    v = placements(rule).value(_read(module, "x"))
+    assert (v.kind, v.where, v.on_host) == (Kind.UNKNOWN, Where.DEVICE, False)

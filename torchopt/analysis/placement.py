@@ -28,6 +28,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
+from torchopt.analysis.program import program_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
 from torchopt.analysis.values import DeviceKind, classify_device
@@ -450,6 +451,12 @@ class Placements:
         return unknown(f"an element of {v.why}" if v.why else "an element of an unknown iterable")
 
     # ------------------------------------------------------------------ names
+    def _loader(self, expr: cst.BaseExpression) -> bool:
+        """``expr`` is a data loader of the program (its batches' devices are unknown until moved)."""
+        if isinstance(expr, cst.Call) and dotted(expr.func) in ("enumerate", "tqdm", "iter") and expr.args:
+            expr = expr.args[0].value
+        return isinstance(expr, (cst.Name, cst.Attribute)) and _loader_role(self.rule, expr)
+
     def _builtin(self, name: cst.Name) -> bool:
         try:
             scope = self.rule.get_metadata(ScopeProvider, name)
@@ -626,6 +633,9 @@ class Placements:
             source = _augmented(left, right)
         elif isinstance(parent, (cst.For, cst.CompFor)) and parent.target is cur:
             source = self._element(self.value(parent.iter, depth + 1))
+            if source.kind is Kind.UNKNOWN and source.where is Where.UNKNOWN and self._loader(parent.iter):
+                text = self.rule.ctx.module.code_for_node(parent.iter)
+                source = unknown(f"a batch of the loader `{text}`, not moved to a device yet")
         elif isinstance(parent, cst.AsName):
             return unknown("bound by `with ... as` or an import")
         else:
@@ -640,6 +650,11 @@ class Placements:
             else:
                 return unknown(f"unpacked from {source.why or 'an unknown value'}")
         return source
+
+
+def _loader_role(rule: Rule, expr: cst.BaseExpression) -> bool:
+    role = program_of(rule).role_of(expr)
+    return role is not None and role.kind == "loader"
 
 
 def _augmented(left: Value | None, right: Value) -> Value:
