@@ -127,7 +127,9 @@ def test_counters_from_itertools_count_and_enumerate_are_ints():
         "dist.get_rank() == 0",
         "accelerator.is_main_process",
         "torch.cuda.is_available()",
+        "not torch.cuda.is_available()",
         "args.gpu",
+        "not args.no_cuda",
     ],
 )
 def test_no_per_step_finding_under_a_rare_or_guarded_branch(test):

@@ -263,10 +263,10 @@ class Control:
         rank = self._rank_test(test)
         if rank is not None and rank == (not negated):
             return Guard.RANK0, "it runs only on rank 0"
+        if self._device_test(test):  # either branch of a device check is device-specific
+            return Guard.DEVICE, "it runs only under a device check"
         if negated:
             return None
-        if self._device_test(test):
-            return Guard.DEVICE, "it runs only under a device check"
         if isinstance(test, cst.Attribute) and dotted(test) is not None:
             return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
         return None
