@@ -377,3 +377,28 @@ def test_a_loader_batch_has_no_device_until_it_is_moved():
     rule, module = _rule(src.replace("    probe(x)", '    x = x.to("cuda")\n    probe(x)'))
     v = placements(rule).value(_read(module, "x"))
     assert (v.kind, v.where, v.on_host) == (Kind.UNKNOWN, Where.DEVICE, False)
+
+
+def test_a_counter_from_count_against_an_argparse_option_is_a_host_test():
+    src = dedent("""\
+        import argparse
+        from itertools import count
+
+        import torch
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--log-interval", type=int, default=10)
+        args = parser.parse_args([])
+
+
+        def main(model, opt, env):
+            for i_episode in count(1):
+                loss = model(env.reset()).sum()
+                loss.backward()
+                opt.step()
+                if i_episode % args.log_interval == 0:
+                    print("episode", i_episode)
+    """)
+    assert codes(src) == []
+    # a value of unknown origin in the same place is still a possible tensor
+    assert [c for _, c in codes(src.replace("args.log_interval", "env.interval"))] == ["TOP605"]

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
+from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 
 from torchopt.analysis.program import program_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
 from torchopt.analysis.values import DeviceKind, classify_device
-from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.metadata import ParentProvider, children_of
 from torchopt.rewrite.rule import Rule
 
 
@@ -98,6 +98,8 @@ _BOOL = Value(Kind.SCALAR, Where.HOST, "a bool")
 _STR = Value(Kind.STR, Where.HOST, "a string")
 _OTHER = Value(Kind.OTHER, Where.HOST, "a Python object")
 _HOST_ANY = Value(Kind.UNKNOWN, Where.HOST, "host data")
+_PARSER = Value(Kind.OTHER, Where.HOST, "an `argparse.ArgumentParser`")
+_OPTIONS = Value(Kind.OTHER, Where.HOST, "the options `argparse` parsed")
 _BUDGET = 24
 
 
@@ -270,6 +272,9 @@ class Placements:
 
     def _attribute(self, expr: cst.Attribute, depth: int) -> Value:
         attr = expr.attr.value
+        if isinstance(expr.value, cst.Name) and self.value(expr.value, depth + 1) == _OPTIONS:
+            # What `argparse` gives: strings, or what a `type=` callable made of one (host values).
+            return Value(Kind.UNKNOWN, Where.HOST, f"the option `{dotted(expr)}`")
         if attr in ("data", "T", "mT", "H", "real", "imag", "grad"):
             base = self.value(expr.value, depth + 1)
             if base.kind is Kind.TENSOR:
@@ -292,13 +297,18 @@ class Placements:
         q = callee(self.rule, call) if isinstance(func, (cst.Name, cst.Attribute)) else None
         if q is not None:
             return self._torch_call(q, call, depth)
-        if isinstance(func, cst.Attribute):
-            d = dotted(func)
-            if d in ("itertools.count", "it.count"):
-                return Value(Kind.SEQUENCE, Where.HOST, "`itertools.count()`", item=_INT)
-            return self._method(func.attr.value, func.value, call, depth)
-        if isinstance(func, cst.Name) and self._from_itertools(func, "count"):
+        names = self._qualified(func) if isinstance(func, (cst.Name, cst.Attribute)) else set()
+        if "itertools.count" in names:
             return Value(Kind.SEQUENCE, Where.HOST, "`itertools.count()`", item=_INT)
+        if "argparse.ArgumentParser" in names:
+            return _PARSER
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in ("parse_args", "parse_known_args") and self.value(func.value, depth + 1) == _PARSER:
+                if func.attr.value == "parse_args":
+                    return _OPTIONS
+                rest = Value(Kind.SEQUENCE, Where.HOST, "the arguments `argparse` did not parse", item=_STR)
+                return Value(Kind.SEQUENCE, Where.HOST, "`parse_known_args()`", items=(_OPTIONS, rest))
+            return self._method(func.attr.value, func.value, call, depth)
         return unknown(f"the result of `{dotted(func) or 'a call'}()`, which is not analysed")
 
     def _builtin_call(self, name: str, call: cst.Call, depth: int) -> Value:
@@ -466,14 +476,15 @@ class Placements:
             return False
         return not any(isinstance(a, Assignment) for a in scope[name.value])
 
-    def _from_itertools(self, name: cst.Name, what: str) -> bool:
+    def _qualified(self, func: cst.Name | cst.Attribute) -> set[str]:
+        """The imported names ``func`` may refer to (`count` from `from itertools import count`)."""
         try:
-            scope = self.rule.get_metadata(ScopeProvider, name)
+            scope = self.rule.get_metadata(ScopeProvider, func)
         except KeyError:
-            return False
+            return set()
         if scope is None:
-            return False
-        return any(q.name == f"itertools.{what}" for q in scope.get_qualified_names_for(name))
+            return set()
+        return {q.name for q in scope.get_qualified_names_for(func)}
 
     def name(self, name: cst.Name, depth: int = 0) -> Value:
         """What ``name`` holds where it is read."""
@@ -510,7 +521,12 @@ class Placements:
         assignments = list(scope[name.value])
         if not assignments:
             return unknown(f"`{name.value}` is not bound in this file")
-        if any(not isinstance(a, Assignment) or a.scope is not scope for a in assignments):
+        if not all(isinstance(a, Assignment) for a in assignments):
+            return unknown(f"`{name.value}` is bound in another scope or imported")
+        if all(isinstance(a.scope, GlobalScope) for a in assignments) and not isinstance(scope, GlobalScope):
+            # A module-level name read in a function: any of its bindings may be the one a call sees.
+            return join([self._binding(a.node, depth) for a in assignments])
+        if any(a.scope is not scope for a in assignments):
             return unknown(f"`{name.value}` is bound in another scope or imported")
         reaching = self._reaching(name, [a.node for a in assignments], getattr(scope, "node", self.rule.ctx.module))
         return join([self._binding(n, depth) for n in reaching])
@@ -679,8 +695,6 @@ def _augmented(left: Value | None, right: Value) -> Value:
 
 
 def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    from torchopt.rewrite.metadata import children_of
-
     return list(children_of(node))
 
 
