@@ -47,7 +47,7 @@ def test_rendered_json_is_what_lsprotocol_makes_of_the_diagnostics(encoding):
     assert len(array) == len(diags)
     for data in array:  # valid LSP diagnostics, unchanged by a round trip through lsprotocol
         assert converter.unstructure(converter.structure(data, lsp.Diagnostic)) == data
-    frame = publish_message("file:///m.py", 7, json.dumps(array))
+    frame = publish_message("file:///m.py", 7, json.dumps(array).encode())
     head, body = frame.split(b"\r\n\r\n", 1)
     assert head.startswith(b"Content-Length: %d\r\n" % len(body))
     message = json.loads(body)

@@ -38,7 +38,7 @@ class LaneDied(Exception):
 
 
 Look = tuple[str, str]  # (position encoding, ruleUrl): what the LSP JSON of a diagnostic depends on
-Checked = tuple[str | None, list[Diagnostic], tuple[Look, str] | None]
+Checked = tuple[str | None, list[Diagnostic], tuple[Look, bytes] | None]
 
 
 def check_text(

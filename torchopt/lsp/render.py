@@ -81,22 +81,20 @@ class Renderer:
             hit = self._memo[key] = json.dumps(lsp_json(d, lines, encoding, rule_url))
         return hit
 
-    def array(self, diags: Iterable[Diagnostic], text: str, encoding: str, rule_url: str) -> str:
-        """The JSON array of the LSP diagnostics of ``diags`` found in ``text``."""
+    def array(self, diags: Iterable[Diagnostic], text: str, encoding: str, rule_url: str) -> bytes:
+        """The JSON array of the LSP diagnostics of ``diags`` found in ``text``, in UTF-8 (JSON's
+        escapes keep it ASCII)."""
         lines = Lines(text)
-        return "[" + ", ".join(self.fragment(d, lines, encoding, rule_url) for d in diags) + "]"
+        return ("[" + ", ".join(self.fragment(d, lines, encoding, rule_url) for d in diags) + "]").encode("utf-8")
 
 
-def publish_message(uri: str, version: int | None, diagnostics_json: str) -> bytes:
-    """A framed ``textDocument/publishDiagnostics`` notification with a rendered array."""
+def publish_message(uri: str, version: int | None, diagnostics_json: bytes) -> bytes:
+    """A framed ``textDocument/publishDiagnostics`` notification around a rendered (UTF-8) array."""
     params = '{"uri": ' + json.dumps(uri)
     if version is not None:
         params += ', "version": ' + json.dumps(version)
-    body = (
-        '{"method": "textDocument/publishDiagnostics", "params": '
-        + params
-        + ', "diagnostics": '
-        + diagnostics_json
-        + '}, "jsonrpc": "2.0"}'
-    ).encode("utf-8")
-    return b"Content-Length: %d\r\nContent-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n" % len(body) + body
+    head = ('{"method": "textDocument/publishDiagnostics", "params": ' + params + ', "diagnostics": ').encode("utf-8")
+    tail = b'}, "jsonrpc": "2.0"}'
+    length = len(head) + len(diagnostics_json) + len(tail)
+    frame = b"Content-Length: %d\r\nContent-Type: application/vscode-jsonrpc; charset=utf-8\r\n\r\n" % length
+    return b"".join((frame, head, diagnostics_json, tail))

@@ -60,7 +60,7 @@ class Doc:
     diags: list[Diagnostic] = field(default_factory=list)
     # The LSP JSON array of ``diags`` and the (encoding, ruleUrl) it was rendered with, when it was
     # rendered off the event loop along with the check.
-    rendered: tuple[tuple[str, str], str] | None = field(default=None, repr=False)
+    rendered: tuple[tuple[str, str], bytes] | None = field(default=None, repr=False)
     broken: bool = False
     task: asyncio.Task | None = None
     # Its own incremental checker (results per group of statements), or its own worker process once
@@ -292,7 +292,7 @@ class TorchoptServer(LanguageServer):
 
     async def check_text(
         self, doc: Doc, text: str, edits: int, settings: Settings
-    ) -> tuple[str | None, list[Diagnostic], tuple[tuple[str, str], str] | None]:
+    ) -> tuple[str | None, list[Diagnostic], tuple[tuple[str, str], bytes] | None]:
         """Check ``text`` in the document's lane (lanes.check_text), after the document's previous
         job has finished: a cancelled caller leaves its job running, and the next one waits for it
         rather than share the checker. ``edits`` is the document's edit count when it had ``text``."""
