@@ -243,6 +243,10 @@ class Program:
                     if fn is not None and fn.cls is not None:
                         self._attr_binds.setdefault((fn.cls, t.attr.value), []).append((n, value))
 
+    def resolve_callable(self, func: cst.BaseExpression, at: cst.CSTNode) -> tuple[Function | None, str]:
+        """The file's function a call of ``func`` at ``at`` runs, and how (see ``Edge.how``)."""
+        return self._resolve_callable(func, at)
+
     def _resolve_callable(self, func: cst.BaseExpression, at: cst.CSTNode) -> tuple[Function | None, str]:
         """The file's function a call of ``func`` runs, and how (see ``Edge.how``)."""
         if isinstance(func, cst.Name):

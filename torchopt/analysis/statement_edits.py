@@ -86,6 +86,8 @@ class Edits:
     guards: dict[int, str] = field(default_factory=dict)
     body_end: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     wraps: dict[int, Wrap] = field(default_factory=dict)
+    hoist: dict[int, list[int]] = field(default_factory=dict)  # id(anchor) -> later statements moved above it
+    hoisted: set[int] = field(default_factory=set)
     # Every edited original node: (node, True) when statements are added next to it or it is wrapped
     # (the block holding it changes), (node, False) when only the node itself is replaced.
     touched: list[tuple[cst.CSTNode, bool]] = field(default_factory=list)
@@ -105,6 +107,13 @@ class Edits:
         dropped; statements added after any of them follow the ``with`` and ``trailing``."""
         self.wraps[id(stmts[0])] = Wrap(with_node, len(stmts), list(trailing))
         self.touched.append((stmts[0], True))
+
+    def hoist_before(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> None:
+        """Move ``stmt`` up above ``anchor``, an earlier statement of the same block (a path computed
+        before the folder it names is created, so that a guard covers both)."""
+        self.hoist.setdefault(id(anchor), []).append(id(stmt))
+        self.hoisted.add(id(stmt))
+        self.touched.append((stmt, True))
 
     def guard(self, stmt: cst.CSTNode, test: str) -> None:
         """Run ``stmt`` only when ``test`` holds; neighbours with the same test share one ``if``."""
@@ -144,6 +153,11 @@ class ApplyEdits(cst.CSTTransformer):
         out: list[cst.BaseStatement] = []
         i = 0
         while i < len(orig):
+            if id(orig[i]) in self.edits.hoisted:
+                i += 1
+                continue
+            moved = set(self.edits.hoist.get(id(orig[i]), ()))
+            out.extend(upd[k] for k in range(len(orig)) if id(orig[k]) in moved)
             out.extend(self.edits.before.get(id(orig[i]), []))
             if id(orig[i]) in self.edits.wraps:
                 i = self._wrap(orig, upd, i, out)
@@ -176,6 +190,8 @@ class ApplyEdits(cst.CSTTransformer):
         test = edits.guards[id(orig[i])]
         group = [upd[i]]
         j = i + 1
+        while j < len(orig) and id(orig[j]) in edits.hoisted:
+            j += 1
         while (
             j < len(orig)
             and edits.guards.get(id(orig[j])) == test
@@ -185,6 +201,8 @@ class ApplyEdits(cst.CSTTransformer):
         ):
             group.append(upd[j])
             j += 1
+            while j < len(orig) and id(orig[j]) in edits.hoisted:
+                j += 1
         lead = _as_statement(group[0]).leading_lines
         group[0] = group[0].with_changes(leading_lines=())
         out.append(cst.If(test=cst.parse_expression(test), body=cst.IndentedBlock(body=group), leading_lines=lead))

@@ -30,6 +30,7 @@ from torchopt.codemods.ddp.program_analysis import (
     is_import,
     side_effects,
 )
+from torchopt.codemods.ddp.save_groups import group_with_save
 from torchopt.rewrite.rule import ImportSpec
 
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
@@ -135,6 +136,7 @@ class Context:
 def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) -> int:
     """Rank-0 guards for output side effects. Returns how many statements were guarded."""
     n = 0
+    saves: list[tuple[cst.CSTNode, cst.BaseExpression]] = []
     for se in side_effects(analysis):
         s = se.stmt
         if analysis.under_rank_guard(s) or analysis.only_called_on_rank(s) or not ctx.may_edit(s):
@@ -147,6 +149,9 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
         n += 1
         if se.path is not None:
             n += _follow_written_file(analysis, e, ctx, s, se.path)
+            saves.append((s, se.path))
+    for saved, path in saves:  # the folder each file is written to, now that the log lines have their guards
+        n += group_with_save(analysis, e, saved, path, e.guards[id(saved)])
     for c in calls(analysis.module, True):
         if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue

@@ -30,7 +30,11 @@ class RankZeroGuards(Rule):
     `print`, `logging` calls and loggers' methods, `torch.save`, TensorBoard writers (created as
     `SummaryWriter(...) if <rank 0> else None`, their `add_*`/`flush`/`close` guarded),
     `wandb`/`mlflow` logging, `plt.savefig` and `with open(path, "w")` blocks; `tqdm(...)` gets
-    `disable=<not rank 0>`. Consecutive guarded statements share one `if`. Statements
+    `disable=<not rank 0>`. Consecutive guarded statements share one `if`, and a save is guarded
+    with its group: the folder created for it just before (`os.makedirs`, `os.mkdir` behind an
+    `exists` test, `Path.mkdir`; unguarded, every process creates it at once and all but one fail
+    with `FileExistsError`), the path computed in between (moved above the `if` when code outside
+    the group reads it), and the copy and the log line of the file after it. Statements
     already under a test that mentions the rank are left alone, and so is anything that could take
     part in a collective (a DDP forward, `backward()`, `dist.*`, a function of the file).
     Only code after the process group is created, or inside functions, is edited.

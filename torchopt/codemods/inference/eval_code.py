@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.names import callee, dotted
 from torchopt.analysis.arguments import has_star, positional
@@ -53,8 +54,26 @@ class EvalRule(ProgramRule):
                 continue
             if isinstance(func, cst.Name) and self._is_function_name(func):
                 continue
+            root = func
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if isinstance(root, cst.Name) and self._imported(root):
+                continue
             out.append((n, d))
         return out
+
+    def _imported(self, name: cst.Name) -> bool:
+        """``name`` is bound only by imports: ``build_model(cfg)``, ``ModelRegistry(...)`` or
+        ``clip.available_models()`` from another module builds or looks up something (a
+        construction, in the model lifecycle), it runs no model."""
+        try:
+            scope = self.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return False
+        if scope is None or name.value not in scope:
+            return False
+        found = list(scope[name.value])
+        return bool(found) and all(isinstance(getattr(a, "node", None), (cst.Import, cst.ImportFrom)) for a in found)
 
     def _is_function_name(self, name: cst.Name) -> bool:
         """``name`` is bound by a def or a class in the file (``build_model(...)`` is not a forward)."""

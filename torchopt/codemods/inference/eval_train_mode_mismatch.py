@@ -8,6 +8,7 @@ import libcst as cst
 
 from torchopt.analysis.conventions import EVAL_FUNCTION
 from torchopt.analysis.conventions import eval_loader_name
+from torchopt.analysis.lifecycle import Mode, lifecycle_of
 from torchopt.analysis.names import callee
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
@@ -17,6 +18,12 @@ from torchopt.codemods.inference.eval_code import dotted
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Valid
+
+
+def _module_key(model: str) -> str:
+    """The module a forward of ``model`` runs: ``self.net`` for ``self.net.forward``, ``model`` for ``model``."""
+    parts = model.split(".")
+    return ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
 
 
 def _receiver_root(call: cst.Call) -> str:
@@ -30,11 +37,17 @@ class EvalTrainModeMismatch(EvalRule):
     Reports two mode mistakes around evaluation:
 
     * evaluation code (a function named like evaluation, or a loop over a loader named like
-      held-out data) that runs a model without `model.eval()` before it — neither in the function
-      nor before the calls to it;
-    * an epoch loop that trains and then switches a model to evaluation (`model.eval()`, or a
-      function of the file that calls `.eval()`) but never switches it back with `model.train()`, so
-      from the second epoch on the model trains in evaluation mode.
+      held-out data) that runs a model that is in eval mode on no way in: the model lifecycle of
+      docs/design.md follows the statements in order, so `model.eval()` a few lines above, in a
+      chain (`Net().eval()`), in a factory of the file that returns the model, or in a helper called
+      with it counts (for an evaluation function's parameter: before every call of it);
+    * an epoch loop that trains and then switches a whole model it trains to evaluation
+      (`model.eval()`, or a function of the file that calls `.eval()` on the model it is given) but
+      never switches it back with `model.train()`, so from the second epoch on the model trains in
+      evaluation mode. Switching a part on purpose (`model.backbone.eval()`, or the BatchNorm layers
+      of `model.modules()`) is not reported, nor is a loop whose training step runs the model in
+      eval mode on every way in, the first epoch included (a linear probe on frozen features that
+      calls `model.eval()` before its own step): the code chose that mode.
 
     A model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
     only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
@@ -194,16 +207,11 @@ class EvalTrainModeMismatch(EvalRule):
         if self.is_method(fn) or self.called_from_training(fn):
             return
         fwd = self.forward_calls(fn.body)
-        if not fwd or self.trains(fn.body) is not None or self._mode_calls(fn.body, "eval"):
+        if not fwd or self.trains(fn.body) is not None:
             return
-        calls = self.calls_to(fn.name.value)
-        for call in calls:
-            if not self._eval_before(call):
-                break
-        else:
-            if calls:
-                return
-        model = fwd[0][1]
+        call, model = fwd[0]
+        if self._switched_to_eval(fn, call, model):
+            return
         self.report(
             fn.name,
             fmt={
@@ -213,30 +221,19 @@ class EvalTrainModeMismatch(EvalRule):
             },
         )
 
-    def _eval_before(self, node: cst.CSTNode, root: str | None = None) -> bool:
-        """Whether an `.eval()` call (on ``root``, when given) precedes ``node`` in its function (or
-        the module)."""
-        scope = self.scope_body(node)
-        pos = self.get_metadata_pos(node)
-        if any(
-            self.get_metadata_pos(c) < pos
-            for c in self._mode_calls(scope, "eval")
-            if root is None or _receiver_root(c) == root
-        ):
+    def _switched_to_eval(self, fn: cst.FunctionDef, call: cst.Call, model: str) -> bool:
+        """Whether the model an evaluation function runs is in eval mode there (the lifecycle's
+        modes): switched in the function itself, or, for a parameter, before every call of it."""
+        lc = lifecycle_of(self)
+        key = _module_key(model)
+        here = lc.modes_at(key, call)
+        if Mode.EVAL in here and Mode.UNKNOWN not in here:
             return True
-        # A call, before ``node``, of a function of this file that switches its argument to eval mode.
-        fns = {f.name.value: f for f in self._fns}
-        for n in walk(scope):
-            if (
-                isinstance(n, cst.Call)
-                and isinstance(n.func, cst.Name)
-                and n.func.value in fns
-                and self.get_metadata_pos(n) < pos
-                and self._mode_calls(fns[n.func.value].body, "eval")
-            ):
-                if root is None or any(isinstance(a.value, cst.Name) and a.value.value == root for a in n.args):
-                    return True
-        return False
+        params = [p.name.value for p in fn.params.params]
+        if key in params:
+            per_call = lc.argument_modes(fn, key)
+            return bool(per_call) and all(Mode.EVAL in modes for modes in per_call or ())
+        return Mode.EVAL in here
 
     def get_metadata_pos(self, node: cst.CSTNode) -> tuple[int, int]:
         from libcst.metadata import PositionProvider
@@ -254,9 +251,9 @@ class EvalTrainModeMismatch(EvalRule):
         fwd = self.forward_calls(loop.body)
         if not fwd or self.trains(loop.body) is not None:
             return
-        model = fwd[0][1]
+        call, model = fwd[0]
         root = model.split(".")[0]
-        if self._eval_before(loop, root if root != "self" else None):
+        if Mode.EVAL in lifecycle_of(self).modes_at(_module_key(model), call):
             return
         self.report(
             loop.iter,
@@ -285,7 +282,14 @@ class EvalTrainModeMismatch(EvalRule):
                 and self._has_backward(fns[n.func.value].body)
             ):
                 trained |= {a.value.value for a in n.args if isinstance(a.value, cst.Name)}
-        evals: list[cst.CSTNode] = [c for c in self._mode_calls(body, "eval") if _receiver_root(c) in trained]
+        # Only a switch of a whole trained model counts: `model.backbone.eval()` or a helper that puts
+        # the BatchNorm layers in eval mode freezes part of the model on purpose (a linear probe).
+        lc = lifecycle_of(self)
+        evals: list[cst.CSTNode] = [
+            c
+            for c in self._mode_calls(body, "eval")
+            if _receiver_root(c) in trained and lc.sets_whole_mode(c, Mode.EVAL)
+        ]
         for n in walk(body):
             if (
                 isinstance(n, cst.Call)
@@ -293,15 +297,29 @@ class EvalTrainModeMismatch(EvalRule):
                 and n.func.value in fns
                 and self._mode_calls(fns[n.func.value].body, "eval")
                 and any(isinstance(a.value, cst.Name) and a.value.value in trained for a in n.args)
+                and lc.sets_whole_mode(n, Mode.EVAL)
             ):
                 evals.append(n)
-        if not evals:
+        if not evals or any(self._trains_in_eval_mode(b) for b in [body, *(f.body for f in called)]):
             return
         first = min(evals, key=self.get_metadata_pos)
         if id(first) in reported:
             return
         reported.add(id(first))
         self.report(first, message=self.train_message, fmt={"call": source(self, first)})
+
+    def _trains_in_eval_mode(self, body: cst.CSTNode) -> bool:
+        """Whether a training step in ``body`` runs its model in eval mode on every way in, the first
+        epoch included: the code chose eval mode for its own step (a linear probe on frozen features
+        keeps BatchNorm statistics fixed), so an `eval()` after it leaves nothing behind."""
+        lc = lifecycle_of(self)
+        for n in walk(body):
+            if not (isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"):
+                continue
+            for _call, name in self.forward_calls(body):
+                if lc.modes_at(_module_key(name), n) == {Mode.EVAL}:
+                    return True
+        return False
 
     def _has_backward(self, body: cst.CSTNode) -> bool:
         for n in walk(body):

@@ -10,6 +10,7 @@ import libcst as cst
 
 from torchopt.analysis.conventions import EVAL_FUNCTION
 from torchopt.analysis.conventions import eval_loader_name
+from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.inference import FAMILY
@@ -81,6 +82,13 @@ class EvalWithoutNoGrad(EvalRule):
     is decorated, and its top-level statements (or those of its `if __name__ == "__main__":`
     block) from the first model call to the last go under one `with torch.no_grad():` (unsafe,
     semantics: the outputs, saved or returned, no longer require grad).
+
+    A fix never wraps a model's construction or weight loading (the model lifecycle of
+    docs/design.md): a function that builds or loads a model (an inference `main()`) is not
+    decorated, its statements that run the model are wrapped instead, and a statement that builds
+    or loads a module ends one `with` block (the next model call starts another). Parameters made
+    under `inference_mode` (which TOP802 may make of the block) are inference tensors, and a later
+    `load_state_dict` on them raises.
 
     ## Why is this slow
     With autograd on, every forward records a graph and keeps every activation it needs for a
@@ -426,49 +434,107 @@ class EvalWithoutNoGrad(EvalRule):
 
     def _script_block(self, block: cst.Module | cst.IndentedBlock) -> None:
         """Top-level statements of an inference script (load weights, call the model, save the
-        output) that call a model with autograd on: the run from the first to the last of them
-        goes under one ``with torch.no_grad():`` (a ``with`` does not scope names, so everything
-        after still sees them)."""
+        output) that call a model with autograd on go under ``with torch.no_grad():`` (a ``with``
+        does not scope names, so everything after still sees them)."""
+        self._wrap_runs(block, "This inference script", None, in_function=False)
+
+    def _wrap_runs(
+        self, block: cst.Module | cst.IndentedBlock, what: str, gf: _GradFree | None, in_function: bool = True
+    ) -> bool | None:
+        """Wrap the statements of ``block`` that call a model with autograd on, from the first to the
+        last, in one ``with torch.no_grad():``; a statement that builds a module or loads weights into
+        one (the lifecycle's construction and loading) stays outside and splits the run, since
+        parameters made under ``inference_mode`` (which TOP802 may make of it) are inference tensors
+        that a later ``load_state_dict`` cannot update. ``gf``: decide safety from the names the
+        wrapped statements bind (None: always unsafe). Returns True when it reported, None when no
+        statement of ``block`` is left to wrap, False when the statements cannot be wrapped."""
         body = list(block.body)
+        lc = lifecycle_of(self)
         hits = [
             i
             for i, st in enumerate(body)
-            if not isinstance(st, (cst.FunctionDef, cst.ClassDef, cst.If))
-            and not (isinstance(st, cst.For) and st in self._loops)
+            if not isinstance(st, (cst.FunctionDef, cst.ClassDef))
+            and (in_function or not isinstance(st, cst.If))  # a script's `if`s are its guard, wrapped on its own
+            and not self._own_unit(st)
             and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
+            and not lc.builds_or_loads(st)
         ]
-        if not hits:
-            return
-        span = body[hits[0] : hits[-1] + 1]
-        if any(
-            isinstance(st, (cst.FunctionDef, cst.ClassDef)) or st in self._loops or self.trains(st) is not None
-            for st in span
-        ):
-            return
+        runs: list[list[int]] = []
+        for i in hits:  # a construction, a loading or a loop wrapped on its own ends a run
+            if runs and not any(lc.builds_or_loads(st) or self._own_unit(st) for st in body[runs[-1][1] + 1 : i]):
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        for first, last in runs:
+            if any(
+                isinstance(st, (cst.FunctionDef, cst.ClassDef)) or self.trains(st) is not None
+                for st in body[first : last + 1]
+            ):
+                return False
         ref = torch_ref(self)
+        if not runs:
+            blocked = any(
+                lc.builds_or_loads(st) and any(not self.in_grad_off(c) for c, _ in self.forward_calls(st))
+                for st in body
+                if not isinstance(st, (cst.FunctionDef, cst.ClassDef))
+            )
+            return False if blocked else None
         if ref is None:
-            return
-        first = span[0]
-        assert isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement))  # as every statement is
-        inner = [first.with_changes(leading_lines=())] + span[1:]
-        wrapped = cst.With(
-            items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
-            body=cst.IndentedBlock(body=inner),
-            leading_lines=first.leading_lines,
-        )
-        new_body = body[: hits[0]] + [wrapped] + body[hits[-1] + 1 :]
-        model = self.forward_calls(first)[0][1] if self.forward_calls(first) else "the model"
+            return False
+        new_body: list[cst.BaseStatement] = []
+        done = 0
+        for first, last in runs:
+            head = body[first]
+            assert isinstance(head, (cst.SimpleStatementLine, cst.BaseCompoundStatement))  # as every statement is
+            new_body += body[done:first]
+            new_body.append(
+                cst.With(
+                    items=[cst.WithItem(item=cst.Call(func=ref.attr("no_grad")))],
+                    body=cst.IndentedBlock(body=[head.with_changes(leading_lines=()), *body[first + 1 : last + 1]]),
+                    leading_lines=head.leading_lines,
+                )
+            )
+            done = last + 1
+        new_body += body[done:]
+        wrapped = [st for first, last in runs for st in body[first : last + 1]]
+        free = gf is not None and all(self._bound_free(wrapped, name, gf) for name in self._bound(wrapped))
+        fwd = self.forward_calls(body[runs[0][0]])
+        model = fwd[0][1] if fwd else "the model"
+        fix = {"replacement": block.with_changes(body=new_body), "target": block, "imports": ref.imports}
+        if free:
+            self.report(body[runs[0][0]], fmt={"what": what, "model": model}, **fix)
+            return True
         self.report(
-            first,
-            fmt={"what": "This inference script", "model": model},
-            replacement=block.with_changes(body=new_body),
-            target=block,
-            imports=ref.imports,
+            body[runs[0][0]],
+            fmt={"what": what, "model": model},
+            **fix,
             safety=Safety.UNSAFE,
             tags=(Tag.SEMANTICS,),
             note="values are identical; tensors computed from the model no longer require grad "
             "(a saved output tensor no longer carries requires_grad)",
         )
+        return True
+
+    def _own_unit(self, st: cst.CSTNode) -> bool:
+        """A loop over held-out data that ``_loop`` wraps on its own (not one inside a function named
+        like evaluation: there the function is the unit)."""
+        if not (isinstance(st, cst.For) and st in self._loops):
+            return False
+        fn = self.enclosing_function(st)
+        return fn is None or not EVAL_FUNCTION.match(fn.name.value)
+
+    def _bound(self, stmts: list[cst.BaseStatement]) -> set[str]:
+        out: set[str] = set()
+        for st in stmts:
+            out |= self.assigned_names(st)
+        return out
+
+    def _bound_free(self, stmts: list[cst.BaseStatement], name: str, gf: _GradFree) -> bool:
+        for st in stmts:
+            for n in walk(st):
+                if isinstance(n, cst.Name) and n.value == name:
+                    return gf.name(n, 0)
+        return False
 
     def _function(self, fn: cst.FunctionDef, gf: _GradFree) -> None:
         if self.decorated_grad_off(fn) or self.in_grad_off(fn):
@@ -480,6 +546,17 @@ class EvalWithoutNoGrad(EvalRule):
             return
         if any(isinstance(n, cst.With) and any(self.grad_off_call(i.item) for i in n.items) for n in walk(fn.body)):
             return  # the user chose where autograd is off
+        if lifecycle_of(self).builds_or_loads(fn.body):
+            # Never decorate over the model's construction or weight loading: wrap the statements
+            # that run the model instead.
+            what = f"`{fn.name.value}()`"
+            if not isinstance(fn.body, cst.IndentedBlock) or self._wrap_runs(fn.body, what, gf) is False:
+                self.report(
+                    fn.name,
+                    fmt={"what": what, "model": fwd[0][1]},
+                    note="not rewritten: the statements that run the model also build it or load its weights",
+                )
+            return
         results = [n.value for n in walk(fn.body) if isinstance(n, (cst.Return, cst.Yield)) and n.value is not None]
         for call in self.calls_to(fn.name.value):
             stmt = self.statement_of(call)
@@ -511,6 +588,8 @@ class EvalWithoutNoGrad(EvalRule):
         fwd = [f for f in self.forward_calls(loop.body) if not self.in_grad_off(f[0])]
         if not fwd or self.trains(loop.body) is not None:
             return  # no forward, or every one already runs with autograd off
+        if lifecycle_of(self).builds_or_loads(loop.body):
+            return  # a loop over checkpoints loads weights: never under no_grad/inference_mode
         parent = self.get_metadata(ParentProvider, loop, None)
         if not isinstance(parent, (cst.IndentedBlock, cst.Module)):
             return

@@ -6,6 +6,7 @@ from textwrap import dedent
 
 import libcst as cst
 
+from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import source
@@ -53,7 +54,10 @@ class NoGradInPureInference(EvalRule):
     `if __name__ == "__main__":` guard; a decorated function must be called in the file) that never
     train, never in library modules whose results go to unknown callers, and not when a name assigned in the block is
     later modified in place or passed to a model (or any function that is not a torch function
-    or a builtin) outside a no-grad region. The values are identical.
+    or a builtin) outside a no-grad region, nor for a block or function that builds a model or loads
+    weights into one (see "Model lifecycle" in docs/design.md): parameters made in inference mode
+    are inference tensors, and the `load_state_dict` that follows outside the block would raise.
+    The values are identical.
     """
 
     code = "TOP802"
@@ -200,6 +204,20 @@ class NoGradInPureInference(EvalRule):
             note="used by a forward with autograd on (the parameters require grad): would raise",
             runnable=True,
         ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+                if __name__ == "__main__":
+                    with torch.no_grad():
+                        model = nn.Linear(4, 2)
+                    model.load_state_dict({"weight": torch.ones(2, 4), "bias": torch.zeros(2)})
+            """),
+            note="builds the model: its parameters would be inference tensors, and the `load_state_dict` "
+            "after the block would raise",
+            runnable=True,
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -241,6 +259,10 @@ class NoGradInPureInference(EvalRule):
             if isinstance(owner, cst.FunctionDef) and not self.calls_to(owner.name.value):
                 continue
             if not self._escapes_ok(owner):
+                continue
+            if lifecycle_of(self).builds_or_loads(owner):
+                # Parameters made under inference_mode are inference tensors: the `load_state_dict`
+                # (or training) that follows outside the block would raise.
                 continue
             new = cst.Call(func=self._inference_mode_func(call, ref.name))
             text = cst.Module([]).code_for_node(new)

@@ -1,0 +1,139 @@
+"""A rank-0 guard covers the group of side effects that belong to one save: the folder creation, the
+path, the write, the copy and the log line for that file, in one `if` (TOP405 and the DDP
+conversions share the guard). Unguarded, every process creates the folder at once and all but one
+fail with FileExistsError."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from layout_cases import rewrite
+
+HEAD = """\
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(nn.Linear(4, 2))
+for epoch in range(2):
+    loss = model(torch.randn(3, 4)).mean()
+    loss.backward()
+"""
+
+SAVE = """\
+    ckpt_dir = os.path.join("runs", f"epoch{epoch}")
+    if not os.path.exists(ckpt_dir):
+        os.mkdir(ckpt_dir)
+    path = os.path.join(ckpt_dir, "model.pt")
+    torch.save(model.module.state_dict(), path)
+    shutil.copyfile(path, "runs/last.pt")
+    print(f"saved {path}")
+"""
+
+
+def test_the_folder_creation_joins_the_guard_of_its_save(tmp_path):
+    res, text = rewrite(tmp_path / "a", HEAD + SAVE, "--unsafe-fixes", "--select", "TOP405")
+    assert res.exit_code == 0, res.output
+    assert text == HEAD + (
+        '    ckpt_dir = os.path.join("runs", f"epoch{epoch}")\n'
+        "    if dist.get_rank() == 0:\n"
+        "        if not os.path.exists(ckpt_dir):\n"
+        "            os.mkdir(ckpt_dir)\n"
+        '        path = os.path.join(ckpt_dir, "model.pt")\n'
+        "        torch.save(model.module.state_dict(), path)\n"
+        '        shutil.copyfile(path, "runs/last.pt")\n'
+        '        print(f"saved {path}")\n'
+    )
+
+
+def test_a_path_read_after_the_group_is_computed_above_the_guard(tmp_path):
+    src = (
+        HEAD
+        + SAVE.replace(
+            '    ckpt_dir = os.path.join("runs", f"epoch{epoch}")\n    if not os.path.exists(ckpt_dir):\n        os.mkdir(ckpt_dir)\n',
+            '    os.makedirs("runs", exist_ok=True)\n',
+        ).replace('os.path.join(ckpt_dir, "model.pt")', 'os.path.join("runs", f"{epoch}.pt")')
+        + "    last = path\n"
+    )
+    res, text = rewrite(tmp_path, src, "--unsafe-fixes", "--select", "TOP405")
+    assert res.exit_code == 0, res.output
+    assert text == HEAD + (
+        '    path = os.path.join("runs", f"{epoch}.pt")\n'
+        "    if dist.get_rank() == 0:\n"
+        '        os.makedirs("runs", exist_ok=True)\n'
+        "        torch.save(model.module.state_dict(), path)\n"
+        '        shutil.copyfile(path, "runs/last.pt")\n'
+        '        print(f"saved {path}")\n'
+        "    dist.barrier()  # the file is written by rank 0 only\n"
+        "    last = path\n"
+    )
+    # a folder the save does not write to is no part of its group
+    src = HEAD + '    os.makedirs("logs", exist_ok=True)\n    torch.save(model.module.state_dict(), "ckpt.pt")\n'
+    res, text = rewrite(tmp_path / "b", src, "--unsafe-fixes", "--select", "TOP405")
+    assert res.exit_code == 0, res.output
+    assert text == HEAD + (
+        '    os.makedirs("logs", exist_ok=True)\n'
+        "    if dist.get_rank() == 0:\n"
+        '        torch.save(model.module.state_dict(), "ckpt.pt")\n'
+    )
+
+
+SINGLE_PROCESS = """\
+import os
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+dataset = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+loader = DataLoader(dataset, batch_size=4, shuffle=True)
+for epoch in range(2):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out_dir = os.path.join("runs", str(epoch))
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(out_dir, "model.pt"))
+    print(f"epoch {epoch} saved to {out_dir}")
+"""
+
+
+def test_the_ddp_conversion_guards_the_folder_with_its_checkpoint(tmp_path):
+    res, text = rewrite(tmp_path, SINGLE_PROCESS, "--unsafe-fixes", "--select", "TOP402")
+    assert res.exit_code == 0, res.output
+    assert text.endswith(
+        '    out_dir = os.path.join("runs", str(epoch))\n'
+        "    if rank == 0:\n"
+        "        os.makedirs(out_dir, exist_ok=True)\n"
+        '        torch.save(model.module.state_dict(), os.path.join(out_dir, "model.pt"))\n'
+        '        print(f"epoch {epoch} saved to {out_dir}")\n'
+        "\n"
+        "dist.destroy_process_group()\n"
+    )
+
+
+@pytest.mark.slow
+def test_the_converted_program_runs_as_one_process_and_writes_the_same_checkpoints(tmp_path):
+    res, text = rewrite(tmp_path, SINGLE_PROCESS, "--unsafe-fixes", "--select", "TOP402")
+    assert res.exit_code == 0, res.output
+    assert "    if rank == 0:\n        os.makedirs(out_dir, exist_ok=True)\n" in text
+    outputs = []
+    for name, program in (("before", SINGLE_PROCESS), ("after", text)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "train.py").write_text(program, encoding="utf-8")
+        done = subprocess.run([sys.executable, "train.py"], cwd=run_dir, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append((done.stdout, sorted(str(p.relative_to(run_dir)) for p in (run_dir / "runs").rglob("*"))))
+    assert outputs[0] == outputs[1]
