@@ -12,9 +12,12 @@ rewrite, DIVERGED naming the fix for one that really breaks the program (``expec
 Prints a Markdown table (the rows of the tables in docs/validation.md, with each run's largest
 loss difference as a fraction of the loss scale) and writes ``validate_real.json``.
 
-Patches are the smallest that make a script run on a CPU in seconds: shrink the model and the
-data, point the device at the CPU, and replace downloads with synthetic tensors. None of them
-touches the training step, which is what the rewrite changes.
+The scripts run unchanged: tiny configurations and synthetic data come from their own arguments
+(nanoGPT's configurator.py overrides, ``--dummy``, ``--dataset fake``), synthetic data files, a
+deterministic stand-in for ``torchvision``, and, where a script hard-codes its device in its
+``__main__`` block, a wrapper module of ours that calls the script's own ``main()`` through
+``--entry``. One case (the torchrun script, which needs gloo and no device ids on the CPU) is a
+patched copy; its patches are listed with it and it is not counted among the unchanged scripts.
 """
 
 from __future__ import annotations
