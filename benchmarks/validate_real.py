@@ -93,8 +93,18 @@ class FakeData(torch.utils.data.Dataset):
         return (self.transform(x) if self.transform else x), y
 
 
-def MNIST(root, train=True, download=False, transform=None, **kwargs):
-    return FakeData(256 if train else 64, (1, 28, 28), 10, transform)
+class MNIST(FakeData):
+    """FakeData in MNIST's shape, with MNIST's ``data`` (uint8 images) and ``targets`` attributes."""
+
+    def __init__(self, root, train=True, download=False, transform=None, **kwargs):
+        super().__init__(256 if train else 64, (1, 28, 28), 10, transform)
+        items = [FakeData.__getitem__(self, i) for i in range(self.size)] if transform is None else []
+        if items:
+            self.data = torch.stack([(x[0] * 255).to(torch.uint8) for x, _ in items])
+            self.targets = torch.tensor([y for _, y in items])
+        else:
+            raw = MNIST(root, train)
+            self.data, self.targets = raw.data, raw.targets
 
 
 def ImageFolder(root, transform=None, **kwargs):
@@ -105,10 +115,24 @@ def ImageFolder(root, transform=None, **kwargs):
 import torch.nn as nn
 
 
+class TinyResNet(nn.Module):
+    """ResNet's attribute names (conv1 ... fc, fc last among the children), a tiny CNN inside."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, stride=4, padding=3, bias=False)  # ResNet's stem width
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.avgpool(self.relu(self.bn1(self.conv1(x)))).flatten(1))
+
+
 def resnet18(pretrained=False, weights=None, num_classes=1000, **kwargs):
     """A tiny CNN under the ImageNet example's default architecture name (1000 classes, as FakeData's)."""
-    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+    return TinyResNet(num_classes)
 ''',
 }
 
@@ -242,6 +266,16 @@ CASES = [
         "pytorch+examples",
         ("imagenet/main.py",),
         args=("--dummy", "-a", "resnet18", "-j", "0", "-b", "4", "--epochs", "1", "-p", "1"),
+        extra=TORCHVISION,
+    ),
+    # torchvision's resnet18 and MNIST are the stand-in's (a tiny CNN with ResNet's attribute names;
+    # FakeData with MNIST's `data` and `targets`).
+    Case(
+        "examples siamese_network/main.py",
+        "siamese CNN, pairs from MNIST, BCELoss, Adadelta, StepLR",
+        "pytorch+examples",
+        ("siamese_network/main.py",),
+        args=("--batch-size", "16", "--test-batch-size", "32", "--epochs", "2", "--no-accel"),
         extra=TORCHVISION,
     ),
     Case(

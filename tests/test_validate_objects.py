@@ -77,6 +77,16 @@ def test_a_loader_with_workers_yields_the_originals_batches_and_moves_no_generat
     assert torch.equal(torch.get_rng_state(), after_plain)  # the rewrite's loader drew nothing the program sees
 
 
+def test_a_shuffle_drawn_at_the_first_batch_is_drawn_from_the_same_state() -> None:
+    """A single-process loader's sampler draws its shuffle lazily, at the first batch: the two
+    loaders must draw it from the same generator state (imagenet's `persistent_workers=args.workers > 0`
+    with `-j 0` was called DIVERGED: the rewrite's loader drew after the original's had moved it)."""
+    ds = TensorDataset(torch.randn(40, 3), torch.arange(40))
+    torch.manual_seed(0)
+    sites, _ = _twinned(DataLoader(ds, batch_size=8, shuffle=True), DataLoader(ds, batch_size=8, shuffle=True))
+    assert not sites.errors and sites.loaders["s0"] == {"equal": 10, "moments": 0}
+
+
 def test_augmentation_drawn_elsewhere_is_checked_by_moments_and_a_shift_is_caught() -> None:
     sites, _ = _twinned(
         DataLoader(Noisy(), batch_size=16, generator=torch.Generator().manual_seed(1)),

@@ -133,6 +133,9 @@ def _batch_problem(torch: Any, new: Any, old: Any) -> tuple[bool, str | None]:
     return equal, None
 
 
+_END = object()
+
+
 class _TwinIterator:
     def __init__(self, twin: "_Twin", old_it: Any, new_it: Any) -> None:
         self.twin, self.old_it, self.new_it = twin, old_it, new_it
@@ -145,27 +148,31 @@ class _TwinIterator:
         return len(self.old_it)
 
     def __next__(self) -> Any:
+        # The rewrite's loader goes first, under forked generators, then the original's from the
+        # same states: a draw either makes lazily (a single-process sampler draws its shuffle at
+        # the first batch) sees what the other saw.
         twin = self.twin
-        try:
-            old = next(self.old_it)
-        except StopIteration:
-            if self.new_it is not None:
-                try:
-                    with twin.forked():
-                        next(self.new_it)
-                    twin.fail(f"the rewrite's loader yields more than the original's {self.batch} batches")
-                except StopIteration:
-                    pass
-            raise
+        new: Any = _END
         if self.new_it is not None:
             try:
                 with twin.forked():
                     new = next(self.new_it)
             except StopIteration:
+                pass
+        try:
+            old = next(self.old_it)
+        except StopIteration:
+            if self.new_it is not None and new is not _END:
+                twin.fail(f"the rewrite's loader yields more than the original's {self.batch} batches")
+            raise
+        if self.new_it is not None:
+            if new is _END:
                 twin.fail(f"the rewrite's loader ends after {self.batch} batches; the original's yields more")
                 self.new_it = None
             else:
                 twin.check(new, old, self.batch)
+                if twin.stopped:
+                    self.new_it = None
         self.batch += 1
         return old
 
