@@ -341,11 +341,12 @@ def _replayed_objects(a: dict, sites: Sequence, applied: Sequence[Diagnostic]) -
         if site.id not in found:
             continue
         why = found[site.id]
+        # the site's own fix and the fixes it covers, those starting in its expression (TOP701 and
+        # TOP703 both edit one DataLoader call)
         out += [
-            (d, why)  # the site's own fix (a diagnostic's span does not say where its edit lies)
+            (d, why)
             for d in applied
-            if replayable(d)
-            and (d.path, d.line, d.column, (d.end_line, d.end_column)) == (site.path, site.line, site.column, site.end)
+            if replayable(d) and d.path == site.path and (site.line, site.column) <= (d.line, d.column) < site.end
         ]
     return out
 
