@@ -296,7 +296,7 @@ def rewrite(
 
 def _validated_resolver(paths, resolver, entry, unsafe_fixes, run_opts):
     """Validate the rewrite by running ``entry``; leave out, file by file, the rules that broke it."""
-    from torchopt.validate.command import KeptResolver, check_rewrite
+    from torchopt.validate.gate import KeptResolver, check_rewrite
 
     if not os.path.isfile(entry):
         raise _Usage(f"--validate: {entry} is not a file")

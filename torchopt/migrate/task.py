@@ -345,7 +345,7 @@ def _validate(
 ) -> set[str] | None:
     """Run ENTRY before and after the rewrite (torchopt.validate); returns the codes that may be
     written (None: all). Sets res.validation; raises _Failed when ENTRY cannot run."""
-    from torchopt.validate.command import check_rewrite
+    from torchopt.validate.gate import check_rewrite
 
     entry_rel = task.options.validate or ""
     entry = os.path.join(tree, entry_rel)

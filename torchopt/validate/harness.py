@@ -23,6 +23,8 @@ import traceback
 import types
 from typing import Any
 
+from torchopt.validate import twins
+
 
 class StopRun(BaseException):
     """Raised after the N-th optimizer step; a BaseException so `except Exception` cannot swallow it."""
@@ -93,6 +95,7 @@ class Recorder:
         self.site_errors: list[str] = []
         self.site_calls: dict[str, int] = {}
         self.site_objects: dict[str, str] = {}  # sites whose value is not a tensor: its type
+        self.objects = twins.Sites()  # modules replayed by state, loaders checked batch for batch
         self.uncomputed: list[str] = []  # globals holding clock/process/random values (provenance.py)
 
     def _record_loss(self, t: Any) -> None:
@@ -245,7 +248,10 @@ class Recorder:
             "steps_done": self.steps_done,
             "tensors": tensors,
             "notes": self.notes,
-            "site_errors": self.site_errors,
+            "site_errors": self.site_errors + self.objects.errors,
+            "site_unchecked": dict(self.objects.unchecked),
+            "site_modules": list(self.objects.modules),
+            "site_loaders": dict(self.objects.loaders),
             "site_calls": dict(self.site_calls),
             "site_objects": dict(self.site_objects),
             "uncomputed": list(self.uncomputed),
@@ -347,6 +353,12 @@ def _install_sites(torch: Any, rec: Recorder) -> None:
             new = new_fn()
         old = orig_fn()
         unlike = _object_unlike(torch, new, old)
+        if unlike and isinstance(new, torch.nn.Module) and twins.module_by_state(torch, new, old):
+            if site_id not in rec.objects.modules:
+                rec.objects.modules.append(site_id)
+            return new  # the rewrite's module runs, from the original's values (twins.py)
+        if unlike and twins.loader_twin(torch, rec.objects, site_id, new, old):
+            return old  # it checks each batch against the rewrite's loader (twins.py)
         if unlike:  # the original's object stands in for one the fix built otherwise
             rec.site_objects.setdefault(site_id, unlike)
         problem = _site_problem(torch, new, old)

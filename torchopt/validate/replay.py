@@ -105,6 +105,34 @@ def _expressions(text: str) -> dict[tuple[int, int], _Expr]:
     return visitor.by_span
 
 
+def _next_token(text: str, i: int, skip: str = " \t\r\n\\") -> str:
+    while i < len(text) and text[i] in skip:
+        i += 1
+    return text[i : i + 1]
+
+
+def _new_span(
+    edit: TextMap, original: str, rewritten: str, ends: dict[int, list[int]], a1: int, a2: int
+) -> tuple[int, int]:
+    """Where the expression written in place of ``original[a1:a2]`` lies in ``rewritten`` ((-1, -1)
+    when it cannot be told). It starts where the old one started, and it is followed by what
+    followed the old one (the layout may add a trailing comma): the smallest such expression that
+    reaches the old end's image. The character diff alone can pair the old closing parenthesis
+    with one inside the new arguments."""
+    b1, exact_start = edit.start(a1)
+    if not exact_start:
+        return -1, -1
+    b2, exact_end = edit.end(a2)
+    follows = _next_token(original, a2)
+    for end in sorted(ends.get(b1, ())):
+        if end < (b2 if exact_end else b1 + 1):
+            continue
+        nxt = _next_token(rewritten, end)
+        if nxt == follows or (nxt == "," and _next_token(rewritten, end, " \t\r\n\\,") == follows):
+            return b1, end
+    return (b1, b2) if exact_end else (-1, -1)
+
+
 def instrument(
     original: str, rewritten: str, fixes: Sequence[Any], prefix: str = "s"
 ) -> tuple[str, list[Site], list[tuple[Any, str]]]:
@@ -119,13 +147,18 @@ def instrument(
     edit = TextMap(original, rewritten)
     spans: list[tuple[int, int, int, int, Any, _Expr]] = []
     refused: list[tuple[Any, str]] = []
+    ends: dict[int, list[int]] = {}
+    for start, end in new_exprs:
+        ends.setdefault(start, []).append(end)
     for d in sorted(fixes, key=lambda d: (d.line, d.column, -d.end_line, -d.end_column)):
         a1, a2 = old_index.offset(d.line, d.column), old_index.offset(d.end_line, d.end_column)
+        while a2 > a1 and original[a2 - 1] in " \t\r\n":
+            a2 -= 1  # a span mapped back from a later pass can end past the line's end
         if any(s[0] <= a1 and a2 <= s[1] for s in spans):
             continue  # inside a site already wrapped
         old = old_exprs.get((a1, a2))
-        (b1, exact_start), (b2, exact_end) = edit.start(a1), edit.end(a2)
-        new = new_exprs.get((b1, b2)) if exact_start and exact_end else None
+        b1, b2 = _new_span(edit, original, rewritten, ends, a1, a2)
+        new = new_exprs.get((b1, b2))
         if old is None or new is None:
             refused.append((d, "its change is not one expression replaced by another"))
         elif old.why_not or new.why_not:
