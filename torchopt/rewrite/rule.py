@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
@@ -218,6 +219,27 @@ class Rule(cst.BatchableCSTVisitor):
         if cls.requires and not all(tok in text for tok in cls.requires):
             return False
         return not cls.prefilter or any(tok in text for tok in cls.prefilter)
+
+    def get_visitors(self) -> Mapping[str, Callable[[cst.CSTNode], None]]:
+        """LibCST's own answer (``BatchableCSTVisitor.get_visitors``: the bound ``visit_*``/``leave_*``
+        methods that are not empty stubs), read from the rule's own classes: LibCST runs
+        ``inspect.getmembers`` over thousands of attributes (a stub for every node class and field,
+        the rule's examples), which cost more than the rule's own visit of a short file. Every stub
+        comes from LibCST's classes, so only the classes below them are read."""
+        names = set(vars(self))
+        for klass in type(self).__mro__:
+            if not klass.__module__.startswith("libcst"):
+                names.update(vars(klass))
+        out = {}
+        for name in sorted(n for n in names if n.startswith(("visit_", "leave_"))):
+            m = getattr(self, name)
+            if (
+                inspect.ismethod(m)
+                and m.__name__.startswith(("visit_", "leave_"))
+                and not getattr(m, "_is_no_op", False)
+            ):
+                out[name] = m
+        return out
 
     def option(self, name: str) -> Any:
         return self.ctx.options[name]
