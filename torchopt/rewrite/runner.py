@@ -377,6 +377,7 @@ def _run_pool(
     second death names the file that caused it."""
     from concurrent.futures import ProcessPoolExecutor
 
+    _import_rules()
     size = max(1, min(16, len(items) // (jobs * 4) or 1))
     pending = deque(items[i : i + size] for i in range(0, len(items), size))
     suspects: deque[Item] = deque()
@@ -396,6 +397,17 @@ def _run_pool(
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _import_rules() -> None:
+    """Every rule module, imported before the workers start: they analyse under a memory limit
+    (``budget.limit_worker_memory``), where loading a module's shared library can fail, and forked
+    workers share what this process imported. A one-file run (no pool) imports only what it needs."""
+    from torchopt.rewrite.registry import all_rules
+
+    rules = all_rules()
+    for code in rules:
+        rules[code]
 
 
 def _feed_pool(
