@@ -86,3 +86,18 @@ def test_ignore_comment_skips_lines_it_cannot_end():
 
 def test_edit_is_a_value():
     assert Edit(1, 2, "x") == Edit(1, 2, "x")
+
+
+@pytest.mark.parametrize("enc", ["utf-8", "utf-16", "utf-32"])
+def test_a_change_lands_where_a_whole_split_of_the_text_puts_it(enc):
+    """apply_change finds the changed line without splitting every line of a text that has no
+    carriage return; the offsets must be those of Lines.from_client, past the end included."""
+    rng = random.Random(3)
+    text = "import torch\n\nx = 'é😀'\n\n\ty = 2\nlast"
+    for tail in ("", "\n"):
+        t = text + tail
+        lines = Lines(t)
+        for _ in range(300):
+            pos = [(rng.randrange(-1, 9), rng.randrange(0, 14)) for _ in range(2)]
+            a, b = sorted(lines.from_client(max(0, ln), ch, enc) if ln >= 0 else 0 for ln, ch in pos)
+            assert apply_change(t, pos[0], pos[1], "Z", enc) == t[:a] + "Z" + t[b:], (pos, enc)

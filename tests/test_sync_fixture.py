@@ -97,7 +97,9 @@ def test_validate_reports_bitwise_equivalence():
 
 def test_every_sync_diagnostic_names_its_loop():
     diags = [d for d in check_source((FIX / "before.py").read_text(), Settings(select=("TOP6",))).diagnostics]
-    assert {d.code for d in diags} >= {"TOP601", "TOP603", "TOP604", "TOP605", "TOP607", "TOP609"}
+    assert {d.code for d in diags} >= {"TOP601", "TOP603", "TOP604", "TOP605", "TOP609"}
+    # the gradient norm is read only at the logging points, every LOG_EVERY steps: not a per-step sync
+    assert not [d for d in diags if d.code == "TOP607"]
     for d in diags:
         assert (
             "in the training loop at line 53" in d.message

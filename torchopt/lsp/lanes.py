@@ -7,7 +7,10 @@ checked in a process that serves only that document (started when it first gets 
 when it is closed), and the small files beside it keep getting their diagnostics at once.
 
 Either way a check stops early when the document changes: the thread reads the document's edit
-count, the process a shared counter the server bumps on each edit (``Lane.touch``).
+count, the process a shared counter the server bumps on each edit (``Lane.touch``). And either way
+the diagnostics are rendered to LSP JSON where they were found (render.py): for a large module with
+thousands of findings that took seconds, which on the server's event loop held up every other
+document's diagnostics.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from torchopt.rewrite import speedups
 from torchopt.rewrite.budget import over_budget
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic
-from torchopt.rewrite.incremental import IncrementalChecker
+from torchopt.lsp.render import Renderer
+from torchopt.rewrite.incremental import IncrementalChecker, Stale
 
 LARGE_DOC_CHARS = 200_000
 
@@ -33,15 +37,29 @@ class LaneDied(Exception):
     """The worker process of a large document ended (killed, out of memory, crashed)."""
 
 
+Look = tuple[str, str]  # (position encoding, ruleUrl): what the LSP JSON of a diagnostic depends on
+Checked = tuple[str | None, list[Diagnostic], tuple[Look, bytes] | None]
+
+
 def check_text(
-    checker: IncrementalChecker, text: str, settings: Settings, path: str, stale: Callable[[], bool]
-) -> tuple[str | None, list[Diagnostic]]:
-    """(why the text cannot be analysed, or None; its diagnostics). Raises what ``checker.check``
-    raises (ParseError, Stale, RecursionError, ...)."""
+    checker: IncrementalChecker,
+    text: str,
+    settings: Settings,
+    path: str,
+    stale: Callable[[], bool],
+    look: Look,
+    renderer: Renderer,
+) -> Checked:
+    """(why the text cannot be analysed, or None; its diagnostics; their LSP JSON array, rendered
+    here rather than on the server's event loop). Raises what ``checker.check`` raises
+    (ParseError, Stale, RecursionError, ...)."""
     problem = over_budget(text)  # before LibCST sees the text: its parser crashes on deep nesting
     if problem is not None:
-        return problem, []
-    return None, checker.check(text, settings, path, stale=stale)
+        return problem, [], None
+    diags = checker.check(text, settings, path, stale=stale)
+    if stale():
+        raise Stale  # not worth rendering: a newer text waits
+    return None, diags, (look, renderer.array(diags, text, *look))
 
 
 class Lane:
@@ -66,10 +84,10 @@ class Lane:
         """The document's edit count changed: a check of an older text stops."""
         self._edits.value = edits
 
-    def check(self, text: str, settings: Settings, path: str, edits: int) -> tuple[str | None, list[Diagnostic]]:
+    def check(self, text: str, settings: Settings, path: str, edits: int, look: Look) -> Checked:
         with self._lock:
             try:
-                self._conn.send((text, settings, path, edits))
+                self._conn.send((text, settings, path, edits, look))
                 ok, value = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise LaneDied(f"the worker process of this document ended ({type(exc).__name__})") from None
@@ -92,15 +110,15 @@ def _serve(conn: Any, edits: Any, init: Callable[[], object] | None) -> None:
     sys.stdout = sys.stderr
     if init is not None:
         init()
-    checker = IncrementalChecker()
+    checker, renderer = IncrementalChecker(), Renderer()
     while True:
         try:
-            text, settings, path, gen = conn.recv()
+            text, settings, path, gen, look = conn.recv()
         except (EOFError, OSError):
             return
         result: tuple[bool, Any]
         try:
-            result = (True, check_text(checker, text, settings, path, lambda: edits.value != gen))
+            result = (True, check_text(checker, text, settings, path, lambda: edits.value != gen, look, renderer))
         except Exception as exc:  # raised again in the server
             result = (False, exc)
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from torchopt import __version__
 from torchopt.lsp.frames import FrameError, read_frames
 from torchopt.lsp.lanes import LARGE_DOC_CHARS, Lane, LaneDied, check_text
 from torchopt.lsp.options import OPTION_KEYS, ClientOptions
+from torchopt.lsp.render import Renderer, lsp_json, lsp_range, publish_message
 from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
 from torchopt.rewrite.config import ConfigError, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
@@ -38,7 +40,6 @@ from torchopt.rewrite.source import is_generated
 
 log = logging.getLogger("torchopt.lsp")
 
-SOURCE = "torchopt"
 FIX_ALL = "source.fixAll.torchopt"
 # Deliberately not under `source.fixAll`: editors run every `source.fixAll.*` action on save, and
 # unsafe fixes must only ever be applied on request.
@@ -57,6 +58,9 @@ class Doc:
     # The last text that parsed, and its diagnostics (kept while the user types broken code).
     checked_text: str | None = None
     diags: list[Diagnostic] = field(default_factory=list)
+    # The LSP JSON array of ``diags`` and the (encoding, ruleUrl) it was rendered with, when it was
+    # rendered off the event loop along with the check.
+    rendered: tuple[tuple[str, str], bytes] | None = field(default=None, repr=False)
     broken: bool = False
     task: asyncio.Task | None = None
     # Its own incremental checker (results per group of statements), or its own worker process once
@@ -66,6 +70,7 @@ class Doc:
     lane: Lane | None = field(default=None, repr=False)
     job: Future | None = field(default=None, repr=False)
     edits: int = 0
+    last_edit: float = float("-inf")  # the event loop's clock at the last change
     no_lane: bool = False  # a process could not be started for it
     _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
 
@@ -126,6 +131,14 @@ class TorchoptProtocol(LanguageServerProtocol):
         # A plain dict: lsprotocol's converter drops `"id": null`, which JSON-RPC requires when
         # the request's id could not be read.
         self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+
+    def send_bytes(self, data: bytes) -> None:
+        """Write one framed message that is already serialised."""
+        if self.writer is None:
+            return
+        res = self.writer.write(data)
+        if inspect.isawaitable(res):
+            asyncio.ensure_future(res)
 
     def log(self, message: str) -> None:
         self.notify(lsp.WINDOW_LOG_MESSAGE, lsp.LogMessageParams(type=lsp.MessageType.Warning, message=message))
@@ -197,7 +210,7 @@ class TorchoptServer(LanguageServer):
         self.engine = ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="torchopt-engine")
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
-        self._lsp_memo: dict[tuple, lsp.Diagnostic] = {}
+        self.renderer = Renderer()  # the JSON of diagnostics checked in this process
 
     # transport ----------------------------------------------------------------------------------
 
@@ -279,7 +292,7 @@ class TorchoptServer(LanguageServer):
 
     async def check_text(
         self, doc: Doc, text: str, edits: int, settings: Settings
-    ) -> tuple[str | None, list[Diagnostic]]:
+    ) -> tuple[str | None, list[Diagnostic], tuple[tuple[str, str], bytes] | None]:
         """Check ``text`` in the document's lane (lanes.check_text), after the document's previous
         job has finished: a cancelled caller leaves its job running, and the next one waits for it
         rather than share the checker. ``edits`` is the document's edit count when it had ``text``."""
@@ -292,10 +305,13 @@ class TorchoptServer(LanguageServer):
             except OSError as exc:  # no process to be had: checked in a thread, like a small file
                 doc.no_lane = True
                 self.log_line(f"{doc.path}: cannot start a process to check it in: {exc}", lsp.MessageType.Warning)
+        look = (self.encoding, self.options.rule_url)
         if doc.lane is not None:
-            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits)
+            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits, look)
         else:
-            doc.job = self.engine.submit(check_text, doc.checker, text, settings, doc.path, lambda: doc.edits != edits)
+            doc.job = self.engine.submit(
+                check_text, doc.checker, text, settings, doc.path, lambda: doc.edits != edits, look, self.renderer
+            )
         return await asyncio.wrap_future(doc.job)
 
     def retire(self, doc: Doc) -> None:
@@ -317,10 +333,10 @@ class TorchoptServer(LanguageServer):
         settings = self.settings_for(doc.path)
         if is_generated(text) or (settings.max_file_size and len(text) > settings.max_file_size):
             # What `torchopt check` skips (marked @generated, over `max-file-size`) shows nothing here.
-            doc.broken, doc.checked_text, doc.diags = False, text, []
+            doc.broken, doc.checked_text, doc.diags, doc.rendered = False, text, [], None
             return True
         try:
-            problem, diags = await self.check_text(doc, text, edits, settings)
+            problem, diags, rendered = await self.check_text(doc, text, edits, settings)
         except Stale:
             return False  # a newer analysis is scheduled (or the document was closed)
         except LaneDied as exc:
@@ -344,7 +360,7 @@ class TorchoptServer(LanguageServer):
         if doc.text != text or doc.version != version:
             return False  # edited meanwhile; a newer analysis is scheduled
         doc.broken = False
-        doc.checked_text, doc.diags = text, diags
+        doc.checked_text, doc.diags, doc.rendered = text, diags, rendered
         return True
 
     def unanalysable(self, doc: Doc, text: str, problem: str) -> bool:
@@ -353,7 +369,7 @@ class TorchoptServer(LanguageServer):
             return False  # edited meanwhile; a newer analysis is scheduled
         if doc.checked_text != text:
             self.log_line(f"{doc.path}: {problem}; no diagnostics for it", lsp.MessageType.Warning)
-        doc.broken, doc.checked_text, doc.diags = False, text, []
+        doc.broken, doc.checked_text, doc.diags, doc.rendered = False, text, [], None
         return True
 
     async def analyse_and_publish(self, doc: Doc, delay: float = 0.0) -> None:
@@ -373,63 +389,25 @@ class TorchoptServer(LanguageServer):
         doc.task = asyncio.ensure_future(self.analyse_and_publish(doc, delay))
 
     def publish(self, doc: Doc) -> None:
+        """Send the document's diagnostics: the JSON rendered with its check (one write, however
+        many there are), or rendered here when the client settings changed since."""
         assert doc.checked_text is not None
-        lines = doc.lines(doc.checked_text)
-        out = [self.to_lsp(d, lines) for d in doc.diags]
-        self.text_document_publish_diagnostics(
-            lsp.PublishDiagnosticsParams(uri=doc.uri, version=doc.version, diagnostics=out)
-        )
+        look = (self.encoding, self.options.rule_url)
+        if doc.rendered is not None and doc.rendered[0] == look:
+            array = doc.rendered[1]
+        else:
+            array = self.renderer.array(doc.diags, doc.checked_text, *look)
+        protocol = self.protocol
+        assert isinstance(protocol, TorchoptProtocol)
+        protocol.send_bytes(publish_message(doc.uri, doc.version, array))
 
     def lsp_range(self, d: Diagnostic, lines: Lines) -> lsp.Range:
-        enc = self.encoding
-        sl, sc = lines.to_client(d.line - 1, d.column - 1, enc)
-        el, ec = lines.to_client(d.end_line - 1, d.end_column - 1, enc)
-        return lsp.Range(start=lsp.Position(sl, sc), end=lsp.Position(el, ec))
+        return self.protocol._converter.structure(lsp_range(d, lines, self.encoding), lsp.Range)
 
     def to_lsp(self, d: Diagnostic, lines: Lines) -> lsp.Diagnostic:
-        """The LSP form of ``d``. Remembered: after an edit most diagnostics are the ones published
-        before (the same finding on the same text), and building them again was a tenth of an edit's
-        time on a large module. The key holds everything the result depends on."""
-        key = (
-            d,
-            self.encoding,
-            self.options.rule_url,
-            lines.line(d.line - 1),
-            lines.line(d.end_line - 1) if d.end_line != d.line else None,
-        )
-        memo = self._lsp_memo
-        hit = memo.get(key)
-        if hit is None:
-            if len(memo) > 20_000:
-                memo.clear()
-            hit = memo[key] = self._to_lsp(d, lines)
-        return hit
-
-    def _to_lsp(self, d: Diagnostic, lines: Lines) -> lsp.Diagnostic:
-        if d.fix is None:
-            severity, fix = lsp.DiagnosticSeverity.Hint, None
-        elif d.fix.safety == "safe":
-            severity, fix = lsp.DiagnosticSeverity.Warning, "safe"
-        else:
-            severity, fix = lsp.DiagnosticSeverity.Information, "unsafe"
-        message = d.message
-        if d.fix is not None and d.fix.safety == "unsafe":
-            message += f" (unsafe fix: {d.fix.changes()})" if d.fix.changes() else " (unsafe fix)"
-        return lsp.Diagnostic(
-            range=self.lsp_range(d, lines),
-            message=message,
-            severity=severity,
-            code=d.code,
-            code_description=lsp.CodeDescription(href=self.options.rule_url.format(code=d.code)),
-            source=SOURCE,
-            data={
-                "code": d.code,
-                "line": d.line,
-                "column": d.column,
-                "fix": fix,
-                "title": d.fix.title if d.fix else None,
-            },
-        )
+        """The LSP form of ``d`` (for code actions: the diagnostics are published as JSON)."""
+        data = lsp_json(d, lines, self.encoding, self.options.rule_url)
+        return self.protocol._converter.structure(data, lsp.Diagnostic)
 
     async def current(self, doc: Doc) -> tuple[str, list[Diagnostic]] | None:
         """Diagnostics for the document's current text (None while it does not parse)."""
@@ -575,7 +553,13 @@ def create_server() -> TorchoptServer:
                 )
         doc.version = params.text_document.version
         doc.touch()
-        ls.schedule(doc, ls.options.debounce_s)
+        # The debounce holds back checks while the user types fast: an edit that comes within
+        # debounceMs of the one before waits for a pause that long; an edit after a pause (the
+        # first keystroke, a paste, a quick fix applied) is checked at once.
+        now = asyncio.get_running_loop().time()
+        typing = now - doc.last_edit < ls.options.debounce_s
+        doc.last_edit = now
+        ls.schedule(doc, ls.options.debounce_s if typing else 0.0)
 
     @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
     async def did_save(ls: TorchoptServer, params: lsp.DidSaveTextDocumentParams) -> None:

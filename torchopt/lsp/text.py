@@ -95,12 +95,31 @@ def apply_change(text: str, start: tuple[int, int] | None, end: tuple[int, int] 
     """Apply one `didChange` content change (no range: the whole text)."""
     if start is None or end is None:
         return new
-    lines = Lines(text)
-    a = lines.from_client(*start, encoding)
-    b = lines.from_client(*end, encoding)
+    if "\r" in text:
+        lines = Lines(text)
+        a = lines.from_client(*start, encoding)
+        b = lines.from_client(*end, encoding)
+    else:  # the common case: no need to split the whole text (90 ms for 1.5 MB) for one keystroke
+        a = _from_client_lf(text, *start, encoding)
+        b = _from_client_lf(text, *end, encoding)
     if b < a:
         a, b = b, a
     return text[:a] + new + text[b:]
+
+
+def _from_client_lf(text: str, line: int, character: int, encoding: str) -> int:
+    """``Lines(text).from_client(line, character, encoding)`` for a text whose only line break is
+    ``\\n``, finding that one line's start with ``str.find`` rather than every line's."""
+    if line < 0:
+        return 0
+    start = 0
+    for _ in range(line):
+        start = text.find("\n", start) + 1
+        if start == 0:
+            return len(text)  # a line past the end
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    return start + chars_for_units(text[start:end], character, encoding)
 
 
 @dataclass(frozen=True)

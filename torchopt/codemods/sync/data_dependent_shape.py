@@ -12,6 +12,8 @@ from torchopt.analysis.names import plainly_assigned
 from torchopt.analysis.names import reaching_values
 from torchopt.analysis.step_loops import Tensors
 from torchopt.analysis.step_loops import dotted
+from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.placement import placements
 from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
@@ -76,6 +78,11 @@ class DataDependentShape(Rule):
     Display-only: every alternative changes a shape (`nonzero_static` pads with the fill value) or
     the order of a summation (`torch.where(mask, x, 0).sum()` adds zeros, which can round
     differently: class T), so the code around it must be adapted by hand.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md), and shapes computed from host data (`labels.cpu().unique()`).
     """
 
     code = "TOP604"
@@ -146,8 +153,25 @@ class DataDependentShape(Rule):
             if advice is None:
                 continue
             where = where or hm.where(n)
-            if where is not None:
-                self.report(n, fmt={"expr": source(self, n), "where": where.text, "advice": advice})
+            if where is None or control_of(self).not_every_step(n, guards=QUIET_GUARDS) is not None:
+                continue
+            if self._on_host(n):
+                continue  # a shape computed on the host waits for no device
+            self.report(n, fmt={"expr": source(self, n), "where": where.text, "advice": advice})
+
+    def _on_host(self, n: cst.CSTNode) -> bool:
+        """The tensor whose values decide the shape is on the host (the value facts)."""
+        values = placements(self)
+        if isinstance(n, cst.Subscript):  # `x[mask]`: the tensor and the mask
+            index = n.slice[0].slice
+            return isinstance(index, cst.Index) and values.value(n.value).on_host and values.value(index.value).on_host
+        if not isinstance(n, cst.Call):
+            return False
+        if isinstance(n.func, cst.Attribute) and callee(self, n) is None:
+            data: cst.BaseExpression | None = n.func.value
+        else:
+            data = n.args[0].value if n.args and n.args[0].keyword is None and not n.args[0].star else None
+        return data is not None and values.value(data).on_host
 
     def _call(self, c: cst.Call) -> str | None:
         q = callee(self, c)

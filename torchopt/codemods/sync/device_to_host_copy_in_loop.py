@@ -14,7 +14,8 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import classify_device
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync.step_frequency import not_every_step
+from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.placement import placements
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -49,6 +50,11 @@ class DeviceToHostCopyInLoop(Rule):
     ## Fix safety
     Display-only. `non_blocking=True` is never added to a device→host copy: the host
     could read the destination before the copy arrives.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md), and `.cpu()` of what is already on the host.
     """
 
     code = "TOP603"
@@ -97,6 +103,8 @@ class DeviceToHostCopyInLoop(Rule):
         hm = hot_map(self)
         if not hm.step_loops:
             return
+        control = control_of(self)
+        values = placements(self)
         for n in walk(node, True):
             if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute) or has_star(n):
                 continue
@@ -127,5 +135,8 @@ class DeviceToHostCopyInLoop(Rule):
                 if parent.attr.value in HOST_READS:
                     continue
             where = hm.where(n)
-            if where is not None and not_every_step(hm, n, epochs=True) is None:
-                self.report(n, fmt={"expr": source(self, n), "where": where.text})
+            if where is None or control.not_every_step(n, epochs=True, guards=QUIET_GUARDS) is not None:
+                continue
+            if values.value(n.func.value).on_host:
+                continue  # already on the host: the copy waits for nothing
+            self.report(n, fmt={"expr": source(self, n), "where": where.text})

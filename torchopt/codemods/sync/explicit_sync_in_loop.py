@@ -9,7 +9,7 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync.step_frequency import not_every_step, opt_in_switch
+from torchopt.analysis.control import QUIET_GUARDS, Guard, control_of
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -57,6 +57,11 @@ class ExplicitSyncInLoop(Rule):
 
     ## Fix safety
     Display-only: both calls are legitimate in timing and memory-measurement code.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md), nor behind an opt-in switch (`if args.sync:`).
     """
 
     code = "TOP606"
@@ -99,10 +104,11 @@ class ExplicitSyncInLoop(Rule):
         hm = hot_map(self)
         if not hm.step_loops:
             return
+        control = control_of(self)
         for n in walk(node, True):
             if isinstance(n, cst.Call):
                 q = callee(self, n)
                 if q in _SYNC_CALLS:
                     where = hm.where(n)
-                    if where is not None and not_every_step(hm, n) is None and opt_in_switch(hm, n) is None:
+                    if where is not None and control.not_every_step(n, guards=QUIET_GUARDS | Guard.OPT_IN) is None:
                         self.report(n, fmt={"expr": source(self, n), "where": where.text, "why": _SYNC_CALLS[q]})

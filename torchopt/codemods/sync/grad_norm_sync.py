@@ -7,6 +7,7 @@ import libcst as cst
 from torchopt.analysis.arguments import keyword
 from torchopt.analysis.step_loops import Tensors
 from torchopt.analysis.step_loops import dotted
+from torchopt.analysis.control import QUIET_GUARDS, control_of
 from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
@@ -51,6 +52,11 @@ class GradNormSync(Rule):
 
     ## Fix safety
     Display-only: dropping `error_if_nonfinite` removes the exception the program relies on.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md).
     """
 
     code = "TOP607"
@@ -100,7 +106,7 @@ class GradNormSync(Rule):
             if not isinstance(n, cst.Call):
                 continue
             where = hm.where(n)
-            if where is None:
+            if where is None or control_of(self).not_every_step(n, guards=QUIET_GUARDS) is not None:
                 continue
             d = dotted(n.func) or ""
             if d.rsplit(".", 1)[-1] in ("clip_grad_norm_", "clip_grad_norm"):

@@ -16,8 +16,8 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync.host_values import is_cpu_tensor, is_host_value
-from torchopt.codemods.sync.step_frequency import not_every_step
+from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.placement import placements
 from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.sync.host_read_planning import Plan, _Apply, _Planner, grad_norm_names, host_read
 from torchopt.rewrite.metadata import ParentProvider
@@ -96,11 +96,18 @@ class HostReadInLoop(Rule):
     `torch.accelerator` (or an accelerate `Accelerator`) for its device. A device that comes from
     outside the file (a command-line string, a caller's argument) is assumed not to be MPS.
 
-    Not reported: reads that already run only now and then (under `if i % log_interval == 0`, once
-    under `if i == 0`, on a branch that exits or raises, after the batch loop of a function an outer
-    loop calls), and reads of host data (`torch.randint(16, 128, ()).item()` on a tensor made on
-    the CPU, `float(n)` of a Python number). Every other host read is reported with the sync-free
-    alternative and not changed.
+    Not reported: reads that already run only now and then (under `if i % log_interval == 0`, also
+    `and`-ed with `rank == 0`, once under `if i == 0`, on a branch that exits or raises, after the
+    batch loop of a function an outer loop calls, in an exception handler), on rank 0 only or under
+    a device check inside the step, and reads of host data (`torch.randint(16, 128, ()).item()` on
+    a tensor made on the CPU, `.tolist()` of a tensor moved with `.cpu()`, `float(i)` of an
+    `enumerate` counter). Every other host read is reported with the sync-free alternative and not
+    changed.
+
+    The accumulator is created on the device the program moves its data to. When the program
+    picks that device only on some paths (`if args.gpu: x = x.cuda()`) and has no device
+    expression of its own, the fix is not made (a literal `"cuda"` would crash a CPU-only run);
+    the message says so.
     """
 
     code = "TOP601"
@@ -315,7 +322,7 @@ class HostReadInLoop(Rule):
                 continue
             if isinstance(n.func, cst.Attribute) and dotted(n.func.value) in norms:
                 continue  # TOP607
-            if id(n) not in item_plan and not_every_step(hm, n):
+            if id(n) not in item_plan and control_of(self).not_every_step(n, guards=QUIET_GUARDS):
                 continue
             if _reads_host_data(self, n):
                 continue
@@ -372,10 +379,22 @@ class HostReadInLoop(Rule):
 
 
 def _reads_host_data(rule: Rule, read: cst.Call) -> bool:
-    """`.item()` of a tensor made on the CPU, or `float(n)` of a Python number: no device involved."""
-    if isinstance(read.func, cst.Attribute):
-        return is_cpu_tensor(rule, read.func.value)
-    return bool(read.args) and (is_host_value(rule, read.args[0].value) or is_cpu_tensor(rule, read.args[0].value))
+    """`.tolist()` of a tensor moved with `.cpu()` or made on the CPU, `float(n)` of a Python number
+    (an `enumerate` counter, a list element): no device involved (the value facts). A copy written
+    in the same expression (`t.cpu().numpy()`) is where this read waits: TOP603 leaves it to this
+    rule, so the value read is the one before that chain of methods."""
+    read_of = read.func.value if isinstance(read.func, cst.Attribute) else read.args[0].value if read.args else None
+    while (
+        isinstance(read_of, cst.Call)
+        and isinstance(read_of.func, cst.Attribute)
+        and (read_of.func.attr.value in HOST_READS or read_of.func.attr.value in _CHAIN)
+    ):
+        read_of = read_of.func.value
+    return read_of is not None and placements(rule).value(read_of).on_host
+
+
+# Methods a read chain passes through on its way to the host (`t.detach().cpu().numpy().ravel()`).
+_CHAIN = frozenset(("cpu", "to", "detach", "clone", "contiguous", "ravel", "flatten", "float", "double", "squeeze"))
 
 
 _WHY = {

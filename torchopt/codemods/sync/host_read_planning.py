@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider, ScopeProvider
 
+from torchopt.analysis.placement import Kind, placements
 from torchopt.analysis.values import classify_device, string_value
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.statement_edits import Refusal
@@ -134,7 +135,10 @@ class _Planner:
             return [expr]
         if self.tz.number(expr):
             return []
-        raise Refusal(None, f"`{source(self.rule, expr)}` is not a Python number")
+        value, text = placements(self.rule).value(expr), source(self.rule, expr)
+        if value.kind is Kind.UNKNOWN:
+            raise Refusal(None, f"`{text}` is not known to be a Python number ({value.why})")
+        raise Refusal(None, f"`{text}` is {value.kind.value}, not a Python number")
 
     def plan(self, aug: cst.AugAssign) -> Plan:
         if not isinstance(aug.target, cst.Name) or not isinstance(aug.operator, cst.AddAssign):
@@ -223,12 +227,16 @@ class _Planner:
         A module-level accumulator is fine: its loop is at module level too, so the file is a
         script someone runs, not a library whose float another module imports."""
         found: set[str] = set()
+        guarded: dict[str, cst.Call] = {}  # a literal target moved to only on some paths
         for c in calls_in(plan.loop.node.body):
             d = self._move_target(c)
             if d is not None:
                 found.add(d)
+                if d.startswith('"') and self._conditional(c, plan.loop.node):
+                    guarded.setdefault(d, c)
         if not found:
             found = set(self._module_moves())
+            guarded = {d: c for d, c in self._guarded_module_moves().items() if d in found}
         if len(found) > 1:
             raise Refusal(None, "the loop moves data to more than one device")
         if not found:
@@ -236,12 +244,41 @@ class _Planner:
                 raise Refusal(None, "cannot tell which device the loss is on")
             return None
         dev = found.pop()
+        if dev in guarded:
+            # The program picks this device only on some paths (`if args.gpu: x = x.cuda()`): writing
+            # the literal would create the accumulator there on a CPU-only run too.
+            raise Refusal(
+                None,
+                f"the program moves to {dev} only under a condition and has no device expression of its "
+                "own to create the accumulator on",
+            )
         if dev.strip("'\"").split(":")[0] == "mps":
             raise Refusal(None, "MPS has no float64")
         if not dev.startswith('"') and self._may_pick_mps():
             raise Refusal(None, f"`{dev}` is chosen at run time and may be Apple MPS, which has no float64")
         self._check_visible(dev, plan)
         return dev
+
+    def _conditional(self, call: cst.Call, top: cst.CSTNode | None) -> bool:
+        """``call`` runs only on some paths below ``top`` (or its function): a branch, a conditional
+        expression, a short-circuit operand or an exception handler holds it."""
+        cur = self.parent(call)
+        while cur is not None and cur is not top and not isinstance(cur, (cst.FunctionDef, cst.Module)):
+            if isinstance(cur, (cst.IfExp, cst.BooleanOperation, cst.ExceptHandler, cst.Else)):
+                return True
+            if isinstance(cur, cst.If) and not _main_guard(cur.test):
+                return True
+            cur = self.parent(cur)
+        return False
+
+    def _guarded_module_moves(self) -> dict[str, cst.Call]:
+        out: dict[str, cst.Call] = {}
+        for c in calls_in(self.rule.ctx.module):
+            if isinstance(c.func, cst.Attribute) and dotted(c.func.value) in self.hm.modules:
+                d = self._move_target(c)
+                if d is not None and d.startswith('"') and self._conditional(c, None):
+                    out.setdefault(d, c)
+        return out
 
     def _module_moves(self) -> set[str]:
         """Devices the file moves its models to (one walk per planner, not one per accumulator)."""
@@ -314,6 +351,16 @@ class _Planner:
                 continue  # a global read by a function: bound when the function runs
             if node is None or not isinstance(a, Assignment) or self.pos(node) >= self.pos(first):
                 raise Refusal(None, f"`{root}` is bound after `{plan.name}` is initialised")
+
+
+def _main_guard(test: cst.BaseExpression) -> bool:
+    """`__name__ == "__main__"`: the script's own entry, which runs whenever the script does."""
+    return (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+        and {dotted(test.left), string_value(test.comparisons[0].comparator)} == {"__name__", "__main__"}
+    )
 
 
 class _Apply(cst.CSTTransformer):

@@ -12,7 +12,8 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync.host_values import is_host_value
+from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.placement import placements
 from torchopt.codemods.sync.host_read_planning import builtin_unbound
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -50,6 +51,11 @@ class PrintTensorInLoop(Rule):
     ## Fix safety
     Display-only: how often to log is the user's choice; moving the print out of the step or
     under `if step % N == 0` changes what the program prints.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md), and host values (an f-string of a `str`, a counter from `itertools.count()`).
     """
 
     code = "TOP602"
@@ -100,7 +106,7 @@ class PrintTensorInLoop(Rule):
             if isinstance(n, cst.Call):
                 if self._formats_tensor(n, tz):
                     where = hm.where(n)
-                    if where is not None:
+                    if where is not None and control_of(self).not_every_step(n, guards=QUIET_GUARDS) is None:
                         self.report(n, fmt={"expr": source(self, n), "where": where.text})
 
     def _formats_tensor(self, c: cst.Call, tensors: Tensors) -> bool:
@@ -129,4 +135,4 @@ class PrintTensorInLoop(Rule):
     def _device_value(self, e: cst.BaseExpression, tensors: Tensors) -> bool:
         """A tensor that may live on the device: Python numbers (a loop counter from
         `itertools.count()`, a reward summed from `.item()`) print without a sync."""
-        return tensors.is_tensor(e) and not is_host_value(self, e)
+        return tensors.is_tensor(e) and not placements(self).value(e).on_host

@@ -11,7 +11,7 @@ import libcst as cst
 
 from torchopt.analysis.names import callee
 from torchopt.analysis.syntax import walk
-from torchopt.codemods.sync.host_values import is_host_value
+from torchopt.analysis.placement import placements
 from torchopt.rewrite.rule import Rule
 
 # Tensor methods whose result is a Python value (no tensor, so no device work).
@@ -186,7 +186,7 @@ def tensor_valued(rule: Rule, e: cst.BaseExpression, scope: FunctionScope) -> bo
     if isinstance(e, cst.UnaryOperation):
         return tensor_valued(rule, e.expression, scope)
     if isinstance(e, cst.Call):
-        if isinstance(e.func, cst.Attribute) and not is_host_value(rule, e):
+        if isinstance(e.func, cst.Attribute) and not placements(rule).value(e).on_host:
             qualified = callee(rule, e)
             if qualified is None:
                 return e.func.attr.value not in _HOST_METHODS and tensor_valued(rule, e.func.value, scope)
@@ -206,5 +206,7 @@ def truth_of_tensor(rule: Rule, test: cst.BaseExpression, scope: FunctionScope) 
         if any(isinstance(c.operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)) for c in test.comparisons):
             return False
         sides = [test.left, *(c.comparator for c in test.comparisons)]
-        return any(tensor_valued(rule, s, scope) for s in sides) and not all(is_host_value(rule, s) for s in sides)
+        return any(tensor_valued(rule, s, scope) for s in sides) and not all(
+            placements(rule).value(s).on_host for s in sides
+        )
     return isinstance(test, cst.Call) and tensor_valued(rule, test, scope)

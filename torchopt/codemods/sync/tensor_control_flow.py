@@ -11,7 +11,8 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.codemods.sync.host_values import is_host_value
+from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.placement import placements
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Safety
@@ -51,6 +52,11 @@ class TensorControlFlow(Rule):
     ## Fix safety
     Display-only: `torch.where` evaluates both branches (which may fail or cost more, and changes
     the autograd graph), and an asynchronous assert reports the failure later. The user must decide.
+
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
+    logger that returns early off rank 0) or under a device check inside the step (see "The fact
+    layer" in docs/design.md), and tests on host values (an `int` counter, a tensor moved with `.cpu()`).
     """
 
     code = "TOP605"
@@ -164,7 +170,7 @@ class TensorControlFlow(Rule):
             if test is None or not self._tensor_truth(test, tz):
                 continue
             where = hm.where(n)
-            if where is None:
+            if where is None or control_of(self).not_every_step(n, guards=QUIET_GUARDS) is not None:
                 continue
             if isinstance(n, cst.Assert):
                 advice = "use `torch._assert_async(cond)` or check every N steps, outside the step"
@@ -189,6 +195,4 @@ class TensorControlFlow(Rule):
 
 def _on_host(rule: Rule, e: cst.BaseExpression) -> bool:
     """A test on Python numbers only (`t > 0` for an int `t`): its truth value costs no sync."""
-    if isinstance(e, cst.Comparison):
-        return is_host_value(rule, e.left) and all(is_host_value(rule, c.comparator) for c in e.comparisons)
-    return is_host_value(rule, e)
+    return placements(rule).value(e).on_host

@@ -1,0 +1,404 @@
+"""The value and control facts the sync family asks (torchopt/analysis/placement.py, control.py):
+findings the facts rule out on small programs of the shapes real scripts use, and the TOP601 fix
+that must not write a device the program did not choose."""
+
+from __future__ import annotations
+
+from textwrap import dedent
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper
+
+from semantic import compare_programs
+from torchopt.analysis.control import Guard, Rate, control_of
+from torchopt.analysis.placement import Kind, Where, placements
+from torchopt.analysis.syntax import walk
+from torchopt.rewrite.rule import Rule, RuleContext
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+S = Settings(select=("TOP6",))
+
+STEP = """\
+import torch
+
+def train(model, loader, opt, crit):
+    for x, y in loader:
+        out = model(x)
+        loss = crit(out, y)
+        loss.backward()
+        opt.step()
+"""
+
+
+def codes(src: str) -> list[tuple[int, str]]:
+    return [(d.line, d.code) for d in check_source(src, S).diagnostics]
+
+
+def in_step(body: str, header: str = "") -> str:
+    """``body`` (8-space indented lines) appended to the step of a training loop."""
+    return header + STEP + dedent(body).replace("\n", "\n        ").join(["        ", "\n"])
+
+
+# ------------------------------------------------------------------ value facts
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # a tensor moved with .cpu(), then read: the sync is the .cpu() (TOP603), not the .tolist()
+        "preds = out.argmax(1).cpu()\nlabels = preds.tolist()",
+        # a list built from a CPU tensor, and an element of it
+        "scores = out.detach().cpu()\nrows = [float(s) for s in scores]\nbest = int(scores[0])",
+        # a tensor made on the CPU without a device
+        "noise = torch.rand(3)\nprint(noise.tolist())",
+    ],
+)
+def test_no_host_read_of_host_values(body):
+    found = codes(in_step(body))
+    assert [c for _, c in found if c != "TOP603"] == [], found
+
+
+def test_the_cpu_copy_is_reported_where_it_waits_and_a_device_read_stays_reported():
+    assert codes(in_step("preds = out.argmax(1).cpu()\nlabels = preds.tolist()")) == [(9, "TOP603")]
+    assert codes(in_step("labels = out.argmax(1).tolist()")) == [(9, "TOP601")]
+    # a copy in the same expression as the read: reported once, at the read (TOP603 leaves it)
+    assert codes(in_step("labels = out.detach().cpu().numpy().tolist()")) == [(9, "TOP601")]
+
+
+def test_a_rebinding_replaces_the_fact_only_where_it_surely_runs():
+    straight = in_step("vals = out.detach()\nvals = vals.cpu()\nprint(vals.tolist())")
+    assert codes(straight) == [(10, "TOP603")]
+    one_path = in_step("vals = out.detach()\nif loss > 0:\n    vals = vals.cpu()\nprint(vals.tolist())")
+    assert (12, "TOP601") in codes(one_path)
+    as_list = in_step("vals = out.detach().cpu()\nvals = vals.tolist()\nfor v in vals:\n    print(float(v))")
+    assert codes(as_list) == [(9, "TOP603")]
+
+
+def test_an_fstring_of_a_str_path_is_no_tensor():
+    src = dedent("""\
+        import torch
+
+        def train(model, loader, opt, crit, out_dir):
+            paths = [f"{out_dir}/{i}.png" for i in range(100)]
+            for path, (x, y) in zip(paths, loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                print(f"saved {path}")
+    """)
+    assert codes(src) == []
+
+
+def test_counters_from_itertools_count_and_enumerate_are_ints():
+    src = dedent("""\
+        import itertools
+        import torch
+
+        def train(model, loader, opt, crit):
+            for step, (x, y) in zip(itertools.count(), loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                print(f"step {step}")
+                if step > 100:
+                    break
+            for i, (x, y) in enumerate(loader):
+                model(x).sum().backward()
+                print(f"batch {i}", float(i))
+    """)
+    assert codes(src) == []
+
+
+# ------------------------------------------------------------------ control facts
+
+
+@pytest.mark.parametrize(
+    "test",
+    [
+        "step % log_every == 0",
+        "step % sample_every == 0 and rank == 0",
+        "i == 0",
+        "i < 1",
+        "rank == 0",
+        "local_rank in (-1, 0)",
+        "is_main_process()",
+        "dist.get_rank() == 0",
+        "accelerator.is_main_process",
+        "torch.cuda.is_available()",
+        "not torch.cuda.is_available()",
+        "args.gpu",
+        "not args.no_cuda",
+    ],
+)
+def test_no_per_step_finding_under_a_rare_or_guarded_branch(test):
+    """The same reads under a test of no known shape (`if flag:`) are reported: the guard is read."""
+    src = dedent(f"""\
+        import torch
+        import torch.distributed as dist
+
+        def train(model, loader, opt, crit, args, rank, local_rank, accelerator, log_every, sample_every):
+            step = 0
+            for i, (x, y) in enumerate(loader):
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                step += 1
+                if {test}:
+                    torch.cuda.synchronize()
+                    print(loss.item(), loss)
+                    v = loss.cpu()
+    """)
+    assert codes(src) == []
+    unguarded = src.replace(f"if {test}:", "if log_every > 2:")
+    assert sorted(c for _, c in codes(unguarded)) == ["TOP601", "TOP602", "TOP603", "TOP606"]
+
+
+def test_a_logger_that_returns_early_off_rank_0_but_not_a_rank_guard_around_the_loop():
+    src = dedent("""\
+        import torch
+        import torch.distributed as dist
+
+        def log_value(value):
+            if dist.get_rank() != 0:
+                return
+            print(value.item())
+
+        def train(model, loader, opt, crit):
+            for x, y in loader:
+                loss = crit(model(x), y)
+                loss.backward()
+                opt.step()
+                log_value(loss)
+    """)
+    assert codes(src) == []
+    evaluation = dedent("""\
+        import torch
+
+        def evaluate(model, loader, rank):
+            correct = 0
+            if rank == 0:
+                for x, y in loader:
+                    correct += (model(x).argmax(1) == y).sum().item()
+            return correct
+    """)
+    assert [c for _, c in codes(evaluation)] == ["TOP601"]
+
+
+# ------------------------------------------------------------------ the device of a fix
+
+GPU_FLAG = """\
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--gpu", action="store_true")
+args = parser.parse_args([])
+
+model = torch.nn.Linear(4, 1)
+if args.gpu:
+    model.cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+crit = torch.nn.MSELoss()
+torch.manual_seed(0)
+data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(6)]
+
+
+def train():
+    running = 0.0
+    logged = []
+    for i, (x, y) in enumerate(data):
+        if args.gpu:
+            x, y = x.cuda(), y.cuda()
+        loss = crit(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running += loss.item()
+        if i % 3 == 2:
+            logged.append(running / 3)
+            running = 0.0
+    return logged
+
+
+logged = train()
+"""
+
+
+def test_no_device_literal_the_program_chose_only_under_a_flag():
+    """The accumulator would be created with `device="cuda"` on a CPU-only run too."""
+    out = fix_source(GPU_FLAG, S).text
+    assert out == GPU_FLAG
+    assert compare_programs(GPU_FLAG, out) == []  # the program still runs on the CPU
+    (diag,) = [d for d in check_source(GPU_FLAG, S).diagnostics if d.code == "TOP601"]
+    assert 'moves to "cuda" only under a condition' in diag.message
+    # With a device expression of its own, the fix uses it; an unconditional `.cuda()` is a choice.
+    src = GPU_FLAG.replace(
+        "if args.gpu:\n    model.cuda()\n", 'device = torch.device("cuda" if args.gpu else "cpu")\nmodel.to(device)\n'
+    ).replace(
+        "        if args.gpu:\n            x, y = x.cuda(), y.cuda()\n", "        x, y = x.to(device), y.to(device)\n"
+    )
+    out = fix_source(src, S).text
+    assert "running = torch.zeros((), dtype=torch.float64, device=device)" in out
+    assert compare_programs(src, out) == []
+    src = GPU_FLAG.replace(
+        "        if args.gpu:\n            x, y = x.cuda(), y.cuda()\n", "        x, y = x.cuda(), y.cuda()\n"
+    )
+    out = fix_source(src, S).text
+    assert 'running = torch.zeros((), dtype=torch.float64, device="cuda")' in out
+
+
+# ------------------------------------------------------------------ the facts asked directly
+
+
+class _Probe(Rule):
+    code, name, family, message = "TOP000", "probe", "probe", "probe"
+
+
+def _rule(src: str) -> tuple[_Probe, cst.Module]:
+    wrapper = MetadataWrapper(cst.parse_module(src), unsafe_skip_copy=True)
+    rule = _Probe(RuleContext(wrapper.module, {}, ("device", "dev", "*_device")))
+    rule.resolving = rule.resolve(wrapper)  # kept alive: closing it drops the metadata
+    rule.resolving.__enter__()
+    return rule, wrapper.module
+
+
+def _call(module: cst.Module, name: str) -> cst.Call:
+    return next(
+        n
+        for n in walk(module, True)
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == name
+    )
+
+
+def _read(module: cst.Module, name: str) -> cst.Name:
+    """The argument of the call `probe(name)`."""
+    arg = _call(module, "probe").args[0].value
+    assert isinstance(arg, cst.Name) and arg.value == name
+    return arg
+
+
+def test_value_facts_follow_rebinding_and_say_what_is_unknown():
+    src = dedent("""\
+        import torch
+
+        def f(x, device, n: int):
+            t = torch.zeros(3)
+            t = t.to(device)
+            probe(t)
+    """)
+    rule, module = _rule(src)
+    v = placements(rule).value(_read(module, "t"))
+    assert (v.kind, v.where) == (Kind.TENSOR, Where.UNKNOWN)
+    assert v.unknown_part == "its device: `.to(...)` to `device`, which may be the CPU or a GPU"
+    rule, module = _rule(src.replace("t = t.to(device)", "t = t.tolist()"))
+    v = placements(rule).value(_read(module, "t"))
+    assert (v.kind, v.on_host) == (Kind.SEQUENCE, True)
+    rule, module = _rule(src.replace("probe(t)", "probe(x)"))
+    assert placements(rule).value(_read(module, "x")).unknown_part == "what it holds: `x` is a parameter"
+
+
+def test_control_facts_read_guards_from_the_condition():
+    src = dedent("""\
+        import torch
+
+        def train(model, loader, opt, rank):
+            for x, y in loader:
+                try:
+                    model(x).sum().backward()
+                except torch.cuda.OutOfMemoryError:
+                    oom()
+                if rank != 0:
+                    pass
+                else:
+                    main_only()
+                if not is_main_process():
+                    others()
+                if torch.cuda.is_available() and rank == 0:
+                    both()
+    """)
+    rule, module = _rule(src)
+    control = control_of(rule)
+    assert Guard.OOM in control.guards(_call(module, "oom"))
+    assert control.guards(_call(module, "main_only")).flags == Guard.RANK0
+    assert control.guards(_call(module, "others")).flags == Guard.NONE
+    assert control.guards(_call(module, "both")).flags == Guard.RANK0 | Guard.DEVICE
+    assert control.frequency(_call(module, "oom")).rate is Rate.ON_ERROR
+    assert control.frequency(_call(module, "both")).rate is Rate.EVERY_STEP
+
+
+def test_a_refused_accumulator_says_which_value_fact_is_missing():
+    src = dedent("""\
+        import torch
+        import torch.nn.functional as F
+
+        def train(model, loader, opt, device, weight):
+            total = 0.0
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                total += loss.item() * weight
+            return total
+    """)
+    (diag,) = [d for d in check_source(src, S).diagnostics if d.code == "TOP601"]
+    assert "not rewritten: `weight` is not known to be a Python number (`weight` is a parameter)" in diag.message
+
+
+def test_grad_norm_reads_and_data_dependent_shapes_follow_the_facts():
+    src = in_step(
+        "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "if step % 100 == 0:\n"
+        "    print(norm.item())\n"
+        "classes = y.cpu().unique()\n"
+        "if step % 100 == 0:\n"
+        "    hits = torch.nonzero(out > 0)",
+        header="step = 0\n",
+    )
+    assert codes(src) == [(13, "TOP603")]
+    every_step = src.replace("if step % 100 == 0:\n            ", "if step:\n            ")
+    assert sorted(c for _, c in codes(every_step)) == ["TOP603", "TOP604", "TOP607"]
+
+
+def test_a_loader_batch_has_no_device_until_it_is_moved():
+    src = dedent("""\
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(list(range(8)), batch_size=2)
+        for x in loader:
+            probe(x)
+    """)
+    rule, module = _rule(src)
+    v = placements(rule).value(_read(module, "x"))
+    assert v.unknown_part == "what it holds: a batch of the loader `loader`, not moved to a device yet"
+    rule, module = _rule(src.replace("    probe(x)", '    x = x.to("cuda")\n    probe(x)'))
+    v = placements(rule).value(_read(module, "x"))
+    assert (v.kind, v.where, v.on_host) == (Kind.UNKNOWN, Where.DEVICE, False)
+
+
+def test_a_counter_from_count_against_an_argparse_option_is_a_host_test():
+    src = dedent("""\
+        import argparse
+        from itertools import count
+
+        import torch
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--log-interval", type=int, default=10)
+        args = parser.parse_args([])
+
+
+        def main(model, opt, env):
+            for i_episode in count(1):
+                loss = model(env.reset()).sum()
+                loss.backward()
+                opt.step()
+                if i_episode % args.log_interval == 0:
+                    print("episode", i_episode)
+    """)
+    assert codes(src) == []
+    # a value of unknown origin in the same place is still a possible tensor
+    assert [c for _, c in codes(src.replace("args.log_interval", "env.interval"))] == ["TOP605"]

@@ -1,0 +1,91 @@
+"""The second real-world sample's benchmark: its split rule, and judgements that survive line shifts."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+import real_world_sample as rws  # noqa: E402
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+MANIFEST = Path(__file__).parents[1] / "benchmarks" / "real_world_sample2.toml"
+
+
+def finding(code: str, text: str, file: str = "train.py", line: int = 1, fix: str | None = None) -> rws.Finding:
+    return rws.Finding(code=code, file=file, line=line, cell=None, text=text, message="", fix=fix)
+
+
+def test_manifest_halves_follow_the_split_rule_and_keep_kinds_balanced() -> None:
+    entries = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))["entry"]
+    halves = rws.assign_halves(entries)
+    assert {(e["repository"], e["path"]): e["half"] for e in entries} == halves
+    per_group = Counter((e["group"], e["half"]) for e in entries)
+    for group in {e["group"] for e in entries}:
+        assert abs(per_group[(group, "dev")] - per_group[(group, "held-back")]) <= 1
+
+
+def test_held_back_entries_carry_no_judgements() -> None:
+    entries = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))["entry"]
+    for e in entries:
+        if e["half"] == "held-back":
+            assert not e.get("judgements") and not e.get("misses") and not e.get("amp_targets"), e["path"]
+
+
+def test_split_does_not_depend_on_manifest_order() -> None:
+    entries = [{"repository": f"o/r{i}", "path": f"p{i}.py", "group": "g" if i % 3 else "h"} for i in range(9)]
+    assert rws.assign_halves(entries) == rws.assign_halves(list(reversed(entries)))
+
+
+def test_a_judgement_finds_its_finding_after_the_line_moved() -> None:
+    judgement = {"code": "TOP601", "file": "train.py", "snippet": "loss.item()", "verdict": "false", "why": "x"}
+    moved = finding("TOP601", "total += loss.item()", line=42)
+    other_code = finding("TOP602", "total += loss.item()", line=42)
+    stale = rws.judge([moved, other_code], [judgement])
+    assert moved.judgement is judgement
+    assert other_code.judgement is None
+    assert stale == []
+
+
+def test_unjudged_findings_and_fixes_are_counted_apart() -> None:
+    judged = finding("TOP104", "x = x.to(device)", fix="safe")
+    unknown = finding("TOP501", "model = Net()", fix="unsafe")
+    stale = rws.judge(
+        [judged, unknown],
+        [
+            {"code": "TOP104", "file": "train.py", "snippet": "x.to(device)", "verdict": "true", "fix": "wrong"},
+            {"code": "TOP999", "file": "train.py", "snippet": "gone", "verdict": "false"},
+        ],
+    )
+    result = rws.Result(findings=[judged, unknown])
+    t = rws.tally({"misses": [{"code": "TOP202", "file": "train.py", "what": "x"}]}, result)
+    assert (t.findings, t.true, t.false, t.unjudged) == (2, 1, 0, 1)
+    assert (t.fixes, t.wrong_fixes, t.unjudged_fixes, t.misses) == (2, 1, 1, 1)
+    assert [j["code"] for j in stale] == ["TOP999"]
+
+
+@pytest.mark.parametrize(
+    ("judged_fix", "applied", "expected"), [("right", 1, (1, 1)), ("wrong", 1, (1, 0)), ("right", 0, (0, 0))]
+)
+def test_amp_target_counts_only_an_applied_fix_judged_right(judged_fix: str, applied: int, expected: tuple) -> None:
+    f = finding("TOP202", "loss = criterion(model(x), y)", fix="unsafe")
+    rws.judge(
+        [f], [{"code": "TOP202", "file": "train.py", "snippet": "criterion(", "verdict": "true", "fix": judged_fix}]
+    )
+    entry = {"amp_targets": [{"file": "train.py", "snippet": "criterion(model"}]}
+    t = rws.tally(entry, rws.Result(findings=[f], all_fixes=Counter({"TOP202": applied})))
+    assert (t.amp_inserted, t.amp_right) == expected
+
+
+def test_source_line_reads_a_notebook_cell(tmp_path: Path) -> None:
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text('{"cells": [{"source": ["a = 1\\n", "b = model(x)\\n"]}]}', encoding="utf-8")
+    assert rws.source_line(tmp_path, "nb.ipynb", 2, 1) == "b = model(x)"  # cells count from 1, as torchopt says
+    assert rws.source_line(tmp_path, "nb.ipynb", 9, 1) == ""

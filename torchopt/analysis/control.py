@@ -1,0 +1,436 @@
+"""Control facts: how often a statement runs relative to the step loop, and what guards it.
+
+* :meth:`Control.frequency` answers a :class:`Frequency` for any node: every step, every few steps
+  (`if step % log_every == 0:`, also `and`-ed with other terms), once (`if i == 0:`, `if i < 1:`, a
+  branch that leaves the loop), once per call of a function whose own batch loop it follows, once per
+  epoch (with ``epochs``), only after an error (an ``except`` handler), or outside every step loop.
+* :meth:`Control.guards` answers the :class:`Guards` around a node, read from the real conditions
+  of the ``if`` statements that hold it (and the early ``return`` of its function): rank 0 or the
+  main process (`rank == 0`, `local_rank in (-1, 0)`, `dist.get_rank() == 0`, `is_main_process()`,
+  `accelerator.is_main_process`, `if rank != 0: return` before it), a device branch
+  (`torch.cuda.is_available()`, `if args.gpu:`, `device == "cuda"`, `x.is_cuda`), an exception
+  handler (an out-of-memory handler is told apart) and an opt-in switch (`if args.profile:`).
+
+A test of a shape this module does not know sets no guard, and leaves the frequency at "every step":
+the facts never claim a statement is rare without reading it in the condition. Built once per text
+and kept in its ``SourceFacts`` (``control_of(rule)``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import libcst as cst
+
+from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
+from torchopt.analysis.syntax import walk
+from torchopt.rewrite.rule import Rule
+
+_EXITS = ("sys.exit", "exit", "quit", "os._exit")
+# The last part of a name or attribute that holds the process's rank (a convention, read only in a
+# comparison with 0 or -1: `rank == 0`, `args.local_rank in (-1, 0)`).
+_RANK_NAMES = {"rank", "local_rank", "global_rank", "world_rank", "node_rank", "process_index", "local_process_index"}
+_RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_process_index"}
+# A call or attribute that is true on the main process only.
+_MAIN_NAMES = {
+    "is_main_process",
+    "is_local_main_process",
+    "is_master",
+    "is_rank_zero",
+    "is_global_zero",
+    "is_local_zero",
+    "is_world_process_zero",
+    "is_local_process_zero",
+    "main_process",
+    "master_process",
+}
+_DEVICE_WORDS = ("cuda", "gpu")
+_OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
+
+
+class Rate(enum.Enum):
+    EVERY_STEP = "every step"
+    EVERY_N = "every few steps"
+    ONCE = "once"
+    PER_CALL = "once per call"
+    PER_EPOCH = "once per epoch"
+    ON_ERROR = "only after an error"
+    OUTSIDE = "outside every step loop"
+
+
+@dataclass(frozen=True)
+class Frequency:
+    rate: Rate
+    why: str = ""  # the phrase a message uses ("it already runs only every few steps")
+    where: Where | None = None
+
+
+class Guard(enum.Flag):
+    NONE = 0
+    RANK0 = enum.auto()
+    DEVICE = enum.auto()
+    EXCEPT = enum.auto()
+    OOM = enum.auto()
+    OPT_IN = enum.auto()
+
+
+# Guards under which a sync rule reports nothing: code that runs on rank 0 only (logging and
+# checkpoints), under a device check, or only after an error.
+QUIET_GUARDS = Guard.RANK0 | Guard.DEVICE | Guard.EXCEPT
+
+
+@dataclass(frozen=True)
+class Guards:
+    flags: Guard = Guard.NONE
+    why: str = ""  # the condition that sets the first flag found, innermost first
+    switch: str | None = None  # the option an opt-in guard reads (`args.profile`)
+
+    def __contains__(self, flag: Guard) -> bool:
+        return bool(self.flags & flag)
+
+
+class Control:
+    """The control facts of one file (see the module's docstring)."""
+
+    def __init__(self, rule: Rule, hot: HotMap) -> None:
+        self.rule = rule
+        self.hot = hot
+
+    def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
+        return self.hot.parent(node)
+
+    # ------------------------------------------------------------------ frequency
+    def frequency(self, node: cst.CSTNode, epochs: bool = False) -> Frequency:
+        """How often ``node`` runs relative to its step loop. With ``epochs``, the body of a loop that
+        calls a function iterating its own batches counts as per-epoch code (a batch loop calling a
+        gradient-accumulation helper looks the same, so only rules about rare work ask for it)."""
+        where = self.hot.where(node)
+        if where is None:
+            return Frequency(Rate.OUTSIDE)
+        loop_body = getattr(where.loop.node, "body", None)
+        cur = node
+        while True:
+            parent = self.parent(cur)
+            if parent is None or cur is loop_body:
+                break
+            if isinstance(parent, cst.If) and cur is parent.body:
+                found = self._rare_branch(parent)
+                if found is not None:
+                    return Frequency(found[0], found[1], where)
+            if isinstance(parent, cst.ExceptHandler):
+                return Frequency(Rate.ON_ERROR, "it runs only after an error (a retry path)", where)
+            if isinstance(parent, cst.FunctionDef):
+                if self._after_inner_loop(node, parent):
+                    return Frequency(
+                        Rate.PER_CALL, "it runs once per call, outside the batch loop of the function", where
+                    )
+                break
+            cur = parent
+        if epochs and self._epoch_loop(where.loop.node):
+            why = "it runs once per epoch; the batches are iterated by a function the loop calls"
+            return Frequency(Rate.PER_EPOCH, why, where)
+        return Frequency(Rate.EVERY_STEP, "", where)
+
+    def not_every_step(self, node: cst.CSTNode, epochs: bool = False, guards: Guard = Guard.NONE) -> str | None:
+        """Why ``node`` does not cost every step (a phrase), or None: its frequency, or one of
+        ``guards`` around it (rank 0, a device branch, an error handler)."""
+        freq = self.frequency(node, epochs)
+        if freq.rate is Rate.OUTSIDE:
+            return None
+        if freq.rate is not Rate.EVERY_STEP:
+            return freq.why
+        stop = getattr(freq.where.loop.node, "body", None) if freq.where and freq.where.via is None else None
+        g = self.guards(node, stop)
+        if g.flags & guards:
+            return g.why
+        return None
+
+    def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:
+        test = branch.test
+        if _periodic(test, self._one_off_flags(branch)):
+            return Rate.EVERY_N, "it already runs only every few steps"
+        if _first_step(test):
+            return Rate.ONCE, "it runs once, on the first step"
+        if _leaves_loop(branch.body):
+            return Rate.ONCE, "it runs only on the path that leaves the loop"
+        return None
+
+    def _one_off_flags(self, node: cst.CSTNode) -> frozenset[str]:
+        """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`)."""
+        fn = self.parent(node)
+        while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Module)):
+            fn = self.parent(fn)
+        if fn is None:
+            return frozenset()
+        return frozenset(
+            n.targets[0].target.value
+            for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn)
+            if isinstance(n, cst.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0].target, cst.Name)
+            and _one_off(n.value, frozenset())
+        )
+
+    def _after_inner_loop(self, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
+        """A function called from a step loop that iterates its own batches: code outside that inner
+        loop runs once per call, not once per batch."""
+        if not any(id(n) in self.hot.step_loops for n in walk(fn.body) if isinstance(n, LOOPS)):
+            return False
+        cur = self.parent(node)
+        while cur is not None and cur is not fn:
+            if isinstance(cur, LOOPS):
+                return False
+            cur = self.parent(cur)
+        return True
+
+    def _epoch_loop(self, loop: cst.CSTNode) -> bool:
+        """A loop that calls a function of this file with a step loop of its own is an epoch loop."""
+        for call in calls_in(getattr(loop, "body", loop), into_loops=False):
+            for fn, _ in self.hot.resolve(call, None):
+                if any(id(n) in self.hot.step_loops for n in walk(fn.body) if isinstance(n, LOOPS)):
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ guards
+    def guards(self, node: cst.CSTNode, stop: cst.CSTNode | None = None) -> Guards:
+        """The guards around ``node`` up to its function (or the module), or up to ``stop`` (a loop's
+        body: a guard around a whole step loop does not make its steps rare)."""
+        flags = Guard.NONE
+        why = ""
+        switch: str | None = None
+        cur = node
+        while True:
+            parent = self.parent(cur)
+            if parent is None or cur is stop:
+                break
+            found: tuple[Guard, str] | None = None
+            if isinstance(parent, cst.If) and cur is parent.body:
+                found = self._test_guard(parent.test, negated=False)
+                if found is not None and found[0] is Guard.OPT_IN and switch is None:
+                    switch = dotted(parent.test)
+            elif isinstance(parent, cst.Else):
+                owner = self.parent(parent)
+                if isinstance(owner, cst.If):
+                    found = self._test_guard(owner.test, negated=True)
+                    if found is not None and found[0] is Guard.OPT_IN:
+                        found = None  # the `else` of a switch is the default path
+            elif isinstance(parent, cst.ExceptHandler):
+                oom = parent.type is not None and self._oom(parent.type)
+                found = (
+                    (Guard.EXCEPT | Guard.OOM, "it runs only after an out-of-memory error")
+                    if oom
+                    else (Guard.EXCEPT, "it runs only after an error (a retry path)")
+                )
+            elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
+                found = self._early_return(parent, cur)
+            if found is not None:
+                if not why:
+                    why = found[1]
+                flags |= found[0]
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                break
+            cur = parent
+        return Guards(flags, why, switch)
+
+    def _early_return(self, block: cst.IndentedBlock | cst.Module, stmt: cst.CSTNode) -> tuple[Guard, str] | None:
+        """`if rank != 0: return` (or `if not is_main_process(): return`) earlier in a function's body."""
+        if not isinstance(block, cst.IndentedBlock) or not isinstance(self.parent(block), cst.FunctionDef):
+            return None
+        for s in block.body:
+            if s is stmt:
+                return None
+            if isinstance(s, cst.If) and s.orelse is None and _only_returns(s.body):
+                found = self._test_guard(s.test, negated=True)
+                if found is not None and found[0] is Guard.RANK0:
+                    return Guard.RANK0, "it runs only on rank 0 (the function returns early on the others)"
+        return None
+
+    def _test_guard(self, test: cst.BaseExpression, negated: bool) -> tuple[Guard, str] | None:
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            return self._test_guard(test.expression, not negated)
+        if isinstance(test, cst.BooleanOperation):
+            left = self._test_guard(test.left, negated)
+            right = self._test_guard(test.right, negated)
+            both_needed = isinstance(test.operator, cst.And) != negated  # a conjunction (De Morgan)
+            if both_needed:
+                if left is not None and right is not None:
+                    return left[0] | right[0], left[1]
+                return left or right
+            return left if left is not None and right is not None and left[0] == right[0] else None
+        rank = self._rank_test(test)
+        if rank is not None and rank == (not negated):
+            return Guard.RANK0, "it runs only on rank 0"
+        if self._device_test(test):  # either branch of a device check is device-specific
+            return Guard.DEVICE, "it runs only under a device check"
+        if negated:
+            return None
+        if isinstance(test, cst.Attribute) and dotted(test) is not None:
+            return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
+        return None
+
+    def _rank_test(self, test: cst.BaseExpression) -> bool | None:
+        """True: the test holds on rank 0 only; False: on every rank but 0; None: not a rank test."""
+        if isinstance(test, (cst.Name, cst.Attribute)) and _last(test) in _MAIN_NAMES:
+            return True
+        if isinstance(test, cst.Call) and _last(test.func) in _MAIN_NAMES and not test.args:
+            return True
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+            return None
+        op = test.comparisons[0].operator
+        left, right = test.left, test.comparisons[0].comparator
+        if not self._is_rank(left):
+            if self._is_rank(right) and isinstance(op, (cst.Equal, cst.NotEqual)):
+                left, right = right, left
+            else:
+                return None
+        if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
+            values = {_int(e.value) for e in right.elements}
+            if values and values <= {-1, 0}:
+                return isinstance(op, cst.In)
+            return None
+        n = _int(right)
+        if n is None:
+            return None
+        if isinstance(op, cst.Equal) and n == 0:
+            return True
+        if isinstance(op, cst.NotEqual) and n == 0:
+            return False
+        if (isinstance(op, cst.LessThanEqual) and n == 0) or (isinstance(op, cst.LessThan) and n == 1):
+            return True
+        if isinstance(op, cst.GreaterThan) and n == 0:
+            return False
+        return None
+
+    def _is_rank(self, expr: cst.BaseExpression) -> bool:
+        if isinstance(expr, cst.Call):
+            return not expr.args and _last(expr.func) in _RANK_CALLS
+        return isinstance(expr, (cst.Name, cst.Attribute)) and _last(expr) in _RANK_NAMES
+
+    def _device_test(self, test: cst.BaseExpression) -> bool:
+        if isinstance(test, cst.Call):
+            q = callee(self.rule, test) or ""
+            return q in ("torch.cuda.is_available", "torch.backends.mps.is_available", "torch.xpu.is_available")
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            last = (_last(test) or "").lower()
+            return last == "is_cuda" or any(w in last.split("_") for w in _DEVICE_WORDS)
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            sides = (test.left, test.comparisons[0].comparator)
+            strings = [s.evaluated_value for s in sides if isinstance(s, cst.SimpleString)]
+            return any(isinstance(s, str) and s.split(":")[0] in ("cuda", "cpu", "mps", "xpu") for s in strings)
+        return False
+
+    def _oom(self, kind: cst.BaseExpression) -> bool:
+        if isinstance(kind, cst.Tuple):
+            return any(self._oom(e.value) for e in kind.elements)
+        d = dotted(kind) or ""
+        return d in _OOM or d.endswith(".OutOfMemoryError")
+
+
+def _last(expr: cst.BaseExpression) -> str | None:
+    d = dotted(expr)
+    return d.rsplit(".", 1)[-1] if d else None
+
+
+def _int(expr: cst.BaseExpression) -> int | None:
+    if isinstance(expr, cst.Integer):
+        return int(expr.evaluated_value)
+    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+        inner = _int(expr.expression)
+        return -inner if inner is not None else None
+    return None
+
+
+def _only_returns(body: cst.BaseSuite) -> bool:
+    stmts = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    if len(stmts) != 1:
+        return False
+    line = stmts[0]
+    return isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and all(
+        isinstance(s, cst.Return) for s in line.body
+    )
+
+
+def _periodic(test: cst.BaseExpression, flags: frozenset[str] = frozenset()) -> bool:
+    """`i % n == k`, `not i % n`, `(i + 1) % n == 0`, and such tests joined with `and`; also
+    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _periodic(test.left, flags) or _periodic(test.right, flags)
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        sides = (test.left, test.right)
+        return any(_periodic(side, flags) for side in sides) and all(
+            _periodic(side, flags) or _one_off(side, flags) for side in sides
+        )
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _is_modulo(test.expression)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        op = test.comparisons[0].operator
+        right = test.comparisons[0].comparator
+        return isinstance(op, cst.Equal) and (_is_modulo(test.left) or _is_modulo(right))
+    return False
+
+
+def _one_off(test: cst.BaseExpression, flags: frozenset[str]) -> bool:
+    """`i == last_idx`, `i + 1 == len(loader)` (a counter equal to one value, not a string option), or a
+    name assigned such a test."""
+    if isinstance(test, cst.Name):
+        return test.value in flags
+    if not (
+        isinstance(test, cst.Comparison)
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.Equal)
+    ):
+        return False
+    numeric = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call, cst.Subscript)
+    return isinstance(test.left, numeric) and isinstance(test.comparisons[0].comparator, numeric)
+
+
+def _is_modulo(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo)
+
+
+def _first_step(test: cst.BaseExpression) -> bool:
+    """`i == 0`, `i < 1`, `i <= 0`: a counter (not a rank) compared with a small literal, alone or
+    `and`-ed."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _first_step(test.left) or _first_step(test.right)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        op = test.comparisons[0].operator
+        right = test.comparisons[0].comparator
+        if not (isinstance(test.left, cst.Name) and isinstance(right, cst.Integer)):
+            return False
+        if test.left.value in _RANK_NAMES:
+            return False  # `rank == 0` is a guard, not a first step
+        n = int(right.evaluated_value)
+        return (
+            isinstance(op, cst.Equal)
+            or (isinstance(op, cst.LessThan) and n <= 1)
+            or (isinstance(op, cst.LessThanEqual) and n <= 0)
+        )
+    return False
+
+
+def _leaves_loop(body: cst.BaseSuite) -> bool:
+    """The branch ends by raising, exiting the process, or breaking out (it runs at most once)."""
+    if not isinstance(body, cst.IndentedBlock) or not body.body:
+        return False
+    last = body.body[-1]
+    if not isinstance(last, cst.SimpleStatementLine) or not last.body:
+        return False
+    stmt = last.body[-1]
+    if isinstance(stmt, (cst.Raise, cst.Break, cst.Return)):
+        return True
+    if isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call):
+        return dotted(stmt.value.func) in _EXITS
+    return False
+
+
+def control_of(rule: Rule) -> Control:
+    """The control facts of the rule's file, made once per analysed text and kept in its SourceFacts."""
+    hot = hot_map(rule)
+    make: Callable[[], Control] = lambda: Control(rule, hot)  # noqa: E731
+    found = rule.ctx.facts.about_node(("control",), rule.ctx.module, make)
+    found.rule = rule
+    return found
