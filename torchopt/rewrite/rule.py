@@ -204,7 +204,7 @@ class Rule(cst.BatchableCSTVisitor):
         cls = type(self)
         names = cls.__dict__.get("_visitor_names")
         if names is None:
-            names = tuple(super().get_visitors())
+            names = _visitor_names(self)
             type.__setattr__(cls, "_visitor_names", names)
         return {name: getattr(self, name) for name in names}
 
@@ -230,27 +230,6 @@ class Rule(cst.BatchableCSTVisitor):
         if cls.requires and not all(tok in text for tok in cls.requires):
             return False
         return not cls.prefilter or any(tok in text for tok in cls.prefilter)
-
-    def get_visitors(self) -> Mapping[str, Callable[[cst.CSTNode], None]]:
-        """LibCST's own answer (``BatchableCSTVisitor.get_visitors``: the bound ``visit_*``/``leave_*``
-        methods that are not empty stubs), read from the rule's own classes: LibCST runs
-        ``inspect.getmembers`` over thousands of attributes (a stub for every node class and field,
-        the rule's examples), which cost more than the rule's own visit of a short file. Every stub
-        comes from LibCST's classes, so only the classes below them are read."""
-        names = set(vars(self))
-        for klass in type(self).__mro__:
-            if not klass.__module__.startswith("libcst"):
-                names.update(vars(klass))
-        out = {}
-        for name in sorted(n for n in names if n.startswith(("visit_", "leave_"))):
-            m = getattr(self, name)
-            if (
-                inspect.ismethod(m)
-                and m.__name__.startswith(("visit_", "leave_"))
-                and not getattr(m, "_is_no_op", False)
-            ):
-                out[name] = m
-        return out
 
     def option(self, name: str) -> Any:
         return self.ctx.options[name]
@@ -308,6 +287,23 @@ class Rule(cst.BatchableCSTVisitor):
             if line and not line.startswith("#"):
                 return line
         return cls.message
+
+
+def _visitor_names(rule: Rule) -> tuple[str, ...]:
+    """The names LibCST's own ``get_visitors`` gives (the bound ``visit_*``/``leave_*`` methods that
+    are not no-op stubs), read from the rule's own classes: ``inspect.getmembers`` reads thousands of
+    attributes (a stub for every node class and field, the rule's examples), which on a one-file
+    check cost more than several rules' visits. Every stub comes from LibCST's classes."""
+    names = set(vars(rule))
+    for klass in type(rule).__mro__:
+        if not klass.__module__.startswith("libcst"):
+            names.update(vars(klass))
+    out = []
+    for name in sorted(n for n in names if n.startswith(("visit_", "leave_"))):
+        m = getattr(rule, name)
+        if inspect.ismethod(m) and m.__name__.startswith(("visit_", "leave_")) and not getattr(m, "_is_no_op", False):
+            out.append(name)
+    return tuple(out)
 
 
 def _with_source_facts(text_test: Callable[[Any, str], bool]) -> Callable[[Any, str], bool]:
