@@ -63,7 +63,8 @@ def test_fixtures_exist():
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("unsafe", [False, True], ids=["safe", "unsafe"])
+# the unsafe rewrite of every fixture takes seconds each: with the slow tests (CI runs them)
+@pytest.mark.parametrize("unsafe", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["safe", "unsafe"])
 def test_rewrite_matches_golden(name, unsafe):
     before = _read(name, "before")
     expected = _read(name, "after_unsafe" if unsafe else "after_safe")
@@ -135,6 +136,7 @@ def test_cli_diff_on_fixture_prints_safe_fixes_and_writes_nothing():
     assert "--unsafe-fixes" in r.stderr  # hidden unsafe fixes are announced
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_cli_unsafe_diff_on_fixture_names_what_changes():
     path = FIXTURES / "cnn_train" / "before.py"
     before_bytes = path.read_bytes()

@@ -188,6 +188,7 @@ def test_resplit_after_any_edit_equals_a_fresh_split(seed):
     assert checked > 40
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_edits_keep_the_incremental_result_exact():
     import random
 

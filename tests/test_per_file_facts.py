@@ -11,6 +11,7 @@ import os
 import threading
 
 import libcst as cst
+import pytest
 
 from torchopt.rewrite import config as config_mod, engine, facts as facts_module
 from torchopt.rewrite.config import Settings
@@ -50,6 +51,7 @@ def _nodes_naming(marker: str) -> list[object]:
     ]
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_nothing_learnt_about_a_file_stays_in_memory_after_it_is_analysed():
     marker = "KeptAliveNet"
     text = _train_script(marker)
@@ -210,6 +212,7 @@ def _mutated_module_state() -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_no_module_keeps_a_cache_of_per_file_facts():
     mutated = _mutated_module_state()
     caches = {name: how for name, how in mutated.items() if name not in ALLOWED_MODULE_STATE}

@@ -180,6 +180,7 @@ def test_file_over_the_memory_budget_is_refused(tmp_path, outside, monkeypatch):
     assert_outcome(root, bad, 2, r.stderr, "memory budget")
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_worker_memory_limit_stops_a_runaway_file(tmp_path, outside, monkeypatch):
     """The address-space limit of a worker, with the size estimate off: the file that needs more
     fails in its worker; every other file is fixed."""

@@ -50,6 +50,7 @@ def _run(code: str, *args: str, timeout: int = 120) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_importing_every_torchopt_module_leaves_libcst_untouched():
     code = SNAPSHOT + textwrap.dedent("""
         import importlib, pkgutil
@@ -217,6 +218,7 @@ print(sorted({r.reason for r in results}))
 """
 
 
+@pytest.mark.slow  # starts fresh interpreters that import the engine: seconds each; CI runs it
 @pytest.mark.parametrize(
     "method,install,expected",
     [

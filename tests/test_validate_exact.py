@@ -68,6 +68,7 @@ def test_run_text_is_the_written_text_on_every_rule_example(code: str, src: str,
     _assert_validated_is_written(src, "example.py", Settings(), unsafe)
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_every_fix_rewrite_writes_is_in_the_program_run() -> None:
     """The CNN script: rewrite writes fixes of six rules; before, the random-stream sites were
     wrapped first and the rules no longer matched the wrapped code, so validate ran 6 of 12."""
@@ -105,6 +106,7 @@ def _cli(*args: object):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 def test_fix_listings_name_positions_in_the_original_text(tmp_path: Path) -> None:
     """TOP202 and TOP502 insert lines in the first pass; TOP101's fix, found in a later pass, must
     still be listed where the user sees `torch.randn(8).to(device)`, in every listing."""

@@ -50,6 +50,7 @@ def _draw_calls(rng: random.Random, count: int) -> list[tuple[str, bool]]:
     return calls
 
 
+@pytest.mark.slow  # over ~2.5 s on a quiet machine: CI runs it with the slow tests
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_safe_range_fix_keeps_dtype_and_values(seed: int) -> None:
     """Random bounds and steps, ints and floats, negative steps: whenever the rewrite is declared

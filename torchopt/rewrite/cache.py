@@ -133,11 +133,12 @@ def fingerprint(rules: Mapping[str, type] | None = None) -> str:
     """Everything besides the file and its settings that decides what the engine computes."""
     import libcst
 
-    if rules is None:
-        from torchopt.rewrite.registry import all_rules
+    from torchopt.rewrite.registry import all_rules, info_of
 
+    if rules is None:
         rules = all_rules()
-    rule_ids = ";".join(f"{code}={cls.__module__}.{cls.__qualname__}" for code, cls in sorted(rules.items()))
+    infos = [info_of(rules, code) for code in sorted(rules)]  # the index answers without importing the rules
+    rule_ids = ";".join(f"{i.code}={i.module}.{i.qualname}" for i in infos)
     libcst_version = getattr(libcst, "__version__", "") or _dist_version("libcst")
     return _h(str(FORMAT), torchopt.__version__, _package_source_hash(), rule_ids, libcst_version, sys.version)[:20]
 

@@ -18,7 +18,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.registry import all_rules, info_of
 from torchopt.rewrite.selection import SelectorError, expand_all
 from torchopt.rewrite.source import DEFAULT_MAX_BYTES
 from torchopt.rewrite.style import Style, style_for
@@ -56,7 +56,7 @@ class Settings:
         codes = _drop_unrequested_opt_in(codes, selected)
         if self.target_torch is not None:
             rules = all_rules()
-            codes = {c for c in codes if (rules[c].min_torch or (0, 0)) <= self.target_torch}
+            codes = {c for c in codes if (info_of(rules, c).min_torch or (0, 0)) <= self.target_torch}
         if path is not None and self.per_file_ignores:
             rel = relpath(path, self.root)
             for pattern, sels in self.per_file_ignores:
@@ -83,7 +83,7 @@ def _drop_unrequested_opt_in(codes: set[str], select: tuple[str, ...]) -> set[st
     name, never through ``ALL``, a prefix or a family name."""
     rules = all_rules()
     named = {s.strip().upper() for s in select} | {s.strip() for s in select}
-    return {c for c in codes if not getattr(rules[c], "opt_in", False) or c in named or rules[c].name in named}
+    return {c for c in codes if not info_of(rules, c).opt_in or c in named or info_of(rules, c).name in named}
 
 
 def _matches(code: str, selectors: tuple[str, ...]) -> bool:

@@ -5,12 +5,13 @@ folders it was given through a symbolic link and never returns what is not a reg
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable, Optional
-
-import pathspec
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from torchopt.rewrite.config import Settings, glob_match, relpath
 from torchopt.rewrite.source import file_kind, shown
+
+if TYPE_CHECKING:
+    import pathspec  # imported when a .gitignore is read: one file named on the command line needs none
 
 # Told about each path a walk leaves out for a reason the user should hear: (path, reason).
 OnSkip = Optional[Callable[[str, str], None]]
@@ -55,6 +56,8 @@ def _gitignore(folder: str) -> pathspec.GitIgnoreSpec | None:
 def gitignore_spec(lines: list[str]) -> pathspec.GitIgnoreSpec:
     """Like git, drop the lines it cannot use (`!` alone, a trailing backslash, `[z-a]`, ...) and
     keep the rest working."""
+    import pathspec
+
     try:
         return pathspec.GitIgnoreSpec.from_lines(lines)
     except Exception:  # pathspec raises several kinds for bad patterns; none may stop a run

@@ -18,7 +18,7 @@ from torchopt.rewrite import budget, newsyntax, pyast, suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.facts import SourceFacts, analysing
 from torchopt.rewrite.positions import file_positions
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.registry import all_rules, info_of
 from torchopt.rewrite.rule import TAG_MEANING, Finding, Replacement, Rule, RuleContext, Safety
 from torchopt.rewrite.style import Style
 from torchopt.rewrite.textmap import TextMap
@@ -111,7 +111,13 @@ def active_rules(codes: Iterable[str], text: str | None = None) -> list[type[Rul
     if text is None:
         return [rules[code] for code in sorted(codes)]
     with analysing(text):  # every rule's test reads the same SourceFacts (one CPython parse)
-        return [rules[code] for code in sorted(codes) if rules[code].could_match(text)]
+        return [rules[code] for code in sorted(codes) if could_match(rules, code, text)]
+
+
+def could_match(rules: Mapping[str, type[Rule]], code: str, text: str) -> bool:
+    """The engine's text test of one rule: its declared substrings, read from the registry's index
+    (a rule whose substrings do not occur is not even imported), then its own ``could_match``."""
+    return info_of(rules, code).declared_match(text) and rules[code].could_match(text)
 
 
 def syntax_check(text: str) -> None:

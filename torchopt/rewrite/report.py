@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import PurePath
@@ -44,6 +43,8 @@ def render(
     if fmt == "text":
         return "".join(text_line(d) + "\n" for d in diags)
     if fmt == "json":
+        import json
+
         rows = [dict(d.to_json(edits(d)), fixed=False) for d in diags]
         rows += [dict(d.to_json(), fixed=True) for d in sorted(fixed, key=Diagnostic.sort_key)]
         return json.dumps(rows, indent=2) + "\n"
@@ -57,6 +58,8 @@ def render(
             )
         return "".join(out)
     if fmt == "sarif":
+        import json
+
         return json.dumps(sarif(diags), indent=2) + "\n"
     raise ValueError(f"unknown output format {fmt!r}")
 
@@ -148,6 +151,8 @@ def statistics(diags: Sequence[Diagnostic], fmt: str) -> str:
     names = {d.code: d.name for d in diags}
     rows = sorted(counts.items(), key=lambda cn: (-cn[1], cn[0]))
     if fmt == "json":
+        import json
+
         out = [{"code": c, "name": names[c], "count": n, "fixable": c in fixable} for c, n in rows]
         return json.dumps(out, indent=2) + "\n"
     width = max((len(str(n)) for _, n in rows), default=1)

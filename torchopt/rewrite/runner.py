@@ -7,8 +7,6 @@ import enum
 import gc
 import os
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
@@ -21,6 +19,8 @@ from torchopt.rewrite.place import Place
 from torchopt.rewrite.write import WriteRefused, atomic_write
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor  # (the pool is imported when a run needs one)
+
     from torchopt.rewrite.cache import Cache, Entry
 
 
@@ -375,6 +375,9 @@ def _run_pool(
     """Chunks of files in a process pool. A worker that dies takes only its own file with it: the
     files of every chunk the broken pool lost are run again one at a time in a new pool, so that a
     second death names the file that caused it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    _import_rules()
     size = max(1, min(16, len(items) // (jobs * 4) or 1))
     pending = deque(items[i : i + size] for i in range(0, len(items), size))
     suspects: deque[Item] = deque()
@@ -396,6 +399,17 @@ def _run_pool(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _import_rules() -> None:
+    """Every rule module, imported before the workers start: they analyse under a memory limit
+    (``budget.limit_worker_memory``), where loading a module's shared library can fail, and forked
+    workers share what this process imported. A one-file run (no pool) imports only what it needs."""
+    from torchopt.rewrite.registry import all_rules
+
+    rules = all_rules()
+    for code in rules:
+        rules[code]
+
+
 def _feed_pool(
     pool: ProcessPoolExecutor,
     inflight: dict[Future, tuple[list[Item], bool]],
@@ -408,6 +422,8 @@ def _feed_pool(
 ) -> None:
     """Keep ``pool`` busy until the work is done or the pool breaks (then return: the caller starts
     a new one for what is left)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     while True:
         signum = interrupt.stop_requested()
         if signum is not None:
@@ -444,6 +460,8 @@ def _collect(
     results: dict[str, FileResult],
 ) -> bool:
     """Record what ``fut`` produced; True when its pool broke."""
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         done = fut.result()
     except BrokenProcessPool:

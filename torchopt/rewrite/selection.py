@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.registry import all_rules, info_of
 
 
 class SelectorError(ValueError):
@@ -28,7 +28,7 @@ def expand(selector: str) -> set[str]:
         if codes or up == "TOP":
             return codes
         raise SelectorError(f"unknown rule selector {selector!r}: no rule code starts with {up}")
-    codes = {c for c, r in rules.items() if r.family == sel or r.name == sel}
+    codes = {c for c in rules if info_of(rules, c).family == sel or info_of(rules, c).name == sel}
     if not codes:
         raise SelectorError(
             f"unknown rule selector {selector!r} (expected a code such as TOP101, a prefix such as "

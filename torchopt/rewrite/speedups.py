@@ -18,7 +18,6 @@ import functools
 import logging
 import os
 import re
-from importlib import metadata as dist_metadata
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -76,10 +75,15 @@ DEFAULT = tuple(FAST_PATHS)
 
 
 def libcst_version() -> tuple[int, ...] | None:
-    try:
-        text = dist_metadata.version("libcst")
-    except dist_metadata.PackageNotFoundError:
-        return None
+    try:  # the version LibCST's build wrote (importlib.metadata takes longer to import than a parse)
+        from libcst._version import __version__ as text
+    except ImportError:
+        from importlib import metadata as dist_metadata
+
+        try:
+            text = dist_metadata.version("libcst")
+        except dist_metadata.PackageNotFoundError:
+            return None
     parts = re.match(r"(\d+)\.(\d+)", text)
     return (int(parts.group(1)), int(parts.group(2))) if parts else None
 
