@@ -139,6 +139,13 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
         s = se.stmt
         if analysis.under_rank_guard(s) or analysis.only_called_on_rank(s) or not ctx.may_edit(s):
             continue
+        if se.unknown:
+            where = analysis.module.code_for_node(se.path) if se.path is not None else "its file argument"
+            skipped.append(
+                f"line {analysis.pos(s)[0]}: `torch.save` writes to `{where}`, not known to be a file path "
+                "(a buffer saved on rank 0 only would be read back empty on the others); not guarded"
+            )
+            continue
         why = collective_free(analysis, s, ctx.dist)
         if why is not None:
             skipped.append(f"line {analysis.pos(s)[0]}: {se.what} calls {why}; not guarded")
