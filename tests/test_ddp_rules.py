@@ -236,3 +236,34 @@ def test_top405_guards_saves_into_files_not_into_buffers():
     assert "\n    torch.save(model.module.state_dict(), os.path.join(" in out  # module level, in the guard
     [diag] = _diags(_SAVES, "TOP405")
     assert diag.fix is not None and "`torch.save` writes to `out`, not known to be a file path" in diag.fix.note
+
+
+_SAMPLER_ELSEWHERE = (
+    "import torch\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+    "from torch.utils.data.distributed import DistributedSampler\n\n\n"
+    "def prepare_dataloaders(n):\n    ds = TensorDataset(torch.randn(n, 4), torch.randn(n, 1))\n"
+    "    train_sampler = DistributedSampler(ds)\n"
+    "    train_loader = DataLoader(ds, batch_size=4, sampler=train_sampler)\n    return train_loader, ds\n\n\n"
+    "def train(epochs):\n    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    train_loader, ds = prepare_dataloaders(16)\n    for epoch in range(epochs):\n"
+    "        for x, y in train_loader:\n            torch.nn.functional.mse_loss(model(x), y).backward()\n"
+    "            opt.step()\n\n\n"
+    "dist.init_process_group('gloo')\ntrain(2)\n"
+)
+
+
+def test_top403_writes_no_name_that_is_a_local_of_another_function():
+    """The sampler is a local of `prepare_dataloaders()` and the epoch loop is in `train()`: writing
+    `train_sampler.set_epoch(epoch)` there raises NameError on the first epoch. Reported, not fixed,
+    and the message says where the sampler lives."""
+    assert _fix(_SAMPLER_ELSEWHERE, "TOP403") == _SAMPLER_ELSEWHERE
+    [diag] = _diags(_SAMPLER_ELSEWHERE, "TOP403")
+    assert diag.fix is None and "`train_sampler` is a local of `prepare_dataloaders()`" in diag.message
+    # the same loop with the loader and its sampler built beside it is fixed
+    inline = _SAMPLER_ELSEWHERE.replace(
+        "    train_loader, ds = prepare_dataloaders(16)\n",
+        "    ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))\n    train_sampler = DistributedSampler(ds)\n"
+        "    train_loader = DataLoader(ds, batch_size=4, sampler=train_sampler)\n",
+    )
+    inline = inline[: inline.index("def prepare_dataloaders")] + inline[inline.index("def train") :]
+    assert "        train_sampler.set_epoch(epoch)" in _fix(inline, "TOP403")
