@@ -208,3 +208,62 @@ def test_top401_under_a_main_guard_sets_up_inside_it():
 def test_data_parallel_without_a_module_is_refused_not_a_crash():
     src = DP_SRC + "other = nn.DataParallel()\n"
     assert any("without a module" in d.message for d in _diags(src, "TOP401"))
+
+
+_SAVES = DDP_HEAD + (
+    "import io\nimport os\n\n\n"
+    "def copy_into(ema, state):\n"
+    "    buf = io.BytesIO()\n    torch.save(state, buf)\n    buf.seek(0)\n    ema.load_state_dict(torch.load(buf))\n\n\n"
+    "def checkpoint(state, filename='last.pt'):\n    torch.save(state, filename)\n\n\n"
+    "def export(state, out):\n    torch.save(state, out)\n\n\n"
+    "dist.init_process_group('gloo')\nmodel = DDP(nn.Linear(2, 2))\nema = nn.Linear(2, 2)\n"
+    "copy_into(ema, model.module.state_dict())\n"
+    "with open('w.pt', 'wb') as f:\n    torch.save(model.module.state_dict(), f)\n"
+    "torch.save(model.module.state_dict(), os.path.join('runs', 'ckpt.pt'))\n"
+)
+
+
+def test_top405_guards_saves_into_files_not_into_buffers():
+    """`torch.save` into an in-memory buffer that every process reads back is no file write: a rank-0
+    guard there would leave the other ranks loading an empty buffer. A save into a path is guarded, a
+    save into `f` of `with open(...)` is guarded with its block, and one into a value not known to be
+    a path (a parameter without default) is left alone and said so."""
+    out = _fix(_SAVES, "TOP405")
+    assert "    buf = io.BytesIO()\n    torch.save(state, buf)\n" in out
+    assert "    if not dist.is_initialized() or dist.get_rank() == 0:\n        torch.save(state, filename)" in out
+    assert "def export(state, out):\n    torch.save(state, out)\n" in out
+    assert "if dist.get_rank() == 0:\n    with open('w.pt', 'wb') as f:\n        torch.save(" in out
+    assert "\n    torch.save(model.module.state_dict(), os.path.join(" in out  # module level, in the guard
+    [diag] = _diags(_SAVES, "TOP405")
+    assert diag.fix is not None and "`torch.save` writes to `out`, not known to be a file path" in diag.fix.note
+
+
+_SAMPLER_ELSEWHERE = (
+    "import torch\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+    "from torch.utils.data.distributed import DistributedSampler\n\n\n"
+    "def prepare_dataloaders(n):\n    ds = TensorDataset(torch.randn(n, 4), torch.randn(n, 1))\n"
+    "    train_sampler = DistributedSampler(ds)\n"
+    "    train_loader = DataLoader(ds, batch_size=4, sampler=train_sampler)\n    return train_loader, ds\n\n\n"
+    "def train(epochs):\n    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    train_loader, ds = prepare_dataloaders(16)\n    for epoch in range(epochs):\n"
+    "        for x, y in train_loader:\n            torch.nn.functional.mse_loss(model(x), y).backward()\n"
+    "            opt.step()\n\n\n"
+    "dist.init_process_group('gloo')\ntrain(2)\n"
+)
+
+
+def test_top403_writes_no_name_that_is_a_local_of_another_function():
+    """The sampler is a local of `prepare_dataloaders()` and the epoch loop is in `train()`: writing
+    `train_sampler.set_epoch(epoch)` there raises NameError on the first epoch. Reported, not fixed,
+    and the message says where the sampler lives."""
+    assert _fix(_SAMPLER_ELSEWHERE, "TOP403") == _SAMPLER_ELSEWHERE
+    [diag] = _diags(_SAMPLER_ELSEWHERE, "TOP403")
+    assert diag.fix is None and "`train_sampler` is a local of `prepare_dataloaders()`" in diag.message
+    # the same loop with the loader and its sampler built beside it is fixed
+    inline = _SAMPLER_ELSEWHERE.replace(
+        "    train_loader, ds = prepare_dataloaders(16)\n",
+        "    ds = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))\n    train_sampler = DistributedSampler(ds)\n"
+        "    train_loader = DataLoader(ds, batch_size=4, sampler=train_sampler)\n",
+    )
+    inline = inline[: inline.index("def prepare_dataloaders")] + inline[inline.index("def train") :]
+    assert "        train_sampler.set_epoch(epoch)" in _fix(inline, "TOP403")

@@ -233,3 +233,64 @@ def test_flags_fixture_validates_within_its_class_tolerance(tmp_path, code, tags
     assert [f["code"] for f in out["applied"]] == [code]
     assert any(r["kind"] == "loss" for r in out["rows"])
     assert all(r["max_abs"] in (0, None) for r in out["rows"]), [r for r in out["rows"] if r["max_abs"]]
+
+
+# --------------------------------------------------------------------------- the switch follows `import torch`
+
+_LATE_TORCH = {
+    "module-level loop": """\
+import os
+with open(os.devnull) as f:
+    header = f.read()
+import torch
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.ones(2, 3, 8, 8, device=device)).sum().backward()
+    opt.step()
+""",
+    "main guard": """\
+import os
+
+if __name__ == "__main__":
+    print(os.sep)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.ones(2, 3, 8, 8, device=device)).sum().backward()
+        opt.step()
+""",
+    "main function": """\
+def main():
+    \"\"\"Train.\"\"\"
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.ones(2, 3, 8, 8, device=device)).sum().backward()
+        opt.step()
+
+
+main()
+""",
+}
+
+
+@pytest.mark.parametrize("layout", sorted(_LATE_TORCH))
+def test_switches_go_after_the_import_that_binds_torch(layout):
+    """Statements that run before `import torch` (a file read at the top of the script, a print in
+    the `__main__` block, a function that imports torch itself): the switches are placed after the
+    import, never where `torch` is not bound yet, and the program still runs."""
+    before = _LATE_TORCH[layout]
+    after = fix_source(before, FLAGS, unsafe=True)
+    assert sorted(d.code for d in after.applied) == ["TOP501", "TOP502"]
+    lines = [line.strip() for line in after.text.splitlines()]
+    assert lines.index(BENCH) > lines.index("import torch") and lines.index(PREC) > lines.index("import torch")
+    assert compare_programs(before, after.text) == []

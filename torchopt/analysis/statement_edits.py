@@ -41,6 +41,24 @@ def statement(text: str) -> cst.BaseStatement:
     return cst.parse_statement(text)
 
 
+def first_binding(scope: Any, body: Sequence[cst.BaseStatement], name: str) -> int | None:
+    """Index of the first statement of ``body`` (the statements of ``scope``'s own block) that binds
+    ``name`` in ``scope`` (an import, an assignment, a ``def``...); None when none of them does (the
+    name comes from an enclosing scope, or is not bound at all). A statement inserted into ``body``
+    that reads ``name`` must come after this one, or it raises NameError when it runs."""
+    nodes = {id(node) for a in scope.assignments[name] if (node := getattr(a, "node", None)) is not None}
+    if not nodes:
+        return None
+    for i, stmt in enumerate(body):
+        stack: list[cst.CSTNode] = [stmt]
+        while stack:
+            node = stack.pop()
+            if id(node) in nodes:
+                return i
+            stack.extend(node.children)
+    return None
+
+
 def body_list(block: cst.BaseSuite) -> Sequence[cst.BaseStatement] | None:
     """The statements of an indented block; None for a one-line body (``for x in y: f(x)``), which
     has no place for a new statement."""

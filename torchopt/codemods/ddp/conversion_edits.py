@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.values import int_value, string_value
@@ -140,6 +141,13 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
     for se in side_effects(analysis):
         s = se.stmt
         if analysis.under_rank_guard(s) or analysis.only_called_on_rank(s) or not ctx.may_edit(s):
+            continue
+        if se.unknown:
+            where = analysis.module.code_for_node(se.path) if se.path is not None else "its file argument"
+            skipped.append(
+                f"line {analysis.pos(s)[0]}: `torch.save` writes to `{where}`, not known to be a file path "
+                "(a buffer saved on rank 0 only would be read back empty on the others); not guarded"
+            )
             continue
         why = collective_free(analysis, s, ctx.dist)
         if why is not None:
@@ -287,6 +295,10 @@ def set_epoch_edits(analysis: Analysis, e: Edits, samplers: dict[str, str], note
         if not body:
             continue
         epoch = ep.target.value
+        unbound = _unbound_here(analysis, body[0], loop.loader, code.rstrip("?"))
+        if unbound is not None:
+            notes.append(f"line {analysis.pos(ep)[0]}: {unbound}; call `set_epoch` where the sampler is in scope")
+            continue
         if code.endswith("?"):
             s = code[:-1]
             new = statement(f"if {s} is not None:\n    {s}.set_epoch({epoch})  # a new shuffle every epoch\n")
@@ -295,6 +307,33 @@ def set_epoch_edits(analysis: Analysis, e: Edits, samplers: dict[str, str], note
         e.add_before(body[0], [new])
         n += 1
     return n
+
+
+def _unbound_here(analysis: Analysis, at: cst.CSTNode, loader: str, code: str) -> str | None:
+    """Why ``code`` (``sampler`` or ``loader.sampler``) written before ``at`` would not name the
+    loader's sampler (None when it does): its root name, read at ``at``, must resolve (scope analysis)
+    to the binding the analysis found, not to another variable of the same name in another function."""
+    root = code.split(".")[0]
+    binding: cst.CSTNode | None
+    if root == loader:
+        binding = analysis.loaders[loader][0][0] if analysis.loaders.get(loader) else None
+    elif root in analysis.samplers:
+        binding = analysis.statement(analysis.samplers[root])
+    else:
+        return None  # a name the rewrite itself binds (the DDP conversion's sampler)
+    try:
+        scope = analysis.rule.get_metadata(ScopeProvider, at)
+    except KeyError:
+        scope = None
+    found = scope is not None and root in scope
+    for a in scope[root] if found and scope is not None else ():
+        node = getattr(a, "node", None)
+        if node is not None and binding is not None and any(x is binding for x in analysis.ancestors(node)):
+            return None
+    owner = analysis.scope_owner(binding) if binding is not None else None
+    where = f"a local of `{owner.name.value}()`" if isinstance(owner, cst.FunctionDef) else "bound elsewhere"
+    kind = "the loader" if root == loader else "the sampler"
+    return f"{kind} `{root}` is {where}, not a name of this loop's scope"
 
 
 # --------------------------------------------------------------------------- the conversion

@@ -146,7 +146,8 @@ class MissingSetEpoch(Rule):
         notes: list[str] = []
         n = set_epoch_edits(a, e, samplers, notes)
         if n == 0:
-            self.report(loops[0].node, message=self.message + " (no `for epoch in ...` loop: add a counter)")
+            why = "; ".join(notes) if notes else "no `for epoch in ...` loop: add a counter"
+            self.report(loops[0].node, message=self.message + f" ({why})")
             return
         self.report(
             loops[0].node,

@@ -12,6 +12,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from torchopt.analysis.names import dotted, callee, qualified_names
+from torchopt.analysis.file_targets import file_target
 from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import keyword, positional
 from torchopt.analysis.models import nn_module_classes
@@ -437,6 +438,7 @@ class SideEffect:
     stmt: cst.BaseStatement
     what: str
     path: cst.BaseExpression | None = None  # the file written, when known
+    unknown: bool = False  # a save into a value not known to be a path (not guarded: see side_effects)
 
 
 def collective_free(analysis: Analysis, node: cst.CSTNode, dist_name: str | None) -> str | None:
@@ -469,8 +471,13 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
             small = n.body[0]
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
                 what = _effect_call(analysis, small.value)
-                if what:
-                    out.append(SideEffect(n, what, _saved_path(small.value) if what == "torch.save" else None))
+                path = _saved_path(small.value) if what == "torch.save" else None
+                target = file_target(analysis.rule, path) if what == "torch.save" else "path"
+                # a save into a buffer (`io.BytesIO()`) or into `f` of `with open(...) as f:` (that
+                # block is the write) is no file of its own; one into a value not known to be a path
+                # is reported unknown, never guarded on a guess
+                if what and target in ("path", "unknown"):
+                    out.append(SideEffect(n, what, path, unknown=target == "unknown"))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
             c = n.items[0].item
             if (

@@ -11,6 +11,7 @@ from torchopt.analysis.syntax import source
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import entry_possible
 from torchopt.codemods.flags.program_flags import insertion
+from torchopt.codemods.flags.program_flags import placed_after_binding
 from torchopt.codemods.flags.program_flags import program
 from torchopt.codemods.flags.example_scripts import _ENTRY_DOC
 from torchopt.rewrite.rule import Invalid
@@ -333,12 +334,15 @@ class CudnnBenchmark(Rule):
         ref = torch_ref(self)
         if ref is None:
             return
+        anchor = placed_after_binding(self, prog, ref.name)
+        if anchor is None:
+            return
         line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True\n")
         self.report(
             prog.convs[0],
             fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
-            replacement=insertion(prog, line),
-            target=prog.anchor,
+            replacement=insertion(anchor, line),
+            target=anchor[0],
             tags=[Tag.TOLERANCE],
             imports=ref.imports,
             note="cuDNN may pick another convolution algorithm per run: outputs change by rounding",

@@ -11,6 +11,7 @@ from torchopt.analysis.syntax import source
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import entry_possible
 from torchopt.codemods.flags.program_flags import insertion
+from torchopt.codemods.flags.program_flags import placed_after_binding
 from torchopt.codemods.flags.program_flags import program
 from torchopt.codemods.flags.example_scripts import _ENTRY_DOC
 from torchopt.rewrite.rule import Invalid
@@ -144,6 +145,32 @@ class MatmulPrecision(Rule):
         ),
         Invalid(
             dedent("""\
+                import sys
+                with open(sys.argv[0]) as f:
+                    source = f.read()
+                import torch
+
+                model = torch.nn.Linear(64, 64).cuda()
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).sum().backward()
+            """),
+            after=dedent("""\
+                import sys
+                with open(sys.argv[0]) as f:
+                    source = f.read()
+                import torch
+
+                torch.set_float32_matmul_precision("high")
+
+                model = torch.nn.Linear(64, 64).cuda()
+                for _ in range(10):
+                    model(torch.randn(8, 64, device="cuda")).sum().backward()
+            """),
+            unsafe="numerics",
+            note="code runs before `import torch`: the switch goes after the import that binds `torch`",
+        ),
+        Invalid(
+            dedent("""\
                 import torch
 
                 model = torch.nn.Linear(64, 64).cuda()
@@ -227,12 +254,15 @@ class MatmulPrecision(Rule):
         ref = torch_ref(self)
         if ref is None:
             return
+        anchor = placed_after_binding(self, prog, ref.name)
+        if anchor is None:
+            return
         line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")\n')
         self.report(
             prog.matmuls[0],
             fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
-            replacement=insertion(prog, line),
-            target=prog.anchor,
+            replacement=insertion(anchor, line),
+            target=anchor[0],
             tags=[Tag.NUMERICS],
             imports=ref.imports,
             note="float32 matmuls on CUDA use TF32 (10 mantissa bits): rel-L2 of outputs up to ~5e-3",

@@ -25,10 +25,12 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.precheck.torch_imports import torch_calls_to
 from torchopt.analysis.precheck.tree import ast_index, ast_tree
 from torchopt.analysis.names import callee, qualified_names, torch_name
+from torchopt.analysis.statement_edits import first_binding
 from torchopt.analysis.values import string_value
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
@@ -167,6 +169,7 @@ class Program:
     # the file is not an entry script.
     anchor: cst.BaseStatement | None = None
     anchor_after: bool = True
+    anchor_body: tuple[cst.BaseStatement, ...] = ()  # the block the anchor is a statement of
     entry: str = ""  # how the entry was recognised, in words
 
 
@@ -410,6 +413,7 @@ def _block_anchor(rule: Rule, body: list[cst.BaseStatement] | tuple, prog: Progr
         i = 1
     while i < len(body) and is_switch_line(rule, body[i]):
         i += 1
+    prog.anchor_body = tuple(body)
     if i > 0:
         prog.anchor, prog.anchor_after = body[i - 1], True
     elif body:
@@ -464,14 +468,35 @@ def _find_entry(rule: Rule, module: cst.Module, prog: Program) -> None:
         return
     while last + 1 < len(body) and is_switch_line(rule, body[last + 1]):
         last += 1
-    prog.anchor, prog.anchor_after = body[last], True
+    prog.anchor, prog.anchor_after, prog.anchor_body = body[last], True, tuple(body)
 
 
-def insertion(prog: Program, line: cst.BaseStatement) -> cst.FlattenSentinel:
-    """The anchor statement together with ``line`` in the right order."""
-    assert prog.anchor is not None
-    pair = [prog.anchor, line] if prog.anchor_after else [line, prog.anchor]
-    return cst.FlattenSentinel(pair)
+def placed_after_binding(rule: Rule, prog: Program, name: str) -> tuple[cst.BaseStatement, bool] | None:
+    """Where a switch line that reads ``name`` (the file's ``torch``) goes: the program's anchor, or
+    later when the block binds ``name`` only after it (``import torch`` below a ``with open(...)``
+    at the top of a script): a line run before the binding raises NameError. The line then follows
+    the statement that binds it (and the switch lines already after that one)."""
+    if prog.anchor is None:
+        return None
+    body = prog.anchor_body
+    at = next((i for i, s in enumerate(body) if s is prog.anchor), None)
+    try:
+        scope = rule.get_metadata(ScopeProvider, prog.anchor)
+    except KeyError:
+        return None
+    bound = first_binding(scope, body, name)
+    if at is None or bound is None or bound < at or (bound == at and prog.anchor_after):
+        return prog.anchor, prog.anchor_after
+    while bound + 1 < len(body) and is_switch_line(rule, body[bound + 1]):
+        bound += 1
+    return body[bound], True
+
+
+def insertion(anchor: tuple[cst.BaseStatement, bool], line: cst.BaseStatement) -> cst.FlattenSentinel:
+    """The anchor statement together with ``line`` in the right order (``anchor``: the statement
+    and whether the line goes after it)."""
+    stmt, after = anchor
+    return cst.FlattenSentinel([stmt, line] if after else [line, stmt])
 
 
 # --------------------------------------------------------------------------- cheap pre-checks (CPython's ast)
