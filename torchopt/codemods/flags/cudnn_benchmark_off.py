@@ -81,6 +81,10 @@ class CudnnBenchmark(Rule):
         "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
         "pad inputs to a few fixed shapes before enabling it"
     )
+    unknown_message = (
+        "Whether this program builds convolutions (and the cuDNN auto-tuner would pay) is unknown: {why}; "
+        "check the whole project (`torchopt check <project folder>`)"
+    )
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
@@ -91,7 +95,8 @@ class CudnnBenchmark(Rule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # program(): a convolution (torch.nn Conv*/conv* or a torchvision model) in an entry script.
-        return super().could_match(text) and ("onv" in text or "torchvision" in text) and entry_possible(text)
+        # The convolutions may be built by a class the file imports from the project (project index).
+        return super().could_match(text) and ("onv" in text or "import" in text) and entry_possible(text)
 
     examples = (
         Invalid(
@@ -322,9 +327,12 @@ class CudnnBenchmark(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         prog = program(self)
-        if not prog.convs or not prog.cuda or prog.benchmark_set or prog.intent:
+        if not prog.cuda or prog.benchmark_set or prog.intent or prog.anchor is None:
             return
-        if prog.anchor is None:
+        if not prog.convs:
+            if prog.unknown_layers:
+                call, why = prog.unknown_layers[0]
+                self.report(call, message=self.unknown_message, fmt={"why": why})
             return
         if prog.variable_shapes:
             where, why = prog.variable_shapes[0]
@@ -336,7 +344,10 @@ class CudnnBenchmark(Rule):
         line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True\n")
         self.report(
             prog.convs[0],
-            fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
+            fmt={
+                "what": prog.built_elsewhere.get(id(prog.convs[0])) or source(self, prog.convs[0]),
+                "where": prog.entry,
+            },
             replacement=insertion(prog, line),
             target=prog.anchor,
             tags=[Tag.TOLERANCE],
