@@ -26,6 +26,12 @@ class CudnnBenchmark(Rule):
     `F.conv*`, `torchvision.models` builders), runs on CUDA, and leaves the cuDNN auto-tuner off.
     The fix inserts `torch.backends.cudnn.benchmark = True` once.
 
+    The convolutions may be built in another module of the project: `model = Net()` with
+    `from models import Net` counts when the project index finds convolutions in `Net` (its body,
+    its project bases, the project classes it builds). When the module that defines `Net` is not
+    part of the run (a single file named on the command line, no project folder above it), the rule
+    reports without a fix and names that file.
+
     It does nothing when the file already sets `torch.backends.cudnn.benchmark` (to anything: an
     explicit user setting is never overridden), or shows reproducibility intent
     (`torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)`,
