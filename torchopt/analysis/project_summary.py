@@ -57,6 +57,7 @@ class Unit:
     iterates: list[str] = field(default_factory=list)  # parameters and globals its `for` loops iterate
     reads: list[str] = field(default_factory=list)  # module globals it reads
     returns_dict: dict[str, str] | None = None  # `return dict(k=v)` / `return {"k": v}`: key -> source
+    passes: list[str] = field(default_factory=list)  # names it passes to calls (`ResNet(BasicBlock)`)
 
 
 @dataclass
@@ -111,6 +112,10 @@ def summarize(tree: ast.Module | BaseException) -> ModuleSummary:
     for fn in out.functions.values():
         fn.reads = [n for n in fn.reads if n in known]
         fn.iterates = [n for n in fn.iterates if n in fn.params or n in known]
+    for unit in [*out.functions.values(), *out.classes.values()]:
+        # a project class handed to a call is built by it (`return ResNet(BasicBlock, [2, 2, 2, 2])`)
+        unit.calls.extend(n for n in unit.passes if (n in out.classes or n in out.imports) and n not in unit.calls)
+        unit.passes = []
     return out
 
 
@@ -183,6 +188,7 @@ def _classify(out: ModuleSummary, call: ast.Call, unit: Unit) -> None:
         kind = "conv"
     elif full.startswith("torchvision.models.") and last[:1].islower() and "weight" not in last:
         kind = "conv"  # a torchvision model builder: every one builds convolutions
+    unit.passes.extend(a.id for a in call.args if isinstance(a, ast.Name) and a.id[:1].isupper())
     if kind is not None:
         unit.layers[kind] = unit.layers.get(kind, 0) + 1
         if kind == "linear" and len(call.args) >= 2:
