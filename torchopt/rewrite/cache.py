@@ -8,7 +8,11 @@ any file (torchopt version and the bytes of its package source, the registered r
 LibCST and Python versions); a run prunes the folders of other fingerprints. ``entry`` hashes the
 file's absolute path and the kind of result (check, fix, fix with unsafe fixes), so there is at most
 one entry per file and kind and the cache cannot grow without bound; the entry stores the rest of the
-key (text hash, settings hash, the path as given) and is a miss when any of it differs.
+key (text hash, settings hash, the path as given) and is a miss when any of it differs. An entry also
+lists the other files of the project its analysis read (with their hashes) and looked for in vain
+(``Entry.depends``, see projectscope.py): the runner believes it only while they are unchanged. What
+the project index derives from one module is kept the same way (``get_fact``/``put_fact``: one entry
+per file and kind of fact, checked against the hash of the file's bytes).
 
 The cache folder may be any path a user typed, so it only ever touches what it made: it refuses a
 folder that already holds files but not torchopt's CACHEDIR.TAG, and a folder that is a symbolic link;
