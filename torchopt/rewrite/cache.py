@@ -8,7 +8,11 @@ any file (torchopt version and the bytes of its package source, the registered r
 LibCST and Python versions); a run prunes the folders of other fingerprints. ``entry`` hashes the
 file's absolute path and the kind of result (check, fix, fix with unsafe fixes), so there is at most
 one entry per file and kind and the cache cannot grow without bound; the entry stores the rest of the
-key (text hash, settings hash, the path as given) and is a miss when any of it differs.
+key (text hash, settings hash, the path as given) and is a miss when any of it differs. An entry also
+lists the other files of the project its analysis read (with their hashes) and looked for in vain
+(``Entry.depends``, see projectscope.py): the runner believes it only while they are unchanged. What
+the project index derives from one module is kept the same way (``get_fact``/``put_fact``: one entry
+per file and kind of fact, checked against the hash of the file's bytes).
 
 The cache folder may be any path a user typed, so it only ever touches what it made: it refuses a
 folder that already holds files but not torchopt's CACHEDIR.TAG, and a folder that is a symbolic link;
@@ -275,6 +279,9 @@ class Entry:
     applied: list[Diagnostic] = dataclasses.field(default_factory=list)
     remaining: list[Diagnostic] = dataclasses.field(default_factory=list)
     new_text: str | None = None  # None: the fix changes nothing
+    # Other files of the project the analysis read (path, hash) or looked for (path, None): the entry
+    # holds only while they are unchanged (see rewrite/projectscope.py).
+    depends: list[tuple[str, str | None]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -341,18 +348,9 @@ class Cache:
     def get(self, text: str, path: str, settings: Any, kind: str) -> Entry | None:
         """The entry for exactly this text, path, settings and kind, or None. Raises Untrusted for an
         entry this user's torchopt did not write (bad MAC, malformed, another owner's file)."""
-        target = self._entry_path(path, kind)
-        try:
-            if not (_real_dir(self.folder) and _real_dir(os.path.dirname(target))):
-                return None
-            with os.fdopen(os.open(target, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
-                st = os.fstat(fh.fileno())
-                if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
-                    raise Untrusted(target)
-                data = fh.read()
-        except OSError:  # missing (the usual miss), or unreadable
+        body = self._read(self._entry_path(path, kind))
+        if body is None:  # missing (the usual miss), or unreadable
             return None
-        body = self._unseal(target, data)
         try:
             entry = json.loads(body)
             if entry["key"] != self.key(text, path, settings, kind):
@@ -364,6 +362,7 @@ class Cache:
                 applied=[_diag_in(r, path) for r in entry["applied"]],
                 remaining=[_diag_in(r, path) for r in entry["remaining"]],
                 new_text=entry["new_text"],
+                depends=[(p, h) for p, h in entry.get("depends", ())],
             )
         except Exception:  # authentic but unusable (cannot happen unless torchopt changed): a miss
             return None
@@ -377,8 +376,41 @@ class Cache:
             "applied": [_diag_out(d) for d in entry.applied],
             "remaining": [_diag_out(d) for d in entry.remaining],
             "new_text": entry.new_text,
+            "depends": entry.depends,
         }
-        target = self._entry_path(path, kind)
+        self._write(self._entry_path(path, kind), data)
+
+    def get_fact(self, path: str, what: str, content: str) -> Any:
+        """What was derived (``what``) from the file ``path`` whose bytes hash to ``content``, or None;
+        signed and checked like every entry (an untrusted one is a miss, and is replaced)."""
+        target = self._entry_path(path, "fact:" + what)
+        try:
+            body = self._read(target)
+        except Untrusted:
+            return None
+        try:
+            data = json.loads(body) if body is not None else None
+            return data["value"] if data is not None and data["content"] == content else None
+        except Exception:  # authentic but unusable: a miss
+            return None
+
+    def put_fact(self, path: str, what: str, content: str, value: Any) -> None:
+        self._write(self._entry_path(path, "fact:" + what), {"content": content, "value": value})
+
+    def _read(self, target: str) -> bytes | None:
+        try:
+            if not (_real_dir(self.folder) and _real_dir(os.path.dirname(target))):
+                return None
+            with os.fdopen(os.open(target, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)), "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or (hasattr(os, "geteuid") and st.st_uid != os.geteuid()):
+                    raise Untrusted(target)
+                data = fh.read()
+        except OSError:
+            return None
+        return self._unseal(target, data)
+
+    def _write(self, target: str, data: dict) -> None:
         shard = os.path.dirname(target)
         try:
             if not self._ensure_folder():

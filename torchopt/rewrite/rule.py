@@ -17,6 +17,7 @@ from libcst._metadata_dependent import _UNDEFINED_DEFAULT
 from libcst.metadata import BaseMetadataProvider, MetadataWrapper
 from libcst.metadata import PositionProvider, ScopeProvider
 
+from torchopt.rewrite.projectscope import ProjectScope, current_scope
 from torchopt.rewrite.facts import SourceFacts, analysing, current_facts
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.positions import file_positions
@@ -137,6 +138,13 @@ class RuleContext:
             self.text = self.module.code
         if self.facts is None:
             self.facts = SourceFacts(self.text, self.module)
+
+    @property
+    def project(self) -> ProjectScope:
+        """The other files of this file's project that rules may read, and what was learnt from them:
+        the run's scope, or (outside a run: stdin, the language server) one for this text alone. Rules
+        ask questions about other modules through ``torchopt.analysis.project.index_of(rule)``."""
+        return current_scope() or self.facts.derived(("project scope",), ProjectScope)
 
 
 class Rule(cst.BatchableCSTVisitor):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from torchopt.rewrite import diff as diffmod
-from torchopt.rewrite import budget, interrupt, notebook, source, speedups
+from torchopt.rewrite import budget, interrupt, notebook, projectscope, source, speedups
 from torchopt.rewrite import place as placemod
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, check_source, fix_source
@@ -143,10 +143,13 @@ def _through_cache(
         hit = cache.get(text, path, settings, kind)
     except Untrusted:
         hit, untrusted = None, True
-    if hit is not None:
+    if hit is not None and projectscope.unchanged(hit.depends):
         return _from_entry(hit, text, path, mode)
-    res = analyse(text, path, settings, mode, unsafe)
-    cache.put(text, path, settings, kind, _to_entry(res, text))
+    with projectscope.recorded() as depends:  # the other files of the project the rules asked about
+        res = analyse(text, path, settings, mode, unsafe)
+    entry = _to_entry(res, text)
+    entry.depends = depends
+    cache.put(text, path, settings, kind, entry)
     res.untrusted_cache = untrusted
     return res
 
@@ -273,13 +276,20 @@ GC_THRESHOLD = 100_000
 Item = tuple[str, Settings, "Place | None"]
 
 
-def _chunk(files: Sequence[Item], mode: Mode, unsafe: bool | None, cache: "Cache | None" = None) -> list[FileResult]:
+def _chunk(
+    files: Sequence[Item],
+    mode: Mode,
+    unsafe: bool | None,
+    cache: "Cache | None" = None,
+    scope: projectscope.ProjectScope | None = None,
+) -> list[FileResult]:
     """Process ``files`` one after the other. After a stop signal: the results so far (a write under
-    way finishes first; the files not reached have no result)."""
+    way finishes first; the files not reached have no result). ``scope``: which other files of the
+    project the rules may read (see rewrite/projectscope.py)."""
     tune_gc()
     out: list[FileResult] = []
     try:
-        with interrupt.abandoning():
+        with interrupt.abandoning(), projectscope.in_scope(scope):
             for path, settings, place in files:
                 if interrupt.stop_requested() is not None:
                     break
@@ -333,6 +343,7 @@ def run(
     with the number of files written."""
     places = places or {}
     items = [(f, settings_for(f), places.get(f)) for f in files]
+    scope = _scope(files, places, cache)
     jobs = worker_count(jobs, len(items))
     results: dict[str, FileResult] = {}
     progress = on_progress or (lambda n: None)
@@ -340,14 +351,14 @@ def run(
         with interrupt.handle_stop_signals(abandon=False):
             if jobs <= 1 or len(items) < 8:
                 for item in items:
-                    for res in _chunk([item], mode, unsafe, cache):
+                    for res in _chunk([item], mode, unsafe, cache, scope):
                         results[res.path] = res
                         progress(1)
                     signum = interrupt.stop_requested()
                     if signum is not None:
                         raise interrupt.Interrupted(signum)
             else:
-                _run_pool(items, mode, unsafe, cache, jobs, progress, results)
+                _run_pool(items, (mode, unsafe, cache, scope), jobs, progress, results)
     except interrupt.Interrupted as stop:
         written = sum(1 for r in results.values() if r.status == "ok" and r.changed and mode is Mode.FIX)
         raise interrupt.Interrupted(stop.signum, written=written) from None
@@ -363,14 +374,21 @@ CHUNKS_AHEAD_PER_WORKER = 2
 WORKER_DIED = "the worker process analysing it died (a crash in LibCST's parser, or out of memory); left unchanged"
 
 
+def _scope(files: Sequence[str], places: Mapping[str, Place], cache: "Cache | None") -> projectscope.ProjectScope:
+    """The run's project scope: the folders given (a place that holds several files of the run, or one
+    below its top), and the files named on their own."""
+    by_root: dict[str, list[Place]] = {}
+    for f in files:
+        p = places.get(f)
+        if p is not None:
+            by_root.setdefault(p.root, []).append(p)
+    folders = {r for r, ps in by_root.items() if len(ps) > 1 or len(ps[0].parts) > 1}
+    named = [f for f in files if f not in places or places[f].root not in folders]
+    return projectscope.ProjectScope(folders=folders, files=named, cache=cache)
+
+
 def _run_pool(
-    items: list[Item],
-    mode: Mode,
-    unsafe: bool | None,
-    cache: "Cache | None",
-    jobs: int,
-    progress: Callable[[int], None],
-    results: dict[str, FileResult],
+    items: list[Item], args: tuple, jobs: int, progress: Callable[[int], None], results: dict[str, FileResult]
 ) -> None:
     """Chunks of files in a process pool. A worker that dies takes only its own file with it: the
     files of every chunk the broken pool lost are run again one at a time in a new pool, so that a
@@ -390,7 +408,7 @@ def _run_pool(
         )
         inflight: dict[Future, tuple[list[Item], bool]] = {}
         try:
-            _feed_pool(pool, inflight, pending, suspects, (mode, unsafe, cache), jobs, progress, results)
+            _feed_pool(pool, inflight, pending, suspects, args, jobs, progress, results)
         except interrupt.Interrupted:
             interrupt.ignore_stop_signals()
             _stop_pool(pool, inflight, progress, results)

@@ -8,8 +8,7 @@ from textwrap import dedent
 from libcst.metadata import ScopeProvider
 import libcst as cst
 
-from torchopt.analysis.arguments import has_star
-from torchopt.analysis.arguments import set_kwarg
+from torchopt.codemods.data.loader_kwargs import loader_kwargs
 from torchopt.codemods.data import FAMILY
 from torchopt.codemods.data.loader_analysis import DatasetKind
 from torchopt.codemods.data.loader_analysis import LoaderInfo
@@ -40,6 +39,13 @@ class SingleProcessLoading(LoaderRule):
     Flags a `torch.utils.data.DataLoader(...)` without worker processes (`num_workers` missing or
     `0`) and offers `num_workers=min(8, os.cpu_count() or 1)` (divided by `LOCAL_WORLD_SIZE` in
     distributed scripts, or the `num-workers` option).
+
+    The arguments may come through `**`: a dict literal bound once in the same scope
+    (`loader_kwargs = dict(batch_size=64)`, `{"num_workers": 0}`) or a dict that a helper of the
+    project returns (`**utils.loader_kwargs(args)`, read through the project index). The fix writes
+    into the dict when the call is its only use, else into the call, before the `**` (only when the
+    dict does not have the argument). A dict changed after it is built, or built out of sight,
+    hides the arguments: nothing is reported.
 
     ## Why is this slow
     With `num_workers=0` every batch is read, decoded, augmented and collated in the training
@@ -255,6 +261,94 @@ class SingleProcessLoading(LoaderRule):
                     return DataLoader(ds, batch_size=4, num_workers=args.workers)
             """)
         ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader_kwargs = {"batch_size": 4, "num_workers": 0}
+                    loader = DataLoader(ds, **loader_kwargs)
+                    return [x.sum() for x, y in loader]
+
+
+                if __name__ == "__main__":
+                    out = main()
+            """),
+            after=dedent("""\
+                import os
+
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader_kwargs = {"batch_size": 4, "num_workers": min(8, os.cpu_count() or 1)}
+                    loader = DataLoader(ds, **loader_kwargs)
+                    return [x.sum() for x, y in loader]
+
+
+                if __name__ == "__main__":
+                    out = main()
+            """),
+            unsafe="rng",
+            runnable=True,
+            note="the arguments come from a dict used only here: the fix edits the dict",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+
+                def loaders(train_ds, val_ds):
+                    common = dict(batch_size=4, drop_last=True)
+                    return DataLoader(train_ds, shuffle=True, **common), DataLoader(val_ds, **common)
+            """),
+            after=dedent("""\
+                import os
+
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+
+                def loaders(train_ds, val_ds):
+                    common = dict(batch_size=4, drop_last=True)
+                    return DataLoader(
+                        train_ds, shuffle=True, num_workers=min(8, os.cpu_count() or 1), **common
+                    ), DataLoader(val_ds, num_workers=min(8, os.cpu_count() or 1), **common)
+            """),
+            unsafe=("rng", "semantics"),
+            note="a dict shared by two loaders, without `num_workers`: each call gets its own, before the `**`",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+                loader_kwargs = dict(batch_size=4, num_workers=4, pin_memory=True)
+                loader = DataLoader(ds, **loader_kwargs)
+            """),
+            note="`num_workers` comes from the dict",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                def make(ds, args):
+                    kw = {"batch_size": 4}
+                    kw["num_workers"] = args.workers
+                    return DataLoader(ds, **kw)
+            """),
+            note="the dict is changed after it is built: its entries are not known",
+        ),
         Valid(
             dedent("""\
                 import torch
@@ -290,13 +384,17 @@ class SingleProcessLoading(LoaderRule):
 
     def _check(self, info: LoaderInfo) -> None:
         call = info.call
-        if has_star(call):
+        kwargs = loader_kwargs(self, call)
+        if kwargs is None:
             return
         nw = loader_arg(call, "num_workers")
-        if nw is not None and not (isinstance(nw.value, cst.Integer) and int(nw.value.evaluated_value) == 0):
+        given = kwargs.value("num_workers", nw)
+        if given is not None and not (isinstance(given, cst.Integer) and int(given.evaluated_value) == 0):
             return
         kind, cls = self.dataset_kind(call)
         why = self.worker_blockers(call, cls)
+        if any(isinstance(v, cst.Lambda) for v in kwargs.entries.values()):
+            why.append(f"{kwargs.source} holds a lambda, which worker processes started with `spawn` cannot pickle")
         if kind is DatasetKind.ITERABLE:
             name = cls.name.value if cls is not None else "the dataset"
             why.insert(
@@ -313,7 +411,10 @@ class SingleProcessLoading(LoaderRule):
             self.report(call, fmt=fmt)
             return
         text = cst.Module([]).code_for_node(value)
-        replacement = set_kwarg(call, "num_workers", value) if nw is None else _replace_arg(call, nw, value)
+        edit = (call, _replace_arg(call, nw, value)) if nw is not None else kwargs.edit("num_workers", value)
+        if edit is None:  # the `**` dict sets it, and is shared with other calls
+            self.report(call, fmt=fmt)
+            return
         tags: tuple[Tag, ...] = (Tag.RNG,)
         note = (
             "random augmentation in the dataset draws from the workers' generators; sample order "
@@ -326,7 +427,16 @@ class SingleProcessLoading(LoaderRule):
                 "every worker yields all of it"
             )
         imports = () if self.option("num-workers") > 0 else (ImportSpec("os"),)
-        self.report(call, fmt={**fmt, "workers": text}, replacement=replacement, tags=tags, note=note, imports=imports)
+        target = None if edit[0] is call else edit[0]
+        self.report(
+            call,
+            fmt={**fmt, "workers": text},
+            replacement=edit[1],
+            target=target,
+            tags=tags,
+            note=note,
+            imports=imports,
+        )
 
     def _workers(self) -> cst.BaseExpression | None:
         k = self.option("num-workers")

@@ -540,7 +540,8 @@ _DATALOADERS = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.Data
 
 
 def loader_calls_possible(text: str, test, looped: bool = False, epoch: bool = False) -> bool:
-    """Some torch DataLoader call without ``*``/``**`` arguments for which ``test(args)`` holds,
+    """Some torch DataLoader call without ``*`` arguments for which ``test(args)`` holds (the entries of
+    a ``**`` dict literal included),
     ``args`` mapping each DataLoader parameter name given (by keyword or position) to its ast value.
     ``looped``: and LoaderRule._info could find a loop for it (``info.loops`` or a ``passed_to`` call
     in a loop): some loop holds the call or the name it is assigned to, or the call or that name is
@@ -563,9 +564,12 @@ def loader_calls_possible(text: str, test, looped: bool = False, epoch: bool = F
             continue
         if imports is not None and not (ast_torch_names(imports, f) & _DATALOADERS):
             continue
-        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+        if any(isinstance(a, ast.Starred) for a in c.args):
             continue
-        args = {k.arg: k.value for k in c.keywords}
+        spread = _spread_dicts(index, c)
+        if spread is None:
+            continue
+        args = {**spread, **{k.arg: k.value for k in c.keywords if k.arg is not None}}
         by_pos = {i: n for n, i in POSITION.items()}
         for i, a in enumerate(c.args):
             if i in by_pos:
@@ -574,6 +578,29 @@ def loader_calls_possible(text: str, test, looped: bool = False, epoch: bool = F
         if test(args) and (not looped or _loader_looped(index, c)) and (not epoch or _loader_epoch_looped(index, c)):
             return True
     return False
+
+
+def _spread_dicts(index: dict, call) -> dict | None:
+    """The entries of the ``**name`` dicts of ``call`` (loader_kwargs.loader_kwargs may follow them):
+    a name assigned a ``dict(k=v)`` / ``{"k": v}`` literal gives its entries, one assigned anything
+    else (a helper's result) gives none (any argument may be missing); None for a ``**`` of anything
+    but a name."""
+    import ast
+
+    out: dict = {}
+    for k in call.keywords:
+        if k.arg is not None or isinstance(k.value, ast.Call):  # a helper's result: any entry may be missing
+            continue
+        if not isinstance(k.value, ast.Name):
+            return None
+        for n in index.get(ast.Assign, ()):
+            if len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == k.value.id:
+                v = n.value
+                if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict":
+                    out.update({kw.arg: kw.value for kw in v.keywords if kw.arg is not None})
+                elif isinstance(v, ast.Dict):
+                    out.update({key.value: val for key, val in zip(v.keys, v.values) if isinstance(key, ast.Constant)})
+    return out
 
 
 def _loader_epoch_looped(index: dict, call) -> bool:

@@ -7,13 +7,11 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.arguments import has_star
-from torchopt.analysis.arguments import keyword
-from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.data import FAMILY
 from torchopt.codemods.data.loader_analysis import LoaderInfo
+from torchopt.codemods.data.loader_kwargs import loader_kwargs
 from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
@@ -136,6 +134,51 @@ class TransientWorkers(LoaderRule):
         ),
         Invalid(
             dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader_kwargs = dict(batch_size=4, num_workers=2)
+                    loader = DataLoader(ds, **loader_kwargs)
+                    seen = []
+                    for epoch in range(2):
+                        for x, y in loader:
+                            seen.append(y)
+                    return seen
+
+
+                if __name__ == "__main__":
+                    seen = main()
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, TensorDataset
+
+                ds = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.arange(8))
+
+
+                def main():
+                    loader_kwargs = dict(batch_size=4, num_workers=2, persistent_workers=True)
+                    loader = DataLoader(ds, **loader_kwargs)
+                    seen = []
+                    for epoch in range(2):
+                        for x, y in loader:
+                            seen.append(y)
+                    return seen
+
+
+                if __name__ == "__main__":
+                    seen = main()
+            """),
+            unsafe="rng",
+            runnable=True,
+            note="`num_workers` comes from a dict used only here: `persistent_workers` goes into it",
+        ),
+        Invalid(
+            dedent("""\
                 from torch.utils.data import DataLoader
 
 
@@ -222,12 +265,12 @@ class TransientWorkers(LoaderRule):
 
     def _check(self, info: LoaderInfo) -> None:
         call = info.call
-        if has_star(call) or keyword(call, "persistent_workers") is not None:
+        kwargs = loader_kwargs(self, call)
+        if kwargs is None or kwargs.value("persistent_workers") is not None:
             return
-        nw = loader_arg(call, "num_workers")
-        if nw is None:
+        v = kwargs.value("num_workers", loader_arg(call, "num_workers"))
+        if v is None:
             return
-        v = nw.value
         code = " ".join(self.ctx.module.code_for_node(v).split())
         if isinstance(v, cst.Integer):
             if int(v.evaluated_value) <= 0:
@@ -253,7 +296,9 @@ class TransientWorkers(LoaderRule):
             "the workers' base seed is drawn once, not every epoch: from the second epoch on the shuffled "
             "order, worker-side random augmentation and later draws from the global torch generator change"
         )
-        self.report(call, fmt=fmt, replacement=set_kwarg(call, "persistent_workers", value), note=note)
+        edit = kwargs.edit("persistent_workers", value)
+        assert edit is not None  # the dict does not set it: there is always a place to write it
+        self.report(call, fmt=fmt, replacement=edit[1], target=None if edit[0] is call else edit[0], note=note)
 
     def _epoch_loop(self, info: LoaderInfo) -> cst.For | cst.While | None:
         own = {id(lp.node) for lp in info.loops}

@@ -8,7 +8,7 @@ import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import positional
-from torchopt.analysis.arguments import set_kwarg
+from torchopt.codemods.data.loader_kwargs import loader_kwargs
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.transfers import loop_copies
@@ -209,7 +209,8 @@ class UnpinnedLoader(LoaderRule):
     def analyse(self, infos: list[LoaderInfo]) -> None:
         for info in infos:
             call = info.call
-            if has_star(call) or loader_arg(call, "pin_memory") is not None:
+            kwargs = loader_kwargs(self, call)
+            if kwargs is None or kwargs.value("pin_memory", loader_arg(call, "pin_memory")) is not None:
                 continue
             if len(positional(call)) > 7:
                 continue
@@ -233,10 +234,13 @@ class UnpinnedLoader(LoaderRule):
                 value = ref.attr("cuda.is_available()")
                 imports = ref.imports
             text = cst.Module([]).code_for_node(value)
+            edit = kwargs.edit("pin_memory", value)
+            assert edit is not None  # the dict does not set it: there is always a place to write it
             self.report(
                 call,
                 fmt={"loader": _loader_text(self, call), "value": text},
-                replacement=set_kwarg(call, "pin_memory", value),
+                replacement=edit[1],
+                target=None if edit[0] is call else edit[0],
                 imports=imports,
             )
 

@@ -23,6 +23,7 @@ from torchopt.codemods.ddp.program_analysis import (
     TQDM,
     WRITERS,
     Analysis,
+    Loop,
     calls,
     collective_free,
     dotted,
@@ -284,6 +285,9 @@ def set_epoch_edits(analysis: Analysis, e: Edits, samplers: dict[str, str], note
         ep = loop.epoch
         if ep is None:
             continue
+        if loop.within is not None and analysis.is_global(code.split(".")[0].rstrip("?")):
+            n += _set_epoch_within(analysis, e, loop, code, done)
+            continue
         if isinstance(ep, cst.While) or not isinstance(ep.target, cst.Name):
             notes.append(f"line {analysis.pos(ep)[0]}: no epoch counter to pass to `set_epoch`: add one")
             continue
@@ -334,6 +338,29 @@ def _unbound_here(analysis: Analysis, at: cst.CSTNode, loader: str, code: str) -
     where = f"a local of `{owner.name.value}()`" if isinstance(owner, cst.FunctionDef) else "bound elsewhere"
     kind = "the loader" if root == loader else "the sampler"
     return f"{kind} `{root}` is {where}, not a name of this loop's scope"
+
+
+def _set_epoch_within(analysis: Analysis, e: Edits, loop: Loop, code: str, done: set[tuple[int, str]]) -> int:
+    """``sampler.set_epoch(epoch)`` in the function that iterates the loader (``def train(epoch):``),
+    with that function's epoch, before the statement that holds the loop."""
+    assert loop.within is not None
+    fn, epoch = loop.within
+    key = (id(fn), code)
+    if key in done or not isinstance(fn.body, cst.IndentedBlock):
+        return 0
+    done.add(key)
+    top: cst.CSTNode | None = loop.node
+    while top is not None and analysis.parent(top) is not fn.body:
+        top = analysis.parent(top)
+    if top is None:
+        return 0
+    if code.endswith("?"):
+        s = code[:-1]
+        new = statement(f"if {s} is not None:\n    {s}.set_epoch({epoch})  # a new shuffle every epoch\n")
+    else:
+        new = statement(f"{code}.set_epoch({epoch})  # a new shuffle every epoch\n")
+    e.add_before(top, [new])
+    return 1
 
 
 # --------------------------------------------------------------------------- the conversion

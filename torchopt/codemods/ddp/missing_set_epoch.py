@@ -28,6 +28,13 @@ class MissingSetEpoch(Rule):
     `sampler=DistributedSampler(ds)`, then `loader.sampler.set_epoch(epoch)`), when the file never
     calls `set_epoch` on it. The epoch is the target of the `for epoch in ...` loop.
 
+    The loop over the loader may sit in a function the epoch loop calls: `def train(epoch):` that
+    reads the loader as a global (set under `if __name__ == "__main__":`) gets the call first in its
+    body, with its own epoch parameter; a step imported from another module of the project
+    (`train_one_epoch(model, loader, optimizer, epoch)` from `engine.py`, which iterates the loader
+    it is given) gets it first in the epoch loop of this file, since a fix edits only the file it
+    was found in.
+
     ## Why is this slow
     Not a speed problem but a training bug that DDP conversions often introduce: the sampler
     seeds its shuffle with `seed + epoch`, so without `set_epoch` every epoch visits the data in
@@ -101,6 +108,56 @@ class MissingSetEpoch(Rule):
                         optimizer.step()
             """),
             unsafe="semantics",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def train(epoch):
+                    net.train()
+                    for x, y in train_loader:
+                        optimizer.zero_grad()
+                        net(x).mean().backward()
+                        optimizer.step()
+
+
+                if __name__ == "__main__":
+                    train_sampler = DistributedSampler(train_ds)
+                    train_loader = DataLoader(train_ds, batch_size=8, sampler=train_sampler)
+                    net = build_model()
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    for epoch in range(start_epoch, 90):
+                        train(epoch)
+            """),
+            after=dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+                from torch.utils.data.distributed import DistributedSampler
+
+
+                def train(epoch):
+                    net.train()
+                    train_sampler.set_epoch(epoch)  # a new shuffle every epoch
+                    for x, y in train_loader:
+                        optimizer.zero_grad()
+                        net(x).mean().backward()
+                        optimizer.step()
+
+
+                if __name__ == "__main__":
+                    train_sampler = DistributedSampler(train_ds)
+                    train_loader = DataLoader(train_ds, batch_size=8, sampler=train_sampler)
+                    net = build_model()
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    for epoch in range(start_epoch, 90):
+                        train(epoch)
+            """),
+            unsafe="semantics",
+            note="the loader, sampler, model and optimizer are globals set under `__main__` and read by "
+            "`train(epoch)`: the epoch is the function's own parameter",
         ),
         Valid(
             dedent("""\

@@ -16,6 +16,7 @@ from torchopt.analysis.file_targets import file_target
 from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import keyword, positional
 from torchopt.analysis.models import nn_module_classes
+from torchopt.analysis.project import Definition, index_of
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import ImportSpec, Rule
@@ -110,9 +111,12 @@ def is_import(s: cst.CSTNode) -> bool:
 
 @dataclass
 class Loop:
-    node: cst.For
+    node: cst.For | cst.Call  # the loop, or the call of a project function that runs it (another module)
     loader: str
     epoch: cst.For | cst.While | None  # the loop around it that runs once per epoch
+    # A module-level function that iterates a global loader, called from the epoch loop: the
+    # function and its parameter that receives the epoch (``def train(epoch):``).
+    within: tuple[cst.FunctionDef, str] | None = None
 
 
 class Analysis:
@@ -335,7 +339,7 @@ class Analysis:
             if isinstance(n, cst.For):
                 name = self.loader_of_iter(n.iter, loaders)
                 if name and has_backward(n.body):
-                    out.append(Loop(n, name, self.enclosing_loop(n)))
+                    out.extend(self._epochs_of(n, name))
         for fname, fn in self.functions.items():
             params = [p.name.value for p in fn.params.params]
             inner = [f for f in walk(fn.body) if isinstance(f, cst.For) and has_backward(f.body)]
@@ -355,6 +359,71 @@ class Analysis:
                         )
                         if hit and isinstance(arg.value, cst.Name) and arg.value.value in loaders:
                             out.append(Loop(f, arg.value.value, self.enclosing_loop(c)))
+        return out + self._loops_elsewhere(loaders)
+
+    def _epochs_of(self, loop: cst.For, loader: str) -> list[Loop]:
+        """``loop`` with the loop around it; when it has none and sits in a module-level function that
+        reads the loader as a global (``def train(epoch): for x, y in train_loader:``, the loader set
+        under ``if __name__ == "__main__":``), once for each loop of the file that calls that function:
+        that loop runs the epochs."""
+        epoch = self.enclosing_loop(loop)
+        fn = self.scope_owner(loop)
+        if epoch is not None or not isinstance(fn, cst.FunctionDef) or self.functions.get(fn.name.value) is not fn:
+            return [Loop(loop, loader, epoch)]
+        bound = {
+            n.value
+            for t in walk(fn)
+            if isinstance(t, (cst.AssignTarget, cst.Param))
+            for n in walk(t)
+            if isinstance(n, cst.Name)
+        }
+        if loader in bound:
+            return [Loop(loop, loader, None)]
+        callers = []
+        params = [p.name.value for p in fn.params.params]
+        for c in calls(self.module, True):
+            epoch = self.enclosing_loop(c)
+            if not (isinstance(c.func, cst.Name) and c.func.value == fn.name.value and epoch is not None):
+                continue
+            counter = epoch.target.value if isinstance(epoch, cst.For) and isinstance(epoch.target, cst.Name) else None
+            given = [
+                a.keyword.value if a.keyword is not None else (params[i] if i < len(params) else None)
+                for i, a in enumerate(c.args)
+                if not a.star and isinstance(a.value, cst.Name) and a.value.value == counter
+            ]
+            callers.append(Loop(loop, loader, epoch, (fn, given[0]) if given and given[0] else None))
+        return callers or [Loop(loop, loader, None)]
+
+    def is_global(self, name: str) -> bool:
+        """``name`` is bound at module level (also under ``if __name__ == "__main__":``)."""
+        for stmt in self.module.body:
+            for t in walk(stmt):
+                if isinstance(t, (cst.FunctionDef, cst.ClassDef)):
+                    break
+                if isinstance(t, cst.AssignTarget) and isinstance(t.target, cst.Name) and t.target.value == name:
+                    return self.scope_owner(t) is self.module
+        return False
+
+    def _loops_elsewhere(self, loaders: set[str]) -> list[Loop]:
+        """Calls of the project's own functions defined in other modules (``train_one_epoch(model,
+        loader, optimizer, epoch)`` from ``engine.py``) that iterate the loader they are given and run
+        ``backward()``: asked of the project index."""
+        out: list[Loop] = []
+        index = None
+        for c in calls(self.module, True):
+            written = dotted(c.func)
+            passed = [a for a in c.args if isinstance(a.value, cst.Name) and a.value.value in loaders]
+            if written is None or not passed or written in self.functions or any(a.star for a in c.args):
+                continue
+            index = index or index_of(self.rule)
+            d = index.resolve(written)
+            if not (isinstance(d, Definition) and d.kind == "function" and d.unit is not None and d.unit.steps):
+                continue
+            params = d.unit.params
+            for i, a in enumerate(c.args):
+                pname = a.keyword.value if a.keyword is not None else (params[i] if i < len(params) else None)
+                if a in passed and pname in d.unit.iterates and isinstance(a.value, cst.Name):
+                    out.append(Loop(c, a.value.value, self.enclosing_loop(c)))
         return out
 
     def set_epoch_called(self, sampler: str | None, loader: str | None) -> bool:

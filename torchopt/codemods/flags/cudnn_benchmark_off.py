@@ -27,6 +27,12 @@ class CudnnBenchmark(Rule):
     `F.conv*`, `torchvision.models` builders), runs on CUDA, and leaves the cuDNN auto-tuner off.
     The fix inserts `torch.backends.cudnn.benchmark = True` once.
 
+    The convolutions may be built in another module of the project: `model = Net()` with
+    `from models import Net` counts when the project index finds convolutions in `Net` (its body,
+    its project bases, the project classes it builds). When the module that defines `Net` is not
+    part of the run (a single file named on the command line, no project folder above it), the rule
+    reports without a fix and names that file.
+
     It does nothing when the file already sets `torch.backends.cudnn.benchmark` (to anything: an
     explicit user setting is never overridden), or shows reproducibility intent
     (`torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)`,
@@ -82,6 +88,10 @@ class CudnnBenchmark(Rule):
         "`torch.backends.cudnn.benchmark = True` would re-tune for every new shape; "
         "pad inputs to a few fixed shapes before enabling it"
     )
+    unknown_message = (
+        "Whether this program builds convolutions (and the cuDNN auto-tuner would pay) is unknown: {why}; "
+        "check the whole project (`torchopt check <project folder>`)"
+    )
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
     tags = (Tag.TOLERANCE,)
@@ -92,7 +102,8 @@ class CudnnBenchmark(Rule):
     @classmethod
     def could_match(cls, text: str) -> bool:
         # program(): a convolution (torch.nn Conv*/conv* or a torchvision model) in an entry script.
-        return super().could_match(text) and ("onv" in text or "torchvision" in text) and entry_possible(text)
+        # The convolutions may be built by a class the file imports from the project (project index).
+        return super().could_match(text) and ("onv" in text or "import" in text) and entry_possible(text)
 
     examples = (
         Invalid(
@@ -323,9 +334,12 @@ class CudnnBenchmark(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         prog = program(self)
-        if not prog.convs or not prog.cuda or prog.benchmark_set or prog.intent:
+        if not prog.cuda or prog.benchmark_set or prog.intent or prog.anchor is None:
             return
-        if prog.anchor is None:
+        if not prog.convs:
+            if prog.unknown_layers:
+                call, why = prog.unknown_layers[0]
+                self.report(call, message=self.unknown_message, fmt={"why": why})
             return
         if prog.variable_shapes:
             where, why = prog.variable_shapes[0]
@@ -340,7 +354,10 @@ class CudnnBenchmark(Rule):
         line = cst.parse_statement(f"{ref.name}.backends.cudnn.benchmark = True\n")
         self.report(
             prog.convs[0],
-            fmt={"what": source(self, prog.convs[0]), "where": prog.entry},
+            fmt={
+                "what": prog.built_elsewhere.get(id(prog.convs[0])) or source(self, prog.convs[0]),
+                "where": prog.entry,
+            },
             replacement=insertion(anchor, line),
             target=anchor[0],
             tags=[Tag.TOLERANCE],

@@ -260,7 +260,10 @@ class MatmulPrecision(Rule):
         line = cst.parse_statement(f'{ref.name}.set_float32_matmul_precision("high")\n')
         self.report(
             prog.matmuls[0],
-            fmt={"what": source(self, prog.matmuls[0]), "where": prog.entry},
+            fmt={
+                "what": prog.built_elsewhere.get(id(prog.matmuls[0])) or source(self, prog.matmuls[0]),
+                "where": prog.entry,
+            },
             replacement=insertion(anchor, line),
             target=anchor[0],
             tags=[Tag.NUMERICS],

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.project import Definition, Layers, Unknown, index_of
 from torchopt.analysis.precheck.torch_imports import torch_calls_to
 from torchopt.analysis.precheck.tree import ast_index, ast_tree
-from torchopt.analysis.names import callee, qualified_names, torch_name
+from torchopt.analysis.names import callee, dotted, qualified_names, torch_name
 from torchopt.analysis.statement_edits import first_binding
 from torchopt.analysis.values import string_value
 from torchopt.analysis.syntax import walk
@@ -171,6 +172,10 @@ class Program:
     anchor_after: bool = True
     anchor_body: tuple[cst.BaseStatement, ...] = ()  # the block the anchor is a statement of
     entry: str = ""  # how the entry was recognised, in words
+    # Calls of the project's own classes/functions that build the layers (id(call) -> in words), and
+    # calls whose layers are unknown (the call, why): the project index's answers.
+    built_elsewhere: dict[int, str] = field(default_factory=dict)
+    unknown_layers: list[tuple[cst.Call, str]] = field(default_factory=list)
 
 
 def program(rule: Rule) -> Program:
@@ -298,6 +303,40 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
     if resize_int and not crops:
         prog.variable_shapes.append((resize_int[0], "`Resize(<int>)` without a crop keeps each image's aspect ratio"))
     _find_entry(rule, module, prog)
+    return _project_layers(rule, module, prog)
+
+
+def _project_layers(rule: Rule, module: cst.Module, prog: Program) -> Program:
+    """Calls of the project's own classes and functions (``Net()`` from ``models/net.py``) that build
+    convolutions or matmul layers, asked of the project index (only for an entry that runs on CUDA
+    and does not build them itself: nothing is read otherwise)."""
+    if not prog.cuda or prog.anchor is None or (prog.convs and prog.matmuls):
+        return prog
+    index = index_of(rule)
+    asked: dict[str, Layers | Unknown | None] = {}
+    for node in walk(module, cross_scopes=True):
+        written = dotted(node.func) if isinstance(node, cst.Call) else None
+        if written is None or not isinstance(node, cst.Call):
+            continue
+        if written not in asked:
+            found = index.resolve(written)
+            asked[written] = (
+                (index.layers(found) if isinstance(found, Definition) and found.kind != "module" else None)
+                if not isinstance(found, Unknown)
+                else found
+            )
+        got = asked[written]
+        if isinstance(got, Unknown) and got.file:
+            prog.unknown_layers.append((node, got.reason))
+        if not isinstance(got, Layers):
+            continue
+        where = ", ".join(got.where)
+        if got.has("conv") and not prog.convs:
+            prog.convs.append(node)
+            prog.built_elsewhere[id(node)] = f"`{written}()`, built in {where}"
+        if (got.has("linear") or got.has("attention")) and not prog.matmuls:
+            prog.matmuls.append(node)
+            prog.built_elsewhere[id(node)] = f"`{written}()`, built in {where}"
     return prog
 
 

@@ -1,0 +1,266 @@
+"""What one module of a project says about itself, read with CPython's ``ast``: the per-file half of
+the project index (``project.py`` resolves names across files on top of it).
+
+A :class:`ModuleSummary` is plain data (it is kept in the result cache as JSON, by the hash of the
+file's bytes): the module's imports, its classes (bases, the layers their bodies build, the other
+classes and functions they call), its functions (parameters, what they call, whether they run a
+training step, whether they run under ``no_grad``/``inference_mode``, which parameters and module
+globals their ``for`` loops iterate, the keys of a dict they return), the names assigned under
+``if __name__ == "__main__":`` and the functions handed to new processes.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchopt.rewrite.pyast import dotted_name
+
+# torch.nn layer classes by the kind of work they do.
+LAYER_KINDS: dict[str, str] = {
+    **{f"{p}{d}d": "conv" for p in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose") for d in (1, 2, 3)},
+    **{f"BatchNorm{d}d": "norm" for d in (1, 2, 3)},
+    **{f"InstanceNorm{d}d": "norm" for d in (1, 2, 3)},
+    "SyncBatchNorm": "norm",
+    "LayerNorm": "norm",
+    "GroupNorm": "norm",
+    "RMSNorm": "norm",
+    **{n: "dropout" for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout")},
+    **{n: "linear" for n in ("Linear", "LazyLinear", "Bilinear")},
+    **{n: "recurrent" for n in ("RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell")},
+    **{n: "attention" for n in ("MultiheadAttention", "Transformer", "TransformerEncoderLayer")},
+}
+CONV_FUNCTIONS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in (1, 2, 3)}
+NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
+SPAWNS = {
+    "torch.multiprocessing.spawn",
+    "torch.multiprocessing.start_processes",
+    "multiprocessing.Process",
+    "torch.multiprocessing.Process",
+}
+_WRAPPERS = ("enumerate", "tqdm", "iter", "track")
+
+
+@dataclass
+class Unit:
+    """A class or a function of the module."""
+
+    line: int
+    layers: dict[str, int] = field(default_factory=dict)  # kind -> how many the body builds
+    widths: list[int] = field(default_factory=list)  # `nn.Linear(in, out)` literal widths
+    calls: list[str] = field(default_factory=list)  # names it calls that may be the project's (as written)
+    bases: list[str] = field(default_factory=list)  # a class's bases (as written)
+    params: list[str] = field(default_factory=list)
+    steps: bool = False  # calls `.backward()`
+    no_grad: bool = False  # decorated with / wholly inside `no_grad()` / `inference_mode()`
+    iterates: list[str] = field(default_factory=list)  # parameters and globals its `for` loops iterate
+    reads: list[str] = field(default_factory=list)  # module globals it reads
+    returns_dict: dict[str, str] | None = None  # `return dict(k=v)` / `return {"k": v}`: key -> source
+    passes: list[str] = field(default_factory=list)  # names it passes to calls (`ResNet(BasicBlock)`)
+
+
+@dataclass
+class ModuleSummary:
+    # local name -> [module, imported name or "", level]: `import a.b as c` -> c: [a.b, "", 0]
+    imports: dict[str, list[Any]] = field(default_factory=dict)
+    classes: dict[str, Unit] = field(default_factory=dict)
+    functions: dict[str, Unit] = field(default_factory=dict)
+    globals: list[str] = field(default_factory=list)  # names assigned at module level
+    main_globals: list[str] = field(default_factory=list)  # ... of them, under the `__main__` guard
+    entry: bool = False  # has an `if __name__ == "__main__":` block
+    spawns: list[str] = field(default_factory=list)  # functions handed to new processes (as written)
+    parsed: bool = True  # False: the file does not parse (every fact about it is unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ModuleSummary":
+        units = {k: {n: Unit(**u) for n, u in data[k].items()} for k in ("classes", "functions")}
+        return cls(**{**data, **units})
+
+    def qualify(self, written: str) -> tuple[str, int] | None:
+        """The absolute dotted name (and import level) of a name as written in this module, through its
+        imports; None for a name it does not import."""
+        head, _, rest = written.partition(".")
+        got = self.imports.get(head)
+        if got is None:
+            return None
+        module, name, level = got
+        full = f"{module}.{name}" if name and module else (name or module)
+        return (f"{full}.{rest}" if rest else full), level
+
+
+def summarize(tree: ast.Module | BaseException) -> ModuleSummary:
+    """The summary of a parsed module (``parsed=False`` for one that does not parse)."""
+    if not isinstance(tree, ast.Module):
+        return ModuleSummary(parsed=False)
+    out = ModuleSummary()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                local = a.asname or a.name.split(".")[0]
+                out.imports.setdefault(local, [a.name if a.asname else local, "", 0])
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if a.name != "*":
+                    out.imports.setdefault(a.asname or a.name, [node.module or "", a.name, node.level])
+    for stmt in tree.body:
+        _top_level(out, stmt)
+    known = set(out.globals) | set(out.classes) | set(out.functions)
+    for fn in out.functions.values():
+        fn.reads = [n for n in fn.reads if n in known]
+        fn.iterates = [n for n in fn.iterates if n in fn.params or n in known]
+    for unit in [*out.functions.values(), *out.classes.values()]:
+        # a project class handed to a call is built by it (`return ResNet(BasicBlock, [2, 2, 2, 2])`)
+        unit.calls.extend(n for n in unit.passes if (n in out.classes or n in out.imports) and n not in unit.calls)
+        unit.passes = []
+    return out
+
+
+def _top_level(out: ModuleSummary, stmt: ast.stmt) -> None:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        out.functions[stmt.name] = _function(out, stmt)
+    elif isinstance(stmt, ast.ClassDef):
+        out.classes[stmt.name] = _class(out, stmt)
+    elif isinstance(stmt, ast.If) and _main_guard(stmt):
+        out.entry = True
+        names = _assigned(stmt.body)
+        out.main_globals.extend(n for n in names if n not in out.main_globals)
+        out.globals.extend(n for n in names if n not in out.globals)
+        _spawned(out, stmt.body)
+    else:
+        out.globals.extend(n for n in _assigned([stmt]) if n not in out.globals)
+        _spawned(out, [stmt])
+
+
+def _main_guard(stmt: ast.If) -> bool:
+    t = stmt.test
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)):
+        return False
+    sides = (t.left, t.comparators[0])
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+        isinstance(x, ast.Constant) and x.value == "__main__" for x in sides
+    )
+
+
+def _assigned(stmts: list[ast.stmt]) -> list[str]:
+    """Names bound by assignments, loops and withs in ``stmts`` (not inside functions or classes)."""
+    out: list[str] = []
+    stack: list[ast.AST] = list(stmts)
+    while stack:
+        cur = stack.pop(0)
+        if isinstance(cur, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(cur, ast.Name) and isinstance(cur.ctx, ast.Store) and cur.id not in out:
+            out.append(cur.id)
+        stack.extend(ast.iter_child_nodes(cur))
+    return out
+
+
+def _spawned(out: ModuleSummary, stmts: list[ast.stmt]) -> None:
+    for stmt in stmts:
+        for n in ast.walk(stmt):
+            if not isinstance(n, ast.Call):
+                continue
+            written = dotted_name(n.func)
+            q = out.qualify(written) if written else None
+            if q is None or q[0] not in SPAWNS:
+                continue
+            for v in [*n.args[:1], *(k.value for k in n.keywords if k.arg in ("fn", "target"))]:
+                name = dotted_name(v)
+                if name and name not in out.spawns:
+                    out.spawns.append(name)
+
+
+def _classify(out: ModuleSummary, call: ast.Call, unit: Unit) -> None:
+    written = dotted_name(call.func)
+    if not written:
+        return
+    q = out.qualify(written)
+    full = q[0] if q is not None and q[1] == 0 else ""
+    last = written.rsplit(".", 1)[-1]
+    kind = None
+    if full.startswith("torch.nn.") and last in LAYER_KINDS:
+        kind = LAYER_KINDS[last]
+    elif full.startswith(("torch.nn.functional.", "torch.")) and last in CONV_FUNCTIONS:
+        kind = "conv"
+    elif full.startswith("torchvision.models.") and last[:1].islower() and "weight" not in last:
+        kind = "conv"  # a torchvision model builder: every one builds convolutions
+    unit.passes.extend(a.id for a in call.args if isinstance(a, ast.Name) and a.id[:1].isupper())
+    if kind is not None:
+        unit.layers[kind] = unit.layers.get(kind, 0) + 1
+        if kind == "linear" and len(call.args) >= 2:
+            unit.widths.extend(a.value for a in call.args[:2] if isinstance(a, ast.Constant) and type(a.value) is int)
+        return
+    if written in ("super", "print", "len", "range", "isinstance") or written.startswith("self."):
+        return
+    if written not in unit.calls and (q is None or not full.startswith(("torch.", "torchvision."))):
+        unit.calls.append(written)
+
+
+def _class(out: ModuleSummary, node: ast.ClassDef) -> Unit:
+    unit = Unit(line=node.lineno, bases=[b for b in (dotted_name(x) for x in node.bases) if b])
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            _classify(out, n, unit)
+        elif isinstance(n, ast.Attribute) and n.attr == "backward":
+            unit.steps = True
+    return unit
+
+
+def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) -> Unit:
+    a = node.args
+    params = [p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    unit = Unit(line=node.lineno, params=params)
+    local = set(params) | set(_assigned(node.body))
+    declared_global = {n for s in ast.walk(node) if isinstance(s, ast.Global) for n in s.names}
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            _classify(out, n, unit)
+            if isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+                unit.steps = True
+        elif isinstance(n, (ast.For, ast.AsyncFor)):
+            it = _iterated(n.iter)
+            if it is not None and it not in unit.iterates and (it in params or it not in local):
+                unit.iterates.append(it)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            if (n.id not in local or n.id in declared_global) and n.id not in unit.reads:
+                unit.reads.append(n.id)
+        elif isinstance(n, ast.Return) and n.value is not None and unit.returns_dict is None:
+            unit.returns_dict = _dict_literal(n.value)
+    unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
+        len(node.body) == 1
+        and isinstance(node.body[0], ast.With)
+        and any(_no_grad(out, i.context_expr) for i in node.body[0].items)
+    )
+    return unit
+
+
+def _no_grad(out: ModuleSummary, expr: ast.expr) -> bool:
+    written = dotted_name(expr.func if isinstance(expr, ast.Call) else expr)
+    q = out.qualify(written) if written else None
+    return q is not None and q[0] in NO_GRAD
+
+
+def _iterated(expr: ast.expr) -> str | None:
+    """The name a ``for`` iterates: ``loader``, ``enumerate(loader)``, ``tqdm(loader, ...)``."""
+    for _ in range(3):
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Call) and expr.args and (dotted_name(expr.func) or "").rsplit(".")[-1] in _WRAPPERS:
+            expr = expr.args[0]
+            continue
+        return None
+    return None
+
+
+def _dict_literal(expr: ast.expr) -> dict[str, str] | None:
+    """``dict(k=v, ...)`` or ``{"k": v, ...}`` with plain keys: key -> source of the value."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "dict" and not expr.args:
+        if all(k.arg is not None for k in expr.keywords):
+            return {str(k.arg): ast.unparse(k.value) for k in expr.keywords}
+    if isinstance(expr, ast.Dict) and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in expr.keys):
+        return {str(k.value): ast.unparse(v) for k, v in zip(expr.keys, expr.values) if isinstance(k, ast.Constant)}
+    return None
