@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import libcst as cst
 
+from torchopt.rewrite.metadata import children_of
+
 
 class Refusal(Exception):
     """A fix the rule will not offer: ``reason`` is what the user reads, ``node`` where the report
@@ -55,7 +57,7 @@ def first_binding(scope: Any, body: Sequence[cst.BaseStatement], name: str) -> i
             node = stack.pop()
             if id(node) in nodes:
                 return i
-            stack.extend(node.children)
+            stack.extend(children_of(node))
     return None
 
 
