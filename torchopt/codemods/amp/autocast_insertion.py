@@ -26,6 +26,9 @@ from libcst.metadata import PositionProvider, Scope, ScopeProvider
 from torchopt.analysis.names import dotted, callee, qualified_names, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
 from torchopt.analysis.models import nn_module_classes
+from torchopt.analysis.program import program_of
+from torchopt.codemods.amp.setup_order import calls_follow
+from torchopt.codemods.amp.upcasts import check_unpacked, is_store
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement, with_statement
 from torchopt.rewrite.metadata import ParentProvider
@@ -855,6 +858,11 @@ def _reads_grads(stmt: cst.CSTNode) -> bool:
 
 
 def _excluded(stmt: cst.CSTNode) -> bool:
+    small = _single_small(stmt)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        f = small.value.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "zero_grad":
+            return False  # `opt.zero_grad()` on its own line only clears gradients: no op autocast casts
     for c in _calls(stmt):
         if isinstance(c.func, cst.Attribute) and c.func.attr.value in _EXCLUDED_METHODS:
             return True
@@ -901,7 +909,7 @@ def _escapes(analysis: _Analysis, site: StepSite, region: list[cst.BaseStatement
             if lo <= p <= hi:
                 continue
             parent = analysis.parent(n)
-            if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
+            if is_store(analysis, n) or (isinstance(parent, cst.Attribute) and parent.attr is n):
                 continue
             if (
                 isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg))
@@ -974,12 +982,14 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     used_models = {m for s in stmts for m in analysis.model_of_stmt(s, site.models)}
     fmodels = {_site_key(analysis, site, m) for m in used_models}
     dp = fmodels & analysis.kdata_parallel
-    if dp:
+    if dp and (manual is not None or analysis.rule.option("dtype") == "bfloat16"):
+        # DataParallel's replica threads enter autocast with the caller's on/off state but the
+        # device's default dtype (float16 on CUDA): a float16 step reaches them, a bfloat16 one not.
         raise Refusal(
             first_back,
-            f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
-            "other threads while autocast state is thread-local, so an autocast block in the "
-            "step would not reach them: convert to DistributedDataParallel (TOP401) or "
+            f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replica threads "
+            "autocast to float16 (the CUDA default) whatever dtype the step chooses, and this step "
+            "would choose bfloat16: convert to DistributedDataParallel (TOP401) or "
             "decorate the model's `forward` with `@torch.autocast(...)`",
         )
     half = fmodels & analysis.khalf
@@ -1034,6 +1044,7 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     for r in regions:
         state = recurrent_state(analysis, site, r.stmts)
         r.upcasts = [n for n in _escapes(analysis, site, r.stmts, loss_names) if n not in state]
+        check_unpacked(analysis, r.stmts, r.upcasts)
     anchor = regions[0].stmts[0] if regions else stmts[backs[0][0]]
     if manual is not None:  # bfloat16 without a scaler: no step goes through it, nothing to unscale
         return StepPlan(site, regions, [c for _, c in backs], [], stmts, [], anchor, bce_outside, manual)
@@ -1130,7 +1141,9 @@ class _AmpBase(Rule):
         if analysis.pos(anchor) >= analysis.pos(loop) and (
             isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner
         ):
-            raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
+            fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) else None
+            if fn is None or not calls_follow(program_of(self), fn, anchor, analysis.pos):
+                raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:

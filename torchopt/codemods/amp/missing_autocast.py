@@ -74,10 +74,12 @@ class MissingAutocast(_AmpBase):
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
     calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
     code with the forward, calls the model and the binary cross-entropy loss in one statement (or
-    runs the model again after that loss), or runs a model wrapped in `nn.DataParallel` (autocast
-    state is thread-local and the replicas run in other threads: convert to DDP, TOP401, or
-    decorate `forward` with `@torch.autocast(...)`). A step already under autocast or using a
-    scaler is not flagged.
+    runs the model again after that loss), or would choose bfloat16 (the `dtype` option, or
+    parameters updated by hand) for a model wrapped in `nn.DataParallel`: its replica threads
+    enter autocast with the caller's on/off state but CUDA's default dtype, float16, so the default
+    float16 rewrite reaches them and a bfloat16 one would not (convert to DDP, TOP401, or decorate
+    `forward` with `@torch.autocast(...)`). A step already under autocast or using a scaler is not
+    flagged.
     Option `dtype` (`[tool.torchopt.rules.TOP202]`): `"float16"` (default) or `"bfloat16"`
     (autocast only, no scaler). TOP203 is the same check for autocast that already exists.
 
@@ -430,8 +432,27 @@ class MissingAutocast(_AmpBase):
                     loss.backward()
                     optimizer.step()
             """),
-            after=None,
-            note="nn.DataParallel replicas run in other threads, outside a thread-local autocast: refused",
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.DataParallel(nn.Linear(4, 2)).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="nn.DataParallel's replica threads autocast to CUDA's default float16, the dtype chosen on CUDA",
         ),
         Valid(
             dedent("""\

@@ -1,0 +1,186 @@
+"""TOP202 on the layouts of single-GPU training scripts that it used to refuse or get wrong: module
+globals built in `__main__` below the step function that reads them, an optimizer held by a small
+wrapper class with its own stepping method, a step imported from another module of the project,
+`optimizer.zero_grad()` between the forward and the loss, and values unpacked from a model call
+that may not be tensors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+TOP202 = Settings(select=("TOP202",))
+
+
+def _fix(src: str) -> str:
+    return fix_source(src, TOP202, unsafe=True).text
+
+
+def _top202(src: str) -> list:
+    return [d for d in check_source(src, TOP202, "t.py").diagnostics if d.code == "TOP202"]
+
+
+def _before(name: str) -> str:
+    return (FIXTURES / name / "before.py").read_text()
+
+
+# ----------------------------------------------------------------------------- globals built in __main__
+
+
+def test_globals_built_in_main_guard_below_the_step_function():
+    after = _fix(_before("amp_globals_main"))
+    train = after.split("def train(epoch):")[1].split("def test(")[0]
+    assert "        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n" in train
+    assert "        scaler.step(optimizer)\n        scaler.update()\n" in train
+    main = after.split('if __name__ == "__main__":')[1]
+    assert (
+        main.index("optimizer = optim.SGD(")
+        < main.index("    scaler = torch.amp.GradScaler(")
+        < main.index("        train(epoch)")
+    )
+
+
+_GLOBALS = """import torch
+import torch.nn as nn
+
+
+def train():
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+batches = [(torch.randn(8, 4), torch.randn(8, 2))]
+{early}model = nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    train()
+"""
+
+
+def test_globals_at_module_level_after_argparse_style_setup():
+    after = _fix(_GLOBALS.format(early=""))
+    assert after.index("optimizer = torch.optim.SGD(") < after.index("scaler = torch.amp.GradScaler(")
+    assert after.index("scaler = torch.amp.GradScaler(") < after.index("for epoch in range(2):")
+    assert "    scaler.scale(loss).backward()\n" in after
+    # A call of the step function before the optimizer exists: the scaler would not exist either.
+    [d] = _top202(_GLOBALS.format(early="train()\n"))
+    assert d.fix is None and "created after the training loop starts" in d.message
+
+
+# ----------------------------------------------------------------------------- statements in the region
+
+_STEP = """import torch
+import torch.nn as nn
+{imports}
+device = "cuda" if torch.cuda.is_available() else "cpu"
+{classes}model = {model}.to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in [(torch.randn(8, 4), torch.randn(8, 2))]:
+{body}
+"""
+
+
+def test_zero_grad_between_forward_and_loss_stays_in_the_block():
+    """`optimizer.zero_grad()` only clears gradients, so it may sit between the forward and the loss
+    (a GAN that clears the discriminator's gradients after running the generator)."""
+    body = (
+        "    out = model(x)\n    optimizer.zero_grad()\n    loss = nn.functional.mse_loss(out, y)\n"
+        "    loss.backward()\n    optimizer.step()"
+    )
+    after = _fix(_STEP.format(imports="", classes="", model="nn.Linear(4, 2)", body=body))
+    assert (
+        "    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n        out = model(x)\n"
+        "        optimizer.zero_grad()\n        loss = nn.functional.mse_loss(out, y)\n"
+        "    scaler.scale(loss).backward()\n"
+    ) in after
+
+
+_UNPACK = (
+    "    optimizer.zero_grad()\n    scores, feats = model(x)\n    loss = nn.functional.mse_loss(scores, y)\n"
+    "    loss.backward()\n    optimizer.step()\n    print(feats)"
+)
+
+
+def test_unpacked_items_of_an_imported_model_are_not_upcast():
+    """What an imported model returns is not visible: `feats` may be a list, and `feats.float()` raises."""
+    src = _STEP.format(imports="from models import Discriminator\n", classes="", model="Discriminator()", body=_UNPACK)
+    [d] = _top202(src)
+    assert d.fix is None
+    assert "`feats` is unpacked from `model(...)`" in d.message
+    assert "its class is not defined in this file" in d.message
+
+
+_CLASS = """class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.fc(x)
+        {ret}
+
+
+"""
+
+
+def test_unpacked_list_of_a_file_model_is_not_upcast_and_tensors_are():
+    classes = _CLASS.format(ret="feats = [h, h * 2]\n        return h, feats")
+    [d] = _top202(_STEP.format(imports="", classes=classes, model="Net()", body=_UNPACK))
+    assert d.fix is None and "`Net.forward` returns a container there" in d.message
+    classes = _CLASS.format(ret="return h, h * 2")
+    after = _fix(_STEP.format(imports="", classes=classes, model="Net()", body=_UNPACK))
+    assert "        loss = nn.functional.mse_loss(scores, y)\n    feats = feats.float()\n" in after
+
+
+def test_a_name_only_rebound_later_is_not_upcast():
+    """`feats` is assigned again by a later unpacking, never read: nothing to upcast."""
+    body = _UNPACK.replace("    print(feats)", "    scores, feats = None, None")
+    after = _fix(
+        _STEP.format(imports="from models import Discriminator\n", classes="", model="Discriminator()", body=body)
+    )
+    assert "feats.float()" not in after and "scaler.step(optimizer)" in after
+
+
+# ----------------------------------------------------------------------------- validation on the CPU
+
+
+@pytest.mark.slow  # runs both programs several times: tens of seconds on a loaded 2-CPU box
+@pytest.mark.parametrize("name", ["amp_globals_main"])
+def test_fixture_validates_on_the_cpu(name, tmp_path):
+    src = tmp_path / "before.py"
+    src.write_bytes((FIXTURES / name / "before.py").read_bytes())
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchopt",
+            "validate",
+            "--unsafe-fixes",
+            "--device",
+            "cpu",
+            "--select",
+            "TOP202",
+            str(src),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "TOP202" in r.stdout + r.stderr
+    assert src.read_bytes() == (FIXTURES / name / "before.py").read_bytes()
