@@ -153,11 +153,135 @@ def test_a_name_only_rebound_later_is_not_upcast():
     assert "feats.float()" not in after and "scaler.step(optimizer)" in after
 
 
+# ----------------------------------------------------------------------------- optimizer wrappers
+
+
+def test_wrapper_method_takes_the_scaler_and_steps_the_inner_optimizer():
+    after = _fix(_before("amp_optimizer_wrapper"))
+    assert "    def step_and_update_lr(self, scaler):\n" in after
+    assert "        self._update_learning_rate()\n        scaler.step(self._optimizer)\n" in after
+    assert "        optimizer.step_and_update_lr(scaler)\n        scaler.update()\n" in after
+    assert "scaler.step(optimizer)" not in after  # a GradScaler cannot step the wrapper itself
+    assert "    def zero_grad(self):\n        self._optimizer.zero_grad()\n" in after
+
+
+_NOAM = """import torch
+import torch.nn as nn
+
+
+class NoamOpt:
+    def __init__(self, warmup, optimizer):
+        self.optimizer = optimizer
+        self.warmup = warmup
+        self._step = 0
+
+    def step(self{params}):
+        self._step += 1
+        for p in self.optimizer.param_groups:
+            p["lr"] = min(1.0, self._step / self.warmup)
+        self.optimizer.step()
+
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = nn.Linear(4, 2).to(device)
+opt = NoamOpt(4, torch.optim.SGD(model.parameters(), lr=0.0))
+for x, y in [(torch.randn(8, 4), torch.randn(8, 2))]:
+    opt.optimizer.zero_grad()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward(){between}
+    opt.step()
+{after}"""
+
+
+def test_wrapper_whose_method_is_called_step():
+    after = _fix(_NOAM.format(params="", between="", after=""))
+    assert "    def step(self, scaler):\n" in after and "        scaler.step(self.optimizer)\n" in after
+    assert "    opt.step(scaler)\n    scaler.update()\n" in after
+    assert "scaler.step(opt)" not in after
+
+
+@pytest.mark.parametrize(
+    "params,between,after,reason",
+    [
+        ("", "", "opt.step()\n", "also called at line 26, where no scaler exists"),
+        (", closure=None", "", "", "default or variadic parameters"),
+        ("", "\n    nn.utils.clip_grad_norm_(model.parameters(), 1.0)", "", "gradients are read before `opt.step()`"),
+    ],
+    ids=["called-elsewhere", "defaults", "clipping"],
+)
+def test_wrapper_refusals_say_why(params, between, after, reason):
+    src = _NOAM.format(params=params, between=between, after=after)
+    [d] = _top202(src)
+    assert d.fix is None and reason in d.message, d.message
+    assert _fix(src) == src
+
+
+@pytest.mark.slow  # runs both programs: seconds each on a loaded 2-CPU box
+def test_wrapper_schedule_runs_as_before_with_the_scaler_enabled(tmp_path):
+    """float16 forced on the CPU so the scaler is enabled: the wrapper's schedule sets the same
+    learning rates, once per call, and the inner optimizer steps through the scaler."""
+    import re
+
+    after = _fix(_before("amp_optimizer_wrapper"))
+    forced = re.sub(r"amp_dtype = torch\.float16 if [^\n]* else torch\.bfloat16", "amp_dtype = torch.float16", after)
+    assert forced != after
+    out = {}
+    for name, src in (("before", _before("amp_optimizer_wrapper")), ("after", forced)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(
+            src + "\nprint(repr([round(x, 12) for x in lrs]))\nprint(scaler.get_scale() if 'scaler' in dir() else '')\n"
+        )
+        r = subprocess.run(
+            [sys.executable, str(path)],
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[name] = r.stdout.splitlines()
+    assert out["after"][0] == out["before"][0]  # the same schedule, step for step
+    assert float(out["after"][1]) > 0  # the scaler ran
+
+
+# ----------------------------------------------------------------------------- steps of another module
+
+
+def test_step_imported_from_another_module_says_where_it_is():
+    src = (
+        "import torch\nimport torch.nn as nn\nfrom engine import train_one_epoch\nfrom models import resnet18\n\n"
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\nmodel = resnet18().to(device)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(10):\n"
+        "    train_one_epoch(model, loader, optimizer, device, epoch)\n"
+    )
+    [d] = _top202(src)
+    assert d.fix is None and d.line == 10
+    assert "the step (`train_one_epoch`) is defined in `engine.py`, another file of the project" in d.message
+    # An imported function that is not handed an optimizer of this file is no step.
+    assert _top202(src.replace("loader, optimizer, device", "loader, device")) == []
+
+
+def test_half_where_the_model_is_created_refuses_the_function_it_is_passed_to():
+    """`model.half()` under a flag in `main()` reaches `train(model, ...)`: autocast on a half model
+    would be pure float16 training under autocast."""
+    src = (
+        "import torch\nimport torch.nn as nn\n\n\ndef train(loader, model, criterion, optimizer):\n"
+        "    for x, y in loader:\n        x, y = x.cuda(), y.cuda()\n        out = model(x)\n"
+        "        loss = criterion(out, y)\n        optimizer.zero_grad()\n        loss.backward()\n"
+        "        optimizer.step()\n\n\ndef main(half):\n    model = nn.Linear(4, 2)\n    model.cuda()\n"
+        "    criterion = nn.MSELoss()\n    if half:\n        model.half()\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n"
+        "        train(loader, model, criterion, optimizer)\n"
+    )
+    [d] = _top202(src)
+    assert d.fix is None and "`model` is cast to float16/bfloat16 where it is created" in d.message
+
+
 # ----------------------------------------------------------------------------- validation on the CPU
 
 
 @pytest.mark.slow  # runs both programs several times: tens of seconds on a loaded 2-CPU box
-@pytest.mark.parametrize("name", ["amp_globals_main"])
+@pytest.mark.parametrize("name", ["amp_globals_main", "amp_optimizer_wrapper"])
 def test_fixture_validates_on_the_cpu(name, tmp_path):
     src = tmp_path / "before.py"
     src.write_bytes((FIXTURES / name / "before.py").read_bytes())

@@ -29,6 +29,7 @@ from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.setup_order import calls_follow
 from torchopt.codemods.amp.upcasts import check_unpacked, is_store
+from torchopt.codemods.amp.optimizer_wrappers import Wrapper, optimizer_wrapper
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement, with_statement
 from torchopt.rewrite.metadata import ParentProvider
@@ -276,6 +277,7 @@ class _Analysis:
         self.kbce: set[Key] = set()
         self.kdata_parallel: set[Key] = set()
         self.kdevice: dict[Key, cst.BaseExpression | str] = {}
+        self.kwrappers: dict[Key, Wrapper] = {}  # optimizers held by a wrapper class of the file
         self._scope_ids: dict[object, int] = {}
         self._key_memo: dict[tuple[int, str], Key] = {}
         self.module_classes: set[str] = set()
@@ -395,6 +397,15 @@ class _Analysis:
             if q in _DATA_PARALLEL:
                 self.data_parallel.add(target)
                 self.kdata_parallel.add(k)
+            wrapper = (
+                optimizer_wrapper(self.rule, base)
+                if isinstance(base.func, cst.Name) and base.func.value not in self.module_classes and not chain
+                else None
+            )
+            if wrapper is not None:  # `opt = ScheduledOptim(torch.optim.Adam(...), ...)`: keyed view only
+                self.kwrappers[k] = wrapper
+                self.koptimizers[k] = stmt
+                return
             is_module = False
             if (
                 q
@@ -614,6 +625,12 @@ class _Visible:
             return False
         k = self.alias.get(name)
         return (k if k is not None else self.a.key_in(self.scope, name)) in self.keys
+
+    def steps_with(self, name: str, method: str) -> bool:
+        """``name.method()`` steps the optimizer ``name``: ``step``, or a stepping method of its wrapper."""
+        k = self.alias.get(name)
+        w = self.a.kwrappers.get(k if k is not None else self.a.key_in(self.scope, name))  # type: ignore[arg-type]  # None only for a None name
+        return method in w.methods if w is not None else method == "step"
 
 
 def _site_key(analysis: _Analysis, site: StepSite, name: str) -> Key:
@@ -839,8 +856,13 @@ def _step_call(stmt: cst.CSTNode, optimizers: "set[str] | _Visible") -> cst.Call
     if (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value == "step"
-        and dotted(value.func.value) in optimizers
+        and (d := dotted(value.func.value)) is not None
+        and d in optimizers
+        and (
+            optimizers.steps_with(d, value.func.attr.value)
+            if isinstance(optimizers, _Visible)
+            else value.func.attr.value == "step"
+        )
     ):
         return value
     return None
@@ -959,7 +981,7 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
         return None
     first_back = backs[0][1]
     for _, _, c, opt in steps if manual is None else ():
-        if c.args:
+        if c.args and _site_key(analysis, site, opt) not in analysis.kwrappers:
             raise Refusal(
                 c,
                 f"`{opt}.step(...)` takes a closure, which GradScaler does not support "

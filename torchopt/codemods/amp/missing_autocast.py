@@ -25,8 +25,9 @@ from torchopt.codemods.amp.autocast_insertion import (
     amp_setup_lines,
     wrap_region,
 )
-from torchopt.codemods.amp.remote_steps import plan_remote, remote_sites
-from torchopt.codemods.amp.scaler_edits import save_scaler_in_checkpoints, scale_step
+from torchopt.codemods.amp.imported_steps import imported_steps
+from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
+from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
@@ -55,7 +56,19 @@ class MissingAutocast(_AmpBase):
     its scaler the way it gets the optimizer: created after the optimizer in the caller and passed as
     a new last parameter (`train(args, model, device, loader, optimizer, epoch, scaler)`), or set as
     `self.scaler` next to `self.optimizer` in a trainer class; the step's function then chooses the
-    autocast device type and dtype from the device it moves its batches to. Names are resolved the way Python resolves them in the
+    autocast device type and dtype from the device it moves its batches to. A step function that
+    reads the model and optimizer as module globals built below it (in `if __name__ == "__main__":`
+    or after argparse) gets its scaler as a module global next to the optimizer, when every call of
+    the function runs after that point. An optimizer held by a small wrapper class of the file whose
+    own method (`step_and_update_lr()`, `step()`) adds a learning-rate schedule and calls
+    `self._optimizer.step()` is stepped inside the wrapper: that method takes the scaler as a new last
+    parameter and calls `scaler.step(self._optimizer)`, so the schedule runs as before; every call of
+    the method passes the scaler (refused when it is called elsewhere, has default parameters, or
+    gradients are read before it). A step imported from another module of the project is not seen in
+    this file; the loop that calls it is reported with the file it lives in. A name that autocast
+    assigns and later code reads is upcast with `.float()` only when it is known to be a tensor (a
+    name unpacked from a model whose `forward` is not in the file may be a list: refused).
+    Names are resolved the way Python resolves them in the
     step's function (its own `model`/`optimizer` first, then the module's), so each training
     function of a file gets the finding, and its own scaler, that it gets alone.
 
@@ -146,7 +159,7 @@ class MissingAutocast(_AmpBase):
     fix_title = "Insert `torch.autocast`{extra}"
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
-    prefilter = ("backward",)
+    prefilter = ("backward", "optim")  # "optim": a step imported from another module, handed an optimizer
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -512,6 +525,136 @@ class MissingAutocast(_AmpBase):
             """),
             note="the rewrite's own output is never flagged again",
         ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def train(epoch):
+                    for x, y in batches:
+                        optimizer.zero_grad()
+                        loss = nn.functional.mse_loss(net(x), y)
+                        loss.backward()
+                        optimizer.step()
+
+
+                if __name__ == "__main__":
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    net = nn.Linear(4, 2).to(device)
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    for epoch in range(2):
+                        train(epoch)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def train(epoch):
+                    for x, y in batches:
+                        optimizer.zero_grad()
+                        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                            loss = nn.functional.mse_loss(net(x), y)
+                        scaler.scale(loss).backward()
+                        scaler.step(optimizer)
+                        scaler.update()
+
+
+                if __name__ == "__main__":
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    net = nn.Linear(4, 2).to(device)
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    amp_device_type = torch.device(device).type
+                    amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                    scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                    for epoch in range(2):
+                        train(epoch)
+            """),
+            unsafe="numerics",
+            note="module globals built in `__main__` below the step function: every call of `train` runs after them",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                class WarmupOptim:
+                    def __init__(self, optimizer, warmup):
+                        self._optimizer = optimizer
+                        self.warmup = warmup
+                        self.n_steps = 0
+
+                    def step_and_update_lr(self):
+                        self.n_steps += 1
+                        for group in self._optimizer.param_groups:
+                            group["lr"] = min(1.0, self.n_steps / self.warmup)
+                        self._optimizer.step()
+
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = WarmupOptim(torch.optim.SGD(model.parameters(), lr=0.0), warmup=10)
+                for x, y in batches:
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step_and_update_lr()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                class WarmupOptim:
+                    def __init__(self, optimizer, warmup):
+                        self._optimizer = optimizer
+                        self.warmup = warmup
+                        self.n_steps = 0
+
+                    def step_and_update_lr(self, scaler):
+                        self.n_steps += 1
+                        for group in self._optimizer.param_groups:
+                            group["lr"] = min(1.0, self.n_steps / self.warmup)
+                        scaler.step(self._optimizer)
+
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = WarmupOptim(torch.optim.SGD(model.parameters(), lr=0.0), warmup=10)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                    optimizer.step_and_update_lr(scaler)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="an optimizer wrapper's own stepping method takes the scaler and steps the inner optimizer through it",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from models import Discriminator
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = Discriminator().to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    scores, feature_maps = model(x)
+                    loss = nn.functional.mse_loss(scores, y)
+                    loss.backward()
+                    optimizer.step()
+                    log(feature_maps)
+            """),
+            after=None,
+            note="`feature_maps`, read after the block, may be a list (the model is imported): not upcast, refused",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -524,6 +667,7 @@ class MissingAutocast(_AmpBase):
                 plan = analyse_step(a, site)
                 if plan is None:
                     continue
+                check_remote_models(a, program, plan, self.option("dtype") == "bfloat16")
                 if plan.manual_update is not None:
                     self._fix_hand_update(a, plan)
                     continue
@@ -532,6 +676,14 @@ class MissingAutocast(_AmpBase):
                 self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
+        for call, func, path in imported_steps(a):
+            self.report(
+                call,
+                message=self.refuse_message.format(
+                    reason=f"the step (`{func}`) is defined in `{path}`, another file of the project: inserting AMP "
+                    "needs that file and this one, which creates the optimizer, in one analysis (not done yet)"
+                ),
+            )
         for site in _loop_sites(a):
             if any(_inside(a, site.owner, owner) for owner in handled):
                 continue
@@ -622,6 +774,8 @@ class MissingAutocast(_AmpBase):
         checkpoints: tuple | None,
     ) -> None:
         """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
+        if scaler:
+            check_scaled_step(analysis, plan)
         for r in plan.regions:
             wrap_region(e, r, item)
         if scaler:

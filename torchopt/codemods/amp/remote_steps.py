@@ -63,6 +63,41 @@ def remote_sites(analysis: _Analysis, program: Program) -> list[tuple[StepSite, 
     return out
 
 
+def check_remote_models(analysis: _Analysis, program: Program, plan: StepPlan, bfloat16: bool) -> None:
+    """Refuse a step whose models, where they are created (``model`` in ``main``), are cast with
+    ``.half()``, or wrapped in DataParallel when the step would choose bfloat16: what the file does to
+    them there holds for the step's function that receives them."""
+    for stmt in plan.site.stmts:
+        for n in _walk_calls(stmt):
+            role = program.role_of(n.func, n) if isinstance(n.func, (cst.Name, cst.Attribute)) else None
+            k = _created_as(analysis, role) if role is not None and role.kind == "model" else None
+            if k is None:
+                continue
+            if k in analysis.khalf:
+                raise Refusal(
+                    plan.anchor_node,
+                    f"`{k[0]}` is cast to float16/bfloat16 where it is created (pure low-precision "
+                    "training): autocast must not be combined with `.half()`",
+                )
+            if k in analysis.kdata_parallel and (bfloat16 or plan.manual_update is not None):
+                raise Refusal(
+                    plan.anchor_node,
+                    f"`{k[0]}` is wrapped in `torch.nn.DataParallel`, whose replica threads autocast to "
+                    "float16 (the CUDA default), and this step would choose bfloat16",
+                )
+
+
+def _created_as(analysis: _Analysis, role):
+    """The key of the name a model is bound to where it is created (``model`` in ``main``), so that
+    what the file does to it there (``.half()``, ``DataParallel``) counts for the step that receives it."""
+    stmt = role.binding
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        return analysis.key(dotted(target), target) if dotted(target) else None
+    return None
+
+
 def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
     models, optimizers = {}, {}
     for stmt in stmts:
