@@ -7,9 +7,8 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.names import torch_ref
 from torchopt.analysis.program import program_of
-from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
 from torchopt.codemods.amp.autocast_insertion import (
@@ -18,15 +17,13 @@ from torchopt.codemods.amp.autocast_insertion import (
     _AmpBase,
     _Analysis,
     _loop_sites,
-    _single_small,
     _site_key,
     analyse_step,
-    _program_device,
-    amp_setup_lines,
     wrap_region,
 )
 from torchopt.codemods.amp.imported_steps import imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
+from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
 from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -685,7 +682,7 @@ class MissingAutocast(_AmpBase):
                 ),
             )
         for site in _loop_sites(a):
-            if any(_inside(a, site.owner, owner) for owner in handled):
+            if any(inside(a, site.owner, owner) for owner in handled):
                 continue
             try:
                 plan = analyse_step(a, site)
@@ -727,40 +724,8 @@ class MissingAutocast(_AmpBase):
     def _fix_hand_update(self, analysis: _Analysis, plan: StepPlan) -> None:
         """bfloat16 autocast and no scaler: a GradScaler can only step an optimizer, and this step writes
         the weights itself; bfloat16 keeps float32's exponent range, so gradients need no scaling."""
-        site = plan.site
-        ref = torch_ref(self)
-        if ref is None:
-            raise Refusal(plan.anchor_node, "`torch` is bound to something else in this file")
-        used = sorted(
-            {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
-        )
-        dev = analysis.device_text(used) or _program_device(self, analysis, plan.anchor_node)
-        if dev is None:
-            raise Refusal(
-                plan.anchor_node,
-                "cannot tell which device the model runs on (no `.to(device)` / "
-                "`.cuda()` on it); CPU training is not an AMP target",
-            )
-        dev_code, dev_var = dev
-        where = _setup_point(analysis, site)
-        if isinstance(dev_var, cst.Name) and any(
-            analysis.scope_owner(n) is analysis.scope_owner(where) and analysis.pos(n) > analysis.pos(where)
-            for n in analysis.assigning(dev_var.value)
-        ):
-            raise Refusal(plan.anchor_node, "the device is chosen after the training loop starts")
-        taken = set(analysis.names)
-        names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
-        T = ref.name
-        e = Edits()
-        e.add_before(
-            where, [statement(line) for line in amp_setup_lines(T, dev_code.format(T=T), names, "bfloat16", False)]
-        )
-        item = cst.WithItem(
-            item=cst.parse_expression(
-                f"{T}.autocast(device_type={names['amp_device_type']}, dtype={names['amp_dtype']})"
-            )
-        )
-        self._apply(analysis, plan, e, names, item, tuple(ref.imports), False, None)
+        e, names, item, imports = hand_update_setup(self, analysis, plan)
+        self._apply(analysis, plan, e, names, item, imports, False, None)
 
     def _apply(
         self,
@@ -784,7 +749,7 @@ class MissingAutocast(_AmpBase):
                 save_scaler_in_checkpoints(self, analysis, e, checkpoints[0], names["scaler"], checkpoints[1])
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
-        root = self._edit_root(analysis, e)
+        root = edit_root(analysis, e)
         new = root.visit(ApplyEdits(e))
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
         note = (
@@ -814,53 +779,3 @@ class MissingAutocast(_AmpBase):
             imports=imports,
             note=note,
         )
-
-    @staticmethod
-    def _edit_root(analysis: _Analysis, e: Edits) -> cst.CSTNode:
-        """The top-level statement that holds every edit of ``e``, or the module."""
-        root = None
-        for node, in_list in e.touched:
-            cur = analysis.parent(node) if in_list else node  # a statement added or wrapped: its block changes
-            if cur is None or isinstance(cur, cst.Module):
-                return analysis.module
-            parent = analysis.parent(cur)
-            while parent is not None and not isinstance(parent, cst.Module):
-                cur, parent = parent, analysis.parent(parent)
-            if parent is None or (root is not None and root is not cur):
-                return analysis.module
-            root = cur
-        return root if root is not None else analysis.module
-
-
-def _inside(analysis: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
-    """Whether ``node`` is ``owner`` or lies inside it."""
-    cur: cst.CSTNode | None = node
-    while cur is not None:
-        if cur is owner:
-            return True
-        cur = analysis.parent(cur)
-    return False
-
-
-def _setup_point(analysis: _Analysis, site) -> cst.CSTNode:
-    """The statement the autocast set-up goes before: the outermost loop of the step's scope that runs
-    the step, or the first statement of a step function (after its docstring)."""
-    if isinstance(site.owner, cst.FunctionDef):
-        body = list(site.owner.body.body)
-        first = body[0]
-        small = _single_small(first)
-        if (
-            len(body) > 1
-            and isinstance(small, cst.Expr)
-            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
-        ):
-            return body[1]
-        return first
-    outer = site.owner
-    scope = analysis.scope_owner(outer)
-    cur = analysis.parent(outer)
-    while cur is not None and cur is not scope:
-        if isinstance(cur, (cst.For, cst.While)):
-            outer = cur
-        cur = analysis.parent(cur)
-    return outer
