@@ -277,6 +277,42 @@ def test_half_where_the_model_is_created_refuses_the_function_it_is_passed_to():
     assert d.fix is None and "`model` is cast to float16/bfloat16 where it is created" in d.message
 
 
+# ----------------------------------------------------------------------------- devices and parameter-free modules
+
+_GPU_ARG = (
+    "import torch\nimport torch.nn as nn\n{imports}\n\ndef train(loader, model, criterion, optimizer, args):\n"
+    "    for images, target in loader:\n        images = images.cuda(args.gpu, non_blocking=True)\n"
+    "        target = target.cuda(args.gpu, non_blocking=True)\n        output = model(images)\n"
+    "        loss = criterion(output, target){reduce}\n        optimizer.zero_grad()\n        loss.backward()\n"
+    "        optimizer.step()\n\n\ndef main_worker(args):\n    model = {model}\n    model.cuda(args.gpu)\n"
+    "    criterion = {criterion}.cuda(args.gpu)\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    for epoch in range(2):\n        train(loader, model, criterion, optimizer, args)\n"
+)
+
+
+def test_a_cuda_device_index_is_not_taken_for_a_device():
+    """`x.cuda(args.gpu)` takes a device index that may be None (the current device);
+    `torch.device(args.gpu)` would raise on None: the device type is "cuda"."""
+    src = _GPU_ARG.format(imports="", model="nn.Linear(4, 2)", criterion="nn.CrossEntropyLoss()", reduce="")
+    after = _fix(src)
+    assert "torch.device(args.gpu)" not in after
+    assert after.count("amp_device_type = 'cuda'\n") + after.count('amp_device_type = "cuda"\n') == 2
+    assert "            output = model(images)\n" in after  # the forward is under autocast
+
+
+def test_a_parameter_free_module_is_not_the_model():
+    """A SimSiam-style step: the model is imported, the criterion is `nn.CosineSimilarity`, which
+    holds no parameters; autocast around the criterion alone would leave the forward in float32."""
+    src = _GPU_ARG.format(
+        imports="from builder import SimSiam",
+        model="SimSiam()",
+        criterion="nn.CosineSimilarity(dim=1)",
+        reduce=".mean()",
+    )
+    [d] = _top202(src)
+    assert d.fix is None and "none of which is known to be a torch.nn.Module" in d.message
+
+
 # ----------------------------------------------------------------------------- validation on the CPU
 
 

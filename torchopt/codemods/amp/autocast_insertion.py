@@ -28,6 +28,7 @@ from torchopt.analysis.values import classify_device, dtype_of, string_value
 from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.setup_order import calls_follow
+from torchopt.codemods.amp.module_kinds import parameter_free
 from torchopt.codemods.amp.upcasts import check_unpacked, is_store
 from torchopt.codemods.amp.optimizer_wrappers import Wrapper, optimizer_wrapper
 from torchopt.analysis.syntax import SCOPE_NODES, walk
@@ -414,6 +415,7 @@ class _Analysis:
                 and cls[:1].isupper()
                 and not cls.endswith("Loss")
                 and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Identity")
+                and not parameter_free(q)
             ):
                 is_module = True
             if isinstance(base.func, cst.Name) and base.func.value in self.module_classes:
@@ -1202,4 +1204,8 @@ def _program_device(rule: Rule, analysis: _Analysis, node: cst.CSTNode) -> tuple
     device = program_of(rule).device_at(node)
     if device is None or classify_device(rule, device).is_cpu:
         return None
+    arg = analysis.parent(device)
+    call = analysis.parent(arg) if isinstance(arg, cst.Arg) else None
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda":
+        return '"cuda"', None  # `x.cuda(args.gpu)`: a CUDA device index, possibly None
     return "{T}.device(" + analysis.module.code_for_node(device) + ").type", device

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from torchopt.analysis.names import dotted, torch_ref
+from torchopt.analysis.names import callee, dotted, torch_ref
 from torchopt.analysis.program import Function, Program, Step
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement
 from torchopt.codemods.amp.autocast_insertion import StepPlan, StepSite, _Analysis, amp_setup_lines
+from torchopt.codemods.amp.module_kinds import parameter_free
 from torchopt.rewrite.metadata import children_of
 from torchopt.rewrite.rule import Rule
 
@@ -105,7 +106,7 @@ def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
             d = dotted(n.func)
             if d is not None:
                 role = program.role_of(n.func, n)
-                if role is not None and role.kind == "model":
+                if role is not None and role.kind == "model" and not _parameter_free(program, role):
                     models[d] = role
             if isinstance(n.func, cst.Attribute) and n.func.attr.value == "step":
                 recv = dotted(n.func.value)
@@ -113,6 +114,18 @@ def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
                 if role is not None and role.kind == "optimizer":
                     optimizers[recv] = role
     return models, optimizers
+
+
+def _parameter_free(program: Program, role) -> bool:
+    """The role is a torch.nn module without parameters (``nn.CosineSimilarity()`` used as a criterion)."""
+    origin = role.origin
+    while (
+        isinstance(origin, cst.Call)
+        and isinstance(origin.func, cst.Attribute)
+        and isinstance(origin.func.value, cst.Call)
+    ):
+        origin = origin.func.value  # `nn.CosineSimilarity(dim=1).cuda(gpu)`
+    return isinstance(origin, cst.Call) and parameter_free(callee(program.rule, origin))
 
 
 def _walk_calls(node: cst.CSTNode):
@@ -148,7 +161,16 @@ def plan_remote(
 
 
 def _device_code(analysis: _Analysis, T: str, device: cst.BaseExpression) -> str:
+    if cuda_index(analysis, device):
+        return '"cuda"'  # `x.cuda(args.gpu)`: a CUDA device index, possibly None (`torch.device(None)` raises)
     return f"{T}.device({analysis.module.code_for_node(device)}).type"
+
+
+def cuda_index(analysis: _Analysis, device: cst.BaseExpression) -> bool:
+    """``device`` is the argument of a ``.cuda(...)`` call: a device index on CUDA, not a device."""
+    arg = analysis.parent(device)
+    call = analysis.parent(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda"
 
 
 def _through_attributes(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:
