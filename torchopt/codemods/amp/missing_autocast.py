@@ -36,8 +36,8 @@ class MissingAutocast(_AmpBase):
     Rewrites a float32 training step into automatic mixed precision. A step is recognised in the
     body of a `for`/`while` loop, or in a function of the same file that a loop calls: a call of
     an `nn.Module` instance (a name bound to a `torch.nn` constructor or to a class deriving from
-    `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes), a loss computed
-    from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
+    `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes; a `torch.nn` module
+    without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
     first statement that calls the model to the last statement the loss depends on) go under
     `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
     `torch.amp.GradScaler`: `scaler.scale(loss).backward(...)` (also
