@@ -1132,8 +1132,11 @@ class _AmpBase(Rule):
         loop: cst.CSTNode,
         scaler: bool,
         node: cst.CSTNode,
+        globals_follow: bool = False,
     ):
-        """Names, setup statements and the statement to insert them after; raises Refusal."""
+        """Names, setup statements and the statement to insert them after; raises Refusal. With
+        ``globals_follow`` a step function that reads the optimizer as a module global built below it
+        is accepted when every call of the function runs after that point (setup_order)."""
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(node, "`torch` is bound to something else in this file")
@@ -1165,7 +1168,7 @@ class _AmpBase(Rule):
         if analysis.pos(anchor) >= analysis.pos(loop) and (
             isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner
         ):
-            fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) else None
+            fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) and globals_follow else None
             if fn is None or not calls_follow(program_of(self), fn, anchor, analysis.pos):
                 raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         taken = set(analysis.names)

@@ -716,6 +716,7 @@ class MissingAutocast(_AmpBase):
             site.trigger,
             scaler,
             plan.anchor_node,
+            globals_follow=not any(o in site.alias for o in opts),  # a parameter: the scaler would not follow it
         )
         e = Edits()
         e.add_after(anchor, setup)
