@@ -345,11 +345,22 @@ def test_bce_loss_passed_to_step_function_refused():
         _H.replace(".to(device)\n", ".to(device)\nmodel = torch.nn.parallel.DataParallel(model)\n", 1),
     ],
 )
-def test_data_parallel_refused(header):
+def test_data_parallel_gets_float16_autocast_and_bfloat16_is_refused(header):
+    """DataParallel's replica threads enter autocast with the caller's on/off state and CUDA's default
+    dtype, float16: the default float16 rewrite reaches them, a bfloat16 one would not."""
     src = header + _STEP.format(loss="out.sum()")
-    _refused(src, "DataParallel")
-    msg = [d.message for d in check_source(src, TOP2).diagnostics][0]
-    assert "TOP401" in msg and "@torch.autocast" in msg
+    out = _fix(src)
+    assert "    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n        out = model(x)\n" in out
+    assert "scaler.step(optimizer)" in out
+    diags = [
+        d
+        for d in check_source(
+            src, Settings(select=("TOP2",), rule_options={"TOP202": {"dtype": "bfloat16"}})
+        ).diagnostics
+        if d.code == "TOP202"
+    ]
+    assert len(diags) == 1 and diags[0].fix is None, diags
+    assert "DataParallel" in diags[0].message and "float16" in diags[0].message and "TOP401" in diags[0].message
 
 
 def test_checkpoint_through_named_dict():

@@ -157,7 +157,7 @@ def test_a_local_shadows_the_module_level_name():
     `model` is neither, so the function's step is rewritten."""
     diags = _top202(SHADOW)
     assert [(d.line, d.message == FINDING) for d in diags] == [(15, True), (23, False)]
-    assert "DataParallel" in diags[1].message
+    assert "`.half()`" in diags[1].message
     out = fix_source(SHADOW, TOP202, "m.py", unsafe=True).text
     assert _function(out, "finetune").count("with torch.autocast(") == 1
     assert out.split("def finetune")[0].count("autocast") == 0

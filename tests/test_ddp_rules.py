@@ -163,10 +163,14 @@ def test_ddp_then_amp_then_no_sync_compose():
     assert fix_source(out.text, Settings(select=("TOP4", "TOP2")), unsafe=True).text == out.text
 
 
-def test_amp_still_refuses_data_parallel_without_the_conversion():
+def test_amp_on_data_parallel_without_the_conversion_is_float16_only():
+    """DataParallel's replica threads autocast to CUDA's default float16: the default rewrite reaches
+    them; a bfloat16 one would not, and is refused pointing at the conversion."""
     src = open_fixture("ddp_accumulation")
-    msgs = [d.message for d in _diags(src, "TOP202")]
-    assert any("TOP401" in m for m in msgs), msgs
+    assert [d.fix is not None for d in _diags(src, "TOP202")] == [True]
+    bf16 = Settings(select=("TOP202",), rule_options={"TOP202": {"dtype": "bfloat16"}})
+    msgs = [d.message for d in check_source(src, bf16).diagnostics if d.code == "TOP202"]
+    assert any("TOP401" in m and "DataParallel" in m for m in msgs), msgs
 
 
 def test_diagnostics_407_to_409():

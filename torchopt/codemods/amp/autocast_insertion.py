@@ -26,6 +26,11 @@ from libcst.metadata import PositionProvider, Scope, ScopeProvider
 from torchopt.analysis.names import dotted, callee, qualified_names, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
 from torchopt.analysis.models import nn_module_classes
+from torchopt.analysis.program import program_of
+from torchopt.codemods.amp.setup_order import calls_follow
+from torchopt.codemods.amp.module_kinds import parameter_free
+from torchopt.codemods.amp.upcasts import check_unpacked, is_store
+from torchopt.codemods.amp.optimizer_wrappers import Wrapper, optimizer_wrapper
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement, with_statement
 from torchopt.rewrite.metadata import ParentProvider
@@ -273,6 +278,7 @@ class _Analysis:
         self.kbce: set[Key] = set()
         self.kdata_parallel: set[Key] = set()
         self.kdevice: dict[Key, cst.BaseExpression | str] = {}
+        self.kwrappers: dict[Key, Wrapper] = {}  # optimizers held by a wrapper class of the file
         self._scope_ids: dict[object, int] = {}
         self._key_memo: dict[tuple[int, str], Key] = {}
         self.module_classes: set[str] = set()
@@ -392,6 +398,15 @@ class _Analysis:
             if q in _DATA_PARALLEL:
                 self.data_parallel.add(target)
                 self.kdata_parallel.add(k)
+            wrapper = (
+                optimizer_wrapper(self.rule, base)
+                if isinstance(base.func, cst.Name) and base.func.value not in self.module_classes and not chain
+                else None
+            )
+            if wrapper is not None:  # `opt = ScheduledOptim(torch.optim.Adam(...), ...)`: keyed view only
+                self.kwrappers[k] = wrapper
+                self.koptimizers[k] = stmt
+                return
             is_module = False
             if (
                 q
@@ -400,6 +415,7 @@ class _Analysis:
                 and cls[:1].isupper()
                 and not cls.endswith("Loss")
                 and cls not in ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Identity")
+                and not parameter_free(q)
             ):
                 is_module = True
             if isinstance(base.func, cst.Name) and base.func.value in self.module_classes:
@@ -611,6 +627,12 @@ class _Visible:
             return False
         k = self.alias.get(name)
         return (k if k is not None else self.a.key_in(self.scope, name)) in self.keys
+
+    def steps_with(self, name: str, method: str) -> bool:
+        """``name.method()`` steps the optimizer ``name``: ``step``, or a stepping method of its wrapper."""
+        k = self.alias.get(name)
+        w = self.a.kwrappers.get(k if k is not None else self.a.key_in(self.scope, name))  # type: ignore[arg-type]  # None only for a None name
+        return method in w.methods if w is not None else method == "step"
 
 
 def _site_key(analysis: _Analysis, site: StepSite, name: str) -> Key:
@@ -836,8 +858,13 @@ def _step_call(stmt: cst.CSTNode, optimizers: "set[str] | _Visible") -> cst.Call
     if (
         isinstance(value, cst.Call)
         and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value == "step"
-        and dotted(value.func.value) in optimizers
+        and (d := dotted(value.func.value)) is not None
+        and d in optimizers
+        and (
+            optimizers.steps_with(d, value.func.attr.value)
+            if isinstance(optimizers, _Visible)
+            else value.func.attr.value == "step"
+        )
     ):
         return value
     return None
@@ -855,6 +882,11 @@ def _reads_grads(stmt: cst.CSTNode) -> bool:
 
 
 def _excluded(stmt: cst.CSTNode) -> bool:
+    small = _single_small(stmt)
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        f = small.value.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "zero_grad":
+            return False  # `opt.zero_grad()` on its own line only clears gradients: no op autocast casts
     for c in _calls(stmt):
         if isinstance(c.func, cst.Attribute) and c.func.attr.value in _EXCLUDED_METHODS:
             return True
@@ -901,7 +933,7 @@ def _escapes(analysis: _Analysis, site: StepSite, region: list[cst.BaseStatement
             if lo <= p <= hi:
                 continue
             parent = analysis.parent(n)
-            if isinstance(parent, cst.AssignTarget) or (isinstance(parent, cst.Attribute) and parent.attr is n):
+            if is_store(analysis, n) or (isinstance(parent, cst.Attribute) and parent.attr is n):
                 continue
             if (
                 isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Arg))
@@ -951,7 +983,7 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
         return None
     first_back = backs[0][1]
     for _, _, c, opt in steps if manual is None else ():
-        if c.args:
+        if c.args and _site_key(analysis, site, opt) not in analysis.kwrappers:
             raise Refusal(
                 c,
                 f"`{opt}.step(...)` takes a closure, which GradScaler does not support "
@@ -974,12 +1006,14 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     used_models = {m for s in stmts for m in analysis.model_of_stmt(s, site.models)}
     fmodels = {_site_key(analysis, site, m) for m in used_models}
     dp = fmodels & analysis.kdata_parallel
-    if dp:
+    if dp and (manual is not None or analysis.rule.option("dtype") == "bfloat16"):
+        # DataParallel's replica threads enter autocast with the caller's on/off state but the
+        # device's default dtype (float16 on CUDA): a float16 step reaches them, a bfloat16 one not.
         raise Refusal(
             first_back,
-            f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replicas run in "
-            "other threads while autocast state is thread-local, so an autocast block in the "
-            "step would not reach them: convert to DistributedDataParallel (TOP401) or "
+            f"`{sorted(dp)[0][0]}` is wrapped in `torch.nn.DataParallel`, whose replica threads "
+            "autocast to float16 (the CUDA default) whatever dtype the step chooses, and this step "
+            "would choose bfloat16: convert to DistributedDataParallel (TOP401) or "
             "decorate the model's `forward` with `@torch.autocast(...)`",
         )
     half = fmodels & analysis.khalf
@@ -1034,6 +1068,7 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     for r in regions:
         state = recurrent_state(analysis, site, r.stmts)
         r.upcasts = [n for n in _escapes(analysis, site, r.stmts, loss_names) if n not in state]
+        check_unpacked(analysis, r.stmts, r.upcasts)
     anchor = regions[0].stmts[0] if regions else stmts[backs[0][0]]
     if manual is not None:  # bfloat16 without a scaler: no step goes through it, nothing to unscale
         return StepPlan(site, regions, [c for _, c in backs], [], stmts, [], anchor, bce_outside, manual)
@@ -1097,8 +1132,11 @@ class _AmpBase(Rule):
         loop: cst.CSTNode,
         scaler: bool,
         node: cst.CSTNode,
+        globals_follow: bool = False,
     ):
-        """Names, setup statements and the statement to insert them after; raises Refusal."""
+        """Names, setup statements and the statement to insert them after; raises Refusal. With
+        ``globals_follow`` a step function that reads the optimizer as a module global built below it
+        is accepted when every call of the function runs after that point (setup_order)."""
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(node, "`torch` is bound to something else in this file")
@@ -1130,7 +1168,9 @@ class _AmpBase(Rule):
         if analysis.pos(anchor) >= analysis.pos(loop) and (
             isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner
         ):
-            raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
+            fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) and globals_follow else None
+            if fn is None or not calls_follow(program_of(self), fn, anchor, analysis.pos):
+                raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:
@@ -1167,4 +1207,8 @@ def _program_device(rule: Rule, analysis: _Analysis, node: cst.CSTNode) -> tuple
     device = program_of(rule).device_at(node)
     if device is None or classify_device(rule, device).is_cpu:
         return None
+    arg = analysis.parent(device)
+    call = analysis.parent(arg) if isinstance(arg, cst.Arg) else None
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda":
+        return '"cuda"', None  # `x.cuda(args.gpu)`: a CUDA device index, possibly None
     return "{T}.device(" + analysis.module.code_for_node(device) + ").type", device

@@ -7,9 +7,8 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.names import torch_ref
 from torchopt.analysis.program import program_of
-from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, fresh_name, statement
+from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
 from torchopt.codemods.amp.autocast_insertion import (
@@ -18,15 +17,14 @@ from torchopt.codemods.amp.autocast_insertion import (
     _AmpBase,
     _Analysis,
     _loop_sites,
-    _single_small,
     _site_key,
     analyse_step,
-    _program_device,
-    amp_setup_lines,
     wrap_region,
 )
-from torchopt.codemods.amp.remote_steps import plan_remote, remote_sites
-from torchopt.codemods.amp.scaler_edits import save_scaler_in_checkpoints, scale_step
+from torchopt.codemods.amp.imported_steps import imported_steps
+from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
+from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
+from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
@@ -38,8 +36,8 @@ class MissingAutocast(_AmpBase):
     Rewrites a float32 training step into automatic mixed precision. A step is recognised in the
     body of a `for`/`while` loop, or in a function of the same file that a loop calls: a call of
     an `nn.Module` instance (a name bound to a `torch.nn` constructor or to a class deriving from
-    `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes), a loss computed
-    from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
+    `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes; a `torch.nn` module
+    without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
     first statement that calls the model to the last statement the loss depends on) go under
     `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
     `torch.amp.GradScaler`: `scaler.scale(loss).backward(...)` (also
@@ -55,7 +53,19 @@ class MissingAutocast(_AmpBase):
     its scaler the way it gets the optimizer: created after the optimizer in the caller and passed as
     a new last parameter (`train(args, model, device, loader, optimizer, epoch, scaler)`), or set as
     `self.scaler` next to `self.optimizer` in a trainer class; the step's function then chooses the
-    autocast device type and dtype from the device it moves its batches to. Names are resolved the way Python resolves them in the
+    autocast device type and dtype from the device it moves its batches to. A step function that
+    reads the model and optimizer as module globals built below it (in `if __name__ == "__main__":`
+    or after argparse) gets its scaler as a module global next to the optimizer, when every call of
+    the function runs after that point. An optimizer held by a small wrapper class of the file whose
+    own method (`step_and_update_lr()`, `step()`) adds a learning-rate schedule and calls
+    `self._optimizer.step()` is stepped inside the wrapper: that method takes the scaler as a new last
+    parameter and calls `scaler.step(self._optimizer)`, so the schedule runs as before; every call of
+    the method passes the scaler (refused when it is called elsewhere, has default parameters, or
+    gradients are read before it). A step imported from another module of the project is not seen in
+    this file; the loop that calls it is reported with the file it lives in. A name that autocast
+    assigns and later code reads is upcast with `.float()` only when it is known to be a tensor (a
+    name unpacked from a model whose `forward` is not in the file may be a list: refused).
+    Names are resolved the way Python resolves them in the
     step's function (its own `model`/`optimizer` first, then the module's), so each training
     function of a file gets the finding, and its own scaler, that it gets alone.
 
@@ -74,10 +84,12 @@ class MissingAutocast(_AmpBase):
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
     calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
     code with the forward, calls the model and the binary cross-entropy loss in one statement (or
-    runs the model again after that loss), or runs a model wrapped in `nn.DataParallel` (autocast
-    state is thread-local and the replicas run in other threads: convert to DDP, TOP401, or
-    decorate `forward` with `@torch.autocast(...)`). A step already under autocast or using a
-    scaler is not flagged.
+    runs the model again after that loss), or would choose bfloat16 (the `dtype` option, or
+    parameters updated by hand) for a model wrapped in `nn.DataParallel`: its replica threads
+    enter autocast with the caller's on/off state but CUDA's default dtype, float16, so the default
+    float16 rewrite reaches them and a bfloat16 one would not (convert to DDP, TOP401, or decorate
+    `forward` with `@torch.autocast(...)`). A step already under autocast or using a scaler is not
+    flagged.
     Option `dtype` (`[tool.torchopt.rules.TOP202]`): `"float16"` (default) or `"bfloat16"`
     (autocast only, no scaler). TOP203 is the same check for autocast that already exists.
 
@@ -144,7 +156,7 @@ class MissingAutocast(_AmpBase):
     fix_title = "Insert `torch.autocast`{extra}"
     safety = Safety.UNSAFE
     tags = (Tag.NUMERICS,)
-    prefilter = ("backward",)
+    prefilter = ("backward", "optim")  # "optim": a step imported from another module, handed an optimizer
 
     @classmethod
     def could_match(cls, text: str) -> bool:
@@ -430,8 +442,27 @@ class MissingAutocast(_AmpBase):
                     loss.backward()
                     optimizer.step()
             """),
-            after=None,
-            note="nn.DataParallel replicas run in other threads, outside a thread-local autocast: refused",
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.DataParallel(nn.Linear(4, 2)).to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        out = model(x)
+                        loss = nn.functional.mse_loss(out, y)
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="nn.DataParallel's replica threads autocast to CUDA's default float16, the dtype chosen on CUDA",
         ),
         Valid(
             dedent("""\
@@ -491,6 +522,136 @@ class MissingAutocast(_AmpBase):
             """),
             note="the rewrite's own output is never flagged again",
         ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def train(epoch):
+                    for x, y in batches:
+                        optimizer.zero_grad()
+                        loss = nn.functional.mse_loss(net(x), y)
+                        loss.backward()
+                        optimizer.step()
+
+
+                if __name__ == "__main__":
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    net = nn.Linear(4, 2).to(device)
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    for epoch in range(2):
+                        train(epoch)
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                def train(epoch):
+                    for x, y in batches:
+                        optimizer.zero_grad()
+                        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                            loss = nn.functional.mse_loss(net(x), y)
+                        scaler.scale(loss).backward()
+                        scaler.step(optimizer)
+                        scaler.update()
+
+
+                if __name__ == "__main__":
+                    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                    net = nn.Linear(4, 2).to(device)
+                    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+                    amp_device_type = torch.device(device).type
+                    amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                    scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                    for epoch in range(2):
+                        train(epoch)
+            """),
+            unsafe="numerics",
+            note="module globals built in `__main__` below the step function: every call of `train` runs after them",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                class WarmupOptim:
+                    def __init__(self, optimizer, warmup):
+                        self._optimizer = optimizer
+                        self.warmup = warmup
+                        self.n_steps = 0
+
+                    def step_and_update_lr(self):
+                        self.n_steps += 1
+                        for group in self._optimizer.param_groups:
+                            group["lr"] = min(1.0, self.n_steps / self.warmup)
+                        self._optimizer.step()
+
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = WarmupOptim(torch.optim.SGD(model.parameters(), lr=0.0), warmup=10)
+                for x, y in batches:
+                    loss = nn.functional.mse_loss(model(x), y)
+                    loss.backward()
+                    optimizer.step_and_update_lr()
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+
+
+                class WarmupOptim:
+                    def __init__(self, optimizer, warmup):
+                        self._optimizer = optimizer
+                        self.warmup = warmup
+                        self.n_steps = 0
+
+                    def step_and_update_lr(self, scaler):
+                        self.n_steps += 1
+                        for group in self._optimizer.param_groups:
+                            group["lr"] = min(1.0, self.n_steps / self.warmup)
+                        scaler.step(self._optimizer)
+
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = nn.Linear(4, 2).to(device)
+                optimizer = WarmupOptim(torch.optim.SGD(model.parameters(), lr=0.0), warmup=10)
+                amp_device_type = torch.device(device).type
+                amp_dtype = torch.float16 if amp_device_type == 'cuda' else torch.bfloat16
+                scaler = torch.amp.GradScaler(amp_device_type, enabled=amp_dtype == torch.float16)
+                for x, y in batches:
+                    with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    scaler.scale(loss).backward()
+                    optimizer.step_and_update_lr(scaler)
+                    scaler.update()
+            """),
+            unsafe="numerics",
+            note="an optimizer wrapper's own stepping method takes the scaler and steps the inner optimizer through it",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+                from models import Discriminator
+
+                device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                model = Discriminator().to(device)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in batches:
+                    optimizer.zero_grad()
+                    scores, feature_maps = model(x)
+                    loss = nn.functional.mse_loss(scores, y)
+                    loss.backward()
+                    optimizer.step()
+                    log(feature_maps)
+            """),
+            after=None,
+            note="`feature_maps`, read after the block, may be a list (the model is imported): not upcast, refused",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -503,6 +664,7 @@ class MissingAutocast(_AmpBase):
                 plan = analyse_step(a, site)
                 if plan is None:
                     continue
+                check_remote_models(a, program, plan, self.option("dtype") == "bfloat16")
                 if plan.manual_update is not None:
                     self._fix_hand_update(a, plan)
                     continue
@@ -511,8 +673,16 @@ class MissingAutocast(_AmpBase):
                 self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
+        for call, func, path in imported_steps(a):
+            self.report(
+                call,
+                message=self.refuse_message.format(
+                    reason=f"the step (`{func}`) is defined in `{path}`, another file of the project: inserting AMP "
+                    "needs that file and this one, which creates the optimizer, in one analysis (not done yet)"
+                ),
+            )
         for site in _loop_sites(a):
-            if any(_inside(a, site.owner, owner) for owner in handled):
+            if any(inside(a, site.owner, owner) for owner in handled):
                 continue
             try:
                 plan = analyse_step(a, site)
@@ -546,6 +716,7 @@ class MissingAutocast(_AmpBase):
             site.trigger,
             scaler,
             plan.anchor_node,
+            globals_follow=not any(o in site.alias for o in opts),  # a parameter: the scaler would not follow it
         )
         e = Edits()
         e.add_after(anchor, setup)
@@ -554,40 +725,8 @@ class MissingAutocast(_AmpBase):
     def _fix_hand_update(self, analysis: _Analysis, plan: StepPlan) -> None:
         """bfloat16 autocast and no scaler: a GradScaler can only step an optimizer, and this step writes
         the weights itself; bfloat16 keeps float32's exponent range, so gradients need no scaling."""
-        site = plan.site
-        ref = torch_ref(self)
-        if ref is None:
-            raise Refusal(plan.anchor_node, "`torch` is bound to something else in this file")
-        used = sorted(
-            {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
-        )
-        dev = analysis.device_text(used) or _program_device(self, analysis, plan.anchor_node)
-        if dev is None:
-            raise Refusal(
-                plan.anchor_node,
-                "cannot tell which device the model runs on (no `.to(device)` / "
-                "`.cuda()` on it); CPU training is not an AMP target",
-            )
-        dev_code, dev_var = dev
-        where = _setup_point(analysis, site)
-        if isinstance(dev_var, cst.Name) and any(
-            analysis.scope_owner(n) is analysis.scope_owner(where) and analysis.pos(n) > analysis.pos(where)
-            for n in analysis.assigning(dev_var.value)
-        ):
-            raise Refusal(plan.anchor_node, "the device is chosen after the training loop starts")
-        taken = set(analysis.names)
-        names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
-        T = ref.name
-        e = Edits()
-        e.add_before(
-            where, [statement(line) for line in amp_setup_lines(T, dev_code.format(T=T), names, "bfloat16", False)]
-        )
-        item = cst.WithItem(
-            item=cst.parse_expression(
-                f"{T}.autocast(device_type={names['amp_device_type']}, dtype={names['amp_dtype']})"
-            )
-        )
-        self._apply(analysis, plan, e, names, item, tuple(ref.imports), False, None)
+        e, names, item, imports = hand_update_setup(self, analysis, plan)
+        self._apply(analysis, plan, e, names, item, imports, False, None)
 
     def _apply(
         self,
@@ -601,6 +740,8 @@ class MissingAutocast(_AmpBase):
         checkpoints: tuple | None,
     ) -> None:
         """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
+        if scaler:
+            check_scaled_step(analysis, plan)
         for r in plan.regions:
             wrap_region(e, r, item)
         if scaler:
@@ -609,7 +750,7 @@ class MissingAutocast(_AmpBase):
                 save_scaler_in_checkpoints(self, analysis, e, checkpoints[0], names["scaler"], checkpoints[1])
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
-        root = self._edit_root(analysis, e)
+        root = edit_root(analysis, e)
         new = root.visit(ApplyEdits(e))
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
         note = (
@@ -639,53 +780,3 @@ class MissingAutocast(_AmpBase):
             imports=imports,
             note=note,
         )
-
-    @staticmethod
-    def _edit_root(analysis: _Analysis, e: Edits) -> cst.CSTNode:
-        """The top-level statement that holds every edit of ``e``, or the module."""
-        root = None
-        for node, in_list in e.touched:
-            cur = analysis.parent(node) if in_list else node  # a statement added or wrapped: its block changes
-            if cur is None or isinstance(cur, cst.Module):
-                return analysis.module
-            parent = analysis.parent(cur)
-            while parent is not None and not isinstance(parent, cst.Module):
-                cur, parent = parent, analysis.parent(parent)
-            if parent is None or (root is not None and root is not cur):
-                return analysis.module
-            root = cur
-        return root if root is not None else analysis.module
-
-
-def _inside(analysis: _Analysis, node: cst.CSTNode, owner: cst.CSTNode) -> bool:
-    """Whether ``node`` is ``owner`` or lies inside it."""
-    cur: cst.CSTNode | None = node
-    while cur is not None:
-        if cur is owner:
-            return True
-        cur = analysis.parent(cur)
-    return False
-
-
-def _setup_point(analysis: _Analysis, site) -> cst.CSTNode:
-    """The statement the autocast set-up goes before: the outermost loop of the step's scope that runs
-    the step, or the first statement of a step function (after its docstring)."""
-    if isinstance(site.owner, cst.FunctionDef):
-        body = list(site.owner.body.body)
-        first = body[0]
-        small = _single_small(first)
-        if (
-            len(body) > 1
-            and isinstance(small, cst.Expr)
-            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
-        ):
-            return body[1]
-        return first
-    outer = site.owner
-    scope = analysis.scope_owner(outer)
-    cur = analysis.parent(outer)
-    while cur is not None and cur is not scope:
-        if isinstance(cur, (cst.For, cst.While)):
-            outer = cur
-        cur = analysis.parent(cur)
-    return outer

@@ -74,6 +74,24 @@ class _Facts:
                     self._optimizers.add(d)
         return self._optimizers
 
+    def wrappers(self) -> set[str]:
+        """Targets that _Analysis may take for an optimizer wrapper (optimizer_wrappers): bound to a call
+        of a class of the file that is given a ``torch.optim`` optimizer (built there, or by name)."""
+        classes = {c.name for c in self.index.get(ast.ClassDef, ())}
+        optimizers = self.optimizers()
+        out = set()
+        for d, value in self.assignments():
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
+                args = [*value.args, *(k.value for k in value.keywords)]
+                if any(
+                    (isinstance(n, ast.Call) and any(optim_class(q) for q in self.names(n.func)))
+                    or ast_dotted(n) in optimizers
+                    for a in args
+                    for n in ast.walk(a)
+                ):
+                    out.add(d)
+        return out
+
     def module_classes(self) -> set[str]:
         """Classes of the file deriving (through the file's classes) from a ``torch.nn`` class."""
         classes = self.index.get(ast.ClassDef, ())
@@ -199,16 +217,29 @@ def _back_loss(stmt: ast.AST) -> tuple[bool, ast.AST | None]:
     return True, func.value if isinstance(func, ast.Attribute) else None  # (it is: _method checked)
 
 
-def _live_step(body: list, optimizers: set[str]) -> bool:
+def _imported_names(f: _Facts) -> set[str]:
+    """Names the file's imports bind (``train_one_epoch`` of ``from engine import train_one_epoch``)."""
+    out = set()
+    for n in [*f.index.get(ast.Import, ()), *f.index.get(ast.ImportFrom, ())]:
+        for a in n.names:
+            out.add(a.asname or a.name.split(".")[0])
+    return out
+
+
+def _live_step(body: list, optimizers: set[str], wrappers: set[str] = frozenset()) -> bool:  # type: ignore[assignment]  # a frozenset default is read only
     """insert.analyse_step gets past its early returns: a backward statement and an optimizer
-    ``step`` in ``body`` (or in an ``if`` there) or a parameter update by hand, no scaled backward,
-    no ``unscale_``."""
+    ``step`` (or any method of an optimizer wrapper) in ``body`` (or in an ``if`` there) or a
+    parameter update by hand, no scaled backward, no ``unscale_``."""
     backs = [_back_loss(s) for s in body]
     if not any(b for b, _ in backs):
         return False
     lists = [body] + [s.body for s in body if isinstance(s, ast.If)]
     if not any(
-        isinstance(s, (ast.Expr, ast.Assign)) and _method(s.value, "step") and _receiver(s.value) in optimizers
+        isinstance(s, (ast.Expr, ast.Assign))
+        and (
+            (_method(s.value, "step") and _receiver(s.value) in optimizers)
+            or (isinstance(s.value, ast.Call) and _receiver(s.value) in wrappers)
+        )
         for lst in lists
         for s in lst
     ) and not _hand_update(body):
@@ -240,11 +271,21 @@ def missing_autocast_possible(text: str) -> bool:
     if f is None:
         return True
     optimizers = f.optimizers()
-    if not optimizers and ".grad" not in text:  # neither an optimizer nor a hand-written update
+    wrappers = f.wrappers()
+    if not optimizers and not wrappers and ".grad" not in text:  # no optimizer, no hand-written update
         return False
     loops = [n for t in _LOOPS for n in f.index.get(t, ())]
     for loop in loops:
-        if _live_step(loop.body, optimizers):
+        if _live_step(loop.body, optimizers, wrappers):
+            return True
+        # A step imported from another module, handed an optimizer of this file (imported_steps).
+        if any(
+            isinstance(s, ast.Expr)
+            and isinstance(s.value, ast.Call)
+            and (ast_dotted(s.value.func) or "").split(".")[0] in _imported_names(f)
+            and any(ast_dotted(a) in optimizers for a in s.value.args)
+            for s in loop.body
+        ):
             return True
     # Functions called by name in a loop, with the keywords of those calls (insert._loop_sites maps
     # parameters, and keyword names, to the caller's optimizers).
@@ -258,7 +299,7 @@ def missing_autocast_possible(text: str) -> bool:
         if fn.name in looped:
             a = fn.args
             params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p is not None}
-            if _live_step(fn.body, optimizers | params | looped[fn.name]):
+            if _live_step(fn.body, optimizers | params | looped[fn.name], wrappers | params | looped[fn.name]):
                 return True
     # Steps whose optimizer arrives as a parameter or an attribute (remote_steps): any function body,
     # or loop in one, stepping a parameter or a `self.` attribute.
@@ -269,7 +310,7 @@ def missing_autocast_possible(text: str) -> bool:
             d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step")) if d and d.startswith("self.")
         }
         bodies = [fn.body] + [n.body for n in ast.walk(fn) if isinstance(n, _LOOPS)]
-        if any(_live_step(body, optimizers | names) for body in bodies):
+        if any(_live_step(body, optimizers | names, wrappers | names) for body in bodies):
             return True
     return False
 

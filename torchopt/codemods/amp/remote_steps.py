@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from torchopt.analysis.names import dotted, torch_ref
+from torchopt.analysis.names import callee, dotted, torch_ref
 from torchopt.analysis.program import Function, Program, Step
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement
 from torchopt.codemods.amp.autocast_insertion import StepPlan, StepSite, _Analysis, amp_setup_lines
+from torchopt.codemods.amp.module_kinds import parameter_free
 from torchopt.rewrite.metadata import children_of
 from torchopt.rewrite.rule import Rule
 
@@ -63,6 +64,41 @@ def remote_sites(analysis: _Analysis, program: Program) -> list[tuple[StepSite, 
     return out
 
 
+def check_remote_models(analysis: _Analysis, program: Program, plan: StepPlan, bfloat16: bool) -> None:
+    """Refuse a step whose models, where they are created (``model`` in ``main``), are cast with
+    ``.half()``, or wrapped in DataParallel when the step would choose bfloat16: what the file does to
+    them there holds for the step's function that receives them."""
+    for stmt in plan.site.stmts:
+        for n in _walk_calls(stmt):
+            role = program.role_of(n.func, n) if isinstance(n.func, (cst.Name, cst.Attribute)) else None
+            k = _created_as(analysis, role) if role is not None and role.kind == "model" else None
+            if k is None:
+                continue
+            if k in analysis.khalf:
+                raise Refusal(
+                    plan.anchor_node,
+                    f"`{k[0]}` is cast to float16/bfloat16 where it is created (pure low-precision "
+                    "training): autocast must not be combined with `.half()`",
+                )
+            if k in analysis.kdata_parallel and (bfloat16 or plan.manual_update is not None):
+                raise Refusal(
+                    plan.anchor_node,
+                    f"`{k[0]}` is wrapped in `torch.nn.DataParallel`, whose replica threads autocast to "
+                    "float16 (the CUDA default), and this step would choose bfloat16",
+                )
+
+
+def _created_as(analysis: _Analysis, role):
+    """The key of the name a model is bound to where it is created (``model`` in ``main``), so that
+    what the file does to it there (``.half()``, ``DataParallel``) counts for the step that receives it."""
+    stmt = role.binding
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        return analysis.key(dotted(target), target) if dotted(target) else None
+    return None
+
+
 def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
     models, optimizers = {}, {}
     for stmt in stmts:
@@ -70,7 +106,7 @@ def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
             d = dotted(n.func)
             if d is not None:
                 role = program.role_of(n.func, n)
-                if role is not None and role.kind == "model":
+                if role is not None and role.kind == "model" and not _parameter_free(program, role):
                     models[d] = role
             if isinstance(n.func, cst.Attribute) and n.func.attr.value == "step":
                 recv = dotted(n.func.value)
@@ -78,6 +114,18 @@ def _roles_in(program: Program, stmts: list[cst.BaseStatement]):
                 if role is not None and role.kind == "optimizer":
                     optimizers[recv] = role
     return models, optimizers
+
+
+def _parameter_free(program: Program, role) -> bool:
+    """The role is a torch.nn module without parameters (``nn.CosineSimilarity()`` used as a criterion)."""
+    origin = role.origin
+    while (
+        isinstance(origin, cst.Call)
+        and isinstance(origin.func, cst.Attribute)
+        and isinstance(origin.func.value, cst.Call)
+    ):
+        origin = origin.func.value  # `nn.CosineSimilarity(dim=1).cuda(gpu)`
+    return isinstance(origin, cst.Call) and parameter_free(callee(program.rule, origin))
 
 
 def _walk_calls(node: cst.CSTNode):
@@ -113,7 +161,16 @@ def plan_remote(
 
 
 def _device_code(analysis: _Analysis, T: str, device: cst.BaseExpression) -> str:
+    if cuda_index(analysis, device):
+        return '"cuda"'  # `x.cuda(args.gpu)`: a CUDA device index, possibly None (`torch.device(None)` raises)
     return f"{T}.device({analysis.module.code_for_node(device)}).type"
+
+
+def cuda_index(analysis: _Analysis, device: cst.BaseExpression) -> bool:
+    """``device`` is the argument of a ``.cuda(...)`` call: a device index on CUDA, not a device."""
+    arg = analysis.parent(device)
+    call = analysis.parent(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "cuda"
 
 
 def _through_attributes(rule, analysis, program, plan, fn: Function, opts, scaler, T, imports) -> RemoteSetup:

@@ -13,6 +13,7 @@ from torchopt.analysis.values import string_value
 from torchopt.codemods.amp.autocast_insertion import (
     Key,
     StepPlan,
+    _site_key,
     _Analysis,
     _is_autograd_backward,
     _loss_arg,
@@ -20,7 +21,25 @@ from torchopt.codemods.amp.autocast_insertion import (
     dict_with_entry,
     method_receiver,
 )
+from torchopt.codemods.amp.optimizer_wrappers import Wrapper, check_wrapper_steps, scale_wrapper_steps
 from torchopt.rewrite.rule import Rule
+
+
+def wrapper_steps(analysis: _Analysis, plan: StepPlan) -> list[tuple[cst.Call, Wrapper]]:
+    """The step calls of ``plan`` that go through a wrapper's own method, with the wrapper."""
+    out = []
+    for c, o in plan.steps:
+        w = analysis.kwrappers.get(_site_key(analysis, plan.site, o))
+        if w is not None:
+            out.append((c, w))
+    return out
+
+
+def check_scaled_step(analysis: _Analysis, plan: StepPlan) -> None:
+    """Raise Refusal when the scaler cannot reach a step of ``plan`` (see check_wrapper_steps)."""
+    wrapped = wrapper_steps(analysis, plan)
+    if wrapped:
+        check_wrapper_steps(analysis, wrapped, {o for _, os_ in plan.unscale_before for o in os_})
 
 
 def scale_step(analysis: _Analysis, plan: StepPlan, e: Edits, sc: str) -> None:
@@ -41,8 +60,11 @@ def scale_step(analysis: _Analysis, plan: StepPlan, e: Edits, sc: str) -> None:
             value=cst.Call(func=cst.parse_expression(f"{sc}.scale"), args=[cst.Arg(recv)]), attr=cst.Name("backward")
         )
         e.replace_node(c, c.with_changes(func=new_func))
+    wrapped = wrapper_steps(analysis, plan)
+    scale_wrapper_steps(e, wrapped, sc)
     for c, o in plan.steps:
-        e.replace_node(c, cst.Call(func=cst.parse_expression(f"{sc}.step"), args=[cst.Arg(method_receiver(c))]))
+        if all(c is not w for w, _ in wrapped):
+            e.replace_node(c, cst.Call(func=cst.parse_expression(f"{sc}.step"), args=[cst.Arg(method_receiver(c))]))
     last = max((s for c, _ in plan.steps if (s := analysis.statement(c)) is not None), key=analysis.pos)
     e.add_after(last, [statement(f"{sc}.update()\n")])
     for s, os_ in plan.unscale_before:

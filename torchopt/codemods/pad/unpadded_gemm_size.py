@@ -22,16 +22,13 @@ from torchopt.codemods.pad.sizes import padded
 from torchopt.codemods.pad.gemm_layers import (
     CONVS,
     DROPOUT,
-    DROPOUT_FN,
     LAYERS,
     MIN_SIZE,
     NO_ARGS_ONLY,
     ZERO_PRESERVING,
-    ZERO_PRESERVING_FN,
-    ZERO_PRESERVING_METHODS,
     _bad_size_possible,
-    _self_attr,
 )
+from torchopt.codemods.pad.module_chains import ModulePairs
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -81,7 +78,10 @@ class PadGemmDims(Rule):
     (hidden channels; not through a grouped convolution, a norm, pooling or sigmoid). The same holds
     for two `nn.Linear` attributes of one module whose only use is `self.fc2(act(self.fc1(x)))`
     (activations held in attributes, their functional forms such as `F.relu`, `.relu()`, or
-    dropout in between).
+    dropout in between), also written statement by statement in `forward`
+    (`x = F.relu(self.fc1(x))`, `x = self.fc2(x)`): each intermediate value is bound to a name that
+    exactly one later statement of the same straight-line body reads before binding it again, so
+    the hidden features are seen nowhere else (not returned, not read on a branch or twice).
 
     ## Fix safety
     Unsafe, tags semantics, rng and tolerance. With the original weights in the leading rows and
@@ -256,6 +256,73 @@ class PadGemmDims(Rule):
         ),
         Invalid(
             dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(784, 500)
+                        self.fc2 = nn.Linear(500, 10)
+
+                    def forward(self, x):
+                        x = x.view(-1, 784)
+                        x = F.relu(self.fc1(x))
+                        x = self.fc2(x)
+                        return x
+
+
+                torch.manual_seed(0)
+                out = Net()(torch.randn(2, 1, 28, 28))
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(784, 504)
+                        self.fc2 = nn.Linear(504, 10)
+
+                    def forward(self, x):
+                        x = x.view(-1, 784)
+                        x = F.relu(self.fc1(x))
+                        x = self.fc2(x)
+                        return x
+
+
+                torch.manual_seed(0)
+                out = Net()(torch.randn(2, 1, 28, 28))
+            """),
+            unsafe=("semantics", "rng", "tolerance"),
+            runnable=True,
+            note="the layers used statement by statement in `forward`: each value goes to the next statement only",
+        ),
+        Invalid(
+            dedent("""\
+                import torch.nn as nn
+                import torch.nn.functional as F
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.fc1 = nn.Linear(784, 500)
+                        self.fc2 = nn.Linear(500, 10)
+
+                    def forward(self, x):
+                        h = F.relu(self.fc1(x))
+                        return self.fc2(h), h
+            """),
+            note="the hidden features are returned too: reported, not fixed",
+        ),
+        Invalid(
+            dedent("""\
                 import torch.nn as nn
 
                 head = nn.Linear(64, 10)
@@ -369,7 +436,7 @@ class PadGemmDims(Rule):
         self._multiple = int(self.option("multiple"))
         self._vocab_keys: set[str] | None = None
         self._subscripted: set[str] | None = None
-        self._pairs: dict[int, list] = {}
+        self._module_pairs = ModulePairs(self, self._multiple)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = last_name(node.func)
@@ -408,7 +475,7 @@ class PadGemmDims(Rule):
             "multiple": str(m),
             "suggest": ", ".join(f"{n}={padded(v, m)}" for n, v in bad),
         }
-        fix = (self._sequential_fix(node) or self._module_fix(node)) if cls == "Linear" else None
+        fix = (self._sequential_fix(node) or self._module_pairs.fix(node)) if cls == "Linear" else None
         if fix is None:
             self.report(node, fmt=fmt)
             return
@@ -571,162 +638,6 @@ class PadGemmDims(Rule):
                 return updated_node if new is None else updated_node.with_changes(value=new)
 
         return seq, seq.visit(_Edit()), str(first[0]), str(first[1]), dropout
-
-    # ------------------------------------------------------------------ two Linear layers of one module
-
-    def _module_fix(self, linear: cst.Call):
-        """Like _sequential_fix, for ``self.a = nn.Linear(i, H)`` / ``self.b = nn.Linear(H, o)`` of one
-        class whose only use is ``self.b(act(self.a(x)))`` (activations: zero-preserving modules held
-        in attributes, their functional forms, ``.relu()``/``.tanh()``, dropout)."""
-        init = self._enclosing_init(linear)
-        if init is None:
-            return None
-        cls, fn = init
-        pairs = self._pairs.get(id(cls))
-        if pairs is None:
-            pairs = self._pairs[id(cls)] = self._module_pairs(cls, fn)
-        mine = [p for p in pairs if linear is p[0] or linear is p[1]]
-        if not mine:
-            return None
-        m = self._multiple
-        edits: dict[int, cst.BaseExpression] = {}
-        for l1, l2, h, _ in pairs:
-            for call, index, name in ((l1, 1, "out_features"), (l2, 0, "in_features")):
-                a = arg(call, index, name)
-                assert a is not None
-                edits[id(a)] = (
-                    cst.Integer(str(padded(h, m)))
-                    if isinstance(a.value, cst.Integer)
-                    else cst.parse_expression(pad_formula(code(self, a.value), m))
-                )
-
-        class _Edit(cst.CSTTransformer):
-            def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
-                new = edits.get(id(original_node))
-                return updated_node if new is None else updated_node.with_changes(value=new)
-
-        h = mine[0][2]
-        return fn, fn.visit(_Edit()), str(h), str(padded(h, m)), any(p[3] for p in pairs)
-
-    def _enclosing_init(self, node: cst.CSTNode):
-        fn = None
-        cur = self.get_metadata(ParentProvider, node, None)
-        while cur is not None:
-            if isinstance(cur, cst.FunctionDef):
-                if fn is not None:
-                    return None
-                fn = cur
-            elif isinstance(cur, cst.ClassDef):
-                if fn is None or fn.name.value != "__init__" or not fn.params.params:
-                    return None
-                return cur, fn
-            elif isinstance(cur, cst.Lambda):
-                return None
-            cur = self.get_metadata(ParentProvider, cur, None)
-        return None
-
-    def _module_pairs(self, cls: cst.ClassDef, init: cst.FunctionDef) -> list:
-        self_name = init.params.params[0].name.value
-        linears: dict[str, cst.Call] = {}
-        acts: dict[str, bool] = {}  # attribute -> is dropout
-        counts: dict[str, int] = {}
-        for n in walk(init.body):
-            if isinstance(n, cst.Assign) and len(n.targets) == 1:
-                attr = _self_attr(n.targets[0].target, self_name)
-                if attr is None:
-                    continue
-                counts[attr] = counts.get(attr, 0) + 1
-                if isinstance(n.value, cst.Call) and not has_star(n.value):
-                    c = nn_class(self, n.value)
-                    if c == "Linear":
-                        linears[attr] = n.value
-                    elif c in ZERO_PRESERVING or (c in NO_ARGS_ONLY and not n.value.args) or c in DROPOUT:
-                        acts[attr] = c in DROPOUT
-        linears = {a: c for a, c in linears.items() if counts.get(a) == 1}
-        acts = {a: d for a, d in acts.items() if counts.get(a) == 1}
-        if len(linears) < 2:
-            return []
-        # Every reference to a Linear attribute: it must be exactly one call, self.<attr>(x).
-        refs: dict[str, list[cst.CSTNode]] = {a: [] for a in linears}
-        for n in walk(cls, cross_scopes=True):
-            if (
-                isinstance(n, cst.Attribute)
-                and isinstance(n.value, cst.Name)
-                and n.value.value == "self"
-                and n.attr.value in refs
-            ):
-                refs[n.attr.value].append(n)
-        calls: dict[str, cst.Call] = {}
-        for a, rs in refs.items():
-            uses = [r for r in rs if not self._is_own_assignment(r, linears[a])]
-            if len(uses) != 1:
-                continue
-            parent = self.get_metadata(ParentProvider, uses[0], None)
-            if (
-                isinstance(parent, cst.Call)
-                and parent.func is uses[0]
-                and len(parent.args) == 1
-                and not parent.args[0].star
-                and parent.args[0].keyword is None
-            ):
-                calls[a] = parent
-        by_call = {id(c): a for a, c in calls.items()}
-        m = self._multiple
-        out = []
-        for a, c1 in calls.items():
-            out_arg = arg(linears[a], 1, "out_features")
-            h = int_const(self, out_arg.value) if out_arg else None
-            if h is None or h <= 0 or h % m == 0:
-                continue
-            cur: cst.CSTNode = c1
-            dropout = False
-            while True:
-                parent = self.get_metadata(ParentProvider, cur, None)
-                if (
-                    isinstance(parent, cst.Attribute)
-                    and parent.value is cur
-                    and parent.attr.value in ZERO_PRESERVING_METHODS
-                ):
-                    call = self.get_metadata(ParentProvider, parent, None)
-                    if isinstance(call, cst.Call) and call.func is parent and not call.args:
-                        cur = call
-                        continue
-                    break
-                if not isinstance(parent, cst.Arg) or parent.keyword is not None or parent.star:
-                    break
-                call = self.get_metadata(ParentProvider, parent, None)
-                if not isinstance(call, cst.Call) or not call.args or call.args[0] is not parent or has_star(call):
-                    break
-                b = by_call.get(id(call))
-                if b is not None:  # reached the second Linear
-                    inp = arg(linears[b], 0, "in_features")
-                    if inp is not None and int_const(self, inp.value) == h and b != a:
-                        out.append((linears[a], linears[b], h, dropout))
-                    break
-                attr = _self_attr(call.func, "self")
-                name = None if attr else self._fn_name(call)
-                if attr in acts and len(call.args) == 1:
-                    dropout = dropout or acts[attr]
-                elif name in ZERO_PRESERVING_FN:
-                    pass
-                elif name in DROPOUT_FN:
-                    dropout = True
-                else:
-                    break
-                cur = call
-        return out
-
-    def _fn_name(self, call: cst.Call) -> str | None:
-        from torchopt.analysis.names import callee
-
-        return callee(self, call)
-
-    def _is_own_assignment(self, ref: cst.CSTNode, ctor: cst.Call) -> bool:
-        parent = self.get_metadata(ParentProvider, ref, None)
-        if not isinstance(parent, cst.AssignTarget):
-            return False
-        stmt = self.get_metadata(ParentProvider, parent, None)
-        return isinstance(stmt, cst.Assign) and stmt.value is ctor
 
     def _private(self, seq: cst.Call) -> bool:
         """The Sequential is bound to a name or attribute that the file never indexes or slices."""
