@@ -420,7 +420,10 @@ def _run_pool(
 def _import_rules() -> None:
     """Every rule module, imported before the workers start: they analyse under a memory limit
     (``budget.limit_worker_memory``), where loading a module's shared library can fail, and forked
-    workers share what this process imported. A one-file run (no pool) imports only what it needs."""
+    workers share what this process imported. A one-file run (no pool) imports only what it needs.
+    LibCST's native parser is a shared library too, loaded at its first parse: load it here."""
+    import libcst.native  # noqa: F401
+
     from torchopt.rewrite.registry import all_rules
 
     rules = all_rules()
