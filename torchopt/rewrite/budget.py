@@ -142,8 +142,12 @@ def over_budget(text: str) -> str | None:
     if too_big is not None:
         return too_big
     tree = pyast.parse(text)
-    if isinstance(tree, (RecursionError, MemoryError)):
+    if isinstance(tree, RecursionError):
         return "too deeply nested to analyse (CPython's own parser gives up on it too)"
+    if isinstance(tree, MemoryError):
+        # CPython's parser raises a bare MemoryError both past its own stack (deep nesting) and when
+        # an allocation fails under this process's memory limit: the two cannot be told apart.
+        return "too deeply nested or too big to analyse in the memory this process may use (MemoryError in CPython's parser)"
     if isinstance(tree, SyntaxError):
         if any(limit in str(tree.msg) for limit in _CPYTHON_NESTING_LIMITS):
             return f"too deeply nested to analyse ({tree.msg}, line {tree.lineno})"

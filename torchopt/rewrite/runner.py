@@ -420,8 +420,13 @@ def _run_pool(
 def _import_rules() -> None:
     """Every rule module, imported before the workers start: they analyse under a memory limit
     (``budget.limit_worker_memory``), where loading a module's shared library can fail, and forked
-    workers share what this process imported. A one-file run (no pool) imports only what it needs."""
+    workers share what this process imported. A one-file run (no pool) imports only what it needs.
+    LibCST's native parser is a shared library too, loaded at its first parse: load it here."""
+    import importlib
+
     from torchopt.rewrite.registry import all_rules
+
+    importlib.import_module("libcst.native")
 
     rules = all_rules()
     for code in rules:
