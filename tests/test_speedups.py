@@ -198,7 +198,7 @@ from torchopt.rewrite import speedups
 from torchopt.rewrite.runner import FileResult
 
 
-def chunk(files, mode, unsafe, cache=None):
+def chunk(files, mode, unsafe, cache=None, scope=None):
     return [FileResult(path=path, reason=",".join(speedups.installed())) for path, *_ in files]
 """
 

@@ -34,6 +34,7 @@ class Sites:
         self.unchecked: dict[str, str] = {}
         self.loaders: dict[str, dict[str, int]] = {}  # site -> batches equal / checked by moments
         self.modules: list[str] = []  # sites whose module ran with the original's values
+        self.loader_classes: dict[type, type] = {}  # a loader class -> its subclass that iterates a twin
 
 
 def module_by_state(torch: Any, new: Any, old: Any) -> bool:
@@ -222,7 +223,6 @@ class _Twin:
 
 
 _twins: "weakref.WeakKeyDictionary[Any, _Twin]" = weakref.WeakKeyDictionary()
-_classes: dict[type, type] = {}
 
 
 def loader_twin(torch: Any, sites: Sites, site_id: str, new: Any, old: Any) -> bool:
@@ -232,7 +232,7 @@ def loader_twin(torch: Any, sites: Sites, site_id: str, new: Any, old: Any) -> b
     if not (isinstance(new, loader_cls) and isinstance(old, loader_cls)):
         return False
     base = type(old)
-    cls = _classes.get(base)
+    cls = sites.loader_classes.get(base)
     if cls is None:
 
         def __iter__(self: Any) -> Any:
@@ -244,7 +244,7 @@ def loader_twin(torch: Any, sites: Sites, site_id: str, new: Any, old: Any) -> b
         # The program sees its own class name (printing, isinstance and type checks keep working).
         cls = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
         cls.__qualname__ = base.__qualname__
-        _classes[base] = cls
+        sites.loader_classes[base] = cls
     persistent = bool(getattr(new, "persistent_workers", False)) and not getattr(old, "persistent_workers", False)
     _twins[old] = _Twin(torch, sites, site_id, new, persistent)
     old.__class__ = cls
