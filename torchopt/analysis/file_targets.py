@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Literal
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
+from libcst.metadata import Assignment
 
-from torchopt.analysis.names import callee, qualified_names
+from torchopt.analysis.names import bindings_of, callee, qualified_names
 from torchopt.analysis.values import string_value
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
@@ -59,14 +59,11 @@ def _call_target(rule: Rule, call: cst.Call, depth: int) -> Target:
 
 
 def _name_target(rule: Rule, name: cst.Name, depth: int) -> Target:
-    try:
-        scope = rule.get_metadata(ScopeProvider, name)
-    except KeyError:
-        return "unknown"
-    if scope is None or name.value not in scope:
+    bindings = bindings_of(rule, name)
+    if bindings is None:
         return "unknown"
     kinds: set[Target] = set()
-    for a in scope[name.value]:
+    for a in bindings:
         kinds.add(_bound_target(rule, a.node, depth) if isinstance(a, Assignment) else "unknown")
     if len(kinds) == 1:
         return kinds.pop()

@@ -44,7 +44,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.names import callee, dotted, qualified_names
-from torchopt.analysis.program import Program, program_of
+from torchopt.analysis.program import MODULE_WRAPPERS, Program, program_of
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
@@ -70,14 +70,6 @@ _EVAL: Modes = frozenset({Mode.EVAL})
 _UNKNOWN: Modes = frozenset({Mode.UNKNOWN})
 _SAME: Modes = frozenset()  # in a function's summary: the parameter keeps the mode it came in with
 
-# Wrappers that share their module's mode (``.eval()`` on one reaches the other).
-_WRAPPERS = {
-    "torch.compile",
-    "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel",
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-}
 _SELF_RETURNING = {"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_", "share_memory"}
 _MODULE_USES = {
     "load_state_dict",
@@ -378,7 +370,7 @@ class Lifecycle:
         ):
             chain.append(base)
             base = base.func.value
-        if isinstance(base, cst.Call) and callee(self.rule, base) in _WRAPPERS and base.args:
+        if isinstance(base, cst.Call) and callee(self.rule, base) in MODULE_WRAPPERS and base.args:
             base = base.args[0].value
         src = dotted(base)
         if src is not None and src in state:  # an alias or a wrapper: the same module

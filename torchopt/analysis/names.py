@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import libcst as cst
-from libcst.metadata import Assignment, QualifiedNameSource, ScopeProvider
+from libcst.metadata import Assignment, BaseAssignment, QualifiedNameSource, ScopeProvider
 
 from torchopt.rewrite.metadata import remembered, ParentProvider
 from torchopt.rewrite.metadata import qualified_names as _qualified_names
@@ -238,18 +238,27 @@ def _find_assigned_names(module: cst.Module) -> frozenset[str]:
     return frozenset(names)
 
 
-def reaching_values(rule: Rule, name: cst.Name) -> list[cst.BaseExpression | None] | None:
-    """Values assigned to ``name`` in its scope: an expression per plain assignment, None for a
-    definition we cannot see through (parameter, loop target, augmented assignment, import...).
-    None overall when the name has no definition in the file."""
+def bindings_of(rule: Rule, name: cst.Name) -> list[BaseAssignment] | None:
+    """The bindings of ``name`` in the scope it is read in (scope analysis); None when the name has
+    no scope or no binding there (a builtin, a global of another file, a node outside the module)."""
     try:
         scope = rule.get_metadata(ScopeProvider, name)
     except KeyError:
         return None
     if scope is None or name.value not in scope:
         return None
+    return list(scope[name.value])
+
+
+def reaching_values(rule: Rule, name: cst.Name) -> list[cst.BaseExpression | None] | None:
+    """Values assigned to ``name`` in its scope: an expression per plain assignment, None for a
+    definition we cannot see through (parameter, loop target, augmented assignment, import...).
+    None overall when the name has no definition in the file."""
+    bindings = bindings_of(rule, name)
+    if bindings is None:
+        return None
     out: list[cst.BaseExpression | None] = []
-    for a in scope[name.value]:
+    for a in bindings:
         if not isinstance(a, Assignment):
             out.append(None)
             continue
@@ -269,14 +278,11 @@ def reaching_values(rule: Rule, name: cst.Name) -> list[cst.BaseExpression | Non
 
 def param_annotation(rule: Rule, name: cst.Name) -> str | None:
     """The annotation of the function parameter ``name`` refers to, if it is one."""
-    try:
-        scope = rule.get_metadata(ScopeProvider, name)
-    except KeyError:
-        return None
-    if scope is None or name.value not in scope:
+    bindings = bindings_of(rule, name)
+    if bindings is None:
         return None
     anns = set()
-    for a in scope[name.value]:
+    for a in bindings:
         node = getattr(a, "node", None)
         if not isinstance(node, cst.Param):
             return None

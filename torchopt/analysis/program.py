@@ -68,7 +68,8 @@ _SCALERS = {
     "torch.amp.grad_scaler.GradScaler",
 }
 _SPAWNS = {"torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn", "torch.multiprocessing.start_processes"}
-_WRAPPERS = {
+# Module wrappers that share their module (its parameters, its mode): the model is the wrapped one.
+MODULE_WRAPPERS = {
     "torch.compile",
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
@@ -404,7 +405,7 @@ class Program:
                 return inner
         q = callee(self.rule, value) if isinstance(f, (cst.Name, cst.Attribute)) else None
         kind = _kind_of_torch(q) if q else None
-        if q in _WRAPPERS and value.args:
+        if q in MODULE_WRAPPERS and value.args:
             wrapped = self._role_of_value(value.args[0].value, at, depth + 1)
             return (
                 Role("model", value, path=wrapped.path if wrapped else []) if wrapped or q != "torch.compile" else None

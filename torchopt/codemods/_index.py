@@ -116,7 +116,7 @@ FILES = {
     'data/dataloader_without_workers.py': 18202,
     'data/loader_analysis.py': 27984,
     'data/loader_arguments.py': 818,
-    'data/loader_kwargs.py': 8371,
+    'data/loader_kwargs.py': 8275,
     'data/transient_dataloader_workers.py': 14344,
     'data/unpinned_dataloader.py': 11549,
     'ddp/__init__.py': 191,

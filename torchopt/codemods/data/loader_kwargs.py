@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
+from libcst.metadata import Assignment
 
 from torchopt.analysis.arguments import keyword, make_kwarg, set_kwarg
+from torchopt.analysis.names import bindings_of
 from torchopt.analysis.project import Definition, index_of
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
@@ -65,13 +66,9 @@ def loader_kwargs(rule: Rule, call: cst.Call) -> LoaderKwargs | None:
     name = stars[0].value
     if not isinstance(name, cst.Name):
         return None
-    try:
-        scope = rule.get_metadata(ScopeProvider, name)
-    except KeyError:
+    bindings = bindings_of(rule, name)
+    if bindings is None:
         return None
-    if scope is None or name.value not in scope:
-        return None
-    bindings = list(scope[name.value])
     if len(bindings) != 1 or not isinstance(bindings[0], Assignment):
         return None
     refs = [r.node for r in bindings[0].references]
