@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
 from torchopt.analysis.project_summary import ModuleSummary, Unit, summarize
 from torchopt.rewrite.projectscope import ProjectScope
@@ -226,6 +226,37 @@ class ProjectIndex:
                 if sub is not False:
                     return sub
         return False
+
+    # ------------------------------------------------------------------ what calling it switches on
+    def asks_determinism(self, d: Definition, argument: Callable[[str, int], str | None]) -> bool | Unknown:
+        """Whether a call of the project function ``d`` turns a determinism switch on
+        (``torch.use_deterministic_algorithms(True)``, ``cudnn.deterministic = True``): True when one
+        runs unconditionally or under a parameter the call sets to ``True``; an Unknown when a value
+        known only at run time decides. ``argument(name, position)`` is what the call passes for a
+        parameter, as written (``"True"``, ``"args.det"``), ``""`` for nothing, None when that cannot
+        be told (``*args``)."""
+        unit = d.unit
+        if unit is None or d.kind != "function":
+            return False
+        unknown: Unknown | None = None
+        for decider in unit.determinism:
+            if decider == "":
+                return True
+            name, _, default = decider.partition(":")
+            passed = argument(name, unit.params.index(name)) if name in unit.params else None
+            value = default if passed == "" else passed
+            if value == "True":
+                return True
+            if value in ("False", "None"):
+                continue
+            if decider == "?":
+                why = "under a condition known only at run time"
+            elif value:
+                why = f"when `{name}` is true, and this call passes `{value}`, known only at run time"
+            else:
+                why = f"when `{name}` is true, and what this call passes for it cannot be told"
+            unknown = unknown or Unknown(f"`{d.name}` ({self.shown(d.path)}) sets a determinism switch {why}")
+        return unknown or False
 
 
 def index_of(rule: Rule) -> ProjectIndex:
