@@ -206,7 +206,7 @@ FILES = {
     'sync/__init__.py': 101,
     'sync/data_dependent_shape.py': 11034,
     'sync/device_to_host_copy_in_loop.py': 6048,
-    'sync/explicit_sync_in_loop.py': 4686,
+    'sync/explicit_sync_in_loop.py': 5071,
     'sync/grad_norm_sync.py': 6280,
     'sync/grad_scaler_sync.py': 5990,
     'sync/host_read_in_loop.py': 17924,
