@@ -227,6 +227,29 @@ class ProjectIndex:
                     return sub
         return False
 
+    # ------------------------------------------------------------------ what calling it runs
+    def runs(self, d: Definition, fact: str) -> bool | Unknown:
+        """Whether the project function ``d``, or a project function it calls (followed through the
+        project, ``MAX_DEPTH`` deep), has the summary fact ``fact`` ("steps": calls ``backward()``;
+        "amp": names torch's autocast or GradScaler). Unknown when a call could not be followed and
+        nothing followed had it."""
+        unknown: Unknown | None = None
+        todo, seen = [(d, 0)], set()
+        while todo:
+            cur, depth = todo.pop()
+            if cur.unit is None or (cur.path, cur.name) in seen:
+                continue
+            seen.add((cur.path, cur.name))
+            if getattr(cur.unit, fact):
+                return True
+            for written in cur.unit.calls:
+                got = self.resolve(written, cur.module, cur.path)
+                if isinstance(got, Unknown) or (isinstance(got, Definition) and depth >= MAX_DEPTH):
+                    unknown = unknown or Unknown(f"`{written}` (called by `{cur.name}`) could not be followed")
+                elif isinstance(got, Definition) and got.kind == "function":
+                    todo.append((got, depth + 1))
+        return unknown or False
+
     # ------------------------------------------------------------------ what calling it switches on
     def asks_determinism(self, d: Definition, argument: Callable[[str, int], str | None]) -> bool | Unknown:
         """Whether a call of the project function ``d`` turns a determinism switch on

@@ -33,6 +33,17 @@ LAYER_KINDS: dict[str, str] = {
     **{n: "attention" for n in ("MultiheadAttention", "Transformer", "TransformerEncoderLayer")},
 }
 CONV_FUNCTIONS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in (1, 2, 3)}
+AMP = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+    "torch.GradScaler",
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 SPAWNS = {
     "torch.multiprocessing.spawn",
@@ -54,6 +65,7 @@ class Unit:
     bases: list[str] = field(default_factory=list)  # a class's bases (as written)
     params: list[str] = field(default_factory=list)
     steps: bool = False  # calls `.backward()`
+    amp: bool = False  # names torch's autocast or GradScaler (resolved through the module's imports)
     no_grad: bool = False  # decorated with / wholly inside `no_grad()` / `inference_mode()`
     iterates: list[str] = field(default_factory=list)  # parameters and globals its `for` loops iterate
     reads: list[str] = field(default_factory=list)  # module globals it reads
@@ -236,6 +248,12 @@ def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) 
                 unit.reads.append(n.id)
         elif isinstance(n, ast.Return) and n.value is not None and unit.returns_dict is None:
             unit.returns_dict = _dict_literal(n.value)
+        elif isinstance(n, ast.Attribute) and not unit.amp:
+            q = out.qualify(dotted_name(n) or "")
+            unit.amp = q is not None and q[1] == 0 and q[0] in AMP
+        if isinstance(n, ast.Name) and not unit.amp:
+            q = out.qualify(n.id)
+            unit.amp = q is not None and q[1] == 0 and q[0] in AMP
     unit.determinism = _determinism(out, node.body, params, _literal_defaults(node), ())
     unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
         len(node.body) == 1
