@@ -25,6 +25,7 @@ from torchopt.analysis.transfers import loop_copies
 from torchopt.analysis.transfers import move_device
 from torchopt.analysis.transfers import mutated_names
 from torchopt.codemods.device import FAMILY
+from torchopt.codemods.device.dataset_copies import sample_copy
 from torchopt.codemods.device.loader_sources import int_device_attribute
 from torchopt.codemods.device.loader_sources import loader_calls
 from torchopt.codemods.device.loop_prechecks import _LoaderUse
@@ -79,6 +80,11 @@ class UnpinnedHostCopy(Rule):
     `pin_memory=torch.cuda.is_available()`, so the script still runs without a GPU. A loader that
     already passes `pin_memory` (any value) or `**kwargs` keeps its arguments. The fix does not
     insert `.pin_memory()` calls, which are slower than a plain copy.
+
+    A loader whose dataset (a class of this file) copies each sample to the device in its own
+    `__getitem__` (`return seq.to(device)`) is reported without a fix: every batch is then as many
+    small synchronous copies as it has samples; moving the copy out of the dataset changes what the
+    dataset returns, which is the author's call.
     """
 
     code = "TOP104"
@@ -86,6 +92,11 @@ class UnpinnedHostCopy(Rule):
     family = FAMILY
     message = "`{move}` copies a DataLoader batch to the device synchronously"
     loader_message = "`{loader}` feeds host→device copies but does not pin its batches"
+    sample_message = (
+        "`{getitem}` copies every sample to the device (`{move}`): each batch is that many small "
+        "synchronous copies; return host tensors and copy the collated batch once in the loop "
+        "(`pin_memory=True` on the loader, `non_blocking=True` on the copy)"
+    )
     fix_title = "Add `non_blocking=True`"
     loader_fix_title = "Add `pin_memory={value}`"
     safety = Safety.SAFE
@@ -102,12 +113,36 @@ class UnpinnedHostCopy(Rule):
             return True
         if not calls:
             return False
+        if "__getitem__" in text and (".to(" in text or ".cuda(" in text):
+            return True  # a dataset that copies its samples (visit_Call)
         loop_calls = ast_loop_calls(text)
         return loop_calls is None or any(
             isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls
         )
 
     examples = (
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset
+
+
+                class Samples(Dataset):
+                    def __init__(self, data, device):
+                        self.data, self.device = data, device
+
+                    def __getitem__(self, i):
+                        return self.data[i].to(self.device)
+
+                    def __len__(self):
+                        return len(self.data)
+
+
+                loader = DataLoader(Samples(torch.randn(8, 2), "cuda"), batch_size=4)
+            """),
+            after=None,
+            note="the dataset copies each sample itself: reported without a fix",
+        ),
         Invalid(
             dedent("""\
                 import torch
@@ -406,6 +441,9 @@ class UnpinnedHostCopy(Rule):
         if callee(self, node) not in DATALOADERS:
             return
         self._seen_loader = True
+        copied = sample_copy(self, node)
+        if copied is not None:
+            self.report(node, message=self.sample_message, fmt={"getitem": copied[0], "move": source(self, copied[1])})
         parent = self.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = parent.targets[0].target
