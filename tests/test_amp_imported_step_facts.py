@@ -105,3 +105,19 @@ def test_a_learning_rate_setter_is_no_step_and_a_step_under_its_own_amp_is_no_fl
 def test_a_float32_step_in_another_module_is_still_reported_and_the_setter_is_not(tmp_path):
     [line] = _check(tmp_path / "fp32", ENGINE_FP32)
     assert "main.py:15:9: TOP202" in line and "the step (`train_one_epoch`) is defined in `engine.py`" in line
+
+
+def test_a_function_whose_calls_cannot_be_followed_is_still_reported(tmp_path):
+    # `set_lr` hands the optimizer to a method of a value it was given: what that runs is unknown,
+    # so it is not ruled out as a step
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "precision.py").write_text(PRECISION, encoding="utf-8")
+    (root / "engine.py").write_text(ENGINE_AMP, encoding="utf-8")
+    (root / "utils.py").write_text(
+        "def set_lr(optimizer, epoch, stepper):\n    stepper.run(optimizer)\n", encoding="utf-8"
+    )
+    (root / "main.py").write_text(MAIN, encoding="utf-8")
+    r = CliRunner().invoke(torchopt.cli.app, ["check", str(root), "--no-cache", "--select", "TOP202"])
+    [line] = [x for x in r.stdout.splitlines() if "TOP202" in x]
+    assert "main.py:14:9: TOP202" in line and "the step (`set_lr`) is defined in `utils.py`" in line

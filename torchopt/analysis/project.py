@@ -18,6 +18,7 @@ files read are recorded with the asking file's cache entry, which holds only whi
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 from dataclasses import dataclass, field
@@ -231,8 +232,9 @@ class ProjectIndex:
     def runs(self, d: Definition, fact: str) -> bool | Unknown:
         """Whether the project function ``d``, or a project function it calls (followed through the
         project, ``MAX_DEPTH`` deep), has the summary fact ``fact`` ("steps": calls ``backward()``;
-        "amp": names torch's autocast or GradScaler). Unknown when a call could not be followed and
-        nothing followed had it."""
+        "amp": names torch's autocast or GradScaler; a project class counts with what its body has).
+        Unknown when a call could not be followed, a call of a parameter or local value
+        (``trainer.step(batch)``, whose code is not known) included, and nothing followed had it."""
         unknown: Unknown | None = None
         todo, seen = [(d, 0)], set()
         while todo:
@@ -242,12 +244,16 @@ class ProjectIndex:
             seen.add((cur.path, cur.name))
             if getattr(cur.unit, fact):
                 return True
+            if cur.kind == "class":
+                continue
             for written in cur.unit.calls:
                 got = self.resolve(written, cur.module, cur.path)
                 if isinstance(got, Unknown) or (isinstance(got, Definition) and depth >= MAX_DEPTH):
                     unknown = unknown or Unknown(f"`{written}` (called by `{cur.name}`) could not be followed")
-                elif isinstance(got, Definition) and got.kind == "function":
+                elif isinstance(got, Definition) and got.kind in ("function", "class"):
                     todo.append((got, depth + 1))
+                elif got is None and not _module_level(cur.module, written):
+                    unknown = unknown or Unknown(f"what `{written}` (called by `{cur.name}`) runs is not known")
         return unknown or False
 
     # ------------------------------------------------------------------ what calling it switches on
@@ -280,6 +286,19 @@ class ProjectIndex:
                 why = f"when `{name}` is true, and what this call passes for it cannot be told"
             unknown = unknown or Unknown(f"`{d.name}` ({self.shown(d.path)}) sets a determinism switch {why}")
         return unknown or False
+
+
+def _module_level(module: ModuleSummary, written: str) -> bool:
+    """Whether the head of the name ``written`` is a builtin or a name of the module (an import, a
+    global, a definition): not a parameter or local value of a function."""
+    head = written.partition(".")[0]
+    return (
+        hasattr(builtins, head)
+        or head in module.imports
+        or head in module.globals
+        or head in module.functions
+        or head in module.classes
+    )
 
 
 def index_of(rule: Rule) -> ProjectIndex:
