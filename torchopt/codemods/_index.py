@@ -154,7 +154,7 @@ FILES = {
     'deprecated/torch_range.py': 8717,
     'device/__init__.py': 100,
     'device/cast_after_factory.py': 20865,
-    'device/device_placement_hint.py': 11331,
+    'device/device_placement_hint.py': 15092,
     'device/dtype_folding.py': 17534,
     'device/factory_analysis.py': 13698,
     'device/factory_tables.py': 2491,
