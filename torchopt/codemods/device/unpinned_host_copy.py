@@ -10,6 +10,7 @@ import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import keyword
+from torchopt.analysis.loader_kwargs import loader_kwargs
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.names import callee
@@ -78,8 +79,11 @@ class UnpinnedHostCopy(Rule):
     whose result the host may read before it arrives. `pin_memory=True` is used when the copies go
     to CUDA explicitly; when the device comes from a variable the fix writes
     `pin_memory=torch.cuda.is_available()`, so the script still runs without a GPU. A loader that
-    already passes `pin_memory` (any value) or `**kwargs` keeps its arguments. The fix does not
-    insert `.pin_memory()` calls, which are slower than a plain copy.
+    already passes `pin_memory` (any value), in the call or in the `**` dict it spreads, keeps its
+    arguments; a `**` dict built once in the same scope (or returned by a helper of the project)
+    is read, and the flag goes into the dict when this loader is its only user, else into the call.
+    A `**` dict that cannot be followed (a parameter, changed after it is built) leaves the loader
+    alone. The fix does not insert `.pin_memory()` calls, which are slower than a plain copy.
 
     A loader whose dataset (a class of this file) copies each sample to the device in its own
     `__getitem__` (`return seq.to(device)`) is reported without a fix: every batch is then as many
@@ -247,6 +251,68 @@ class UnpinnedHostCopy(Rule):
                     x = x.cuda(non_blocking=True)
             """),
             note="the copies are already asynchronous: only the loader changes",
+        ),
+        Invalid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader_kwargs = dict(batch_size=8, num_workers=4)
+                loader = DataLoader(ds, shuffle=True, **loader_kwargs)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader_kwargs = dict(batch_size=8, num_workers=4, pin_memory=True)
+                loader = DataLoader(ds, shuffle=True, **loader_kwargs)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="the loader's arguments are in a dict used by this loader only: the flag goes into the dict",
+        ),
+        Invalid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                kwargs = {"batch_size": 8}
+                train_loader = DataLoader(train_ds, shuffle=True, **kwargs)
+                test_loader = DataLoader(test_ds, **kwargs)
+                for x, y in train_loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+                kwargs = {"batch_size": 8}
+                train_loader = DataLoader(train_ds, shuffle=True, pin_memory=True, **kwargs)
+                test_loader = DataLoader(test_ds, **kwargs)
+                for x, y in train_loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="a dict shared by two loaders: only the loader whose batches are copied is pinned, in its call",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                def make(ds, kwargs):
+                    loader = DataLoader(ds, **kwargs)
+                    for x, y in loader:
+                        x = x.cuda(non_blocking=True)
+            """),
+            note="the `**` dict is a parameter: whether it pins is not known",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                kw = dict(batch_size=8, pin_memory=False)
+                loader = DataLoader(ds, **kw)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="the program chose `pin_memory` in the dict",
         ),
         Valid(
             dedent("""\
@@ -485,8 +551,9 @@ class UnpinnedHostCopy(Rule):
 
     def _report_loader(self, use: _LoaderUse) -> None:
         call = use.call
-        if has_star(call) or keyword(call, "pin_memory") is not None:
-            return
+        kwargs = loader_kwargs(self, call)
+        if kwargs is None or kwargs.value("pin_memory") is not None:
+            return  # `*args`, a `**` dict not followed, or pinning already chosen
         if len(positional(call)) > _PIN_MEMORY_POSITION:
             return
         if use.kinds == {"cuda"}:
@@ -500,12 +567,16 @@ class UnpinnedHostCopy(Rule):
             imports = ref.imports
         text = cst.Module([]).code_for_node(value)
         fmt = {"loader": source(self, call.func) + "(...)", "value": text}
+        edit = kwargs.edit("pin_memory", value)
+        if edit is None:
+            return
         self.report(
             call,
             fmt=fmt,
             message=self.loader_message,
             fix_title=self.loader_fix_title,
-            replacement=set_kwarg(call, "pin_memory", value),
+            target=edit[0],
+            replacement=edit[1],
             imports=imports,
         )
 
