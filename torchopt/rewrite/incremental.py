@@ -11,7 +11,11 @@ that declares ``locality = "file"`` (it reads facts from anywhere in the file, l
 ``init_process_group``") runs on the whole text instead.
 
 Results are memoised by the text of each group, so an edit inside one function re-analyses only that
-function's group. ``tests/test_incremental.py`` checks that the result equals ``check_source`` on every
+function's group. When the "file" rules must run again and the edited group holds most of the module
+(a script whose ``main()`` reaches every function), the whole text is analysed once for every rule
+instead: ``check_source`` itself, cheaper than both. Under a ``LiveScope`` (the language server) each
+result also remembers what it read of other modules through the project index, and is kept only
+while those facts hold. ``tests/test_incremental.py`` checks that the result equals ``check_source`` on every
 fixture and rule example; ``benchmarks/incremental_audit.py`` does the same over a corpus.
 """
 

@@ -17,7 +17,8 @@ the file being analysed, every file it read and every path it looked for and did
 runner stores that record with the file's cache entry, and a cache hit is believed only while every
 file recorded is unchanged (:func:`unchanged`). Facts derived from a file are also kept in the
 result cache by the hash of the file's bytes (signed like every entry), so a later run does not parse
-it again.
+it again. The language server keeps one :class:`LiveScope` while it runs: it reads the editor's
+unsaved text of the open documents, and makes a module's facts again only when its text changed.
 """
 
 from __future__ import annotations
