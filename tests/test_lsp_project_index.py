@@ -235,6 +235,20 @@ def _edit(text: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+def test_an_undo_finds_the_earlier_result_of_the_same_text(tmp_path):
+    text = _script()
+    path = tmp_path / "train.py"
+    path.write_text(text, encoding="utf-8")
+    scope, checker = LiveScope(), IncrementalChecker()
+    first, _ = _check(checker, scope, path, text)
+    edited = text.replace("lr=0.05", "lr=0.5", 1)
+    second, _ = _check(checker, scope, path, edited)
+    assert checker.last_whole  # main() reaches every block: the whole text was analysed again
+    third, _ = _check(checker, scope, path, text)  # the edit undone
+    assert third == first
+    assert checker.last_misses == 0 and not checker.last_whole
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(2))
 def test_random_edits_of_a_300_line_script_give_a_full_checks_diagnostics(tmp_path, seed):

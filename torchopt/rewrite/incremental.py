@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -434,9 +435,11 @@ class IncrementalChecker:
         self._scope = scope if isinstance(scope, LiveScope) else None
         self.last_deps = []
         base = (self._settings[2], path)
+        # Results of the whole text are remembered by its hash (an undo finds them), not the text.
+        whole_key = base + ("whole", codes, _digest(text))
         chunks = self._chunks(text, path)
         if chunks is None or len(chunks) < 2:
-            return [d for *_, d in self._whole(base + ("whole", codes, text), text, settings, path, codes, stale).found]
+            return [d for *_, d in self._whole(whole_key, text, settings, path, codes, stale).found]
         rules = all_rules()
         file_codes = frozenset(c for c in codes if getattr(rules[c], "locality", "component") == "file")
         local_codes = codes - file_codes
@@ -448,7 +451,7 @@ class IncrementalChecker:
                     parts.append((members, base + ("part", local_codes) + tuple(chunks[i].text for i in members)))
         out: list[Diagnostic] = []
         if file_codes and (active_rules(file_codes, text) or suppress.UNUSED_CODE in file_codes):
-            key: tuple = base + ("file", file_codes, text)
+            key: tuple = base + ("file", file_codes, whole_key[-1])
             hit = self._hit(key)
             if hit is None:
                 # The file rules analyse the whole text again: when a part to analyse again holds
@@ -457,7 +460,7 @@ class IncrementalChecker:
                 # definition. (Parts that are each a small share are analysed and remembered.)
                 todo = [m for m, k in parts if self._hit(k) is None]
                 if any(2 * sum(chunks[i].end - chunks[i].start + 1 for i in m) > chunks[-1].end for m in todo):
-                    whole = self._whole(base + ("whole", codes, text), text, settings, path, codes, stale)
+                    whole = self._whole(whole_key, text, settings, path, codes, stale)
                     return [d for *_, d in whole.found]
                 hit = self._whole(key, text, settings, path, file_codes, stale)
             out += [d for *_, d in hit.found]
@@ -479,6 +482,10 @@ class IncrementalChecker:
         out = drop_yielded(out)  # the rules that own a problem may have run in other groups
         out.sort(key=lambda d: d.sort_key())
         return out
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _check_part(text: str, settings: Settings, path: str, codes: frozenset[str]) -> list[Diagnostic]:
