@@ -54,22 +54,20 @@ def _overlaps(d: Diagnostic, lines: Lines, start: int, end: int) -> bool:
     return a <= end and start <= b
 
 
-_FEATURES: list[tuple[tuple[Any, ...], Callable]] = []
-
-
 def feature(*args: Any) -> Callable[[Callable], Callable]:
-    """Mark a function as the handler of an LSP method (pygls's ``server.feature`` arguments)."""
+    """Mark a function as the handler of an LSP method (pygls's ``server.feature`` arguments);
+    :func:`register` registers the functions listed in ``HANDLERS``."""
 
     def mark(fn: Callable) -> Callable:
-        _FEATURES.append((args, fn))
+        fn.lsp_feature = args  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
 def register(server: TorchoptServer) -> None:
-    for args, fn in _FEATURES:
-        server.feature(*args)(fn)
+    for fn in HANDLERS:
+        server.feature(*getattr(fn, "lsp_feature"))(fn)
 
 
 @feature(lsp.INITIALIZE)
@@ -328,3 +326,18 @@ async def hover(ls: TorchoptServer, params: lsp.HoverParams) -> lsp.Hover | None
         contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages)),
         range=ls.lsp_range(hits[0], lines),
     )
+
+
+HANDLERS: tuple[Callable, ...] = (
+    initialize,
+    initialized,
+    did_open,
+    did_change,
+    did_save,
+    did_close,
+    did_change_configuration,
+    did_change_watched,
+    code_action,
+    code_action_resolve,
+    hover,
+)
