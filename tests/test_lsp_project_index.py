@@ -149,6 +149,18 @@ def test_an_edit_that_leaves_the_models_summary_alone_keeps_the_scripts_result(t
     assert third != first and checker.last_misses + checker.last_whole > 0
 
 
+def test_what_counts_as_a_change_of_the_text_other_files_see(tmp_path):
+    files = _project(tmp_path / "p")
+    scope = LiveScope()
+    net = str(files["net"])
+    assert not scope.set_text(net, NET)  # opened with its saved text: nothing to re-check
+    assert scope.set_text(net, NET_NO_CONV)  # typed
+    assert not scope.set_text(net, NET_NO_CONV)
+    assert scope.set_text(net, None)  # closed without saving: the saved text counts again
+    assert not scope.set_text(net, None)
+    assert scope.text(net) == NET
+
+
 def test_a_file_saved_outside_the_editor_is_read_again(tmp_path):
     files = _project(tmp_path / "p")
     scope, checker = LiveScope(), IncrementalChecker()

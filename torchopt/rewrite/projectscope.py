@@ -203,7 +203,9 @@ class LiveScope(ProjectScope):
 
     def __init__(self, folders: Iterable[str] = (), files: Iterable[str] = ()) -> None:
         self._local = threading.local()
-        self._open: dict[str, tuple[str, str]] = {}  # real path -> (hash, text) as the editor has it
+        # real path -> [hash, text] as the editor has it (the hash made when an analysis first reads
+        # it, not on the event loop at each keystroke)
+        self._open: dict[str, list] = {}
         self._disk: dict[str, tuple[tuple[int, int, int], tuple[str, str] | None]] = {}  # path -> (stat, read)
         self._makers: dict[str, Callable[[str], Any]] = {}
         self.built: Counter[str] = Counter()  # real path -> facts derived from its texts (tests, logs)
@@ -227,13 +229,18 @@ class LiveScope(ProjectScope):
         """The file ``path`` now has ``text`` (open in the editor, unsaved), or is read from disk
         again (None: it was closed). True when the text the analyses see changed."""
         real = os.path.realpath(path)
-        before = self._current(real)
+        old = self._open.pop(real, None)
         if text is None:
-            self._open.pop(real, None)
-        else:
-            self._open[real] = (digest(text.encode("utf-8", "surrogatepass")), text)
-        after = self._current(real)
-        return (before and before[0]) != (after and after[0])
+            if old is None:
+                return False
+            disk = self._current(real)
+            return disk is None or disk[1] != old[1]
+        if old is not None and old[1] == text:
+            self._open[real] = old
+            return False
+        before = old[1] if old is not None else (self._current(real) or (None, None))[1]
+        self._open[real] = [None, text]
+        return before != text
 
     def open_paths(self) -> set[str]:
         """The files given a text of their own (:meth:`set_text`)."""
@@ -242,7 +249,10 @@ class LiveScope(ProjectScope):
     def _current(self, real: str) -> tuple[str, str] | None:
         got = self._open.get(real)
         if got is not None:
-            return got
+            if got[0] is None:
+                data = got[1].encode("utf-8", "surrogatepass")
+                got[0] = digest(data) if len(data) <= MAX_BYTES else ""  # too large, as on disk
+            return (got[0], got[1]) if got[0] else None
         try:
             st = os.stat(real)
         except OSError:
