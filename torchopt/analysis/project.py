@@ -13,7 +13,9 @@ project folder; a name that resolves to no file there is not the project's (a li
 Each module's summary (``project_summary.py``) is computed once per run with CPython's ``ast``, only
 for files a rule's question reaches, and kept in the result cache by the hash of the file's bytes; the
 files read are recorded with the asking file's cache entry, which holds only while they are unchanged
-(``torchopt/rewrite/projectscope.py``). Nothing is built unless a rule asks.
+(``torchopt/rewrite/projectscope.py``). In the language server the scope outlives a run
+(``LiveScope``): open documents are read from the editor's text, and an edit makes only the edited
+module's summary again. Nothing is built unless a rule asks.
 """
 
 from __future__ import annotations
