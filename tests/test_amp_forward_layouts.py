@@ -1,0 +1,102 @@
+"""TOP202 on more layouts of single-GPU float32 training steps: a forward computed in the branches of
+an `if`/`else`, and the reasons given on steps it leaves alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from textwrap import dedent
+
+import pytest
+
+from torchopt.rewrite.config import Settings
+from torchopt.rewrite.engine import check_source, fix_source
+
+TOP202 = Settings(select=("TOP202",))
+
+
+def _fix(src: str) -> str:
+    return fix_source(src, TOP202, unsafe=True).text
+
+
+def _top202(src: str) -> list:
+    return [d for d in check_source(src, TOP202, "t.py").diagnostics if d.code == "TOP202"]
+
+
+def _run(src: str, tmp_path, name: str) -> list[float]:
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    r = subprocess.run(
+        [sys.executable, str(path)],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [float(x) for line in r.stdout.splitlines() for x in line.split() if x[0].isdigit() or x[0] == "-"]
+
+
+# ----------------------------------------------------------------------------- forward in an if/else
+
+_BRANCHES = dedent("""\
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(6, 8), torch.randint(0, 4, (6,))) for _ in range(3)]
+    wide = True
+
+
+    def train(epoch):
+        total = 0.0
+        for x, y in batches:
+            optimizer.zero_grad()
+            if wide:
+                if epoch == 1:
+                    print("switching")
+                out = model(x.to(device))[:4]
+            else:
+                out = model(x.to(device))
+            loss = F.cross_entropy(out, y[: out.shape[0]].to(device))
+            loss.backward()
+            optimizer.step()
+            total += float(loss)
+        return total
+
+
+    for epoch in range(2):
+        print(train(epoch))
+    """)
+
+
+def test_forward_in_both_branches_of_an_if_is_the_forward_region():
+    after = _fix(_BRANCHES)
+    assert (
+        "        with torch.autocast(device_type=amp_device_type, dtype=amp_dtype):\n"
+        "            if wide:\n"
+        "                if epoch == 1:\n"
+        '                    print("switching")\n'
+    ) in after
+    assert "            loss = F.cross_entropy(" in after
+    assert "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n        scaler.update()\n" in after
+    assert _fix(after) == after
+
+
+def test_a_branch_printing_a_computed_value_stays_refused():
+    src = _BRANCHES.replace('print("switching")', "print(x.sum())")
+    [d] = _top202(src)
+    assert d.fix is None and "cannot run under autocast" in d.message
+
+
+@pytest.mark.slow  # runs both programs: seconds each on a loaded 2-CPU box
+def test_forward_in_branches_trains_the_same_within_bfloat16(tmp_path):
+    before = _run(_BRANCHES, tmp_path, "before")
+    after = _run(_fix(_BRANCHES), tmp_path, "after")
+    assert len(before) == len(after) == 2
+    assert after == pytest.approx(before, rel=0.05)
