@@ -63,11 +63,13 @@ _BRANCHES = dedent("""\
                 out = model(x.to(device))[:4]
             else:
                 out = model(x.to(device))
-            loss = F.cross_entropy(out, y[: out.shape[0]].to(device))
+            target = y[: out.shape[0]].to(device).to(torch.long)
+            loss = F.cross_entropy(out, target)
             loss.backward()
             optimizer.step()
             total += float(loss)
-        return total
+            seen = torch.bincount(target, minlength=4)
+        return total + float(seen.sum())
 
 
     for epoch in range(2):
@@ -84,6 +86,8 @@ def test_forward_in_both_branches_of_an_if_is_the_forward_region():
         '                    print("switching")\n'
     ) in after
     assert "            loss = F.cross_entropy(" in after
+    # The labels, read after the block, are cast to an integer dtype: no `.float()` for them.
+    assert "target = target.float()" not in after
     assert "        scaler.scale(loss).backward()\n        scaler.step(optimizer)\n        scaler.update()\n" in after
     assert _fix(after) == after
 

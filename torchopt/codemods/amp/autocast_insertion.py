@@ -24,7 +24,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider, Scope, ScopeProvider
 
 from torchopt.analysis.names import dotted, callee, qualified_names, torch_name, torch_ref
-from torchopt.analysis.values import classify_device, dtype_of, string_value
+from torchopt.analysis.values import FLOAT_DTYPES, classify_device, dtype_of, string_value
 from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.setup_order import calls_follow
@@ -800,6 +800,42 @@ def recurrent_state(analysis: "_Analysis", site: "StepSite", region: Sequence[cs
     return state
 
 
+_INTEGER_CASTS = {"long", "int", "short", "bool", "byte", "char"}
+
+
+def not_floating(analysis: "_Analysis", region: Sequence[cst.BaseStatement]) -> set[str]:
+    """Names every assignment of which in the region ends in a cast to an integer or bool dtype
+    (``y = batch.y.squeeze().to(torch.long)``, ``mask = m.bool()``): autocast leaves them exact, and
+    ``.float()`` after the block would turn labels into floats."""
+    exact: dict[str, bool] = {}
+    for s in region:
+        for n in walk(s):
+            if isinstance(n, cst.Assign):
+                casts = _integer_cast(analysis, n.value)
+                for t in n.targets:
+                    if isinstance(t.target, cst.Name):
+                        exact[t.target.value] = exact.get(t.target.value, True) and casts
+                    else:  # unpacked or an attribute: each item's dtype is not known
+                        exact.update({x.value: False for x in walk(t.target) if isinstance(x, cst.Name)})
+            elif isinstance(n, (cst.AugAssign, cst.AnnAssign, cst.For, cst.NamedExpr, cst.WithItem)):
+                for d in _assigned_names(n):
+                    exact[d] = False
+    return {name for name, ok in exact.items() if ok}
+
+
+def _integer_cast(analysis: "_Analysis", value: cst.BaseExpression) -> bool:
+    """``x.long()`` / ``x.to(torch.long)`` / ``x.to(dtype=torch.int64)``: an integer or bool tensor."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+        return False
+    method = value.func.attr.value
+    if method in _INTEGER_CASTS:
+        return not value.args
+    if method == "to" and len(value.args) == 1 and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype"):
+        dtype = dtype_of(analysis.rule, value.args[0].value)
+        return dtype is not None and dtype not in FLOAT_DTYPES and not dtype.startswith("complex")
+    return False
+
+
 def _accelerate_backward(analysis: "_Analysis", c: cst.Call) -> bool:
     """``accelerator.backward(loss)`` with ``accelerator`` bound to a call from the ``accelerate`` package."""
     if _is_autograd_backward(c) or not c.args:
@@ -1076,7 +1112,8 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
         prev = g[-1]
     for r in regions:
         state = recurrent_state(analysis, site, r.stmts)
-        r.upcasts = [n for n in _escapes(analysis, site, r.stmts, loss_names) if n not in state]
+        exact = not_floating(analysis, r.stmts)
+        r.upcasts = [n for n in _escapes(analysis, site, r.stmts, loss_names) if n not in state and n not in exact]
         check_unpacked(analysis, r.stmts, r.upcasts)
     anchor = regions[0].stmts[0] if regions else stmts[backs[0][0]]
     if manual is not None:  # bfloat16 without a scaler: no step goes through it, nothing to unscale
