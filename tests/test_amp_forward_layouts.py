@@ -104,3 +104,32 @@ def test_forward_in_branches_trains_the_same_within_bfloat16(tmp_path):
     after = _run(_fix(_BRANCHES), tmp_path, "after")
     assert len(before) == len(after) == 2
     assert after == pytest.approx(before, rel=0.05)
+
+
+# ----------------------------------------------------------------------------- a step in another module
+
+_IMPORTED = dedent("""\
+    import torch
+    import engine
+    from models import Net
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for epoch in range(3):
+        last = engine.train_one_epoch(model, loader, optimizer, device)
+    """)
+
+
+def test_assigned_result_of_an_imported_step_says_why_the_scaler_cannot_cross_files():
+    [d] = _top202(_IMPORTED)
+    assert d.fix is None and d.line == 9
+    assert "the step (`engine.train_one_epoch`) is defined in `engine.py`" in d.message
+    assert "GradScaler created here next to `optimizer` and passed to `engine.train_one_epoch`" in d.message
+    assert "a fix edits only the file it was found in" in d.message
+
+
+def test_imported_step_with_bfloat16_says_what_the_other_file_cannot_see():
+    settings = Settings(select=("TOP202",), rule_options={"TOP202": {"dtype": "bfloat16"}})
+    [d] = [x for x in check_source(_IMPORTED, settings, "t.py").diagnostics if x.code == "TOP202"]
+    assert "autocast alone (bfloat16) would go there" in d.message and "GradScaler" not in d.message

@@ -830,7 +830,11 @@ def _integer_cast(analysis: "_Analysis", value: cst.BaseExpression) -> bool:
     method = value.func.attr.value
     if method in _INTEGER_CASTS:
         return not value.args
-    if method == "to" and len(value.args) == 1 and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype"):
+    if (
+        method == "to"
+        and len(value.args) == 1
+        and (value.args[0].keyword is None or value.args[0].keyword.value == "dtype")
+    ):
         dtype = dtype_of(analysis.rule, value.args[0].value)
         return dtype is not None and dtype not in FLOAT_DTYPES and not dtype.startswith("complex")
     return False

@@ -2,8 +2,15 @@
 
 The loop of this file calls an imported function and hands it an optimizer created here; the
 forward, the loss and ``backward()`` are in that other file, which one file's analysis does not read.
-The rule says so, naming the file, rather than staying silent: inserting AMP there needs the
-definition of the step and the creation of its optimizer in one analysis."""
+The rule says so, naming the file and what the insertion would need, rather than staying silent.
+
+With float16 the step needs a GradScaler that lives as long as the optimizer: created here, next to
+the optimizer, and passed to the step as a new parameter (``train_one_epoch(..., scaler)``), as a
+program that uses AMP across modules writes it. That is one change to two files, and a fix edits
+only the file it was found in: applied to one file without the other (a file excluded, a finding
+suppressed in one of them, a run on one file) it breaks the call, so it is not made. With bfloat16 no
+scaler is needed, but the other file's own analysis does not see this call, so it cannot tell that
+the step's parameters are a model and an optimizer."""
 
 from __future__ import annotations
 
@@ -14,8 +21,8 @@ from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import body_list
 
 
-def imported_steps(analysis) -> list[tuple[cst.Call, str, str]]:
-    """(call, function as written, module file) for each call in a loop body of a function imported from
+def imported_steps(analysis) -> list[tuple[cst.Call, str, str, str]]:
+    """(call, function as written, module file, the optimizer passed as written) for each call in a loop body of a function imported from
     another module, passed an optimizer this file creates, where that loop runs no backward itself."""
     out = []
     for loop in analysis.all_nodes:
@@ -36,11 +43,15 @@ def imported_steps(analysis) -> list[tuple[cst.Call, str, str]]:
             module = _imported_from(analysis, value.func)
             if module is None:
                 continue
-            if any(
-                not a.star and (k := analysis.key(dotted(a.value), a.value)) is not None and k in analysis.koptimizers
+            opts = [
+                a.value
                 for a in value.args
-            ):
-                out.append((value, analysis.module.code_for_node(value.func), module))
+                if not a.star
+                and (k := analysis.key(dotted(a.value), a.value)) is not None
+                and k in analysis.koptimizers
+            ]
+            if opts:
+                out.append((value, analysis.module.code_for_node(value.func), module, dotted(opts[0]) or ""))
     return out
 
 
@@ -55,3 +66,18 @@ def _imported_from(analysis, func: cst.BaseExpression) -> str | None:
     if len(parts) < 2 or parts[0] in ("torch", "torchvision", "torchaudio", "numpy"):
         return None
     return "/".join(parts[:-1]) + ".py"
+
+
+def imported_step_reason(func: str, path: str, optimizer: str, dtype: str) -> str:
+    """Why AMP is not inserted into a step of another module, for the message."""
+    where = f"the step (`{func}`) is defined in `{path}`, another file of the project"
+    if dtype == "bfloat16":
+        return (
+            f"{where}: autocast alone (bfloat16) would go there, but that file's analysis does not see this "
+            f"call, so it cannot tell that `{func}` is handed a model and an optimizer"
+        )
+    return (
+        f"{where}: float16 needs a GradScaler created here next to `{optimizer}` and passed to `{func}` as a "
+        f"new parameter, one change to two files, and a fix edits only the file it was found in (applied to "
+        f"one file alone, the call would break)"
+    )

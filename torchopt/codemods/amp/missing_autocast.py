@@ -21,7 +21,7 @@ from torchopt.codemods.amp.autocast_insertion import (
     analyse_step,
     wrap_region,
 )
-from torchopt.codemods.amp.imported_steps import imported_steps
+from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
 from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
 from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
@@ -673,13 +673,10 @@ class MissingAutocast(_AmpBase):
                 self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
-        for call, func, path in imported_steps(a):
+        for call, func, path, opt in imported_steps(a):
             self.report(
                 call,
-                message=self.refuse_message.format(
-                    reason=f"the step (`{func}`) is defined in `{path}`, another file of the project: inserting AMP "
-                    "needs that file and this one, which creates the optimizer, in one analysis (not done yet)"
-                ),
+                message=self.refuse_message.format(reason=imported_step_reason(func, path, opt, self.option("dtype"))),
             )
         for site in _loop_sites(a):
             if any(inside(a, site.owner, owner) for owner in handled):

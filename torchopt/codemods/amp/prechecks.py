@@ -279,8 +279,9 @@ def missing_autocast_possible(text: str) -> bool:
         if _live_step(loop.body, optimizers, wrappers):
             return True
         # A step imported from another module, handed an optimizer of this file (imported_steps).
+        # (`train_one_epoch(...)` alone on its line, or its result assigned: `stats = train_one_epoch(...)`)
         if any(
-            isinstance(s, ast.Expr)
+            isinstance(s, (ast.Expr, ast.Assign))
             and isinstance(s.value, ast.Call)
             and (ast_dotted(s.value.func) or "").split(".")[0] in _imported_names(f)
             and any(ast_dotted(a) in optimizers for a in s.value.args)
