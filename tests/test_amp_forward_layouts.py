@@ -133,3 +133,63 @@ def test_imported_step_with_bfloat16_says_what_the_other_file_cannot_see():
     settings = Settings(select=("TOP202",), rule_options={"TOP202": {"dtype": "bfloat16"}})
     [d] = [x for x in check_source(_IMPORTED, settings, "t.py").diagnostics if x.code == "TOP202"]
     assert "autocast alone (bfloat16) would go there" in d.message and "GradScaler" not in d.message
+
+
+# ----------------------------------------------------------------------------- an optimizer wrapper of another module
+
+_TRAINER = dedent("""\
+    import torch
+    from {module} import Clipped
+
+
+    class Trainer:
+        def __init__(self, model):
+            self.model = model
+            self.optimizer = Clipped(torch.optim.Adam(model.parameters()), 5.0)
+
+        def train_batch(self, x, y):
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+    """)
+
+_WRAPPER = dedent("""\
+    import torch
+
+
+    class Clipped:
+        def __init__(self, optimizer, max_norm):
+            self.optimizer = optimizer
+            self.max_norm = max_norm
+
+        def step(self):
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+            self.optimizer.step()
+    """)
+
+
+def _project_check(tmp_path, module: str):
+    from typer.testing import CliRunner
+
+    import torchopt.cli
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "0"\n')
+    (proj / "trainer.py").write_text(_TRAINER.format(module=module))
+    (proj / "wrappers.py").write_text(_WRAPPER)
+    r = CliRunner().invoke(
+        torchopt.cli.app, ["check", str(proj), "--no-cache", "-j", "1", "--select", "TOP202"], catch_exceptions=False
+    )
+    return [ln for ln in r.stdout.splitlines() if "TOP202" in ln and ".py:" in ln]
+
+
+def test_optimizer_wrapped_by_a_class_of_another_module_is_reported_with_the_reason(tmp_path):
+    [line] = _project_check(tmp_path, "wrappers")
+    assert "trainer.py:12:9: TOP202 training step not rewritten" in line
+    assert "`Clipped` is a class of another file of the project (wrappers.py)" in line
+
+
+def test_optimizer_wrapped_by_a_library_class_is_not_reported(tmp_path):
+    assert _project_check(tmp_path, "somelib.optim") == []

@@ -21,6 +21,7 @@ from torchopt.codemods.amp.autocast_insertion import (
     analyse_step,
     wrap_region,
 )
+from torchopt.codemods.amp.foreign_wrappers import foreign_wrapper_steps
 from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
 from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
@@ -678,6 +679,7 @@ class MissingAutocast(_AmpBase):
                 call,
                 message=self.refuse_message.format(reason=imported_step_reason(func, path, opt, self.option("dtype"))),
             )
+        reported: list[cst.CSTNode] = []
         for site in _loop_sites(a):
             if any(inside(a, site.owner, owner) for owner in handled):
                 continue
@@ -687,7 +689,11 @@ class MissingAutocast(_AmpBase):
                     continue
                 self._fix(a, plan)
             except Refusal as r:
+                reported.append(r.node or a.module)
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
+        for stmt, reason, fn in foreign_wrapper_steps(self, a):
+            if not any(inside(a, n, fn) for n in reported):  # one finding per step
+                self.report(stmt, message=self.refuse_message.format(reason=reason))
 
     def _fix(self, analysis: _Analysis, plan: StepPlan) -> None:
         if plan.manual_update is not None:
