@@ -16,7 +16,8 @@ from torchopt.analysis.program import Function, Program, program_of
 from torchopt.analysis.project import Definition, index_of
 from torchopt.analysis.statement_edits import body_list
 from torchopt.analysis.syntax import walk
-from torchopt.codemods.amp.autocast_insertion import _Analysis, _backward_call, _calls, _single_small
+from torchopt.codemods.amp.autocast_insertion import _Analysis, _calls, _single_small
+from torchopt.codemods.amp.step_analysis import _backward_call
 from torchopt.codemods.amp.prechecks import optim_class
 from torchopt.rewrite.rule import Rule
 

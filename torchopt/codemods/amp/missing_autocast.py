@@ -11,16 +11,8 @@ from torchopt.analysis.program import program_of
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.codemods.amp.autocast_insertion import (
-    OPTION_DTYPE,
-    StepPlan,
-    _AmpBase,
-    _Analysis,
-    _loop_sites,
-    _site_key,
-    analyse_step,
-    wrap_region,
-)
+from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, _AmpBase, _Analysis, wrap_region
+from torchopt.codemods.amp.step_analysis import StepPlan, _loop_sites, _site_key, analyse_step
 from torchopt.codemods.amp.foreign_wrappers import foreign_wrapper_steps
 from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
