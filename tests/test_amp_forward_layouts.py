@@ -193,3 +193,106 @@ def test_optimizer_wrapped_by_a_class_of_another_module_is_reported_with_the_rea
 
 def test_optimizer_wrapped_by_a_library_class_is_not_reported(tmp_path):
     assert _project_check(tmp_path, "somelib.optim") == []
+
+
+# ----------------------------------------------------------------------------- a model class of another module
+
+_MODELS = dedent("""\
+    import torch.nn as nn
+
+
+    class Critic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+            self.out = nn.Linear(8, 1)
+
+        def forward(self, x):
+            fmaps = []
+            for block in self.blocks:
+                x = block(x).relu()
+                fmaps.append(x)
+            return self.out(x), fmaps
+
+
+    class Scorer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(8, 8)
+            self.out = nn.Linear(8, 1)
+
+        def forward(self, x):
+            h = self.body(x).relu()
+            return self.out(h), h
+    """)
+
+_UNPACKING = dedent("""\
+    import torch
+    import torch.nn.functional as F
+
+    from models import {cls}
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = {cls}().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(6, 8), torch.randn(6, 1)) for _ in range(3)]
+    for x, y in batches:
+        optimizer.zero_grad()
+        scores, feats = model(x.to(device))
+        loss = F.mse_loss(scores, y.to(device))
+        loss.backward()
+        optimizer.step()
+        print(float(loss), float({read}.mean()))
+    """)
+
+
+def _models_project(tmp_path, cls: str, read: str, rewrite: bool = False):
+    from typer.testing import CliRunner
+
+    import torchopt.cli
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "0"\n')
+    (proj / "models.py").write_text(_MODELS)
+    (proj / "train.py").write_text(_UNPACKING.format(cls=cls, read=read))
+    cmd = ["rewrite", "--unsafe-fixes"] if rewrite else ["check"]
+    r = CliRunner().invoke(
+        torchopt.cli.app, [*cmd, str(proj), "--no-cache", "-j", "1", "--select", "TOP202"], catch_exceptions=False
+    )
+    return proj, [ln for ln in r.stdout.splitlines() if "TOP202" in ln and ".py:" in ln]
+
+
+def test_unpacked_list_of_a_model_class_of_another_module_names_its_forward(tmp_path):
+    _, [line] = _models_project(tmp_path, "Critic", "feats[-1]")
+    assert "`Critic.forward` (in models.py) returns a container there (a list of tensors), not a tensor" in line
+
+
+def test_unpacked_tensor_of_a_model_class_of_another_module_is_upcast(tmp_path):
+    proj, _ = _models_project(tmp_path, "Scorer", "feats", rewrite=True)
+    after = (proj / "train.py").read_text()
+    assert "    feats = feats.float()\n" in after and "scaler.scale(loss).backward()" in after
+
+
+@pytest.mark.slow  # runs both programs: seconds each on a loaded 2-CPU box
+def test_unpacked_tensor_of_another_module_trains_the_same_within_bfloat16(tmp_path):
+    before_dir = tmp_path / "b"
+    before_dir.mkdir()
+    (before_dir / "models.py").write_text(_MODELS)
+    (before_dir / "train.py").write_text(_UNPACKING.format(cls="Scorer", read="feats"))
+    proj, _ = _models_project(tmp_path, "Scorer", "feats", rewrite=True)
+    out = {}
+    for name, folder in (("before", before_dir), ("after", proj)):
+        r = subprocess.run(
+            [sys.executable, "train.py"],
+            cwd=folder,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[name] = [float(x) for line in r.stdout.splitlines() for x in line.split()]
+    assert len(out["after"]) == len(out["before"]) == 6
+    assert out["after"] == pytest.approx(out["before"], rel=0.05, abs=0.02)
