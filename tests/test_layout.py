@@ -18,15 +18,6 @@ MAX_FUNCTION_LINES = 100
 # (check, subject): why it is still allowed.
 ALLOWED = {
     (
-        "file over 800 lines",
-        "torchopt.codemods.amp.autocast_insertion",
-    ): "the autocast/GradScaler step analysis (models, optimizers, devices, regions of a training step) in one "
-    "module; to be split into the file model and the step analysis",
-    (
-        "function over 100 lines",
-        "torchopt.codemods.amp.autocast_insertion.analyse_step",
-    ): "one pass over a training step that classifies every statement; to be split per statement kind",
-    (
         "function over 100 lines",
         "torchopt.codemods.ddp.conversion_edits.convert",
     ): "the DataParallel/single-process to DDP conversion as one ordered list of edits",

@@ -2,11 +2,19 @@
 
 The loop of this file calls an imported function and hands it an optimizer created here; the
 forward, the loss and ``backward()`` are in that other file, which one file's analysis does not read.
-The rule says so, naming the file, rather than staying silent: inserting AMP there needs the
-definition of the step and the creation of its optimizer in one analysis. The project index rules
-out what is no step (a function that only sets each param group's learning rate runs no
-``backward()``, nor does anything it calls) and a step that already runs under the program's own
-autocast or GradScaler (named by it or by a project function it calls)."""
+The rule says so, naming the file and what the insertion would need, rather than staying silent.
+
+With float16 the step needs a GradScaler that lives as long as the optimizer: created here, next to
+the optimizer, and passed to the step as a new parameter (``train_one_epoch(..., scaler)``), as a
+program that uses AMP across modules writes it. That is one change to two files, and a fix edits
+only the file it was found in: applied to one file without the other (a file excluded, a finding
+suppressed in one of them, a run on one file) it breaks the call, so it is not made. With bfloat16 no
+scaler is needed, but the other file's own analysis does not see this call, so it cannot tell that
+the step's parameters are a model and an optimizer.
+
+The project index rules out what is no step (a function that only sets each param group's learning
+rate runs no ``backward()``, nor does anything it calls) and a step that already runs under the
+program's own autocast or GradScaler (named by it or by a project function it calls)."""
 
 from __future__ import annotations
 
@@ -18,8 +26,8 @@ from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import body_list
 
 
-def imported_steps(analysis) -> list[tuple[cst.Call, str, str]]:
-    """(call, function as written, module file) for each call in a loop body of a function imported from
+def imported_steps(analysis) -> list[tuple[cst.Call, str, str, str]]:
+    """(call, function as written, module file, the optimizer passed as written) for each call in a loop body of a function imported from
     another module, passed an optimizer this file creates, where that loop runs no backward itself."""
     out = []
     for loop in analysis.all_nodes:
@@ -40,14 +48,18 @@ def imported_steps(analysis) -> list[tuple[cst.Call, str, str]]:
             module = _imported_from(analysis, value.func)
             if module is None:
                 continue
-            if any(
-                not a.star and (k := analysis.key(dotted(a.value), a.value)) is not None and k in analysis.koptimizers
+            opts = [
+                a.value
                 for a in value.args
-            ):
+                if not a.star
+                and (k := analysis.key(dotted(a.value), a.value)) is not None
+                and k in analysis.koptimizers
+            ]
+            if opts:
                 written = analysis.module.code_for_node(value.func)
                 if not _float32_step(analysis, written):
                     continue
-                out.append((value, written, module))
+                out.append((value, written, module, dotted(opts[0]) or ""))
     return out
 
 
@@ -72,3 +84,18 @@ def _imported_from(analysis, func: cst.BaseExpression) -> str | None:
     if len(parts) < 2 or parts[0] in ("torch", "torchvision", "torchaudio", "numpy"):
         return None
     return "/".join(parts[:-1]) + ".py"
+
+
+def imported_step_reason(func: str, path: str, optimizer: str, dtype: str) -> str:
+    """Why AMP is not inserted into a step of another module, for the message."""
+    where = f"the step (`{func}`) is defined in `{path}`, another file of the project"
+    if dtype == "bfloat16":
+        return (
+            f"{where}: autocast alone (bfloat16) would go there, but that file's analysis does not see this "
+            f"call, so it cannot tell that `{func}` is handed a model and an optimizer"
+        )
+    return (
+        f"{where}: float16 needs a GradScaler created here next to `{optimizer}` and passed to `{func}` as a "
+        f"new parameter, one change to two files, and a fix edits only the file it was found in (applied to "
+        f"one file alone, the call would break)"
+    )

@@ -12,17 +12,8 @@ from torchopt.analysis.syntax import SCOPE_NODES
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal, body_list
-from torchopt.codemods.amp.autocast_insertion import (
-    OPTION_DTYPE,
-    Region,
-    StepSite,
-    _AmpBase,
-    _Analysis,
-    _NO_GRAD,
-    _escapes,
-    _excluded,
-    wrap_region,
-)
+from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, Region, _AmpBase, _Analysis, _NO_GRAD, wrap_region
+from torchopt.codemods.amp.step_analysis import StepSite, _escapes, _excluded
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag

@@ -11,17 +11,10 @@ from torchopt.analysis.program import program_of
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.codemods.amp.autocast_insertion import (
-    OPTION_DTYPE,
-    StepPlan,
-    _AmpBase,
-    _Analysis,
-    _loop_sites,
-    _site_key,
-    analyse_step,
-    wrap_region,
-)
-from torchopt.codemods.amp.imported_steps import imported_steps
+from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, _AmpBase, _Analysis, wrap_region
+from torchopt.codemods.amp.step_analysis import StepPlan, _loop_sites, _site_key, analyse_step
+from torchopt.codemods.amp.foreign_wrappers import foreign_wrapper_steps
+from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
 from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
 from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
@@ -675,14 +668,12 @@ class MissingAutocast(_AmpBase):
                 self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
-        for call, func, path in imported_steps(a):
+        for call, func, path, opt in imported_steps(a):
             self.report(
                 call,
-                message=self.refuse_message.format(
-                    reason=f"the step (`{func}`) is defined in `{path}`, another file of the project: inserting AMP "
-                    "needs that file and this one, which creates the optimizer, in one analysis (not done yet)"
-                ),
+                message=self.refuse_message.format(reason=imported_step_reason(func, path, opt, self.option("dtype"))),
             )
+        reported: list[cst.CSTNode] = []
         for site in _loop_sites(a):
             if any(inside(a, site.owner, owner) for owner in handled):
                 continue
@@ -692,7 +683,11 @@ class MissingAutocast(_AmpBase):
                     continue
                 self._fix(a, plan)
             except Refusal as r:
+                reported.append(r.node or a.module)
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
+        for stmt, reason, fn in foreign_wrapper_steps(self, a):
+            if not any(inside(a, n, fn) for n in reported):  # one finding per step
+                self.report(stmt, message=self.refuse_message.format(reason=reason))
 
     def _fix(self, analysis: _Analysis, plan: StepPlan) -> None:
         if plan.manual_update is not None:

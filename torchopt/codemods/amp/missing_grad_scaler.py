@@ -11,7 +11,8 @@ from torchopt.analysis.values import dtype_of
 from torchopt.analysis.values import string_value
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.codemods.amp.autocast_insertion import _AUTOCASTS, _AmpBase, _Analysis, _backward_call
+from torchopt.codemods.amp.autocast_insertion import _AUTOCASTS, _AmpBase, _Analysis
+from torchopt.codemods.amp.step_analysis import _backward_call
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag

@@ -74,10 +74,11 @@ class _Facts:
                     self._optimizers.add(d)
         return self._optimizers
 
-    def wrappers(self) -> set[str]:
+    def wrappers(self, imported: bool = False) -> set[str]:
         """Targets that _Analysis may take for an optimizer wrapper (optimizer_wrappers): bound to a call
-        of a class of the file that is given a ``torch.optim`` optimizer (built there, or by name)."""
-        classes = {c.name for c in self.index.get(ast.ClassDef, ())}
+        of a class of the file that is given a ``torch.optim`` optimizer (built there, or by name); with
+        ``imported``, of a name the file imports instead (a wrapper of another module, foreign_wrappers)."""
+        classes = _imported_names(self) if imported else {c.name for c in self.index.get(ast.ClassDef, ())}
         optimizers = self.optimizers()
         out = set()
         for d, value in self.assignments():
@@ -217,6 +218,16 @@ def _back_loss(stmt: ast.AST) -> tuple[bool, ast.AST | None]:
     return True, func.value if isinstance(func, ast.Attribute) else None  # (it is: _method checked)
 
 
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    a = fn.args
+    return {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p is not None}
+
+
+def _self_steps(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The ``self.`` attributes ``fn`` calls ``step()`` on."""
+    return {d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step")) if d and d.startswith("self.")}
+
+
 def _imported_names(f: _Facts) -> set[str]:
     """Names the file's imports bind (``train_one_epoch`` of ``from engine import train_one_epoch``)."""
     out = set()
@@ -273,14 +284,18 @@ def missing_autocast_possible(text: str) -> bool:
     optimizers = f.optimizers()
     wrappers = f.wrappers()
     if not optimizers and not wrappers and ".grad" not in text:  # no optimizer, no hand-written update
-        return False
+        # An optimizer held by a class of another module: refused with the reason (foreign_wrappers).
+        return bool(f.wrappers(imported=True)) and any(
+            _live_step(fn.body, set(), _params(fn) | _self_steps(fn)) for t in _FUNCS for fn in f.index.get(t, ())
+        )
     loops = [n for t in _LOOPS for n in f.index.get(t, ())]
     for loop in loops:
         if _live_step(loop.body, optimizers, wrappers):
             return True
         # A step imported from another module, handed an optimizer of this file (imported_steps).
+        # (`train_one_epoch(...)` alone on its line, or its result assigned: `stats = train_one_epoch(...)`)
         if any(
-            isinstance(s, ast.Expr)
+            isinstance(s, (ast.Expr, ast.Assign))
             and isinstance(s.value, ast.Call)
             and (ast_dotted(s.value.func) or "").split(".")[0] in _imported_names(f)
             and any(ast_dotted(a) in optimizers for a in s.value.args)
@@ -304,11 +319,7 @@ def missing_autocast_possible(text: str) -> bool:
     # Steps whose optimizer arrives as a parameter or an attribute (remote_steps): any function body,
     # or loop in one, stepping a parameter or a `self.` attribute.
     for fn in (n for t in _FUNCS for n in f.index.get(t, ())):
-        a = fn.args
-        names = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs] if p is not None}
-        names |= {
-            d for d in (_receiver(c) for c in ast_calls(fn.body) if _method(c, "step")) if d and d.startswith("self.")
-        }
+        names = _params(fn) | _self_steps(fn)
         bodies = [fn.body] + [n.body for n in ast.walk(fn) if isinstance(n, _LOOPS)]
         if any(_live_step(body, optimizers | names, wrappers | names) for body in bodies):
             return True

@@ -17,7 +17,8 @@ from torchopt.analysis.names import callee, dotted, torch_ref
 from torchopt.analysis.program import Function, Program, Step
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_name, statement
-from torchopt.codemods.amp.autocast_insertion import StepPlan, StepSite, _Analysis, amp_setup_lines
+from torchopt.codemods.amp.autocast_insertion import _Analysis, amp_setup_lines
+from torchopt.codemods.amp.step_analysis import StepPlan, StepSite
 from torchopt.codemods.amp.module_kinds import parameter_free
 from torchopt.rewrite.metadata import children_of
 from torchopt.rewrite.rule import Rule

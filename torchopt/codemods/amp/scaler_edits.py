@@ -10,17 +10,8 @@ from torchopt.analysis.names import callee
 from torchopt.analysis.names import dotted
 from torchopt.analysis.statement_edits import Edits, statement
 from torchopt.analysis.values import string_value
-from torchopt.codemods.amp.autocast_insertion import (
-    Key,
-    StepPlan,
-    _site_key,
-    _Analysis,
-    _is_autograd_backward,
-    _loss_arg,
-    _single_small,
-    dict_with_entry,
-    method_receiver,
-)
+from torchopt.codemods.amp.autocast_insertion import Key, _Analysis, _single_small, dict_with_entry, method_receiver
+from torchopt.codemods.amp.step_analysis import StepPlan, _site_key, _is_autograd_backward, _loss_arg
 from torchopt.codemods.amp.optimizer_wrappers import Wrapper, check_wrapper_steps, scale_wrapper_steps
 from torchopt.rewrite.rule import Rule
 

@@ -7,14 +7,8 @@ import libcst as cst
 
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.statement_edits import Edits, Refusal, fresh_name, statement
-from torchopt.codemods.amp.autocast_insertion import (
-    StepPlan,
-    _Analysis,
-    _program_device,
-    _single_small,
-    _site_key,
-    amp_setup_lines,
-)
+from torchopt.codemods.amp.autocast_insertion import _Analysis, _program_device, _single_small, amp_setup_lines
+from torchopt.codemods.amp.step_analysis import StepPlan, _site_key
 from torchopt.rewrite.rule import Rule
 
 

@@ -3,15 +3,18 @@
 A name the autocast block assigns and later code reads is upcast with ``name = name.float()``
 after the block. That is only right for a tensor: a model may return a tuple whose items are
 lists (a multi-scale discriminator's per-scale outputs), and ``list.float()`` raises. A name
-unpacked from a model call is known to be a tensor only where the model's ``forward`` is in the
-file and returns a tuple whose item at that position is not a container literal, or where the
-module is a ``torch.nn`` built-in."""
+unpacked from a model call is known to be a tensor only where the model's ``forward`` (in the file,
+or in another file of the project, read through the project index) returns a tuple whose item at
+that position is not a container literal, or where the module is a ``torch.nn`` built-in."""
 
 from __future__ import annotations
+
+import ast
 
 import libcst as cst
 
 from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.project import Definition, index_of
 from torchopt.analysis.statement_edits import Refusal
 from torchopt.analysis.syntax import walk
 
@@ -61,7 +64,7 @@ def _not_known_tensor(analysis, call: cst.Call, index: int, count: int) -> str |
         return None  # a built-in module: tensors, or an RNN's state, which autocast takes back as it is
     cls = _class_of(analysis, call)
     if cls is None:
-        return "its class is not defined in this file, so whether its items are tensors or lists is not known"
+        return _project_class_item(analysis, call, index, count)
     forward = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
     if forward is None:
         return f"`{cls.name.value}` defines no `forward` in this file"
@@ -76,6 +79,109 @@ def _not_known_tensor(analysis, call: cst.Call, index: int, count: int) -> str |
         if isinstance(item, _CONTAINERS) or dotted(item) in containers:
             return f"`{cls.name.value}.forward` returns a container there, not a tensor"
     return None
+
+
+def _project_class_item(analysis, call: cst.Call, index: int, count: int) -> str | None:
+    """The same question for a model whose class another file of the project defines (read with
+    ``ast`` through the project index); else why it cannot be answered."""
+    unknown = "its class is not defined in this file, so whether its items are tensors or lists is not known"
+    written = _constructor(analysis, call)
+    if written is None:
+        return unknown
+    project = index_of(analysis.rule)
+    defn = project.resolve(written)
+    if not isinstance(defn, Definition) or defn.kind != "class":
+        return unknown
+    where = project.shown(defn.path)
+    returns = project.scope.file_fact(defn.path, "amp forward returns", _forward_returns)
+    items = (returns or {}).get(defn.name)
+    if items is None:
+        return f"`{written}` (defined in {where}) has no `forward` there that this analysis can read"
+    for ret in items:
+        if ret is None or len(ret) != count:
+            return f"`{written}.forward` (in {where}) does not return a tuple of {count} items"
+        if ret[index]:
+            return f"`{written}.forward` (in {where}) returns a container there (a list of tensors), not a tensor"
+    return None
+
+
+def _constructor(analysis, call: cst.Call) -> str | None:
+    """``Net`` for a model call whose model is built as ``Net(...)`` (possibly ``.to(device)``), as
+    written: by its program role, or by the one assignment of the name in the file that is not a
+    rewrap (``model = DistributedDataParallel(model, ...)`` returns what the module returns)."""
+    from torchopt.analysis.program import MODULE_WRAPPERS, program_of
+
+    program = program_of(analysis.rule)
+    role = program.role_of(call.func, call) if isinstance(call.func, (cst.Name, cst.Attribute)) else None
+    if role is not None and role.kind == "model":
+        return _built_class(role.origin)
+    if not isinstance(call.func, cst.Name) or call.func.value not in analysis.models:
+        return None
+    name = call.func.value
+    built = set()
+    for stmt in analysis.assigning(name):
+        small = stmt.body[0] if len(stmt.body) == 1 else None
+        if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+            return None
+        base = _unmoved(small.value)
+        if (
+            isinstance(base, cst.Call)
+            and isinstance(base.func, (cst.Name, cst.Attribute))
+            and callee(analysis.rule, base) in MODULE_WRAPPERS
+            and base.args
+            and dotted(base.args[0].value) == name
+        ):
+            continue
+        built.add(_built_class(small.value))
+    return built.pop() if len(built) == 1 else None
+
+
+def _unmoved(value: cst.CSTNode | None) -> cst.CSTNode | None:
+    """``Net(...)`` for ``Net(...).to(device).train()``."""
+    while (
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call)
+    ):
+        value = value.func.value
+    return value
+
+
+def _built_class(value: cst.CSTNode | None) -> str | None:
+    base = _unmoved(value)
+    return dotted(base.func) if isinstance(base, cst.Call) else None
+
+
+def _forward_returns(text: str) -> dict[str, list[list[bool] | None]]:
+    """For each module-level class of ``text`` with a ``forward``: per ``return``, for a tuple, whether
+    each item is a container (a literal, or a name ``forward`` binds to one); None for any other value."""
+    out: dict[str, list[list[bool] | None]] = {}
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return out
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        fwd = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        if fwd is None:
+            continue
+        containers = {
+            t.id
+            for n in ast.walk(fwd)
+            if isinstance(n, ast.Assign) and isinstance(n.value, _AST_CONTAINERS)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        rets = [r.value for r in ast.walk(fwd) if isinstance(r, ast.Return) and r.value is not None]
+        out[cls.name] = [
+            [isinstance(e, _AST_CONTAINERS) or (isinstance(e, ast.Name) and e.id in containers) for e in r.elts]
+            if isinstance(r, ast.Tuple)
+            else None
+            for r in rets
+        ] or [None]
+    return out
+
+
+_AST_CONTAINERS = (ast.List, ast.Dict, ast.Set, ast.Tuple, ast.ListComp, ast.DictComp, ast.SetComp)
 
 
 def _class_of(analysis, call: cst.Call) -> cst.ClassDef | None:
