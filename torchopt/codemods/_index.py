@@ -157,7 +157,7 @@ FILES = {
     'device/__init__.py': 100,
     'device/cast_after_factory.py': 20865,
     'device/dataset_copies.py': 2676,
-    'device/device_placement_hint.py': 15092,
+    'device/device_placement_hint.py': 15110,
     'device/dtype_folding.py': 17534,
     'device/factory_analysis.py': 13698,
     'device/factory_tables.py': 2491,

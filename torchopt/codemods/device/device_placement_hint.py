@@ -282,12 +282,13 @@ class DevicePlacementHint(Rule):
         args = positional(call)
         if not args or has_star(call):
             return False
-        return _displayed(args[0].value) or (
-            isinstance(args[0].value, cst.Name)
-            and not is_tensor_name(self, args[0].value)
-            and bool(values := reaching_values(self, args[0].value))
-            and all(v is not None and _displayed(v) for v in values)
-        )
+        data = args[0].value
+        if _displayed(data):
+            return True
+        if not isinstance(data, cst.Name) or is_tensor_name(self, data):
+            return False
+        values = reaching_values(self, data)
+        return bool(values) and all(v is not None and _displayed(v) for v in values or ())
 
     def _kept(self, node: cst.CSTNode) -> bool:
         """Each iteration's tensor is stored (``out.append(...)``, ``table[i] = ...``): the loop builds a
