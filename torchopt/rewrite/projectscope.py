@@ -23,7 +23,6 @@ it again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
@@ -44,7 +43,7 @@ Dependency = tuple[str, "str | None"]
 
 
 def digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return source.blake2b(data, digest_size=16).hexdigest()
 
 
 class ProjectScope:
