@@ -133,14 +133,14 @@ def leave(code: object) -> None:
     LibCST tree of the file, every rule's module: about a twentieth of a one-file check). What the
     teardown would do that anyone could notice is done first: the ``atexit`` functions run and the
     standard streams are flushed. Returns (the caller exits as usual) when a process pool or another
-    thread is still about, when ``code`` is not a plain exit status, or when a stream cannot be
-    flushed (its error is then reported by Python's own exit)."""
+    thread is still about, under a profiler or tracer, when ``code`` is not a plain exit status, or
+    when a stream cannot be flushed (its error is then reported by Python's own exit)."""
     import threading
 
     if not (code is None or isinstance(code, int)) or "concurrent.futures" in sys.modules:
         return
-    if threading.active_count() > 1:
-        return
+    if threading.active_count() > 1 or sys.getprofile() is not None or sys.gettrace() is not None:
+        return  # a profiler or coverage writes its data when the program returns
     import atexit
 
     atexit._run_exitfuncs()

@@ -26,7 +26,7 @@ import dis
 import re
 from operator import attrgetter
 from types import CodeType, FunctionType, MethodType
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 from weakref import WeakKeyDictionary
 
 import libcst as cst
@@ -402,7 +402,7 @@ _PREFIXES = ("visit_", "leave_")
 _VISITOR_NAMES: MutableMapping[type, tuple[str, ...]] = WeakKeyDictionary()
 
 
-def fast_get_visitors(self: cst.BatchableCSTVisitor) -> dict[str, Callable[..., Any]]:
+def fast_get_visitors(self: cst.BatchableCSTVisitor) -> Mapping[str, Callable[..., Any]]:
     """What ``BatchableCSTVisitor.get_visitors`` returns (the bound ``visit_*``/``leave_*`` methods that
     are not no-op stubs), without ``inspect.getmembers``: that reads every one of the thousands of
     stubs LibCST's visitor classes define, as a bound method, on every instance (a metadata provider
