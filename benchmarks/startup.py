@@ -42,19 +42,20 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _run(cmd: list[str], env: dict[str, str], stdin: bytes | None) -> tuple[float, float, int]:
+def _run(cmd: list[str], env: dict[str, str], stdin: bytes | None, cwd: str | None = None) -> tuple[float, float, int]:
     cpu0, t0 = _children_cpu(), time.perf_counter()
-    out = subprocess.run(cmd, input=stdin or b"", capture_output=True, env=env)
+    out = subprocess.run(cmd, input=stdin or b"", capture_output=True, env=env, cwd=cwd)
     return time.perf_counter() - t0, _children_cpu() - cpu0, out.returncode
 
 
-def _instructions(cmd: list[str], env: dict[str, str], stdin: bytes | None) -> int:
+def _instructions(cmd: list[str], env: dict[str, str], stdin: bytes | None, cwd: str | None = None) -> int:
     """Instructions ``cmd`` executes (valgrind's callgrind counts them; other load does not change it)."""
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
         input=stdin or b"",
         capture_output=True,
         env=env,
+        cwd=cwd,
     )
     found = re.search(rb"Collected : (\d+)", out.stderr)
     if found is None:
@@ -145,9 +146,10 @@ def main() -> int:
     }
     runs = {k: v for k, v in runs.items() if k not in args.skip}
     if args.before:
+        # run in that folder: `python -m` puts the current folder first on the path, ahead of PYTHONPATH
         old = dict(env, PYTHONPATH=os.path.abspath(args.before))
-        plain["before"] = ([*torchopt, "check", path, "--no-cache"], old, None)
-        runs["before"] = lambda: _run([*torchopt, "check", path, "--no-cache"], old, None)
+        plain["before"] = ([*torchopt, "check", path, "--no-cache"], old, None, args.before)
+        runs["before"] = lambda: _run([*torchopt, "check", path, "--no-cache"], old, None, args.before)
         labels["before"] = f"check FILE --no-cache, {os.path.basename(os.path.abspath(args.before))}"
     lines = data.count(b"\n")
     print(f"file: {os.path.relpath(path)} ({lines} lines); {args.rounds} rounds, interleaved", file=sys.stderr)

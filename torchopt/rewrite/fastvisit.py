@@ -406,7 +406,7 @@ def fast_get_visitors(self: cst.BatchableCSTVisitor) -> Mapping[str, Callable[..
     """What ``BatchableCSTVisitor.get_visitors`` returns (the bound ``visit_*``/``leave_*`` methods that
     are not no-op stubs), without ``inspect.getmembers``: that reads every one of the thousands of
     stubs LibCST's visitor classes define, as a bound method, on every instance (a metadata provider
-    per file: several milliseconds each). The names are found once per class in the classes' own
+    per file: about a millisecond each). The names are found once per class in the classes' own
     dictionaries; an instance whose own attributes could change the answer (a method, or a name the
     class answers with) gets LibCST's own."""
     cls = type(self)
