@@ -1,6 +1,6 @@
 """Start-up of one-file commands beside the floor of any LibCST tool, measured in one run.
 
-    python benchmarks/startup.py [FILE] [--rounds N] [--goal 1.5]
+    python benchmarks/startup.py [FILE] [--rounds N] [--goal 1.5] [--instructions]
 
 The floor is `python -c "import libcst; libcst.parse_module(open(FILE).read())"`: start Python,
 import LibCST, parse the file once. Against it, one file each:
@@ -13,7 +13,9 @@ import LibCST, parse the file once. Against it, one file each:
 The commands run interleaved, round after round (floor, check, stdin check, stdin rewrite, lsp,
 floor, ...), so that load on a shared machine weighs on all of them alike; the table gives the
 median wall seconds and the median CPU seconds (user + system of the process) of each, and each
-one's ratio to the floor's median next to the goal. The default FILE is a 86-line training script
+one's ratio to the floor's median next to the goal. With `--instructions` (needs valgrind), each
+command except `lsp` also runs once under callgrind, and a second table gives the instructions it
+executed and their ratio to the floor's: a count that other load on the machine does not change. The default FILE is a 86-line training script
 (fixtures/cnn_train/before.py). Python's bytecode cache is allowed for the commands
 (PYTHONDONTWRITEBYTECODE is unset) and every command runs once before the rounds, as an installed
 package runs from compiled bytecode.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -39,10 +42,25 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _run(cmd: list[str], env: dict[str, str], stdin: bytes | None) -> tuple[float, float, int]:
+def _run(cmd: list[str], env: dict[str, str], stdin: bytes | None, cwd: str | None = None) -> tuple[float, float, int]:
     cpu0, t0 = _children_cpu(), time.perf_counter()
-    out = subprocess.run(cmd, input=stdin or b"", capture_output=True, env=env)
+    out = subprocess.run(cmd, input=stdin or b"", capture_output=True, env=env, cwd=cwd)
     return time.perf_counter() - t0, _children_cpu() - cpu0, out.returncode
+
+
+def _instructions(cmd: list[str], env: dict[str, str], stdin: bytes | None, cwd: str | None = None) -> int:
+    """Instructions ``cmd`` executes (valgrind's callgrind counts them; other load does not change it)."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
+        input=stdin or b"",
+        capture_output=True,
+        env=env,
+        cwd=cwd,
+    )
+    found = re.search(rb"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise SystemExit(f"valgrind gave no count for {cmd}: {out.stderr[-500:].decode(errors='replace')}")
+    return int(found.group(1))
 
 
 def _frame(payload: dict) -> bytes:
@@ -85,6 +103,11 @@ def main() -> int:
     ap.add_argument("file", nargs="?", default=DEFAULT_FILE)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--goal", type=float, default=1.5, help="the goal, as a multiple of the floor")
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count each command's instructions under valgrind (callgrind), once each",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=["check", "stdin-check", "stdin-rewrite", "lsp"])
     ap.add_argument(
         "--before",
@@ -114,10 +137,19 @@ def main() -> int:
         "stdin-rewrite": "torchopt rewrite - (stdin)",
         "lsp": "torchopt lsp (until initialize answers)",
     }
+    # each command as (argv, env, stdin), for the instruction counts (the language server aside)
+    plain = {
+        "floor: import libcst + parse": (floor, env, None),
+        "check": ([*torchopt, "check", path, "--no-cache"], env, None),
+        "stdin-check": ([*torchopt, "check", "-", "--stdin-filename", path], env, data),
+        "stdin-rewrite": ([*torchopt, "rewrite", "-", "--stdin-filename", path], env, data),
+    }
     runs = {k: v for k, v in runs.items() if k not in args.skip}
     if args.before:
+        # run in that folder: `python -m` puts the current folder first on the path, ahead of PYTHONPATH
         old = dict(env, PYTHONPATH=os.path.abspath(args.before))
-        runs["before"] = lambda: _run([*torchopt, "check", path, "--no-cache"], old, None)
+        plain["before"] = ([*torchopt, "check", path, "--no-cache"], old, None, args.before)
+        runs["before"] = lambda: _run([*torchopt, "check", path, "--no-cache"], old, None, args.before)
         labels["before"] = f"check FILE --no-cache, {os.path.basename(os.path.abspath(args.before))}"
     lines = data.count(b"\n")
     print(f"file: {os.path.relpath(path)} ({lines} lines); {args.rounds} rounds, interleaved", file=sys.stderr)
@@ -144,6 +176,15 @@ def main() -> int:
         + ", ".join(f"{n} {statistics.median(cpus[n]) / base_cpu:.2f}x" for n in labels if n in runs)
         + ")"
     )
+    if args.instructions:
+        counts = {name: _instructions(*plain[name]) for name in runs if name in plain}
+        floor_count = next(iter(counts.values()))
+        print(f"\n{'what':<42} {'instructions':>15} {'x floor':>8} {'goal':>6}")
+        for name, count in counts.items():
+            label = labels.get(name, name)
+            ratio = "" if name not in labels else f"{count / floor_count:.2f}x"
+            goal = "" if name not in labels else f"{args.goal:.1f}x"
+            print(f"{label:<42} {count:>15,} {ratio:>8} {goal:>6}")
     return 0
 
 

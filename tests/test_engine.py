@@ -10,7 +10,7 @@ import pytest
 from torchopt.rewrite import config as config_mod
 from torchopt.rewrite import engine, selection
 from torchopt.rewrite.config import Settings
-from torchopt.rewrite.rule import Rule, Safety, Tag
+from torchopt.rewrite.rule import Later, Rule, Safety, Tag
 
 
 class Unwrap(Rule):
@@ -54,7 +54,21 @@ class Forever(Rule):
         self.report(node.value, replacement=cst.BinaryOperation(node.value, cst.Add(), cst.Integer("0")))
 
 
-TEST_RULES = {r.code: r for r in (Unwrap, Breaker, Risky, Forever)}
+MADE: list[str] = []  # what LaterUnwrap's replacements were made for
+
+
+class LaterUnwrap(Rule):
+    """`k(x)` -> `x`, the replacement made only when the fix is applied."""
+
+    code, name, family, message, fix_title = "TOP994", "later-unwrap", "test", "call to k", "drop k"
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name) and node.func.value == "k" and len(node.args) == 1:
+            arg = node.args[0].value
+            self.report(node, replacement=Later(lambda: MADE.append(cst.Module([]).code_for_node(arg)) or arg))
+
+
+TEST_RULES = {r.code: r for r in (Unwrap, Breaker, Risky, Forever, LaterUnwrap)}
 
 
 @pytest.fixture(autouse=True)
@@ -125,3 +139,13 @@ def test_prefilter_skips_parsing(monkeypatch):
             fix("def (:\n", {"TOP990"})
     finally:
         Unwrap.prefilter = ()
+
+
+def test_a_replacement_left_for_later_is_made_only_by_a_fix():
+    MADE.clear()
+    diags = engine.check_source("y = k(1) + k(2)\n", Settings(select=()), codes={"TOP994"}).diagnostics
+    assert [(d.column, d.fix is not None and d.fix.safety) for d in diags] == [(5, "safe"), (12, "safe")]
+    assert MADE == []  # diagnostics only: nothing rebuilt
+    r = fix("y = k(1) + k(2)\n", {"TOP994"})
+    assert r.text == "y = 1 + 2\n" and len(r.applied) == 2
+    assert sorted(MADE) == ["1", "2"]

@@ -485,3 +485,70 @@ def test_positions_of_odd_layouts_match_or_fall_back(text: str) -> None:
     got = positions.positions_for(MetadataWrapper(module, unsafe_skip_copy=True), text, ast.parse(text))
     for node in nodes:
         assert got[node] == full[node]
+
+
+def _visitor_classes() -> list[type]:
+    import importlib
+    import pkgutil
+
+    import torchopt
+
+    for info in pkgutil.walk_packages(torchopt.__path__, prefix="torchopt."):
+        if not info.name.endswith("__main__") and ".lsp" not in info.name:
+            importlib.import_module(info.name)
+    found, stack = [], [cst.BatchableCSTVisitor]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            found.append(sub)
+            stack.append(sub)
+    return sorted(set(found), key=lambda c: (c.__module__, c.__qualname__))
+
+
+class _Odd(cst.BatchableCSTVisitor):
+    """Visitor methods LibCST finds by their own name, not the attribute's, and through descriptors."""
+
+    def helper(self, node: cst.Name) -> None:
+        pass
+
+    visit_Name = helper  # a bound method named `helper`: not a visitor method for LibCST
+    leave_Call_func = cst.BatchableCSTVisitor.leave_Call_func  # a no-op stub under its own name
+    alias = cst.CSTVisitor.visit_Name  # a stub: no-op
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        pass
+
+    other = visit_Attribute  # listed twice by LibCST: `other` and `visit_Attribute`
+
+    @classmethod
+    def visit_Call(cls, node: cst.Call) -> None:
+        pass
+
+    @staticmethod
+    def visit_Subscript(node: cst.Subscript) -> None:
+        pass
+
+    @property
+    def visit_Arg(self):
+        return self.visit_Attribute
+
+
+def test_batched_visitors_find_the_same_visitor_methods() -> None:
+    """Every batched visitor of LibCST and torchopt (metadata providers among them), and one of odd
+    definitions, with and without attributes of its own, gets the same methods as from LibCST's
+    ``inspect.getmembers``."""
+    classes = [*_visitor_classes(), _Odd]
+    checked = 0
+    for cls in classes:
+        try:
+            visitor = cls()
+        except TypeError:  # needs arguments (a rule, its context): the class's methods are what counts
+            visitor = cls.__new__(cls)
+        checked += 1
+        assert fastvisit.fast_get_visitors(visitor) == fastvisit._ORIGINAL_GET_VISITORS(visitor), cls
+    assert checked > 50 and ScopeProvider in classes and ParentNodeProvider in classes
+    odd = _Odd()
+    assert set(fastvisit.fast_get_visitors(odd)) == {"visit_Attribute", "other", "visit_Call", "visit_Arg"}
+    odd.visit_Name = odd.visit_Attribute  # an instance attribute: LibCST's own answer
+    odd.extra = odd.visit_Attribute
+    assert fastvisit.fast_get_visitors(odd) == fastvisit._ORIGINAL_GET_VISITORS(odd)
+    assert "extra" in fastvisit.fast_get_visitors(odd)

@@ -149,6 +149,7 @@ ALLOWED_MODULE_STATE = {
     "torchopt.rewrite.fastvisit._CLASS_PLAN": "per node class: the same for every file",
     "torchopt.rewrite.fastvisit._HOOKS": "which hooks a visitor class defines (weak keys): the same for every file",
     "torchopt.rewrite.fastvisit._TABLES": "dispatch tables per visitor class (weak keys): the same for every file",
+    "torchopt.rewrite.fastvisit._VISITOR_NAMES": "visitor method names per visitor class (weak keys): the same for every file",
     "torchopt.rewrite.speedups._UNDO": "how to undo the LibCST speed-ups installed in this process",
     "torchopt.rewrite.budget._process_budget": "this process's memory budget, set once per worker",
 }

@@ -287,3 +287,18 @@ def test_the_command_runs_without_typer_and_says_what_typer_says(tmp_path, args)
     assert typer.stderr.endswith(b"['click', 'rich', 'typer']\n") or b"typer" in typer.stderr.splitlines()[-1]
     assert (quick.returncode, quick.stdout) == (typer.returncode, typer.stdout)
     assert quick.stderr.splitlines()[:-1] == typer.stderr.splitlines()[:-1]
+
+
+def test_a_profiled_command_still_writes_its_profile(tmp_path):
+    """A one-file command ends without Python's teardown (``__main__.leave``), but not under a profiler,
+    which writes its data when the program returns."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = torch.zeros(3).to('cuda')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHOPT_CACHE_DIR"}
+    profile = tmp_path / "run.prof"
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "torchopt", "check", str(script), "--no-cache"]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, env=env)
+    plain = subprocess.run(cmd[:1] + cmd[5:], cwd=tmp_path, capture_output=True, env=env)
+    assert plain.returncode == 1 and b"TOP101" in plain.stdout  # (cProfile itself exits 0)
+    assert (done.stdout, done.stderr) == (plain.stdout, plain.stderr)
+    assert profile.stat().st_size > 0

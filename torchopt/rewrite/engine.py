@@ -385,7 +385,7 @@ def _choose(
 def _same_edit(f: Finding, g: Finding) -> bool:
     if f.rule is not g.rule or (f.target or f.node) is not (g.target or g.node) or f.imports != g.imports:
         return False
-    a, b = f.replacement, g.replacement
+    a, b = f.fixed_node(), g.fixed_node()
     return a is b or (isinstance(a, cst.CSTNode) and isinstance(b, cst.CSTNode) and a.deep_equals(b))
 
 
@@ -398,8 +398,9 @@ def _overlap(span: tuple[int, int, int, int], other: tuple[int, int, int, int]) 
 def _apply(module: cst.Module, chosen: list[tuple[Finding, Diagnostic]], style: Style) -> cst.Module:
     repl: dict[int, Replacement] = {}
     for f, _ in chosen:  # a finding riding on another's edit replaces the same node the same way
-        if f.replacement is not None:
-            repl.setdefault(id(f.target or f.node), f.replacement)
+        fixed = f.fixed_node()
+        if fixed is not None:
+            repl.setdefault(id(f.target or f.node), fixed)
     new = module.visit(_Apply(repl))
     imports = [imp for f, _ in chosen for imp in f.imports]
     if imports:

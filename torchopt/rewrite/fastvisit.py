@@ -25,8 +25,8 @@ import abc
 import dis
 import re
 from operator import attrgetter
-from types import CodeType
-from typing import Any, Callable, MutableMapping
+from types import CodeType, FunctionType, MethodType
+from typing import Any, Callable, Mapping, MutableMapping
 from weakref import WeakKeyDictionary
 
 import libcst as cst
@@ -392,3 +392,53 @@ def plain_isinstance() -> Callable[[], None]:
             cls.__class__ = abc.ABCMeta
 
     return undo
+
+
+# --- the visitor methods of a batched visitor ------------------------------------------------------
+
+_ORIGINAL_GET_VISITORS = cst.BatchableCSTVisitor.get_visitors
+_PREFIXES = ("visit_", "leave_")
+# visitor class -> names of its visitor methods: they are class attributes, the same for every instance
+_VISITOR_NAMES: MutableMapping[type, tuple[str, ...]] = WeakKeyDictionary()
+
+
+def fast_get_visitors(self: cst.BatchableCSTVisitor) -> Mapping[str, Callable[..., Any]]:
+    """What ``BatchableCSTVisitor.get_visitors`` returns (the bound ``visit_*``/``leave_*`` methods that
+    are not no-op stubs), without ``inspect.getmembers``: that reads every one of the thousands of
+    stubs LibCST's visitor classes define, as a bound method, on every instance (a metadata provider
+    per file: about a millisecond each). The names are found once per class in the classes' own
+    dictionaries; an instance whose own attributes could change the answer (a method, or a name the
+    class answers with) gets LibCST's own."""
+    cls = type(self)
+    names = _VISITOR_NAMES.get(cls)
+    if names is None:
+        names = _VISITOR_NAMES[cls] = _class_visitor_names(self)
+    own = getattr(self, "__dict__", None)
+    if own and any(type(v) is MethodType or n in names or n.startswith(_PREFIXES) for n, v in own.items()):
+        return _ORIGINAL_GET_VISITORS(self)
+    return {name: getattr(self, name) for name in names}
+
+
+def _class_visitor_names(visitor: cst.BatchableCSTVisitor) -> tuple[str, ...]:
+    """The class attributes ``inspect.getmembers`` keeps: each name's first definition along the
+    class's MRO; a plain function is judged by its own name and no-op mark (what its bound method
+    shows), anything else (a classmethod, a property, a value) by looking it up as LibCST does."""
+    seen: set[str] = set()
+    out = []
+    for klass in type(visitor).__mro__:
+        for name, value in vars(klass).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if type(value) is FunctionType:
+                if value.__name__.startswith(_PREFIXES) and not getattr(value, "_is_no_op", False):
+                    out.append(name)
+                continue
+            member = getattr(visitor, name, None)
+            if (
+                type(member) is MethodType
+                and member.__name__.startswith(_PREFIXES)
+                and not getattr(member, "_is_no_op", False)
+            ):
+                out.append(name)
+    return tuple(sorted(out))

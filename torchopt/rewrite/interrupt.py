@@ -9,15 +9,16 @@ parent before each file and each write).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
-from concurrent.futures import Future, wait
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from torchopt.rewrite import budget
+
+if TYPE_CHECKING:  # the pool's modules are imported when a pool runs (a one-file check has none)
+    from concurrent.futures import Future
 
 # SIGHUP where the platform has it: a closed terminal or an editor dropping its filter stops a run
 # the way SIGTERM does (the stdin filter still gives its input back).
@@ -192,6 +193,9 @@ def stop_pool(pool: Any, inflight: Iterable[Future], record: Callable[[Future], 
     abandon their work unless it is writing), ``record`` gets each future that finished meanwhile (so
     that what was written is also reported), and workers still running after the grace period are
     killed (stuck in native code, where signals wait: nothing is being written)."""
+    import multiprocessing
+    from concurrent.futures import wait
+
     futures = list(inflight)
     for fut in futures:
         fut.cancel()

@@ -15,14 +15,13 @@ changed."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from torchopt.rewrite.engine import Diagnostic
-from torchopt.rewrite.source import SourceError
+from torchopt.rewrite.source import SourceError, blake2b
 
 SUFFIX = ".ipynb"
 
@@ -316,7 +315,7 @@ def _logical_starts(lines: list[str]) -> set[int]:
 def _token(raw: str) -> str:
     seed = raw.encode("utf-8", "surrogatepass")
     while True:
-        token = "nb" + hashlib.blake2b(seed, digest_size=8).hexdigest()
+        token = "nb" + blake2b(seed, digest_size=8).hexdigest()
         if token not in raw:
             return token
         seed += b"."

@@ -24,7 +24,6 @@ unsaved text of the open documents, and makes a module's facts again only when i
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 from collections import Counter
@@ -47,7 +46,7 @@ Dependency = tuple[str, "str | None"]
 
 
 def digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return source.blake2b(data, digest_size=16).hexdigest()
 
 
 class ProjectScope:

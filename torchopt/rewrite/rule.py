@@ -102,6 +102,15 @@ class ImportSpec:
 Replacement = cst.CSTNode | cst.FlattenSentinel | cst.RemovalSentinel
 
 
+@dataclass(frozen=True, eq=False)
+class Later:
+    """A replacement made only when the fix is applied: diagnostics need to know that a fix exists,
+    not the rewritten code, and a fix that rebuilds a whole function or module costs more than finding
+    it. ``make`` must depend only on what the rule decided when it reported (the nodes of this parse)."""
+
+    make: Callable[[], Replacement]
+
+
 @dataclass
 class Finding:
     """One report of one rule on one node, kept in memory during a pass (holds CST nodes)."""
@@ -110,12 +119,18 @@ class Finding:
     node: cst.CSTNode
     message: str
     fix_title: str | None = None
-    replacement: Replacement | None = None
+    replacement: Replacement | Later | None = None
     target: cst.CSTNode | None = None  # node the replacement stands in for (default: node)
     safety: Safety = Safety.DISPLAY
     tags: tuple[Tag, ...] = ()
     note: str = ""
     imports: tuple[ImportSpec, ...] = ()
+
+    def fixed_node(self) -> Replacement | None:
+        """The replacement, made now if the rule left it for later (then kept)."""
+        if isinstance(self.replacement, Later):
+            self.replacement = self.replacement.make()
+        return self.replacement
 
 
 @dataclass
@@ -248,7 +263,7 @@ class Rule(cst.BatchableCSTVisitor):
         *,
         fmt: Mapping[str, str] | None = None,
         message: str | None = None,
-        replacement: Replacement | None = None,
+        replacement: Replacement | Later | None = None,
         target: cst.CSTNode | None = None,
         safety: Safety | None = None,
         tags: Sequence[Tag] = (),

@@ -5,13 +5,17 @@ someone changed it meanwhile). Line endings stay inside the text untouched."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import os
 import stat
 import tokenize
 import warnings
 from dataclasses import dataclass
+
+try:  # what hashlib.blake2b is, without hashlib loading OpenSSL's bindings (part of a one-file start-up)
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - a Python built without it
+    from hashlib import blake2b
 
 GENERATED_MARKER = "@generated"
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
@@ -40,7 +44,7 @@ class FileState:
 
 
 def content_digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=32).digest()
+    return blake2b(data, digest_size=32).digest()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 
 from torchopt.rewrite import place as placemod
@@ -81,6 +80,8 @@ def _write_beside(orig: int, path: str, data: bytes, expect: FileState | None, d
 def _temp_file(tmp_dir: str, dir_fd: int | None) -> tuple[int, str]:
     """A new, empty file of ours beside the target (never an existing name, never through a link)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    import secrets  # (imported when a file is written)
+
     for _ in range(100):
         tmp = os.path.join(tmp_dir, f".torchopt-{secrets.token_hex(6)}.tmp")
         try:

@@ -19,6 +19,7 @@ from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote,
 from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
 from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
 from torchopt.rewrite.rule import Invalid
+from torchopt.rewrite.rule import Later
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
@@ -748,7 +749,7 @@ class MissingAutocast(_AmpBase):
         # The fix replaces the smallest top-level statement holding every edit (a training function),
         # so each step costs what its function costs and steps of different functions apply together.
         root = edit_root(analysis, e)
-        new = root.visit(ApplyEdits(e))
+        new = Later(lambda: root.visit(ApplyEdits(e)))  # rebuilt only when the fix is applied
         extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
         note = (
             "forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)"

@@ -299,9 +299,12 @@ class PythonLoopOverTensor(Rule):
         scope = self._scope(node, cls)
         if scope is None:
             return
+        nodes = list(walk(node.body))
+        if not any(_could_report(n, scope.loss_module) for n in nodes):
+            return  # no loop, `sum` or branch it could report on: which names hold tensors is not asked
         collect_tensors(self, scope)
         in_loops: set[int] = set()
-        for n in walk(node.body):
+        for n in nodes:
             if isinstance(n, cst.For):
                 loop = self._row_loop(n, scope)
                 if loop is not None:
@@ -310,7 +313,7 @@ class PythonLoopOverTensor(Rule):
             elif isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "sum":
                 self._report_sum(n, scope)
         if scope.loss_module:
-            for n in walk(node.body):
+            for n in nodes:
                 test = n.test if isinstance(n, (cst.If, cst.While, cst.IfExp, cst.Assert)) else None
                 if (
                     test is not None
@@ -442,3 +445,44 @@ class PythonLoopOverTensor(Rule):
         )
         loop = f"for {source(self, gen.for_in.target)} in {source(self, gen.for_in.iter)}"
         self.report(call, fmt={"loop": loop, "tensor": tensor, "where": scope.where, "advice": advice})
+
+
+def _could_report(node: cst.CSTNode, loss_module: bool) -> bool:
+    """The nodes ``visit_FunctionDef`` reports on, by their shape alone (a superset, which names hold
+    tensors aside): a loop or a `sum` of a generator whose header ``row_header`` could read, and in a
+    loss module a branch or an assertion."""
+    if isinstance(node, cst.For):
+        return _row_header_shape(node.iter, node.target)
+    if isinstance(node, cst.Call):
+        return (
+            isinstance(node.func, cst.Name)
+            and node.func.value == "sum"
+            and len(node.args) == 1
+            and isinstance(node.args[0].value, cst.GeneratorExp)
+            and _row_header_shape(node.args[0].value.for_in.iter, node.args[0].value.for_in.target)
+        )
+    return loss_module and isinstance(node, (cst.If, cst.While, cst.IfExp, cst.Assert))
+
+
+def _row_header_shape(it: cst.BaseExpression, target: cst.BaseExpression) -> bool:
+    """``row_header``'s patterns without its questions about tensors: `range(x.size(...))`,
+    `range(x.shape[...])`, `range(len(x))`, a name, `enumerate(x)` into two names."""
+    if isinstance(it, cst.Name):
+        return isinstance(target, cst.Name)
+    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and len(it.args) == 1):
+        return False
+    arg = it.args[0].value
+    if it.func.value == "enumerate":
+        return isinstance(arg, cst.Name) and isinstance(target, cst.Tuple)
+    if it.func.value != "range" or not isinstance(target, cst.Name):
+        return False
+    if isinstance(arg, cst.Call) and isinstance(arg.func, cst.Attribute):
+        return arg.func.attr.value == "size" and isinstance(arg.func.value, cst.Name)
+    if isinstance(arg, cst.Call) and isinstance(arg.func, cst.Name):
+        return arg.func.value == "len"
+    return (
+        isinstance(arg, cst.Subscript)
+        and isinstance(arg.value, cst.Attribute)
+        and arg.value.attr.value == "shape"
+        and isinstance(arg.value.value, cst.Name)
+    )
