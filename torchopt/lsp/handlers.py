@@ -59,7 +59,7 @@ def feature(*args: Any) -> Callable[[Callable], Callable]:
     :func:`register` registers the functions listed in ``HANDLERS``."""
 
     def mark(fn: Callable) -> Callable:
-        fn.lsp_feature = args  # type: ignore[attr-defined]
+        fn.lsp_feature = args  # type: ignore[attr-defined]  # a marker attribute on a plain function
         return fn
 
     return mark
