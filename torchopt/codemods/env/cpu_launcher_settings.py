@@ -6,55 +6,14 @@ import re
 from textwrap import dedent
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
+from torchopt.analysis.accelerators import ACCELERATOR_TEXT as _ACCEL
+from torchopt.analysis.accelerators import device_flag_default, no_accelerator_named
 from torchopt.analysis.entry_points import ProgramRule
-from torchopt.analysis.syntax import walk
-from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.codemods.env import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
-from torchopt.rewrite.facts import source_of
 
-# Text that means an accelerator may be chosen: its APIs, device strings, and the objects that pick
-# the device for the program (Lightning/transformers trainers, accelerate, `device_map=`).
-_ACCEL = re.compile(r"cuda|\bmps\b|xpu|[aA]ccelerator|\bTrainer\b|\bgpus?\b|device_map")
 _CPU = re.compile(r"""['"]cpu['"]""")
-
-
-def _line(rule: Rule, node: cst.CSTNode) -> int:
-    return rule.get_metadata(PositionProvider, node).start.line
-
-
-def _placements(module: cst.Module) -> list[cst.BaseExpression]:
-    """The device expressions the program places work on: `.to(dev)`, `device=dev`, `set_default_device(dev)`."""
-    out: list[cst.BaseExpression] = []
-    for node in walk(module, cross_scopes=True):
-        if not isinstance(node, cst.Call):
-            continue
-        out.extend(a.value for a in node.args if a.keyword is not None and a.keyword.value == "device")
-        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
-        first = node.args[0] if node.args else None
-        if method in ("to", "set_default_device") and first is not None and first.keyword is None and not first.star:
-            out.append(first.value)
-    return out
-
-
-def _device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | None:
-    """The default of a `--device` command-line option or a `device` parameter, with its line."""
-    for node in walk(module, cross_scopes=True):
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "add_argument"
-            and node.args
-        ):
-            flag = string_value(node.args[0].value) or ""
-            if "device" in flag or flag in ("--dev", "--accel"):
-                default = next((a.value for a in node.args if a.keyword and a.keyword.value == "default"), None)
-                return (string_value(default) or "?"), _line(rule, node)
-        if isinstance(node, cst.Param) and node.default is not None and "device" in node.name.value:
-            return (string_value(node.default) or "?"), _line(rule, node)
-    return None
 
 
 def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
@@ -64,25 +23,13 @@ def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
     (its name, a trainer that picks one, a device computed elsewhere) keeps the rule silent: a script
     whose default is the GPU and whose CPU branch is only a fallback is a GPU script.
     """
-    flag = _device_flag_default(rule, module)
+    flag = device_flag_default(rule, module)
     if flag is not None:
         value, line = flag
         if value.split(":")[0] == "cpu":
             return f'its device option defaults to "cpu" (line {line})'
         return None
-    if _ACCEL.search(source_of(module)):
-        return None
-    cpu_line = None
-    for expr in _placements(module):
-        device = classify_device(rule, expr)
-        if device.kind in (DeviceKind.DTYPE, DeviceKind.CONVENTION):
-            continue  # a cast, or a device that follows another tensor or the caller
-        if not (device.is_device and device.is_cpu):
-            return None  # placed on a device chosen elsewhere (a helper, a launcher)
-        cpu_line = cpu_line or _line(rule, expr)
-    if cpu_line is not None:
-        return f'it places its tensors on "cpu" (line {cpu_line}) and never selects an accelerator'
-    return "nothing in it selects an accelerator"
+    return no_accelerator_named(rule, module)
 
 
 class CpuLauncherAdvice(ProgramRule):

@@ -1,0 +1,97 @@
+"""Value facts that make a host read no synchronisation: a program that never selects an accelerator
+(every tensor on the host), checked on small programs of one or two files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+from typer.testing import CliRunner
+
+import torchopt.cli
+
+STEP = """\
+    import torch
+    {imports}
+
+    model = torch.nn.Linear(4, 1){move}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(10):
+        x = torch.randn(8, 4){move}
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print(sum(losses))
+
+
+    if __name__ == "__main__":
+        pass
+"""
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    (root / "pyproject.toml").write_text("", encoding="utf-8")
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(dedent(text), encoding="utf-8")
+
+
+def _codes(root: Path, rel: str, select: str = "TOP601") -> list[str]:
+    r = CliRunner().invoke(
+        torchopt.cli.app, ["check", str(root / rel), "--no-cache", "--select", select], catch_exceptions=False
+    )
+    return [line.split()[1] for line in r.stdout.splitlines() if ": TOP" in line]
+
+
+def _step(imports: str = "", move: str = "") -> str:
+    return dedent(STEP).format(imports=imports, move=move)
+
+
+def test_a_program_that_never_selects_an_accelerator_reads_host_tensors(tmp_path):
+    _write(tmp_path, {"train.py": _step()})
+    assert _codes(tmp_path, "train.py") == []
+
+
+def test_a_program_that_moves_its_tensors_to_a_gpu_syncs(tmp_path):
+    _write(tmp_path, {"train.py": _step(move=".cuda()")})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
+
+
+def test_a_device_chosen_elsewhere_may_be_a_gpu(tmp_path):
+    imports = "import os\ndevice = torch.device(os.environ['DEV'])"
+    _write(tmp_path, {"train.py": _step(imports=imports, move=".to(device)")})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
+
+
+def test_a_device_option_may_be_given_a_gpu_whatever_its_default(tmp_path):
+    imports = (
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--device', default='cpu')\n"
+        "device = p.parse_args().device"
+    )
+    _write(tmp_path, {"train.py": _step(imports=imports, move=".to(device)")})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
+
+
+def test_an_imported_project_module_that_picks_a_device_keeps_the_finding(tmp_path):
+    helper = "import torch\n\ndef place(m):\n    return m.cuda()\n"
+    _write(tmp_path, {"train.py": _step(imports="from helpers import place"), "helpers.py": helper})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
+    _write(tmp_path, {"helpers.py": "import torch\n\ndef place(m):\n    return m\n"})
+    assert _codes(tmp_path, "train.py") == []
+
+
+def test_a_checkpoint_loaded_without_map_location_may_be_on_a_gpu(tmp_path):
+    imports = "state = torch.load('ckpt.pt')"
+    _write(tmp_path, {"train.py": _step(imports=imports)})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
+
+
+def test_a_module_without_a_main_guard_may_be_handed_device_tensors(tmp_path):
+    src = _step().split("\n\n\nif __name__")[0] + "\n"
+    assert "__main__" not in src
+    _write(tmp_path, {"train.py": src})
+    assert _codes(tmp_path, "train.py") == ["TOP601"]
