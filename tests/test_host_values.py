@@ -95,3 +95,30 @@ def test_a_module_without_a_main_guard_may_be_handed_device_tensors(tmp_path):
     assert "__main__" not in src
     _write(tmp_path, {"train.py": src})
     assert _codes(tmp_path, "train.py") == ["TOP601"]
+
+
+PROGRESS = """\
+    import torch
+    from tqdm import tqdm
+
+
+    def train(num_batches=100, validate_every=10):
+        model = torch.nn.Linear(4, 1).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in tqdm({iterable}):
+            loss = model(torch.randn(8, 4).cuda()).pow(2).mean()
+            loss.backward()
+            opt.step()
+            if i % validate_every == 0:
+                model.eval()
+"""
+
+
+def test_a_progress_bar_over_range_gives_python_ints(tmp_path):
+    _write(tmp_path, {"train.py": PROGRESS.format(iterable="range(num_batches)")})
+    assert _codes(tmp_path, "train.py", "TOP605") == []
+
+
+def test_a_progress_bar_over_a_device_tensor_gives_tensors(tmp_path):
+    _write(tmp_path, {"train.py": PROGRESS.format(iterable="torch.arange(num_batches).cuda()")})
+    assert _codes(tmp_path, "train.py", "TOP605") == ["TOP605"]

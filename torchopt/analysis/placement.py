@@ -151,6 +151,9 @@ _FACTORIES = {
     "randn_like",
     "randint_like",
 }
+_PROGRESS = {
+    f"{m}.{f}" for m in ("tqdm", "tqdm.auto", "tqdm.std", "tqdm.notebook", "tqdm.rich") for f in ("tqdm", "trange")
+} | {"rich.progress.track"}
 _INT_BUILTINS = {"len", "int", "ord", "hash", "id"}
 _STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "lower", "upper", "zfill", "ljust", "rjust"}
 _INT_METHODS = {"numel", "dim", "ndimension", "element_size", "nelement", "get_device"}
@@ -317,6 +320,11 @@ class Placements:
             return Value(Kind.SEQUENCE, Where.HOST, "`itertools.count()`", item=_INT)
         if "argparse.ArgumentParser" in names:
             return _PARSER
+        if names & _PROGRESS and call.args and call.args[0].keyword is None and not call.args[0].star:
+            # A progress bar iterates what it wraps (`tqdm(range(n))` gives ints); `trange(n)` is one.
+            inner = _INT if any(n.endswith("trange") for n in names) else None
+            item = inner or self._element(self.value(call.args[0].value, depth + 1))
+            return Value(Kind.SEQUENCE, Where.HOST, f"`{dotted(func)}()`", item=item)
         if isinstance(func, cst.Attribute):
             if func.attr.value in ("parse_args", "parse_known_args") and self.value(func.value, depth + 1) == _PARSER:
                 if func.attr.value == "parse_args":
@@ -638,6 +646,16 @@ class Placements:
     def _binding(self, target: cst.CSTNode, depth: int) -> Value:
         """What the binding at ``target`` gives the name."""
         if isinstance(target, cst.Param):
+            default = target.default
+            if isinstance(default, cst.UnaryOperation) and isinstance(default.operator, cst.Minus):
+                default = default.expression
+            if (
+                target.annotation is None
+                and isinstance(default, (cst.Integer, cst.Float))
+                or (isinstance(default, cst.Name) and default.value in ("True", "False"))
+            ):
+                # An unannotated parameter takes the type of its default, as type checkers infer it.
+                return Value(Kind.SCALAR, Where.HOST, f"`{target.name.value}` defaults to a Python number")
             return unknown(f"`{target.name.value}` is a parameter")
         if isinstance(target, (cst.FunctionDef, cst.ClassDef)):
             return _OTHER
