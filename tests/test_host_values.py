@@ -122,3 +122,58 @@ def test_a_progress_bar_over_range_gives_python_ints(tmp_path):
 def test_a_progress_bar_over_a_device_tensor_gives_tensors(tmp_path):
     _write(tmp_path, {"train.py": PROGRESS.format(iterable="torch.arange(num_batches).cuda()")})
     assert _codes(tmp_path, "train.py", "TOP605") == ["TOP605"]
+
+
+END_OF_DATA = """\
+    import torch
+    import torch.distributed as dist
+
+
+    def evaluate(model, batches, device, rank):
+        signal = torch.zeros(1, device=device, dtype=torch.long)
+        it = iter(batches)
+        while {loop}:
+            if rank == 0:
+                batch = next(it, None)
+                signal.fill_(0 if batch is None else 1)
+            dist.broadcast(signal, src=0)
+            if signal.item() == 0:
+                break
+            model(batch.to(device)).sum().backward()
+"""
+
+
+def test_a_read_that_decides_whether_a_while_true_loop_goes_on_is_needed(tmp_path):
+    _write(tmp_path, {"ev.py": END_OF_DATA.format(loop="True")})
+    assert _codes(tmp_path, "ev.py") == []
+
+
+def test_a_read_that_only_stops_a_loop_early_is_reported(tmp_path):
+    _write(tmp_path, {"ev.py": END_OF_DATA.format(loop="len(batches) > 0")})
+    assert _codes(tmp_path, "ev.py") == ["TOP601"]
+
+
+NAMED_PERIOD = """\
+    import torch
+
+
+    def train(model, loader, opt, log_every, n_batches):
+        for i, x in enumerate(loader):
+            loss = model(x.cuda()).sum()
+            loss.backward()
+            opt.step()
+            last = i == n_batches - 1
+            log_step = {test}
+            if log_step:
+                print(loss.item())
+"""
+
+
+def test_a_name_holding_a_periodic_test_makes_its_branch_periodic(tmp_path):
+    _write(tmp_path, {"t.py": NAMED_PERIOD.format(test="i % log_every == 0 or last")})
+    assert _codes(tmp_path, "t.py") == []
+
+
+def test_a_name_holding_another_test_leaves_its_branch_every_step(tmp_path):
+    _write(tmp_path, {"t.py": NAMED_PERIOD.format(test="i > log_every or last")})
+    assert _codes(tmp_path, "t.py") == ["TOP601"]

@@ -25,6 +25,7 @@ from typing import Callable
 import libcst as cst
 
 from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.program import program_of
 from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
@@ -77,9 +78,10 @@ class Guard(enum.Flag):
     OPT_IN = enum.auto()
 
 
-# Guards under which a sync rule reports nothing: code that runs on rank 0 only (logging and
-# checkpoints), under a device check, or only after an error.
-QUIET_GUARDS = Guard.RANK0 | Guard.DEVICE | Guard.EXCEPT
+# Guards under which a sync rule reports nothing: code that runs under a device check, or only after
+# an error. A rank-0 guard is not one: a wait on rank 0 at every step holds back every other rank at
+# the next collective, so the whole job runs at rank 0's pace.
+QUIET_GUARDS = Guard.DEVICE | Guard.EXCEPT
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Control:
     def __init__(self, rule: Rule, hot: HotMap) -> None:
         self.rule = rule
         self.hot = hot
+        self._visiting: set[int] = set()  # functions whose calls are being read (recursion)
 
     def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.hot.parent(node)
@@ -127,12 +130,34 @@ class Control:
                     return Frequency(
                         Rate.PER_CALL, "it runs once per call, outside the batch loop of the function", where
                     )
+                rare = self._rare_calls(parent, epochs)
+                if rare is not None:
+                    return Frequency(rare.rate, rare.why, where)
                 break
             cur = parent
         if epochs and self._epoch_loop(where.loop.node):
             why = "it runs once per epoch; the batches are iterated by a function the loop calls"
             return Frequency(Rate.PER_EPOCH, why, where)
         return Frequency(Rate.EVERY_STEP, "", where)
+
+    def _rare_calls(self, fn: cst.FunctionDef, epochs: bool) -> Frequency | None:
+        """A function of the file every call of which, in a step, is rare (`if i % n == 0: log(x)`):
+        its body runs as often as its most frequent call."""
+        if id(fn) in self._visiting:
+            return None
+        found = program_of(self.rule).function_of(fn)
+        calls = [e.call for e in found.callers] if found is not None else []
+        hot = [c for c in calls if self.hot.where(c) is not None]
+        if not hot:
+            return None
+        self._visiting.add(id(fn))
+        try:
+            rates = [self.frequency(c, epochs) for c in hot]
+        finally:
+            self._visiting.discard(id(fn))
+        if any(f.rate in (Rate.EVERY_STEP, Rate.OUTSIDE) for f in rates):
+            return None
+        return rates[0]
 
     def not_every_step(self, node: cst.CSTNode, epochs: bool = False, guards: Guard = Guard.NONE) -> str | None:
         """Why ``node`` does not cost every step (a phrase), or None: its frequency, or one of
@@ -148,9 +173,30 @@ class Control:
             return g.why
         return None
 
+    def decides_exit(self, node: cst.CSTNode) -> bool:
+        """``node`` is in the test of an ``if`` that leaves a ``while True:`` loop (``break``, ``return``):
+        how many times the loop runs depends on the value, so every iteration must read it."""
+        cur, parent = node, self.parent(node)
+        while parent is not None and not (isinstance(parent, cst.If) and cur is parent.test):
+            if isinstance(parent, (cst.BaseSuite, cst.FunctionDef, cst.Lambda)):
+                return False
+            cur, parent = parent, self.parent(parent)
+        body = parent.body if isinstance(parent, cst.If) else None
+        last = body.body[-1] if isinstance(body, cst.IndentedBlock) and body.body else None
+        if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))):
+            return False
+        loop = self.parent(parent)
+        while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef)):
+            loop = self.parent(loop)
+        test = loop.test if isinstance(loop, cst.While) else None
+        return (isinstance(test, cst.Name) and test.value == "True") or (
+            isinstance(test, cst.Integer) and test.value != "0"
+        )
+
     def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:
         test = branch.test
-        if _periodic(test, self._one_off_flags(branch)):
+        flags, periodic = self._test_flags(branch)
+        if _periodic(test, flags, periodic):
             return Rate.EVERY_N, "it already runs only every few steps"
         if _first_step(test):
             return Rate.ONCE, "it runs once, on the first step"
@@ -158,21 +204,34 @@ class Control:
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
 
-    def _one_off_flags(self, node: cst.CSTNode) -> frozenset[str]:
-        """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`)."""
+    def _test_flags(self, node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
+        """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`),
+        and names it assigns a periodic one (`log_step = i % log_every == 0 or last_batch`), in order."""
         fn = self.parent(node)
         while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Module)):
             fn = self.parent(fn)
         if fn is None:
-            return frozenset()
-        return frozenset(
-            n.targets[0].target.value
-            for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn)
-            if isinstance(n, cst.Assign)
-            and len(n.targets) == 1
-            and isinstance(n.targets[0].target, cst.Name)
-            and _one_off(n.value, frozenset())
-        )
+            return frozenset(), frozenset()
+        one_off: set[str] = set()
+        periodic: set[str] = set()
+        other: set[str] = set()
+        for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn):
+            if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name):
+                other.add(n.target.value)
+            if not isinstance(n, cst.Assign):
+                continue
+            if not (len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name)):
+                other.update(t.value for a in n.targets for t in walk(a.target) if isinstance(t, cst.Name))
+                continue
+            name = n.targets[0].target.value
+            if _periodic(n.value, frozenset(one_off), frozenset(periodic)):
+                periodic.add(name)
+            elif _one_off(n.value, frozenset(one_off)):
+                one_off.add(name)
+            else:
+                other.add(name)
+        # A name assigned tests of both kinds, or anything else, is neither.
+        return frozenset(one_off - periodic - other), frozenset(periodic - one_off - other)
 
     def _after_inner_loop(self, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
         """A function called from a step loop that iterates its own batches: code outside that inner
@@ -353,15 +412,20 @@ def _only_returns(body: cst.BaseSuite) -> bool:
     )
 
 
-def _periodic(test: cst.BaseExpression, flags: frozenset[str] = frozenset()) -> bool:
+def _periodic(
+    test: cst.BaseExpression, flags: frozenset[str] = frozenset(), named: frozenset[str] = frozenset()
+) -> bool:
     """`i % n == k`, `not i % n`, `(i + 1) % n == 0`, and such tests joined with `and`; also
-    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test)."""
+    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test;
+    ``named``: names holding a periodic one)."""
+    if isinstance(test, cst.Name):
+        return test.value in named
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _periodic(test.left, flags) or _periodic(test.right, flags)
+        return _periodic(test.left, flags, named) or _periodic(test.right, flags, named)
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
         sides = (test.left, test.right)
-        return any(_periodic(side, flags) for side in sides) and all(
-            _periodic(side, flags) or _one_off(side, flags) for side in sides
+        return any(_periodic(side, flags, named) for side in sides) and all(
+            _periodic(side, flags, named) or _one_off(side, flags) for side in sides
         )
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _is_modulo(test.expression)
