@@ -177,3 +177,57 @@ def test_a_name_holding_a_periodic_test_makes_its_branch_periodic(tmp_path):
 def test_a_name_holding_another_test_leaves_its_branch_every_step(tmp_path):
     _write(tmp_path, {"t.py": NAMED_PERIOD.format(test="i > log_every or last")})
     assert _codes(tmp_path, "t.py") == ["TOP601"]
+
+
+ENV_LOOP = """\
+    import torch
+    import gym
+
+
+    def rollout(n):
+        policy = torch.nn.Linear(4, 2).cuda()
+        env = gym.make("CartPole-v1")
+        obs = env.reset()
+        for step in range(n):
+            with torch.no_grad():
+                action = policy(torch.as_tensor(obs).cuda())
+            {line}
+
+
+    if __name__ == "__main__":
+        rollout(10)
+"""
+
+
+def test_an_action_sent_to_an_environment_whose_answer_is_the_next_input_is_needed(tmp_path):
+    _write(tmp_path, {"rl.py": ENV_LOOP.format(line="obs, reward, done, info = env.step(action.cpu().numpy())")})
+    assert _codes(tmp_path, "rl.py") == []
+
+
+def test_a_host_copy_whose_result_the_loop_never_reads_again_is_reported(tmp_path):
+    _write(tmp_path, {"rl.py": ENV_LOOP.format(line="shown = env.render(action.cpu().numpy())")})
+    assert _codes(tmp_path, "rl.py") == ["TOP601"]
+
+
+WRITE_LOOP = """\
+    import torch
+    from scipy.io.wavfile import write
+
+
+    def synthesize(model, mels, opt):
+        for i, mel in enumerate(mels):
+            audio = model(mel.cuda()).squeeze()
+            {extra}
+            audio = audio.cpu().numpy()
+            write(f"out_{{i}}.wav", 22050, audio)
+"""
+
+
+def test_each_output_of_an_inference_loop_written_to_its_file_is_needed(tmp_path):
+    _write(tmp_path, {"synth.py": WRITE_LOOP.format(extra="pass")})
+    assert _codes(tmp_path, "synth.py") == []
+
+
+def test_a_file_write_in_a_training_step_is_a_log(tmp_path):
+    _write(tmp_path, {"synth.py": WRITE_LOOP.format(extra="audio.sum().backward(); opt.step()")})
+    assert _codes(tmp_path, "synth.py") == ["TOP601"]

@@ -209,7 +209,7 @@ FILES = {
     'sync/explicit_sync_in_loop.py': 4774,
     'sync/grad_norm_sync.py': 6368,
     'sync/grad_scaler_sync.py': 5990,
-    'sync/host_read_in_loop.py': 18687,
+    'sync/host_read_in_loop.py': 19115,
     'sync/host_read_planning.py': 19455,
     'sync/pageable_batch_copy.py': 6036,
     'sync/print_tensor_in_loop.py': 6261,

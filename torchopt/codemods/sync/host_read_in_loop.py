@@ -17,6 +17,7 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
 from torchopt.analysis.control import QUIET_GUARDS, Guard, control_of
+from torchopt.analysis.needed_reads import needed_read
 from torchopt.analysis.placement import placements
 from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.sync.host_read_planning import Plan, _Apply, _Planner, grad_norm_names, host_read
@@ -103,7 +104,11 @@ class HostReadInLoop(Rule):
     a tensor made on the CPU, `.tolist()` of a tensor moved with `.cpu()`, `float(i)` of an
     `enumerate` counter, any tensor of a program that never selects an accelerator), and a read that
     decides whether a `while True:` loop goes on (`if done.item(): break`: the loop cannot know how
-    many times to run without it, as an end-of-data flag every rank receives). A read at every
+    many times to run without it, as an end-of-data flag every rank receives), and a read the loop
+    exists for: a value sent to host code whose answer is the next iteration's input (an action
+    given to an environment's `step()`, which returns the next observation), or the output of an
+    inference loop written to its own file (`scipy.io.wavfile.write(path, rate, audio.cpu().numpy())`;
+    see `analysis/needed_reads.py`). A read at every
     step on rank 0 only is reported: rank 0 waits at every step and the other ranks wait for it at
     the next collective. Every other host read is reported with the sync-free alternative and not
     changed.
@@ -328,8 +333,8 @@ class HostReadInLoop(Rule):
                 continue  # TOP607
             if id(n) not in item_plan and control_of(self).not_every_step(n, guards=QUIET_GUARDS):
                 continue
-            if control_of(self).decides_exit(n):
-                continue  # the loop cannot know whether to go on without the value
+            if control_of(self).decides_exit(n) or needed_read(self, n) is not None:
+                continue  # the loop cannot go on without the value
             if _reads_host_data(self, n):
                 continue
             parent = self.get_metadata(ParentProvider, n, None)
