@@ -231,3 +231,27 @@ def test_each_output_of_an_inference_loop_written_to_its_file_is_needed(tmp_path
 def test_a_file_write_in_a_training_step_is_a_log(tmp_path):
     _write(tmp_path, {"synth.py": WRITE_LOOP.format(extra="audio.sum().backward(); opt.step()")})
     assert _codes(tmp_path, "synth.py") == ["TOP601"]
+
+
+FIRST_FEW = """\
+    import torch
+
+
+    def evaluate(model, loader, figures):
+        for j, x in enumerate(loader):
+            y = model(x.cuda())
+            if {test}:
+                figures.append(y.cpu().numpy())
+"""
+
+
+def test_a_loop_counter_below_a_small_literal_runs_a_few_times(tmp_path):
+    _write(tmp_path, {"ev.py": FIRST_FEW.format(test="j <= 4")})
+    assert _codes(tmp_path, "ev.py") == []
+
+
+def test_a_counter_above_a_literal_or_another_number_runs_every_step(tmp_path):
+    _write(tmp_path, {"ev.py": FIRST_FEW.format(test="j >= 4")})
+    assert _codes(tmp_path, "ev.py") == ["TOP601"]
+    _write(tmp_path, {"ev.py": FIRST_FEW.format(test="len(figures) <= 4")})
+    assert _codes(tmp_path, "ev.py") == ["TOP601"]

@@ -49,6 +49,7 @@ _MAIN_NAMES = {
     "master_process",
 }
 _DEVICE_WORDS = ("cuda", "gpu")
+_FEW = 16  # iterations a counter test may let through and still be rare (`if j <= 4:` for figures)
 _OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
 
 
@@ -200,9 +201,28 @@ class Control:
             return Rate.EVERY_N, "it already runs only every few steps"
         if _first_step(test):
             return Rate.ONCE, "it runs once, on the first step"
+        if _first_steps(test, self._counters(branch)):
+            return Rate.ONCE, "it runs only on the first few iterations"
         if _leaves_loop(branch.body):
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
+
+    def _counters(self, node: cst.CSTNode) -> frozenset[str]:
+        """The counters of the loops around ``node`` in its function: `i` of `for i in range(...)` or
+        `for i, x in enumerate(...)`, when the loop's body never assigns it."""
+        out: set[str] = set()
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
+            if isinstance(cur, cst.For) and isinstance(cur.iter, cst.Call):
+                target, func = cur.target, dotted(cur.iter.func)
+                if isinstance(target, cst.Tuple) and target.elements and func == "enumerate":
+                    target = target.elements[0].value
+                elif func != "range":
+                    target = None
+                if isinstance(target, cst.Name) and not _assigns(cur.body, target.value):
+                    out.add(target.value)
+            cur = self.parent(cur)
+        return frozenset(out)
 
     def _test_flags(self, node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
         """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`),
@@ -473,6 +493,33 @@ def _first_step(test: cst.BaseExpression) -> bool:
             or (isinstance(op, cst.LessThan) and n <= 1)
             or (isinstance(op, cst.LessThanEqual) and n <= 0)
         )
+    return False
+
+
+def _first_steps(test: cst.BaseExpression, counters: frozenset[str]) -> bool:
+    """`j <= 4`, `j < 8`: a loop counter below a small literal (a bounded number of iterations)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _first_steps(test.left, counters) or _first_steps(test.right, counters)
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    op, right = test.comparisons[0].operator, test.comparisons[0].comparator
+    return (
+        isinstance(test.left, cst.Name)
+        and test.left.value in counters
+        and isinstance(op, (cst.LessThan, cst.LessThanEqual))
+        and isinstance(right, cst.Integer)
+        and int(right.evaluated_value) <= _FEW
+    )
+
+
+def _assigns(body: cst.CSTNode, name: str) -> bool:
+    for n in walk(body):
+        if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name) and n.target.value == name:
+            return True
+        if isinstance(n, cst.Assign) and any(
+            isinstance(t, cst.Name) and t.value == name for a in n.targets for t in walk(a.target)
+        ):
+            return True
     return False
 
 
