@@ -167,7 +167,7 @@ FILES = {
     'device/pageable_non_blocking.py': 21474,
     'device/unpinned_host_copy.py': 21880,
     'env/__init__.py': 164,
-    'env/cpu_launcher_settings.py': 8968,
+    'env/cpu_launcher_settings.py': 11111,
     'flags/__init__.py': 102,
     'flags/cudnn_benchmark_off.py': 14239,
     'flags/cudnn_benchmark_variable_shapes.py': 6048,

@@ -10,10 +10,32 @@ import libcst as cst
 from torchopt.analysis.accelerators import ACCELERATOR_TEXT as _ACCEL
 from torchopt.analysis.accelerators import device_flag_default, no_accelerator_named
 from torchopt.analysis.entry_points import ProgramRule
+from torchopt.analysis.names import callee, qualified_names
+from torchopt.analysis.step_loops import hot_map
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.env import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
 _CPU = re.compile(r"""['"]cpu['"]""")
+_TEST_RUNNERS = {"unittest.main", "pytest.main"}
+_EXPORTS = {
+    "torch.onnx.export",
+    "torch.onnx.dynamo_export",
+    "torch.export.export",
+    "torch.export.save",
+    "torch.jit.save",
+}
+
+
+def _no_workload(rule: Rule, guard: cst.If) -> bool:
+    """The program runs no steady work whose threads are worth pinning: its guard starts a test
+    runner (`unittest.main()`), or it exports a model (`torch.onnx.export`) and runs no step loop."""
+    calls = [n for n in walk(guard.body, cross_scopes=True) if isinstance(n, cst.Call)]
+    if any(qualified_names(rule, c.func) & _TEST_RUNNERS for c in calls):
+        return True
+    module = rule.ctx.module
+    exports = any(callee(rule, n) in _EXPORTS for n in walk(module, cross_scopes=True) if isinstance(n, cst.Call))
+    return exports and not hot_map(rule).step_loops
 
 
 def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
@@ -42,7 +64,10 @@ class CpuLauncherAdvice(ProgramRule):
     CPU (`"cuda" if torch.cuda.is_available() else "cpu"`, `torch.accelerator.current_accelerator()`,
     a `--device` option defaulting to `"cuda"`, a trainer or `Accelerator` that picks the device, a
     device returned by a helper) is a GPU script and is left alone, and so is a file that only
-    defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md).
+    defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md), a
+    unit-test module (its guard starts `unittest.main()` or `pytest.main()`), and a script that
+    exports a model (`torch.onnx.export`, `torch.jit.save`, `torch.export`) and runs no step loop: a
+    one-off conversion has no steady work whose threads are worth pinning.
     Display-only: these are launcher settings, not source changes.
 
     ## Why is this slow
@@ -226,6 +251,38 @@ class CpuLauncherAdvice(ProgramRule):
             """),
             note="a file that only defines models and smoke-tests them is no program to launch",
         ),
+        Valid(
+            dedent("""\
+                import unittest
+
+                import torch
+
+
+                class TestSum(unittest.TestCase):
+                    def test_sum(self):
+                        self.assertEqual(torch.ones(2).sum().item(), 2.0)
+
+
+                if __name__ == "__main__":
+                    unittest.main()
+            """),
+            note="a unit-test module: its guard starts the test runner",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+
+                def export(path):
+                    model = torch.nn.Linear(4, 2).eval()
+                    torch.onnx.export(model, (torch.randn(1, 4),), path)
+
+
+                if __name__ == "__main__":
+                    export("model.onnx")
+            """),
+            note="a one-off export, no step loop",
+        ),
     )
 
     def visit_If(self, node: cst.If) -> None:
@@ -242,7 +299,7 @@ class CpuLauncherAdvice(ProgramRule):
         if "torch" not in code:
             return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
         why = cpu_reason(self, self.ctx.module)
-        if why is None:
+        if why is None or _no_workload(self, node):
             return
         extra = []
         if "jit.trace" in code:
