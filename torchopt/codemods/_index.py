@@ -198,7 +198,7 @@ FILES = {
     'pad/module_chains.py': 11245,
     'pad/sizes.py': 6520,
     'pad/unpadded_gemm_size.py': 26558,
-    'pad/unpadded_sequence_length.py': 6535,
+    'pad/unpadded_sequence_length.py': 8814,
     'pad/unpadded_vocabulary.py': 26693,
     'pad/vocab_models.py': 9036,
     'suppression/__init__.py': 95,
