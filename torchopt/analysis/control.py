@@ -214,7 +214,8 @@ class Control:
         cur = self.parent(node)
         while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
             if isinstance(cur, cst.For) and isinstance(cur.iter, cst.Call):
-                target, func = cur.target, dotted(cur.iter.func)
+                target: cst.BaseExpression | None = cur.target
+                func = dotted(cur.iter.func)
                 if isinstance(target, cst.Tuple) and target.elements and func == "enumerate":
                     target = target.elements[0].value
                 elif func != "range":
