@@ -153,6 +153,12 @@ def test_a_read_that_only_stops_a_loop_early_is_reported(tmp_path):
     assert _codes(tmp_path, "ev.py") == ["TOP601"]
 
 
+def test_a_stop_decision_no_collective_shares_can_be_checked_less_often(tmp_path):
+    src = END_OF_DATA.format(loop="True").replace("dist.broadcast(signal, src=0)", "pass")
+    _write(tmp_path, {"ev.py": src})
+    assert _codes(tmp_path, "ev.py") == ["TOP601"]
+
+
 NAMED_PERIOD = """\
     import torch
 

@@ -175,8 +175,9 @@ class Control:
         return None
 
     def decides_exit(self, node: cst.CSTNode) -> bool:
-        """``node`` is in the test of an ``if`` that leaves a ``while True:`` loop (``break``, ``return``):
-        how many times the loop runs depends on the value, so every iteration must read it."""
+        """``node`` is in the test of an ``if`` that leaves a ``while True:`` loop (``break``, ``return``)
+        on a value a collective of the loop shares with every rank (`dist.broadcast(flag, src=0)`):
+        the ranks decide together, at every iteration, whether the loop goes on."""
         cur, parent = node, self.parent(node)
         while parent is not None and not (isinstance(parent, cst.If) and cur is parent.test):
             if isinstance(parent, (cst.BaseSuite, cst.FunctionDef, cst.Lambda)):
@@ -190,8 +191,20 @@ class Control:
         while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef)):
             loop = self.parent(loop)
         test = loop.test if isinstance(loop, cst.While) else None
-        return (isinstance(test, cst.Name) and test.value == "True") or (
-            isinstance(test, cst.Integer) and test.value != "0"
+        if not (
+            (isinstance(test, cst.Name) and test.value == "True")
+            or (isinstance(test, cst.Integer) and test.value != "0")
+        ):
+            return False
+        # The value is a decision every rank shares: a collective fills it in the loop.
+        read = {n.value for n in walk(parent.test) if isinstance(n, cst.Name)}
+        return any(
+            isinstance(c, cst.Call)
+            and c.args
+            and isinstance(c.args[0].value, cst.Name)
+            and c.args[0].value.value in read
+            and (callee(self.rule, c) or "").startswith("torch.distributed.")
+            for c in walk(loop.body)
         )
 
     def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:

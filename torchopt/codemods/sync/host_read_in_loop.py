@@ -103,8 +103,9 @@ class HostReadInLoop(Rule):
     inside the step, and reads of host data (`torch.randint(16, 128, ()).item()` on
     a tensor made on the CPU, `.tolist()` of a tensor moved with `.cpu()`, `float(i)` of an
     `enumerate` counter, any tensor of a program that never selects an accelerator), and a read that
-    decides whether a `while True:` loop goes on (`if done.item(): break`: the loop cannot know how
-    many times to run without it, as an end-of-data flag every rank receives), and a read the loop
+    decides whether a `while True:` loop goes on on a flag a collective of the loop shares with
+    every rank (`dist.broadcast(done, src=0)`, then `if done.item() == 0: break`: the ranks decide
+    together, at every iteration, whether to go on), and a read the loop
     exists for: a value sent to host code whose answer is the next iteration's input (an action
     given to an environment's `step()`, which returns the next observation), or the output of an
     inference loop written to its own file (`scipy.io.wavfile.write(path, rate, audio.cpu().numpy())`;

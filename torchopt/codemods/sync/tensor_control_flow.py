@@ -56,9 +56,10 @@ class TensorControlFlow(Rule):
     Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
     0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
     fact layer" in docs/design.md), and tests on host values (an `int` counter, a tensor moved with
-    `.cpu()`), and a test that decides whether a `while True:` loop goes on (`if done: break`: the loop
-    cannot know how many times to run without it). Code that runs at every step on rank 0 only (`if rank == 0:`, `is_main_process()`) is
-    reported: rank 0 waits at every step and the other ranks wait for it at the next collective.
+    `.cpu()`), and a test that decides whether a `while True:` loop goes on on a flag a collective
+    of the loop shares with every rank (`dist.broadcast(done, src=0)`, then `if done == 0: break`).
+    Code that runs at every step on rank 0 only (`if rank == 0:`, `is_main_process()`) is reported:
+    rank 0 waits at every step and the other ranks wait for it at the next collective.
     """
 
     code = "TOP605"
