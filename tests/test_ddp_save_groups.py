@@ -137,3 +137,73 @@ def test_the_converted_program_runs_as_one_process_and_writes_the_same_checkpoin
         assert done.returncode == 0, done.stderr
         outputs.append((done.stdout, sorted(str(p.relative_to(run_dir)) for p in (run_dir / "runs").rglob("*"))))
     assert outputs[0] == outputs[1]
+
+
+DATA_PARALLEL = """\
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+if not os.path.isdir("results"):
+    os.mkdir("results")
+figures = Path("figures")
+if not figures.exists():
+    figures.mkdir(parents=True)
+os.mkdir("run")
+net = nn.DataParallel(nn.Linear(4, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+dataset = TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+loader = DataLoader(dataset, batch_size=4, shuffle=True)
+
+
+def checkpoint(epoch):
+    state = {"net": net.state_dict(), "epoch": epoch}
+    if not os.path.isdir("checkpoint"):
+        os.mkdir("checkpoint")
+    torch.save(state, "./checkpoint/ckpt_" + str(epoch) + ".pt")
+
+
+for epoch in range(2):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    checkpoint(epoch)
+"""
+
+
+def test_the_conversion_leaves_no_folder_creation_that_processes_race_on(tmp_path):
+    # the checkpoint folder, named by the literal its save path starts with, joins the save's guard;
+    # a checked creation elsewhere becomes one that tolerates the folder existing; a bare `os.mkdir`
+    # (which fails when the folder exists) runs on rank 0 only
+    res, text = rewrite(tmp_path, DATA_PARALLEL, "--unsafe-fixes", "--select", "TOP401")
+    assert res.exit_code == 0, res.output
+    assert 'os.makedirs("results", exist_ok=True)\nfigures = Path("figures")\n' in text
+    assert "figures.mkdir(parents=True, exist_ok=True)\n" in text
+    assert 'if rank == 0:\n    os.mkdir("run")\n' in text
+    assert (
+        "    if rank == 0:\n"
+        '        if not os.path.isdir("checkpoint"):\n'
+        '            os.mkdir("checkpoint")\n'
+        '        torch.save(state, "./checkpoint/ckpt_" + str(epoch) + ".pt")\n'
+    ) in text
+    assert text.count("isdir") == 1 and "figures.exists()" not in text
+
+
+@pytest.mark.slow
+def test_the_converted_data_parallel_program_creates_the_same_folders(tmp_path):
+    res, text = rewrite(tmp_path, DATA_PARALLEL, "--unsafe-fixes", "--select", "TOP401")
+    assert res.exit_code == 0, res.output
+    outputs = []
+    for name, program in (("before", DATA_PARALLEL), ("after", text)):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "train.py").write_text(program, encoding="utf-8")
+        done = subprocess.run([sys.executable, "train.py"], cwd=run_dir, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs.append(sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.name != "train.py"))
+    assert outputs[0] == outputs[1]

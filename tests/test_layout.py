@@ -34,10 +34,6 @@ ALLOWED = {
         "function over 100 lines",
         "torchopt.analysis.precheck.step_loops._collect",
     ): "the ast mirror of the step-loop scan; it must stay a superset of HotMap's walk, so it moves with it",
-    (
-        "function over 100 lines",
-        "torchopt.lsp.server.create_server",
-    ): "the language server registers its handlers in one closure (edited elsewhere; not part of the rules)",
 }
 
 

@@ -77,6 +77,10 @@ class Guard(enum.Flag):
     EXCEPT = enum.auto()
     OOM = enum.auto()
     OPT_IN = enum.auto()
+    # ... of a DEVICE check, the branch that runs when no accelerator is used (`if not use_gpu:`,
+    # `if device == "cpu":`, the `else` of `if torch.cuda.is_available():`); the other branch, the
+    # accelerator path, is the one that runs every step on a GPU.
+    HOST_PATH = enum.auto()
 
 
 # Guards under which a sync rule reports nothing: code that runs under a device check, or only after
@@ -183,14 +187,18 @@ class Control:
             if isinstance(parent, (cst.BaseSuite, cst.FunctionDef, cst.Lambda)):
                 return False
             cur, parent = parent, self.parent(parent)
-        body = parent.body if isinstance(parent, cst.If) else None
+        if not isinstance(parent, cst.If):
+            return False
+        body = parent.body
         last = body.body[-1] if isinstance(body, cst.IndentedBlock) and body.body else None
         if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))):
             return False
         loop = self.parent(parent)
         while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef)):
             loop = self.parent(loop)
-        test = loop.test if isinstance(loop, cst.While) else None
+        if not isinstance(loop, cst.While):
+            return False
+        test = loop.test
         if not (
             (isinstance(test, cst.Name) and test.value == "True")
             or (isinstance(test, cst.Integer) and test.value != "0")
@@ -357,6 +365,9 @@ class Control:
         if rank is not None and rank == (not negated):
             return Guard.RANK0, "it runs only on rank 0"
         if self._device_test(test):  # either branch of a device check is device-specific
+            accelerator = self._accelerator_test(test)
+            if accelerator is not None and accelerator == negated:
+                return Guard.DEVICE | Guard.HOST_PATH, "it runs only when no accelerator is used"
             return Guard.DEVICE, "it runs only under a device check"
         if negated:
             return None
@@ -414,6 +425,22 @@ class Control:
             strings = [s.evaluated_value for s in sides if isinstance(s, cst.SimpleString)]
             return any(isinstance(s, str) and s.split(":")[0] in ("cuda", "cpu", "mps", "xpu") for s in strings)
         return False
+
+    def _accelerator_test(self, test: cst.BaseExpression) -> bool | None:
+        """Of a device test: True when it holds on the accelerator path (`use_gpu`,
+        `torch.cuda.is_available()`, `x.is_cuda`, `device == "cuda"`), False when on the host path
+        (`device == "cpu"`, `args.no_cuda`), None when that cannot be read."""
+        if isinstance(test, (cst.Name, cst.Attribute)):
+            words = (_last(test) or "").lower().split("_")
+            return not any(w in ("no", "not", "disable", "disabled", "without", "cpu") for w in words)
+        if not isinstance(test, cst.Comparison):
+            return True
+        op = test.comparisons[0].operator
+        sides = (test.left, test.comparisons[0].comparator)
+        strings = [s.evaluated_value for s in sides if isinstance(s, cst.SimpleString)]
+        if len(strings) != 1 or not isinstance(strings[0], str) or not isinstance(op, (cst.Equal, cst.NotEqual)):
+            return None
+        return (strings[0].split(":")[0] != "cpu") == isinstance(op, cst.Equal)
 
     def _oom(self, kind: cst.BaseExpression) -> bool:
         if isinstance(kind, cst.Tuple):

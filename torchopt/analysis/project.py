@@ -13,15 +13,18 @@ project folder; a name that resolves to no file there is not the project's (a li
 Each module's summary (``project_summary.py``) is computed once per run with CPython's ``ast``, only
 for files a rule's question reaches, and kept in the result cache by the hash of the file's bytes; the
 files read are recorded with the asking file's cache entry, which holds only while they are unchanged
-(``torchopt/rewrite/projectscope.py``). Nothing is built unless a rule asks.
+(``torchopt/rewrite/projectscope.py``). In the language server the scope outlives a run
+(``LiveScope``): open documents are read from the editor's text, and an edit makes only the edited
+module's summary again. Nothing is built unless a rule asks.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
 from torchopt.analysis.project_summary import ModuleSummary, Unit, summarize
 from torchopt.rewrite.projectscope import ProjectScope
@@ -226,6 +229,78 @@ class ProjectIndex:
                 if sub is not False:
                     return sub
         return False
+
+    # ------------------------------------------------------------------ what calling it runs
+    def runs(self, d: Definition, fact: str) -> bool | Unknown:
+        """Whether the project function ``d``, or a project function it calls (followed through the
+        project, ``MAX_DEPTH`` deep), has the summary fact ``fact`` ("steps": calls ``backward()``;
+        "amp": names torch's autocast or GradScaler; a project class counts with what its body has).
+        Unknown when a call could not be followed, a call of a parameter or local value
+        (``trainer.step(batch)``, whose code is not known) included, and nothing followed had it."""
+        unknown: Unknown | None = None
+        todo, seen = [(d, 0)], set()
+        while todo:
+            cur, depth = todo.pop()
+            if cur.unit is None or (cur.path, cur.name) in seen:
+                continue
+            seen.add((cur.path, cur.name))
+            if getattr(cur.unit, fact):
+                return True
+            if cur.kind == "class":
+                continue
+            for written in cur.unit.calls:
+                got = self.resolve(written, cur.module, cur.path)
+                if isinstance(got, Unknown) or (isinstance(got, Definition) and depth >= MAX_DEPTH):
+                    unknown = unknown or Unknown(f"`{written}` (called by `{cur.name}`) could not be followed")
+                elif isinstance(got, Definition) and got.kind in ("function", "class"):
+                    todo.append((got, depth + 1))
+                elif got is None and not _module_level(cur.module, written):
+                    unknown = unknown or Unknown(f"what `{written}` (called by `{cur.name}`) runs is not known")
+        return unknown or False
+
+    # ------------------------------------------------------------------ what calling it switches on
+    def asks_determinism(self, d: Definition, argument: Callable[[str, int], str | None]) -> bool | Unknown:
+        """Whether a call of the project function ``d`` turns a determinism switch on
+        (``torch.use_deterministic_algorithms(True)``, ``cudnn.deterministic = True``): True when one
+        runs unconditionally or under a parameter the call sets to ``True``; an Unknown when a value
+        known only at run time decides. ``argument(name, position)`` is what the call passes for a
+        parameter, as written (``"True"``, ``"args.det"``), ``""`` for nothing, None when that cannot
+        be told (``*args``)."""
+        unit = d.unit
+        if unit is None or d.kind != "function":
+            return False
+        unknown: Unknown | None = None
+        for decider in unit.determinism:
+            if decider == "":
+                return True
+            name, _, default = decider.partition(":")
+            passed = argument(name, unit.params.index(name)) if name in unit.params else None
+            value = default if passed == "" else passed
+            if value == "True":
+                return True
+            if value in ("False", "None"):
+                continue
+            if decider == "?":
+                why = "under a condition known only at run time"
+            elif value:
+                why = f"when `{name}` is true, and this call passes `{value}`, known only at run time"
+            else:
+                why = f"when `{name}` is true, and what this call passes for it cannot be told"
+            unknown = unknown or Unknown(f"`{d.name}` ({self.shown(d.path)}) sets a determinism switch {why}")
+        return unknown or False
+
+
+def _module_level(module: ModuleSummary, written: str) -> bool:
+    """Whether the head of the name ``written`` is a builtin or a name of the module (an import, a
+    global, a definition): not a parameter or local value of a function."""
+    head = written.partition(".")[0]
+    return (
+        hasattr(builtins, head)
+        or head in module.imports
+        or head in module.globals
+        or head in module.functions
+        or head in module.classes
+    )
 
 
 def index_of(rule: Rule) -> ProjectIndex:

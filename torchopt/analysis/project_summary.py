@@ -4,7 +4,8 @@ the project index (``project.py`` resolves names across files on top of it).
 A :class:`ModuleSummary` is plain data (it is kept in the result cache as JSON, by the hash of the
 file's bytes): the module's imports, its classes (bases, the layers their bodies build, the other
 classes and functions they call), its functions (parameters, what they call, whether they run a
-training step, whether they run under ``no_grad``/``inference_mode``, which parameters and module
+training step, whether they run under ``no_grad``/``inference_mode``, which determinism switches they
+set and under which parameter, which parameters and module
 globals their ``for`` loops iterate, the keys of a dict they return), the names assigned under
 ``if __name__ == "__main__":`` and the functions handed to new processes.
 """
@@ -32,6 +33,17 @@ LAYER_KINDS: dict[str, str] = {
     **{n: "attention" for n in ("MultiheadAttention", "Transformer", "TransformerEncoderLayer")},
 }
 CONV_FUNCTIONS = {f"conv{d}d" for d in (1, 2, 3)} | {f"conv_transpose{d}d" for d in (1, 2, 3)}
+AMP = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+    "torch.GradScaler",
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+}
 NO_GRAD = {"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"}
 SPAWNS = {
     "torch.multiprocessing.spawn",
@@ -53,11 +65,17 @@ class Unit:
     bases: list[str] = field(default_factory=list)  # a class's bases (as written)
     params: list[str] = field(default_factory=list)
     steps: bool = False  # calls `.backward()`
+    amp: bool = False  # names torch's autocast or GradScaler (resolved through the module's imports)
     no_grad: bool = False  # decorated with / wholly inside `no_grad()` / `inference_mode()`
     iterates: list[str] = field(default_factory=list)  # parameters and globals its `for` loops iterate
     reads: list[str] = field(default_factory=list)  # module globals it reads
     returns_dict: dict[str, str] | None = None  # `return dict(k=v)` / `return {"k": v}`: key -> source
     passes: list[str] = field(default_factory=list)  # names it passes to calls (`ResNet(BasicBlock)`)
+    # The determinism switches a function sets (`torch.use_deterministic_algorithms(True)`,
+    # `cudnn.deterministic = True`, `CUBLAS_WORKSPACE_CONFIG`), each by what decides whether it runs:
+    # "" always, "P:D" when the parameter P does (its default written as D, "" without a literal
+    # default), "?" when a value known only at run time does.
+    determinism: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -230,12 +248,93 @@ def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) 
                 unit.reads.append(n.id)
         elif isinstance(n, ast.Return) and n.value is not None and unit.returns_dict is None:
             unit.returns_dict = _dict_literal(n.value)
+        elif isinstance(n, ast.Attribute) and not unit.amp:
+            q = out.qualify(dotted_name(n) or "")
+            unit.amp = q is not None and q[1] == 0 and q[0] in AMP
+        if isinstance(n, ast.Name) and not unit.amp:
+            q = out.qualify(n.id)
+            unit.amp = q is not None and q[1] == 0 and q[0] in AMP
+    unit.determinism = _determinism(out, node.body, params, _literal_defaults(node), ())
     unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
         len(node.body) == 1
         and isinstance(node.body[0], ast.With)
         and any(_no_grad(out, i.context_expr) for i in node.body[0].items)
     )
     return unit
+
+
+DETERMINISM = ("torch.use_deterministic_algorithms", "torch.backends.cudnn.deterministic")
+_CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+
+
+def _literal_defaults(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
+    """Parameter -> its default when that is ``True``, ``False`` or ``None``."""
+    a = node.args
+    positional = [*a.posonlyargs, *a.args]
+    pairs = [*zip(positional[len(positional) - len(a.defaults) :], a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+    return {p.arg: repr(d.value) for p, d in pairs if isinstance(d, ast.Constant) and d.value in (True, False, None)}
+
+
+def _determinism(
+    out: ModuleSummary, body: list[ast.stmt], params: list[str], defaults: dict[str, str], deciders: tuple[str, ...]
+) -> list[str]:
+    """What decides whether each determinism switch in ``body`` runs (see ``Unit.determinism``);
+    ``deciders``: the conditions of the enclosing ``if`` statements, in the same words."""
+    found: list[str] = []
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            found += _determinism(out, stmt.body, params, defaults, (*deciders, _decider(stmt.test, params, defaults)))
+            found += _determinism(out, stmt.orelse, params, defaults, (*deciders, "?"))
+            continue
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+            for block in ("body", "orelse", "finalbody"):
+                found += _determinism(out, getattr(stmt, block, []), params, defaults, deciders)
+            continue
+        value = _switch_value(out, stmt)
+        if value is None:
+            continue
+        own = "" if isinstance(value, ast.Constant) else _decider(value, params, defaults)
+        # the switch runs when every enclosing condition holds: a parameter decides if one does
+        decided = [d for d in (*deciders, own) if d]
+        found.append(next((d for d in decided if d != "?"), "?") if decided else "")
+    return found
+
+
+def _switch_value(out: ModuleSummary, stmt: ast.stmt) -> ast.expr | None:
+    """The value a determinism switch is set to by ``stmt`` (None: not a switch, or set to False)."""
+    value: ast.expr | None = None
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        written = dotted_name(stmt.value.func)
+        q = out.qualify(written) if written else None
+        if q is not None and q[0] == DETERMINISM[0]:
+            call = stmt.value
+            value = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        t = stmt.targets[0]
+        written = dotted_name(t) if isinstance(t, ast.Attribute) else None
+        q = out.qualify(written) if written else None
+        if q is not None and q[0] == DETERMINISM[1]:
+            value = stmt.value
+        elif isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant) and t.slice.value == _CUBLAS:
+            value = ast.Constant(True)
+    if value is None or (isinstance(value, ast.Constant) and value.value in (False, None)):
+        return None
+    return value
+
+
+def _decider(test: ast.expr, params: list[str], defaults: dict[str, str]) -> str:
+    """``P:D`` when the parameter ``P`` must be true for ``test`` to hold (``P``, ``P and ...``,
+    ``P is True``), else ``?``."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    for part in parts:
+        if isinstance(part, ast.Compare) and len(part.ops) == 1 and isinstance(part.ops[0], (ast.Is, ast.Eq)):
+            if isinstance(part.comparators[0], ast.Constant) and part.comparators[0].value is True:
+                part = part.left
+        if isinstance(part, ast.Name) and part.id in params:
+            return f"{part.id}:{defaults.get(part.id, '')}"
+    return "?"
 
 
 def _no_grad(out: ModuleSummary, expr: ast.expr) -> bool:

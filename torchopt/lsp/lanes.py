@@ -29,6 +29,7 @@ from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic
 from torchopt.lsp.render import Renderer
 from torchopt.rewrite.incremental import IncrementalChecker, Stale
+from torchopt.rewrite.projectscope import LiveScope, in_scope
 
 LARGE_DOC_CHARS = 200_000
 
@@ -38,7 +39,9 @@ class LaneDied(Exception):
 
 
 Look = tuple[str, str]  # (position encoding, ruleUrl): what the LSP JSON of a diagnostic depends on
-Checked = tuple[str | None, list[Diagnostic], tuple[Look, bytes] | None]
+# (why the text cannot be analysed, or None; its diagnostics; their LSP JSON; the other files the
+# diagnostics were read from: a change to one of them makes the server check the text again)
+Checked = tuple[str | None, list[Diagnostic], tuple[Look, bytes] | None, frozenset[str]]
 
 
 def check_text(
@@ -49,17 +52,21 @@ def check_text(
     stale: Callable[[], bool],
     look: Look,
     renderer: Renderer,
+    scope: LiveScope,
 ) -> Checked:
-    """(why the text cannot be analysed, or None; its diagnostics; their LSP JSON array, rendered
-    here rather than on the server's event loop). Raises what ``checker.check`` raises
-    (ParseError, Stale, RecursionError, ...)."""
+    """The check of ``text`` (its LSP JSON array rendered here rather than on the server's event
+    loop), with the other modules of its project read through ``scope``: the unsaved text of the
+    documents open in the editor, the files' own text otherwise. Raises what ``checker.check``
+    raises (ParseError, Stale, RecursionError, ...)."""
     problem = over_budget(text)  # before LibCST sees the text: its parser crashes on deep nesting
     if problem is not None:
-        return problem, [], None
-    diags = checker.check(text, settings, path, stale=stale)
+        return problem, [], None, frozenset()
+    with in_scope(scope):
+        diags = checker.check(text, settings, path, stale=stale)
     if stale():
         raise Stale  # not worth rendering: a newer text waits
-    return None, diags, (look, renderer.array(diags, text, *look))
+    reads = frozenset(scope.paths(checker.last_deps))
+    return None, diags, (look, renderer.array(diags, text, *look)), reads
 
 
 class Lane:
@@ -84,10 +91,13 @@ class Lane:
         """The document's edit count changed: a check of an older text stops."""
         self._edits.value = edits
 
-    def check(self, text: str, settings: Settings, path: str, edits: int, look: Look) -> Checked:
+    def check(
+        self, text: str, settings: Settings, path: str, edits: int, look: Look, others: dict[str, str]
+    ) -> Checked:
+        """``others``: the unsaved texts of the other documents open in the editor, by path."""
         with self._lock:
             try:
-                self._conn.send((text, settings, path, edits, look))
+                self._conn.send((text, settings, path, edits, look, others))
                 ok, value = self._conn.recv()
             except (EOFError, OSError) as exc:
                 raise LaneDied(f"the worker process of this document ended ({type(exc).__name__})") from None
@@ -110,15 +120,20 @@ def _serve(conn: Any, edits: Any, init: Callable[[], object] | None) -> None:
     sys.stdout = sys.stderr
     if init is not None:
         init()
-    checker, renderer = IncrementalChecker(), Renderer()
+    checker, renderer, scope = IncrementalChecker(), Renderer(), LiveScope()
     while True:
         try:
-            text, settings, path, gen, look = conn.recv()
+            text, settings, path, gen, look, others = conn.recv()
         except (EOFError, OSError):
             return
+        for p in scope.open_paths() - set(others):
+            scope.set_text(p, None)
+        for p, t in others.items():
+            scope.set_text(p, t)
         result: tuple[bool, Any]
         try:
-            result = (True, check_text(checker, text, settings, path, lambda: edits.value != gen, look, renderer))
+            stale = lambda: edits.value != gen  # noqa: E731
+            result = (True, check_text(checker, text, settings, path, stale, look, renderer, scope))
         except Exception as exc:  # raised again in the server
             result = (False, exc)
         try:

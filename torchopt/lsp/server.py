@@ -15,9 +15,7 @@ import json
 import logging
 import os
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from urllib.parse import unquote, urlparse
+from concurrent.futures import ThreadPoolExecutor
 
 from cattrs import transform_error
 from lsprotocol import types as lsp
@@ -27,84 +25,24 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
 from torchopt import __version__
+from torchopt.lsp.document import Doc
 from torchopt.lsp.frames import FrameError, read_frames
-from torchopt.lsp.lanes import LARGE_DOC_CHARS, Lane, LaneDied, check_text
-from torchopt.lsp.options import OPTION_KEYS, ClientOptions
+from torchopt.lsp.handlers import register
+from torchopt.lsp.lanes import LARGE_DOC_CHARS, Checked, Lane, LaneDied, check_text
+from torchopt.lsp.options import ClientOptions
 from torchopt.lsp.render import Renderer, lsp_json, lsp_range, publish_message
-from torchopt.lsp.text import UTF16, Edit, Lines, apply_change, ignore_edit, minimal_edits
+from torchopt.lsp.text import UTF16, Edit, Lines, minimal_edits
 from torchopt.rewrite.config import ConfigError, Resolver, Settings
 from torchopt.rewrite.engine import Diagnostic, FixError, ParseError, fix_source
-from torchopt.rewrite.incremental import IncrementalChecker, Stale
-from torchopt.rewrite.registry import all_rules
+from torchopt.rewrite.incremental import Stale
+from torchopt.rewrite.projectscope import LiveScope
 from torchopt.rewrite.source import is_generated
 
 log = logging.getLogger("torchopt.lsp")
 
-FIX_ALL = "source.fixAll.torchopt"
-# Deliberately not under `source.fixAll`: editors run every `source.fixAll.*` action on save, and
-# unsafe fixes must only ever be applied on request.
-FIX_ALL_UNSAFE = "source.unsafeFixAll.torchopt"
 # Documents analysed at the same time, each in its own thread (one slow document never holds up the
 # others); more than this many busy documents queue for a thread.
 ENGINE_THREADS = 32
-
-
-@dataclass
-class Doc:
-    uri: str
-    path: str
-    text: str
-    version: int | None
-    # The last text that parsed, and its diagnostics (kept while the user types broken code).
-    checked_text: str | None = None
-    diags: list[Diagnostic] = field(default_factory=list)
-    # The LSP JSON array of ``diags`` and the (encoding, ruleUrl) it was rendered with, when it was
-    # rendered off the event loop along with the check.
-    rendered: tuple[tuple[str, str], bytes] | None = field(default=None, repr=False)
-    broken: bool = False
-    task: asyncio.Task | None = None
-    # Its own incremental checker (results per group of statements), or its own worker process once
-    # it is large (lanes.py); the engine job now running for it (one at a time per document, since
-    # the checker is not thread-safe); how many times it changed (a check of an older text stops).
-    checker: IncrementalChecker = field(default_factory=IncrementalChecker, repr=False)
-    lane: Lane | None = field(default=None, repr=False)
-    job: Future | None = field(default=None, repr=False)
-    edits: int = 0
-    last_edit: float = float("-inf")  # the event loop's clock at the last change
-    no_lane: bool = False  # a process could not be started for it
-    _lines_cache: dict[str, Lines] = field(default_factory=dict, repr=False)
-
-    def touch(self) -> None:
-        """The text changed, or the document was closed: checks of the text before stop."""
-        self.edits += 1
-        if self.lane is not None:
-            self.lane.touch(self.edits)
-
-    def lines(self, text: str) -> Lines:
-        cache = self._lines_cache
-        hit = cache.get(text)
-        if hit is None:
-            cache.clear()  # keeps at most the texts asked for since the last change
-            hit = cache[text] = Lines(text)
-        return hit
-
-
-def uri_to_path(uri: str, root: str) -> str:
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        path = unquote(parsed.path)
-        if os.name == "nt" and len(path) > 2 and path[0] == "/" and path[2] == ":":
-            path = path[1:]
-        return os.path.normpath(path)
-    # Unsaved buffers (untitled:...) take the settings of the workspace folder.
-    return os.path.join(root, "untitled.py")
-
-
-@functools.lru_cache(maxsize=None)
-def rule_page(code: str) -> str:
-    from torchopt.rewrite.ruledoc import render
-
-    return render(all_rules()[code])
 
 
 def _why(exc: BaseException) -> str:
@@ -211,6 +149,11 @@ class TorchoptServer(LanguageServer):
         self._good_settings: dict[str, Settings] = {}
         self._config_errors: set[str] = set()
         self.renderer = Renderer()  # the JSON of diagnostics checked in this process
+        # The project index of every document: other modules are read from the editor's unsaved
+        # text when they are open, and each module's summary is made again only when it changes.
+        self.scope = LiveScope()
+        self.changes = 0  # texts changed (text_changed), and the count when each file last changed
+        self.changed_at: dict[str, int] = {}
 
     # transport ----------------------------------------------------------------------------------
 
@@ -285,14 +228,37 @@ class TorchoptServer(LanguageServer):
     def reload_settings(self) -> None:
         self.resolver = Resolver(self.options.overrides())
         self._config_errors.clear()
+        self.scope = LiveScope()  # project folders may have moved with the settings files
+        for doc in self.docs.values():
+            self.scope.set_text(doc.path, doc.text)
+
+    def text_changed(self, doc: Doc, text: str | None) -> None:
+        """The editor's text of ``doc`` is now ``text`` (None: closed, its file's text counts again):
+        the other open documents whose diagnostics were read from it are checked again, after the
+        debounce (a check under way when it changed is, when it read it: ``analyse``). Their results
+        that did not read it, or read a summary of it that did not change, are kept."""
+        if not doc.uri.startswith("file:") or not self.scope.set_text(doc.path, text):
+            return
+        real = os.path.realpath(doc.path)
+        self.changes += 1
+        self.changed_at[real] = self.changes
+        for other in list(self.docs.values()):
+            if other is not doc and real in other.reads:
+                self.recheck(other)
+
+    def recheck(self, doc: Doc) -> None:
+        doc.checked_text = None
+        self.schedule(doc, self.options.debounce_s)
+
+    def others(self, doc: Doc) -> dict[str, str]:
+        """The unsaved texts of the open documents other than ``doc``, by path."""
+        return {d.path: d.text for d in self.docs.values() if d is not doc and d.uri.startswith("file:")}
 
     async def run(self, fn, *args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.engine, functools.partial(fn, *args, **kwargs))
 
-    async def check_text(
-        self, doc: Doc, text: str, edits: int, settings: Settings
-    ) -> tuple[str | None, list[Diagnostic], tuple[tuple[str, str], bytes] | None]:
+    async def check_text(self, doc: Doc, text: str, edits: int, settings: Settings) -> Checked:
         """Check ``text`` in the document's lane (lanes.check_text), after the document's previous
         job has finished: a cancelled caller leaves its job running, and the next one waits for it
         rather than share the checker. ``edits`` is the document's edit count when it had ``text``."""
@@ -307,10 +273,11 @@ class TorchoptServer(LanguageServer):
                 self.log_line(f"{doc.path}: cannot start a process to check it in: {exc}", lsp.MessageType.Warning)
         look = (self.encoding, self.options.rule_url)
         if doc.lane is not None:
-            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits, look)
+            doc.job = self.engine.submit(doc.lane.check, text, settings, doc.path, edits, look, self.others(doc))
         else:
+            stale = lambda: doc.edits != edits  # noqa: E731
             doc.job = self.engine.submit(
-                check_text, doc.checker, text, settings, doc.path, lambda: doc.edits != edits, look, self.renderer
+                check_text, doc.checker, text, settings, doc.path, stale, look, self.renderer, self.scope
             )
         return await asyncio.wrap_future(doc.job)
 
@@ -327,7 +294,7 @@ class TorchoptServer(LanguageServer):
 
     async def analyse(self, doc: Doc) -> bool:
         """Check the document's current text; True when its diagnostics are now current."""
-        text, version, edits = doc.text, doc.version, doc.edits
+        text, version, edits, changes = doc.text, doc.version, doc.edits, self.changes
         if doc.checked_text == text and not doc.broken:
             return True
         settings = self.settings_for(doc.path)
@@ -336,7 +303,7 @@ class TorchoptServer(LanguageServer):
             doc.broken, doc.checked_text, doc.diags, doc.rendered = False, text, [], None
             return True
         try:
-            problem, diags, rendered = await self.check_text(doc, text, edits, settings)
+            problem, diags, rendered, reads = await self.check_text(doc, text, edits, settings)
         except Stale:
             return False  # a newer analysis is scheduled (or the document was closed)
         except LaneDied as exc:
@@ -359,8 +326,11 @@ class TorchoptServer(LanguageServer):
             return self.unanalysable(doc, text, problem)
         if doc.text != text or doc.version != version:
             return False  # edited meanwhile; a newer analysis is scheduled
+        if changes != self.changes and any(self.changed_at.get(r, 0) > changes for r in reads):
+            self.recheck(doc)  # a file it read changed while it was checked
+            return False
         doc.broken = False
-        doc.checked_text, doc.diags, doc.rendered = text, diags, rendered
+        doc.checked_text, doc.diags, doc.rendered, doc.reads = text, diags, rendered, reads
         return True
 
     def unanalysable(self, doc: Doc, text: str, problem: str) -> bool:
@@ -475,274 +445,9 @@ def compute_edit(path: str, text: str, data: dict, settings: Settings) -> tuple[
     return minimal_edits(text, new) or None, None
 
 
-def _check_range(lines: Lines, start: lsp.Position, end: lsp.Position | None = None) -> None:
-    """Positions on a line past the document's end, or a range that ends before it starts, are
-    invalid params (a character past its line's end is not: LSP says it means the line's end)."""
-    for pos in (start, end or start):
-        if pos.line >= len(lines):
-            raise JsonRpcInvalidParams(
-                f"Invalid params: line {pos.line} is past the end of the document ({len(lines)} lines)"
-            )
-    if end is not None and (end.line, end.character) < (start.line, start.character):
-        raise JsonRpcInvalidParams("Invalid params: the range ends before it starts")
-
-
-def _kind_wanted(kind: str, only: list[str] | None) -> bool:
-    return only is None or any(kind == k or kind.startswith(k + ".") for k in only)
-
-
-def _overlaps(d: Diagnostic, lines: Lines, start: int, end: int) -> bool:
-    a = lines.offset(d.line - 1, d.column - 1)
-    b = lines.offset(d.end_line - 1, d.end_column - 1)
-    return a <= end and start <= b
-
-
 def create_server() -> TorchoptServer:
     server = TorchoptServer()
-
-    @server.feature(lsp.INITIALIZE)
-    def initialize(ls: TorchoptServer, params: lsp.InitializeParams) -> None:
-        ls.options, problems = ClientOptions.parse(params.initialization_options)
-        ls.report_option_problems(problems)
-        folders = params.workspace_folders or []
-        root_uri = folders[0].uri if folders else params.root_uri
-        if root_uri:
-            ls.root = uri_to_path(root_uri, os.getcwd())
-        ls.reload_settings()
-
-    @server.feature(lsp.INITIALIZED)
-    async def initialized(ls: TorchoptServer, params: lsp.InitializedParams) -> None:
-        caps = ls.client_capabilities.workspace
-        watched = caps.did_change_watched_files if caps else None
-        if watched is not None and watched.dynamic_registration:
-            reg = lsp.Registration(
-                id="torchopt-pyproject",
-                method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
-                register_options=lsp.DidChangeWatchedFilesRegistrationOptions(
-                    watchers=[lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml")]
-                ),
-            )
-            try:
-                await ls.client_register_capability_async(lsp.RegistrationParams(registrations=[reg]))
-            except Exception as exc:  # the client said no; settings then reload on save only
-                ls.log_line(f"could not watch pyproject.toml files: {exc}", lsp.MessageType.Warning)
-
-    @server.feature(lsp.TEXT_DOCUMENT_DID_OPEN)
-    async def did_open(ls: TorchoptServer, params: lsp.DidOpenTextDocumentParams) -> None:
-        td = params.text_document
-        doc = Doc(uri=td.uri, path=uri_to_path(td.uri, ls.root), text=td.text, version=td.version)
-        old = ls.docs.get(td.uri)
-        if old is not None:
-            ls.retire(old)
-        ls.docs[td.uri] = doc
-        ls.schedule(doc, 0.0)
-
-    @server.feature(lsp.TEXT_DOCUMENT_DID_CHANGE)
-    async def did_change(ls: TorchoptServer, params: lsp.DidChangeTextDocumentParams) -> None:
-        doc = ls.docs.get(params.text_document.uri)
-        if doc is None:
-            return
-        enc = ls.encoding
-        for ch in params.content_changes:
-            rng = getattr(ch, "range", None)
-            if rng is None:
-                doc.text = ch.text
-            else:
-                doc.text = apply_change(
-                    doc.text, (rng.start.line, rng.start.character), (rng.end.line, rng.end.character), ch.text, enc
-                )
-        doc.version = params.text_document.version
-        doc.touch()
-        # The debounce holds back checks while the user types fast: an edit that comes within
-        # debounceMs of the one before waits for a pause that long; an edit after a pause (the
-        # first keystroke, a paste, a quick fix applied) is checked at once.
-        now = asyncio.get_running_loop().time()
-        typing = now - doc.last_edit < ls.options.debounce_s
-        doc.last_edit = now
-        ls.schedule(doc, ls.options.debounce_s if typing else 0.0)
-
-    @server.feature(lsp.TEXT_DOCUMENT_DID_SAVE, lsp.SaveOptions(include_text=False))
-    async def did_save(ls: TorchoptServer, params: lsp.DidSaveTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if os.path.basename(uri_to_path(uri, ls.root)) == "pyproject.toml":
-            await _settings_changed(ls)
-            return
-        doc = ls.docs.get(uri)
-        if doc is not None:
-            ls.schedule(doc, 0.0)
-
-    @server.feature(lsp.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: TorchoptServer, params: lsp.DidCloseTextDocumentParams) -> None:
-        doc = ls.docs.pop(params.text_document.uri, None)
-        if doc is not None:
-            ls.retire(doc)
-        ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=params.text_document.uri, diagnostics=[]))
-
-    async def _settings_changed(ls: TorchoptServer) -> None:
-        ls.reload_settings()
-        for doc in list(ls.docs.values()):
-            doc.checked_text = None  # force a re-check under the new settings
-            doc.broken = False
-            ls.schedule(doc, 0.0)
-
-    @server.feature(lsp.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: TorchoptServer, params: lsp.DidChangeConfigurationParams) -> None:
-        """Client settings changed (the same keys as ``initializationOptions``, optionally under
-        ``torchopt``). A client that sends no settings here (the pull model) keeps the current ones."""
-        raw = params.settings
-        if not isinstance(raw, dict) or not raw:
-            return
-        if isinstance(raw.get("torchopt"), dict):
-            raw = raw["torchopt"]
-        elif not any(k in raw for k in OPTION_KEYS):
-            return  # settings for other tools only
-        ls.options, problems = ClientOptions.parse(raw)
-        ls.report_option_problems(problems)
-        ls.log_line("client settings changed; settings reloaded")
-        await _settings_changed(ls)
-
-    @server.feature(lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES)
-    async def did_change_watched(ls: TorchoptServer, params: lsp.DidChangeWatchedFilesParams) -> None:
-        if any(c.uri.rstrip("/").endswith("pyproject.toml") for c in params.changes):
-            ls.log_line("pyproject.toml changed; settings reloaded")
-            await _settings_changed(ls)
-
-    @server.feature(
-        lsp.TEXT_DOCUMENT_CODE_ACTION,
-        lsp.CodeActionOptions(
-            code_action_kinds=[lsp.CodeActionKind.QuickFix, FIX_ALL, FIX_ALL_UNSAFE], resolve_provider=True
-        ),
-    )
-    async def code_action(ls: TorchoptServer, params: lsp.CodeActionParams) -> list[lsp.CodeAction] | None:
-        doc = ls.docs.get(params.text_document.uri)
-        if doc is None:
-            return None
-        _check_range(doc.lines(doc.text), params.range.start, params.range.end)
-        if params.context.trigger_kind == lsp.CodeActionTriggerKind.Automatic and doc.checked_text != doc.text:
-            # Lightbulb requests come with every cursor move while typing: wait for the debounced
-            # check (editors ask again when the diagnostics arrive) instead of checking now.
-            return None
-        cur = await ls.current(doc)
-        if cur is None:
-            return None
-        text, diags = cur
-        lines = doc.lines(text)
-        enc = ls.encoding
-        start = lines.from_client(params.range.start.line, params.range.start.character, enc)
-        end = lines.from_client(params.range.end.line, params.range.end.character, enc)
-        only = [str(getattr(k, "value", k)) for k in params.context.only] if params.context.only else None
-        ca = ls.client_capabilities.text_document
-        resolve = ca and ca.code_action and ca.code_action.resolve_support
-        lazy = bool(resolve and "edit" in resolve.properties)
-        base = {"uri": doc.uri, "version": doc.version}
-        actions: list[tuple[lsp.CodeAction, dict | None]] = []
-        if _kind_wanted(lsp.CodeActionKind.QuickFix.value, only):
-            ignored: set[tuple[str, int]] = set()
-            for d in diags:
-                if not _overlaps(d, lines, start, end):
-                    continue
-                ld = ls.to_lsp(d, lines)
-                if d.fix is not None:
-                    title = d.fix.title or f"Fix {d.code}"
-                    if d.fix.safety == "unsafe":
-                        title += f" (unsafe: {d.fix.changes() or 'changes behaviour'})"
-                    fix_data = {**base, "op": "fix", "code": d.code, "line": d.line, "column": d.column}
-                    actions.append(
-                        (
-                            lsp.CodeAction(
-                                title=title,
-                                kind=lsp.CodeActionKind.QuickFix,
-                                diagnostics=[ld],
-                                is_preferred=d.fix.safety == "safe",
-                            ),
-                            fix_data,
-                        )
-                    )
-                if (d.code, d.line) not in ignored:
-                    ignored.add((d.code, d.line))
-                    edit = ignore_edit(text, d.code, (d.line - 1, d.end_line - 1))
-                    if edit is not None:
-                        actions.append(
-                            (
-                                lsp.CodeAction(
-                                    title=f"Ignore {d.code} on this line",
-                                    kind=lsp.CodeActionKind.QuickFix,
-                                    diagnostics=[ld],
-                                    edit=ls.workspace_edit(doc, text, [edit]),
-                                ),
-                                None,
-                            )
-                        )
-        settings = ls.settings_for(doc.path)
-        has_safe = any(d.fix is not None and d.fix.safety == "safe" for d in diags)
-        has_unsafe = any(d.fix is not None and d.fix.safety == "unsafe" for d in diags)
-        if has_safe or (has_unsafe and settings.unsafe_fixes):
-            if _kind_wanted(FIX_ALL, only):
-                actions.append(
-                    (
-                        lsp.CodeAction(
-                            title="torchopt: fix all (safe fixes)"
-                            if not settings.unsafe_fixes
-                            else "torchopt: fix all (unsafe fixes enabled)",
-                            kind=FIX_ALL,
-                        ),
-                        {**base, "op": "fixAll"},
-                    )
-                )
-        if has_unsafe and not settings.unsafe_fixes and _kind_wanted(FIX_ALL_UNSAFE, only):
-            actions.append(
-                (
-                    lsp.CodeAction(title="torchopt: fix all, unsafe fixes too", kind=FIX_ALL_UNSAFE),
-                    {**base, "op": "fixAllUnsafe"},
-                )
-            )
-        out = []
-        for action, data in actions:
-            if data is not None:
-                if lazy:
-                    action.data = data
-                else:
-                    edits = await ls.edit_for(doc, text, data)
-                    if edits is None:
-                        continue
-                    action.edit = ls.workspace_edit(doc, text, edits)
-            out.append(action)
-        return out
-
-    @server.feature(lsp.CODE_ACTION_RESOLVE)
-    async def code_action_resolve(ls: TorchoptServer, action: lsp.CodeAction) -> lsp.CodeAction:
-        data = action.data if isinstance(action.data, dict) else {}
-        doc = ls.docs.get(data.get("uri", ""))
-        if doc is None or doc.version != data.get("version"):
-            return action  # the document changed: no edit rather than a stale one
-        text = doc.text
-        edits = await ls.edit_for(doc, text, data)
-        if edits is not None and doc.text == text:
-            action.edit = ls.workspace_edit(doc, text, edits)
-        return action
-
-    @server.feature(lsp.TEXT_DOCUMENT_HOVER)
-    async def hover(ls: TorchoptServer, params: lsp.HoverParams) -> lsp.Hover | None:
-        doc = ls.docs.get(params.text_document.uri)
-        if doc is None:
-            return None
-        _check_range(doc.lines(doc.text), params.position)
-        cur = await ls.current(doc)
-        text, diags = cur if cur is not None else (doc.checked_text, doc.diags)
-        if text is None:
-            return None
-        lines = doc.lines(text)
-        at = lines.from_client(params.position.line, params.position.character, ls.encoding)
-        hits = [d for d in diags if _overlaps(d, lines, at, at)]
-        if not hits:
-            return None
-        codes = list(dict.fromkeys(d.code for d in hits))
-        pages = await ls.run(lambda: [rule_page(c) for c in codes])
-        return lsp.Hover(
-            contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(pages)),
-            range=ls.lsp_range(hits[0], lines),
-        )
-
+    register(server)
     return server
 
 

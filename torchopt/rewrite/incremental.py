@@ -11,13 +11,19 @@ that declares ``locality = "file"`` (it reads facts from anywhere in the file, l
 ``init_process_group``") runs on the whole text instead.
 
 Results are memoised by the text of each group, so an edit inside one function re-analyses only that
-function's group. ``tests/test_incremental.py`` checks that the result equals ``check_source`` on every
+function's group. When the "file" rules must run again and the edited group holds most of the module
+(a script whose ``main()`` reaches every function), the whole text is analysed once for every rule
+instead: ``check_source`` itself, cheaper than both. Under a ``LiveScope`` (the language server) each
+result also remembers what it read of other modules through the project index, and is kept only
+while those facts hold. ``tests/test_incremental.py`` checks that the result equals ``check_source`` on every
 fixture and rule example; ``benchmarks/incremental_audit.py`` does the same over a corpus.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import hashlib
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
@@ -27,6 +33,7 @@ from torchopt.rewrite import suppress
 from torchopt.rewrite.config import Settings
 from torchopt.rewrite.engine import Diagnostic, active_rules, check_source, drop_yielded, parse, _run_rules
 from torchopt.rewrite.facts import analysing
+from torchopt.rewrite.projectscope import LiveScope, current_scope
 from torchopt.rewrite.registry import all_rules
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -236,6 +243,17 @@ class _Group:
     found: list[tuple[int, int, int, int, Diagnostic]]
     starts: tuple[int, ...] = ()
     mapped: list[tuple[int, Diagnostic]] = field(default_factory=list)  # (member, diagnostic)
+    deps: list = field(default_factory=list)  # what it read of other files (LiveScope.recording)
+
+
+@contextlib.contextmanager
+def _reads(scope: LiveScope | None):
+    """Record what an analysis reads of other files, when the scope is one whose files change."""
+    if scope is None:
+        yield []
+        return
+    with scope.recording() as deps:
+        yield deps
 
 
 def _map_refs(s: str, sizes: list[tuple[int, int]], starts: tuple[int, ...]) -> str:
@@ -270,6 +288,8 @@ class IncrementalChecker:
         self._codes: frozenset[str] = frozenset()
         self.last_misses = 0  # groups analysed by the last call (for tests and benchmarks)
         self.last_whole = False  # whether the last call ran the "file" rules on the whole text
+        self.last_deps: list = []  # what the last call's results read of other files (LiveScope)
+        self._scope: LiveScope | None = None  # the scope of the call under way, when its files change
 
     def _chunks(self, text: str, path: str) -> list[Chunk] | None:
         prev = self._docs.pop(path, None)
@@ -294,9 +314,8 @@ class IncrementalChecker:
         codes: frozenset[str],
         stale: Callable[[], bool] | None = None,
     ) -> _Group:
-        hit = self._memo.get(key)
+        hit = self._hit(key)
         if hit is not None:
-            self._memo.move_to_end(key)
             return hit
         if stale is not None and stale():
             raise Stale
@@ -315,15 +334,53 @@ class IncrementalChecker:
             return -1, 0
 
         found = []
-        for d in _check_part(synth, settings, path, codes):
+        with _reads(self._scope) as deps:
+            part = _check_part(synth, settings, path, codes)
+        for d in part:
             k, off = where(d.line)
             k2, off2 = where(d.end_line)
             if k >= 0 and k2 >= 0:
                 found.append((k, off, k2, off2, d))
-        group = self._memo[key] = _Group(found)
+        return self._keep(key, _Group(found, deps=deps))
+
+    def _hit(self, key: tuple) -> _Group | None:
+        """The remembered result for ``key``, while what it read of other files still holds."""
+        hit = self._memo.get(key)
+        if hit is None:
+            return None
+        if hit.deps and self._scope is not None and not self._scope.unchanged(hit.deps):
+            del self._memo[key]
+            return None
+        self._memo.move_to_end(key)
+        self.last_deps += hit.deps
+        return hit
+
+    def _keep(self, key: tuple, group: _Group) -> _Group:
+        self._memo[key] = group
+        self.last_deps += group.deps
         if len(self._memo) > self.capacity:
             self._memo.popitem(last=False)
         return group
+
+    def _whole(
+        self,
+        key: tuple,
+        text: str,
+        settings: Settings,
+        path: str,
+        codes: frozenset[str],
+        stale: Callable[[], bool] | None,
+    ) -> _Group:
+        """``check_source`` of the whole text for ``codes``, remembered under ``key``."""
+        hit = self._hit(key)
+        if hit is None:
+            if stale is not None and stale():
+                raise Stale
+            self.last_whole = True
+            with _reads(self._scope) as deps:
+                diags = check_source(text, settings, path, codes).diagnostics
+            hit = self._keep(key, _Group([(0, 0, 0, 0, d) for d in diags], deps=deps))
+        return hit
 
     @staticmethod
     def _mapped(group: _Group, chunks: list[Chunk], members: list[int]) -> list[tuple[int, Diagnostic]]:
@@ -374,35 +431,45 @@ class IncrementalChecker:
             self._settings = (settings, path, settings_hash(settings))
             self._codes = frozenset(settings.enabled_codes(path))
         codes = self._codes if codes is None else frozenset(codes)
+        scope = current_scope()
+        self._scope = scope if isinstance(scope, LiveScope) else None
+        self.last_deps = []
+        base = (self._settings[2], path)
+        # Results of the whole text are remembered by its hash (an undo finds them), not the text.
+        whole_key = base + ("whole", codes, _digest(text))
         chunks = self._chunks(text, path)
         if chunks is None or len(chunks) < 2:
-            return check_source(text, settings, path, codes).diagnostics
+            return [d for *_, d in self._whole(whole_key, text, settings, path, codes, stale).found]
         rules = all_rules()
         file_codes = frozenset(c for c in codes if getattr(rules[c], "locality", "component") == "file")
         local_codes = codes - file_codes
-        base = (self._settings[2], path)
-        out: list[Diagnostic] = []
-        if file_codes and (active_rules(file_codes, text) or suppress.UNUSED_CODE in file_codes):
-            key: tuple = base + ("file", file_codes, text)
-            hit = self._memo.get(key)
-            if hit is None:
-                if stale is not None and stale():
-                    raise Stale
-                self.last_whole = True
-                hit = self._memo[key] = _Group(
-                    [(0, 0, 0, 0, d) for d in check_source(text, settings, path, file_codes).diagnostics]
-                )
-            out += [d for *_, d in hit.found]
+        parts: list[tuple[list[int], tuple]] = []
         if local_codes:
             header, comps = groups(chunks)
+            for members in [header] + [sorted(header + comp) for comp in comps]:
+                if members:
+                    parts.append((members, base + ("part", local_codes) + tuple(chunks[i].text for i in members)))
+        out: list[Diagnostic] = []
+        if file_codes and (active_rules(file_codes, text) or suppress.UNUSED_CODE in file_codes):
+            key: tuple = base + ("file", file_codes, whole_key[-1])
+            hit = self._hit(key)
+            if hit is None:
+                # The file rules analyse the whole text again: when a part to analyse again holds
+                # most of it too (an edit in a connected program), one analysis of the whole text
+                # for every rule costs less than both, and gives check_source's diagnostics by
+                # definition. (Parts that are each a small share are analysed and remembered.)
+                todo = [m for m, k in parts if self._hit(k) is None]
+                if any(2 * sum(chunks[i].end - chunks[i].start + 1 for i in m) > chunks[-1].end for m in todo):
+                    whole = self._whole(whole_key, text, settings, path, codes, stale)
+                    return [d for *_, d in whole.found]
+                hit = self._whole(key, text, settings, path, file_codes, stale)
+            out += [d for *_, d in hit.found]
+        if parts:
             # Findings in the header come from every group's analysis (a module-level DataLoader is
             # reported because a function of some group feeds the device from it), once each.
             heads = set(header)
             seen_head: set[Diagnostic] = set()
-            for members in [header] + [sorted(header + comp) for comp in comps]:
-                if not members:
-                    continue
-                key = base + ("part", local_codes) + tuple(chunks[i].text for i in members)
+            for members, key in parts:
                 group = self._group(key, chunks, members, settings, path, local_codes, stale)
                 only_header = members is header
                 for owner, d in self._mapped(group, chunks, members):
@@ -415,6 +482,10 @@ class IncrementalChecker:
         out = drop_yielded(out)  # the rules that own a problem may have run in other groups
         out.sort(key=lambda d: d.sort_key())
         return out
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def _check_part(text: str, settings: Settings, path: str, codes: frozenset[str]) -> list[Diagnostic]:

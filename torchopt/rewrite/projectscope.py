@@ -17,7 +17,8 @@ the file being analysed, every file it read and every path it looked for and did
 runner stores that record with the file's cache entry, and a cache hit is believed only while every
 file recorded is unchanged (:func:`unchanged`). Facts derived from a file are also kept in the
 result cache by the hash of the file's bytes (signed like every entry), so a later run does not parse
-it again.
+it again. The language server keeps one :class:`LiveScope` while it runs: it reads the editor's
+unsaved text of the open documents, and makes a module's facts again only when its text changed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
+from collections import Counter
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -181,6 +184,147 @@ class ProjectScope:
             out.extend(sorted(record.items()))
             if outer is not None:
                 outer.update(record)
+
+
+_NONE = object()
+Key = tuple[str, str, str]  # (kind, real path, fact): one thing a live scope's analysis read
+
+
+class LiveScope(ProjectScope):
+    """The scope of a process that lives while files change (the language server): a file open in
+    the editor is read from its unsaved text (:meth:`set_text`), a file on disk is read again when
+    its size or modification time changes, and a module's derived facts (its summary) are computed
+    again only for a text not seen before, the old one's dropped.
+
+    What an analysis read is recorded as the facts it was given (``recording`` yields pairs of
+    ``(kind, path, fact)`` and the value), not the texts they came from: :meth:`unchanged` says
+    whether every one of them still holds, so an edit of another module that leaves its summary as
+    it was keeps a result that read it. Safe to share between threads: each records its own reads."""
+
+    def __init__(self, folders: Iterable[str] = (), files: Iterable[str] = ()) -> None:
+        self._local = threading.local()
+        # real path -> [hash, text] as the editor has it (the hash made when an analysis first reads
+        # it, not on the event loop at each keystroke)
+        self._open: dict[str, list] = {}
+        self._disk: dict[str, tuple[tuple[int, int, int], tuple[str, str] | None]] = {}  # path -> (stat, read)
+        self._makers: dict[str, Callable[[str], Any]] = {}
+        self.built: Counter[str] = Counter()  # real path -> facts derived from its texts (tests, logs)
+        self._lock = threading.Lock()
+        super().__init__(folders, files, None)
+
+    @property
+    def _record(self) -> dict | None:
+        return getattr(self._local, "record", None)
+
+    @_record.setter
+    def _record(self, value: dict | None) -> None:
+        self._local.record = value
+
+    def _note(self, key: Key, value: Any) -> None:
+        record = self._record
+        if record is not None:
+            record[key] = value
+
+    def set_text(self, path: str, text: str | None) -> bool:
+        """The file ``path`` now has ``text`` (open in the editor, unsaved), or is read from disk
+        again (None: it was closed). True when the text the analyses see changed."""
+        real = os.path.realpath(path)
+        old = self._open.pop(real, None)
+        if text is None:
+            if old is None:
+                return False
+            disk = self._current(real)
+            return disk is None or disk[1] != old[1]
+        if old is not None and old[1] == text:
+            self._open[real] = old
+            return False
+        before = old[1] if old is not None else (self._current(real) or (None, None))[1]
+        self._open[real] = [None, text]
+        return before != text
+
+    def open_paths(self) -> set[str]:
+        """The files given a text of their own (:meth:`set_text`)."""
+        return set(self._open)
+
+    def _current(self, real: str) -> tuple[str, str] | None:
+        got = self._open.get(real)
+        if got is not None:
+            if got[0] is None:
+                data = got[1].encode("utf-8", "surrogatepass")
+                got[0] = digest(data) if len(data) <= MAX_BYTES else ""  # too large, as on disk
+            return (got[0], got[1]) if got[0] else None
+        try:
+            st = os.stat(real)
+        except OSError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        seen = self._disk.get(real)
+        if seen is None or seen[0] != stamp:
+            seen = self._disk[real] = (stamp, _read(real))
+        return seen[1]
+
+    def exists(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        if real in self._open or os.path.isfile(real):
+            return True
+        self._note(("missing", real, ""), None)
+        return False
+
+    def text(self, path: str) -> str | None:
+        real = os.path.realpath(path)
+        got = self._current(real)
+        self._note(("text", real, ""), got and got[0])
+        return None if got is None else got[1]
+
+    def file_fact(
+        self,
+        path: str,
+        what: str,
+        make: Callable[[str], T],
+        dump: Callable[[T], Any] | None = None,
+        load: Callable[[Any], T] | None = None,
+    ) -> T | None:
+        real = os.path.realpath(path)
+        self._makers.setdefault(what, make)
+        value = self._fact(real, what, make)
+        self._note(("fact", real, what), value)
+        return value
+
+    def _fact(self, real: str, what: str, make: Callable[[str], T]) -> T | None:
+        got = self._current(real)
+        if got is None:
+            return None
+        key = (what, real, got[0])
+        hit = self._derived.get(key, _NONE)
+        if hit is not _NONE:
+            return hit
+        value = make(got[1])
+        with self._lock:
+            self.built[real] += 1
+            for old in [k for k in self._derived if len(k) == 3 and k[:2] == (what, real)]:
+                del self._derived[old]  # an older text's
+            self._derived[key] = value
+        return value
+
+    def unchanged(self, deps: Sequence[Sequence[Any]]) -> bool:
+        """Whether every read recorded in ``deps`` would read the same now."""
+        for (kind, real, what), value in deps:
+            if kind == "fact":
+                make = self._makers.get(what)
+                if make is None or self._fact(real, what, make) != value:
+                    return False
+            elif kind == "text":
+                got = self._current(real)
+                if (got and got[0]) != value:
+                    return False
+            elif real in self._open or os.path.isfile(real):  # "missing"
+                return False
+        return True
+
+    @staticmethod
+    def paths(deps: Sequence[Sequence[Any]]) -> set[str]:
+        """The files ``deps`` read or looked for."""
+        return {key[1] for key, _ in deps}
 
 
 def _read(real: str) -> tuple[str, str] | None:

@@ -3,13 +3,17 @@
 The loop of this file calls an imported function and hands it an optimizer created here; the
 forward, the loss and ``backward()`` are in that other file, which one file's analysis does not read.
 The rule says so, naming the file, rather than staying silent: inserting AMP there needs the
-definition of the step and the creation of its optimizer in one analysis."""
+definition of the step and the creation of its optimizer in one analysis. The project index rules
+out what is no step (a function that only sets each param group's learning rate runs no
+``backward()``, nor does anything it calls) and a step that already runs under the program's own
+autocast or GradScaler (named by it or by a project function it calls)."""
 
 from __future__ import annotations
 
 import libcst as cst
 
 from torchopt.analysis.names import dotted, qualified_names
+from torchopt.analysis.project import Definition, index_of
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import body_list
 
@@ -40,8 +44,21 @@ def imported_steps(analysis) -> list[tuple[cst.Call, str, str]]:
                 not a.star and (k := analysis.key(dotted(a.value), a.value)) is not None and k in analysis.koptimizers
                 for a in value.args
             ):
-                out.append((value, analysis.module.code_for_node(value.func), module))
+                written = analysis.module.code_for_node(value.func)
+                if not _float32_step(analysis, written):
+                    continue
+                out.append((value, written, module))
     return out
+
+
+def _float32_step(analysis, written: str) -> bool:
+    """False when the project index shows that ``written`` runs no training step, or runs one under
+    mixed precision already; True otherwise (also when the index cannot tell)."""
+    index = index_of(analysis.rule)
+    found = index.resolve(written)
+    if not isinstance(found, Definition) or found.kind != "function":
+        return True
+    return index.runs(found, "steps") is not False and index.runs(found, "amp") is not True
 
 
 def _imported_from(analysis, func: cst.BaseExpression) -> str | None:

@@ -62,7 +62,9 @@ class MissingAutocast(_AmpBase):
     parameter and calls `scaler.step(self._optimizer)`, so the schedule runs as before; every call of
     the method passes the scaler (refused when it is called elsewhere, has default parameters, or
     gradients are read before it). A step imported from another module of the project is not seen in
-    this file; the loop that calls it is reported with the file it lives in. A name that autocast
+    this file; the loop that calls it is reported with the file it lives in, unless the project index
+    shows that the function runs no `backward()` (a learning-rate setter handed the optimizer) or
+    already names autocast or GradScaler (itself or through a project function it calls). A name that autocast
     assigns and later code reads is upcast with `.float()` only when it is known to be a tensor (a
     name unpacked from a model whose `forward` is not in the file may be a list: refused).
     Names are resolved the way Python resolves them in the

@@ -8,7 +8,7 @@ from textwrap import dedent
 from libcst.metadata import ScopeProvider
 import libcst as cst
 
-from torchopt.codemods.data.loader_kwargs import loader_kwargs
+from torchopt.analysis.loader_kwargs import loader_kwargs
 from torchopt.codemods.data import FAMILY
 from torchopt.codemods.data.loader_analysis import DatasetKind
 from torchopt.codemods.data.loader_analysis import LoaderInfo

@@ -11,7 +11,7 @@ from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.data import FAMILY
 from torchopt.codemods.data.loader_analysis import LoaderInfo
-from torchopt.codemods.data.loader_kwargs import loader_kwargs
+from torchopt.analysis.loader_kwargs import loader_kwargs
 from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible

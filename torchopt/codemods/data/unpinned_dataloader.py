@@ -8,7 +8,7 @@ import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import positional
-from torchopt.codemods.data.loader_kwargs import loader_kwargs
+from torchopt.analysis.loader_kwargs import loader_kwargs
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.transfers import loop_copies

@@ -32,7 +32,7 @@ from torchopt.codemods.ddp.program_analysis import (
     is_import,
     side_effects,
 )
-from torchopt.codemods.ddp.save_groups import group_with_save
+from torchopt.codemods.ddp.save_groups import group_with_save, race_free_folders
 from torchopt.rewrite.rule import ImportSpec
 
 _CUDA_INDEX = re.compile(r"^cuda:\d+$")
@@ -695,6 +695,7 @@ def convert(
     # per-rank side effects and checkpoints
     skipped: list[str] = []
     guard_edits(analysis, e, ctx, skipped)
+    race_free_folders(analysis, e, n.os, ctx.may_edit, ctx.rank0)
     models = {w[1] for w in wraps}
     uses_load = any(
         isinstance(c.func, cst.Attribute) and c.func.attr.value == "load_state_dict" and dotted(c.func.value) in models

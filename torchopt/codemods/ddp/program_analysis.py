@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import libcst as cst
-from libcst.metadata import PositionProvider
+from libcst.metadata import Assignment, PositionProvider
 
-from torchopt.analysis.names import dotted, callee, qualified_names
+from torchopt.analysis.names import bindings_of, dotted, callee, qualified_names
 from torchopt.analysis.file_targets import file_target
 from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import keyword, positional
@@ -142,6 +142,7 @@ class Analysis:
         self.optimizers: dict[str, cst.SimpleStatementLine] = {}
         self.writers: set[str] = set()
         self.loggers: set[str] = set()
+        self._logger_targets: set[int] = set()  # the names `x = logging.getLogger(...)` binds
         self.module_classes: set[str] = set()
         self.models: dict[str, cst.SimpleStatementLine] = {}
         self.bindings: dict[str, int] = {}
@@ -284,6 +285,9 @@ class Analysis:
             self.writers.add(target)
         elif q == "logging.getLogger":
             self.loggers.add(target)
+            for small in s.body:
+                if isinstance(small, cst.Assign) and small.value is value:
+                    self._logger_targets.add(id(small.targets[0].target))
         elif q and q.startswith("torch.optim.") and ".lr_scheduler" not in q and q.rsplit(".", 1)[1][:1].isupper():
             self.optimizers[target] = s
         elif (
@@ -297,6 +301,16 @@ class Analysis:
             self.models.setdefault(target, s)
 
     # -- queries
+    def is_logger(self, recv: cst.BaseExpression) -> bool:
+        """``recv`` is bound, where it is read, only by ``logging.getLogger(...)``: a local of the same
+        name that another factory returns (a project's per-rank logger) is not this file's logger."""
+        if not isinstance(recv, cst.Name) or recv.value not in self.loggers:
+            return False
+        bindings = bindings_of(self.rule, recv)
+        return bool(bindings) and all(
+            isinstance(b, Assignment) and id(b.node) in self._logger_targets for b in bindings or ()
+        )
+
     def ddp_sure(self, name: str) -> bool:
         b = self.ddp.get(name) or []
         return bool(b) and all(b) and self.bindings.get(name, 0) <= len(b) + 2
@@ -596,7 +610,7 @@ def _effect_call(analysis: Analysis, c: cst.Call) -> str | None:
     if isinstance(c.func, cst.Attribute):
         recv = dotted(c.func.value)
         meth = c.func.attr.value
-        if recv in analysis.loggers and meth in LOG_METHODS:
+        if meth in LOG_METHODS and analysis.is_logger(c.func.value):
             return f"{recv}.{meth}"
         if recv in analysis.writers and (meth.startswith("add_") or meth in ("flush", "close")):
             return f"{recv}.{meth}"

@@ -132,6 +132,22 @@ class RankZeroGuards(Rule):
         ),
         Valid(
             dedent("""\
+                import logging
+                import torch.distributed as dist
+                from utils import create_logger
+
+                logger = logging.getLogger(__name__)
+
+                def setup(path, rank):
+                    dist.init_process_group("nccl")
+                    logger = create_logger(path, rank=rank)
+                    logger.info("started")
+                    return logger
+            """),
+            note="this `logger` is the project's (a local of the same name as the module's `getLogger`)",
+        ),
+        Valid(
+            dedent("""\
                 import torch
                 print(torch.zeros(2))
                 torch.save({}, 'x.pt')

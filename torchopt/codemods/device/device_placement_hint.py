@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from textwrap import dedent
+
 from libcst.metadata import Assignment
 from libcst.metadata import ScopeProvider
 import libcst as cst
@@ -12,6 +14,7 @@ from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import is_tensor_name
 from torchopt.analysis.names import method_call
+from torchopt.analysis.names import reaching_values
 from torchopt.analysis.names import torch_name
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import in_loop
@@ -37,7 +40,10 @@ class DevicePlacementHint(Rule):
 
     * a tensor defined before a loop and moved with `.cuda()` / `.to(device)` inside it, although
       it is never reassigned in the loop;
-    * `torch.tensor([...])` built inside a loop with `device=` or moved to the device right away;
+    * `torch.tensor([...])` built inside a loop with `device=` or moved to the device right away,
+      from numbers the program lists itself (a display or comprehension, here or bound to a name);
+      not input data that arrives on the host every iteration (an environment's reward), and not a
+      loop that stores one tensor per iteration (`table.append(...)`, `out[i] = ...`);
     * the legacy `t.type(torch.cuda.FloatTensor)` (or the string `'torch.cuda.FloatTensor'`);
     * `torch.tensor(t)` where `t` is already a tensor.
 
@@ -128,6 +134,44 @@ class DevicePlacementHint(Rule):
         Valid("import torch\n\nw = torch.randn(3)\nfor i in range(3):\n    v = w.to('cpu')\n", runnable=True),
         Valid("import torch\n\nt = torch.tensor([1.0, 2.0]).cuda()\n", note="not in a loop"),
         Valid("import torch\n\nb = torch.tensor([1, 2])\nc = torch.tensor(b.tolist())\n", runnable=True),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def scale(loader, device):
+                    for images, boxes in loader:
+                        h, w = images.shape[-2:]
+                        size = (w, h, w, h)
+                        boxes = boxes.to(device) * torch.tensor(size, device=device)
+            """),
+            after=None,
+            note="a name bound to a tuple the program writes: built on the host and copied every batch",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def collect(envs, policy, obs, rewards, device):
+                    for step in range(128):
+                        action = policy(obs)
+                        obs, reward, done, info = envs.step(action)
+                        rewards[step] = torch.tensor(reward).to(device).view(-1)
+            """),
+            note="the environment's reward is the loop's input data: it arrives on the host every step",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def schedule(n, device):
+                    weights = []
+                    for s in range(n):
+                        w = [1.0, 0.5 * (1 - s / n)]
+                        weights.append(torch.tensor(w, device=device))
+                    return weights
+            """),
+            note="one tensor per entry of a precomputed table: building it once before the loop cannot replace it",
+        ),
         Valid("def f(t, kind):\n    return t.type(kind)\n"),
     )
 
@@ -158,7 +202,12 @@ class DevicePlacementHint(Rule):
         if mc is None:
             return
         inner = mc[0]
-        if callee(self, inner) == "torch.tensor" and self._host_data(inner) and in_loop(self, node):
+        if (
+            callee(self, inner) == "torch.tensor"
+            and self._host_data(inner)
+            and in_loop(self, node)
+            and not self._kept(node)
+        ):
             self.report(node, message=self.literal_message, fmt={"call": source(self, node)})
 
     def _invariant(self, name: cst.Name, loop: cst.For | cst.While) -> bool:
@@ -222,19 +271,46 @@ class DevicePlacementHint(Rule):
         d = classify_device(self, dev.value)
         if not d.is_device or d.is_cpu or d.text == "meta":
             return
-        if self._host_data(node) and in_loop(self, node):
+        if self._host_data(node) and in_loop(self, node) and not self._kept(node):
             self.report(node, message=self.literal_message, fmt={"call": source(self, node)})
 
     def _host_data(self, call: cst.Call) -> bool:
+        """The tensor is built from numbers the program lists itself (a display or a comprehension,
+        written here or bound to a name), the kind of data that can be built once or on the device.
+        A name bound to anything else (an environment's reward, a decoded file) is input data the
+        program receives every iteration: its copy is the data feed, not a placement choice."""
         args = positional(call)
         if not args or has_star(call):
             return False
-        data = args[0].value
-        if isinstance(data, (cst.List, cst.Tuple)):
-            return bool(data.elements)  # `torch.tensor([])` copies nothing
-        if isinstance(data, cst.ListComp):
-            return True
-        return isinstance(data, cst.Name) and not is_tensor_name(self, data)
+        return _displayed(args[0].value) or (
+            isinstance(args[0].value, cst.Name)
+            and not is_tensor_name(self, args[0].value)
+            and bool(values := reaching_values(self, args[0].value))
+            and all(v is not None and _displayed(v) for v in values)
+        )
+
+    def _kept(self, node: cst.CSTNode) -> bool:
+        """Each iteration's tensor is stored (``out.append(...)``, ``table[i] = ...``): the loop builds a
+        collection, one tensor per entry, which building once before the loop cannot replace."""
+        expr = node
+        parent = self.get_metadata(ParentProvider, expr, None)
+        while isinstance(parent, cst.Attribute):  # `.view(-1)` and other methods chained on the result
+            call = self.get_metadata(ParentProvider, parent, None)
+            if not (isinstance(call, cst.Call) and call.func is parent):
+                return False
+            expr, parent = call, self.get_metadata(ParentProvider, call, None)
+        if isinstance(parent, cst.Arg):
+            call = self.get_metadata(ParentProvider, parent, None)
+            return (
+                isinstance(call, cst.Call)
+                and isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("append", "insert", "add")
+            )
+        return (
+            isinstance(parent, cst.Assign)
+            and parent.value is expr
+            and all(isinstance(t.target, cst.Subscript) for t in parent.targets)
+        )
 
     # (iii)
     def _legacy_type(self, node: cst.Call) -> None:
@@ -257,3 +333,9 @@ class DevicePlacementHint(Rule):
         tname = ref.name if ref is not None else "torch"
         suggestion = f"{source(self, recv)}.to(device='cuda', dtype={tname}.{dtype})"
         self.report(node, message=self.type_message, fmt={"call": source(self, node), "suggestion": suggestion})
+
+
+def _displayed(data: cst.BaseExpression) -> bool:
+    if isinstance(data, (cst.List, cst.Tuple)):
+        return bool(data.elements)  # `torch.tensor([])` copies nothing
+    return isinstance(data, cst.ListComp)

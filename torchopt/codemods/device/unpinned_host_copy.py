@@ -10,6 +10,7 @@ import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import keyword
+from torchopt.analysis.loader_kwargs import loader_kwargs
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.names import callee
@@ -25,6 +26,7 @@ from torchopt.analysis.transfers import loop_copies
 from torchopt.analysis.transfers import move_device
 from torchopt.analysis.transfers import mutated_names
 from torchopt.codemods.device import FAMILY
+from torchopt.codemods.device.dataset_copies import sample_copy
 from torchopt.codemods.device.loader_sources import int_device_attribute
 from torchopt.codemods.device.loader_sources import loader_calls
 from torchopt.codemods.device.loop_prechecks import _LoaderUse
@@ -77,8 +79,16 @@ class UnpinnedHostCopy(Rule):
     whose result the host may read before it arrives. `pin_memory=True` is used when the copies go
     to CUDA explicitly; when the device comes from a variable the fix writes
     `pin_memory=torch.cuda.is_available()`, so the script still runs without a GPU. A loader that
-    already passes `pin_memory` (any value) or `**kwargs` keeps its arguments. The fix does not
-    insert `.pin_memory()` calls, which are slower than a plain copy.
+    already passes `pin_memory` (any value), in the call or in the `**` dict it spreads, keeps its
+    arguments; a `**` dict built once in the same scope (or returned by a helper of the project)
+    is read, and the flag goes into the dict when this loader is its only user, else into the call.
+    A `**` dict that cannot be followed (a parameter, changed after it is built) leaves the loader
+    alone. The fix does not insert `.pin_memory()` calls, which are slower than a plain copy.
+
+    A loader whose dataset (a class of this file) copies each sample to the device in its own
+    `__getitem__` (`return seq.to(device)`) is reported without a fix: every batch is then as many
+    small synchronous copies as it has samples; moving the copy out of the dataset changes what the
+    dataset returns, which is the author's call.
     """
 
     code = "TOP104"
@@ -86,6 +96,11 @@ class UnpinnedHostCopy(Rule):
     family = FAMILY
     message = "`{move}` copies a DataLoader batch to the device synchronously"
     loader_message = "`{loader}` feeds host→device copies but does not pin its batches"
+    sample_message = (
+        "`{getitem}` copies every sample to the device (`{move}`): each batch is that many small "
+        "synchronous copies; return host tensors and copy the collated batch once in the loop "
+        "(`pin_memory=True` on the loader, `non_blocking=True` on the copy)"
+    )
     fix_title = "Add `non_blocking=True`"
     loader_fix_title = "Add `pin_memory={value}`"
     safety = Safety.SAFE
@@ -102,12 +117,36 @@ class UnpinnedHostCopy(Rule):
             return True
         if not calls:
             return False
+        if "__getitem__" in text and (".to(" in text or ".cuda(" in text):
+            return True  # a dataset that copies its samples (visit_Call)
         loop_calls = ast_loop_calls(text)
         return loop_calls is None or any(
             isinstance(c.func, _ast.Attribute) and c.func.attr in ("cuda", "to") for c, _ in loop_calls
         )
 
     examples = (
+        Invalid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader, Dataset
+
+
+                class Samples(Dataset):
+                    def __init__(self, data, device):
+                        self.data, self.device = data, device
+
+                    def __getitem__(self, i):
+                        return self.data[i].to(self.device)
+
+                    def __len__(self):
+                        return len(self.data)
+
+
+                loader = DataLoader(Samples(torch.randn(8, 2), "cuda"), batch_size=4)
+            """),
+            after=None,
+            note="the dataset copies each sample itself: reported without a fix",
+        ),
         Invalid(
             dedent("""\
                 import torch
@@ -212,6 +251,68 @@ class UnpinnedHostCopy(Rule):
                     x = x.cuda(non_blocking=True)
             """),
             note="the copies are already asynchronous: only the loader changes",
+        ),
+        Invalid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader_kwargs = dict(batch_size=8, num_workers=4)
+                loader = DataLoader(ds, shuffle=True, **loader_kwargs)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader_kwargs = dict(batch_size=8, num_workers=4, pin_memory=True)
+                loader = DataLoader(ds, shuffle=True, **loader_kwargs)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="the loader's arguments are in a dict used by this loader only: the flag goes into the dict",
+        ),
+        Invalid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                kwargs = {"batch_size": 8}
+                train_loader = DataLoader(train_ds, shuffle=True, **kwargs)
+                test_loader = DataLoader(test_ds, **kwargs)
+                for x, y in train_loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            after=dedent("""\
+                from torch.utils.data import DataLoader
+
+                kwargs = {"batch_size": 8}
+                train_loader = DataLoader(train_ds, shuffle=True, pin_memory=True, **kwargs)
+                test_loader = DataLoader(test_ds, **kwargs)
+                for x, y in train_loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="a dict shared by two loaders: only the loader whose batches are copied is pinned, in its call",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                def make(ds, kwargs):
+                    loader = DataLoader(ds, **kwargs)
+                    for x, y in loader:
+                        x = x.cuda(non_blocking=True)
+            """),
+            note="the `**` dict is a parameter: whether it pins is not known",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                kw = dict(batch_size=8, pin_memory=False)
+                loader = DataLoader(ds, **kw)
+                for x, y in loader:
+                    x = x.cuda(non_blocking=True)
+            """),
+            note="the program chose `pin_memory` in the dict",
         ),
         Valid(
             dedent("""\
@@ -406,6 +507,9 @@ class UnpinnedHostCopy(Rule):
         if callee(self, node) not in DATALOADERS:
             return
         self._seen_loader = True
+        copied = sample_copy(self, node)
+        if copied is not None:
+            self.report(node, message=self.sample_message, fmt={"getitem": copied[0], "move": source(self, copied[1])})
         parent = self.get_metadata(ParentProvider, node, None)
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = parent.targets[0].target
@@ -447,8 +551,9 @@ class UnpinnedHostCopy(Rule):
 
     def _report_loader(self, use: _LoaderUse) -> None:
         call = use.call
-        if has_star(call) or keyword(call, "pin_memory") is not None:
-            return
+        kwargs = loader_kwargs(self, call)
+        if kwargs is None or kwargs.value("pin_memory") is not None:
+            return  # `*args`, a `**` dict not followed, or pinning already chosen
         if len(positional(call)) > _PIN_MEMORY_POSITION:
             return
         if use.kinds == {"cuda"}:
@@ -462,12 +567,16 @@ class UnpinnedHostCopy(Rule):
             imports = ref.imports
         text = cst.Module([]).code_for_node(value)
         fmt = {"loader": source(self, call.func) + "(...)", "value": text}
+        edit = kwargs.edit("pin_memory", value)
+        if edit is None:
+            return
         self.report(
             call,
             fmt=fmt,
             message=self.loader_message,
             fix_title=self.loader_fix_title,
-            replacement=set_kwarg(call, "pin_memory", value),
+            target=edit[0],
+            replacement=edit[1],
             imports=imports,
         )
 

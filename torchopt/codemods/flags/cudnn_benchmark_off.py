@@ -36,7 +36,10 @@ class CudnnBenchmark(Rule):
     It does nothing when the file already sets `torch.backends.cudnn.benchmark` (to anything: an
     explicit user setting is never overridden), or shows reproducibility intent
     (`torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)`,
-    `CUBLAS_WORKSPACE_CONFIG`). When input shapes vary per batch (`pad_sequence` /
+    `CUBLAS_WORKSPACE_CONFIG`), here or in a project function it calls (`init_seeds(seed,
+    deterministic=True)` with `utils.py` setting the switches when `deterministic` is true); when a
+    value known only at run time decides (`init_seeds(seed, deterministic=args.det)`) it reports
+    without a fix. When input shapes vary per batch (`pad_sequence` /
     `pack_padded_sequence`, `transforms.Resize(<int>)` without a crop) it reports without a fix.
 
     ## Why is this slow
@@ -91,6 +94,10 @@ class CudnnBenchmark(Rule):
     unknown_message = (
         "Whether this program builds convolutions (and the cuDNN auto-tuner would pay) is unknown: {why}; "
         "check the whole project (`torchopt check <project folder>`)"
+    )
+    intent_message = (
+        "This program builds convolutions with the cuDNN auto-tuner off, and whether it asks for "
+        "reproducible runs is unknown: {why}; the auto-tuner is not switched on"
     )
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
@@ -344,6 +351,10 @@ class CudnnBenchmark(Rule):
         if prog.variable_shapes:
             where, why = prog.variable_shapes[0]
             self.report(where, message=self.varying_message, fmt={"why": why})
+            return
+        if prog.unknown_intent:
+            call, why = prog.unknown_intent[0]
+            self.report(call, message=self.intent_message, fmt={"why": why})
             return
         ref = torch_ref(self)
         if ref is None:

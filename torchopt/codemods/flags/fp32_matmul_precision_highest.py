@@ -31,7 +31,9 @@ class MatmulPrecision(Rule):
     (`torch.backends.cuda.matmul.allow_tf32`, `torch.backends.cudnn.allow_tf32`, any
     `fp32_precision`, `torch.set_float32_matmul_precision`) or a determinism switch
     (`cudnn.deterministic`, `use_deterministic_algorithms`, `CUBLAS_WORKSPACE_CONFIG`: a program
-    that asks for reproducible results does not want reduced precision either). When the file uses
+    that asks for reproducible results does not want reduced precision either), here or in a project
+    function it calls (`init_seeds(seed, deterministic=True)`; when a value known only at run time
+    decides whether that function sets one, nothing is reported). When the file uses
     precision-sensitive float32 linear algebra (`torch.linalg.*`, `torch.cdist`, `torch.inverse`,
     ...) it reports without a fix, because the switch is global. Existing `allow_tf32`
     assignments are never migrated to `fp32_precision`.
@@ -246,6 +248,8 @@ class MatmulPrecision(Rule):
     def visit_Module(self, node: cst.Module) -> None:
         prog = program(self)
         if not prog.matmuls or not prog.cuda or prog.tf32_set or prog.intent or prog.anchor is None:
+            return
+        if prog.unknown_intent:  # a project function may ask for reproducible runs: never overridden on a guess
             return
         if prog.sensitive:
             where, what = prog.sensitive[0]

@@ -176,6 +176,8 @@ class Program:
     # calls whose layers are unknown (the call, why): the project index's answers.
     built_elsewhere: dict[int, str] = field(default_factory=dict)
     unknown_layers: list[tuple[cst.Call, str]] = field(default_factory=list)
+    # Calls of project functions that may turn a determinism switch on, decided only at run time.
+    unknown_intent: list[tuple[cst.Call, str]] = field(default_factory=list)
 
 
 def program(rule: Rule) -> Program:
@@ -303,7 +305,7 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
     if resize_int and not crops:
         prog.variable_shapes.append((resize_int[0], "`Resize(<int>)` without a crop keeps each image's aspect ratio"))
     _find_entry(rule, module, prog)
-    return _project_layers(rule, module, prog)
+    return _project_intent(rule, module, _project_layers(rule, module, prog))
 
 
 def _project_layers(rule: Rule, module: cst.Module, prog: Program) -> Program:
@@ -338,6 +340,41 @@ def _project_layers(rule: Rule, module: cst.Module, prog: Program) -> Program:
             prog.matmuls.append(node)
             prog.built_elsewhere[id(node)] = f"`{written}()`, built in {where}"
     return prog
+
+
+def _project_intent(rule: Rule, module: cst.Module, prog: Program) -> Program:
+    """Reproducibility intent one call away: a project function the program calls that turns a
+    determinism switch on (``init_seeds(seed, deterministic=True)`` in ``utils.py``), asked of the
+    project index for an entry that runs on CUDA and shows no intent itself."""
+    if not prog.cuda or prog.anchor is None or prog.intent or prog.benchmark_set:
+        return prog
+    index = index_of(rule)
+    for node in walk(module, cross_scopes=True):
+        written = dotted(node.func) if isinstance(node, cst.Call) else None
+        if written is None or not isinstance(node, cst.Call):
+            continue
+        found = index.resolve(written)
+        if not isinstance(found, Definition) or found.unit is None or not found.unit.determinism:
+            continue
+        got = index.asks_determinism(found, lambda name, at, call=node: _passed(module, call, name, at))  # type: ignore[misc]  # mypy infers no lambda with a default
+        if got is True:
+            prog.intent = True
+            return prog
+        if isinstance(got, Unknown):
+            prog.unknown_intent.append((node, got.reason))
+    return prog
+
+
+def _passed(module: cst.Module, call: cst.Call, name: str, at: int) -> str | None:
+    """What ``call`` passes for the parameter ``name`` (position ``at``), as written; "" for nothing,
+    None when ``*args``/``**kwargs`` hide it."""
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == name:
+            return module.code_for_node(a.value)
+    if any(a.star for a in call.args):
+        return None
+    positional = [a for a in call.args if a.keyword is None]
+    return module.code_for_node(positional[at].value) if at < len(positional) else ""
 
 
 def _device_index_move(call: cst.Call) -> bool:

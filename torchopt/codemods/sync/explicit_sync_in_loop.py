@@ -28,6 +28,11 @@ _SYNC_CALLS = {
 }
 
 
+# A device check does not make an explicit sync harmless: on the accelerator path, the only one where
+# the call does anything, it still runs every step; only the host path is quiet.
+_QUIET = (QUIET_GUARDS & ~Guard.DEVICE) | Guard.HOST_PATH | Guard.OPT_IN
+
+
 class ExplicitSyncInLoop(Rule):
     """## What it does
     Flags `torch.cuda.synchronize()` and `torch.cuda.empty_cache()` (and the `torch.accelerator`,
@@ -58,11 +63,13 @@ class ExplicitSyncInLoop(Rule):
     ## Fix safety
     Display-only: both calls are legitimate in timing and memory-measurement code.
 
-    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
-    0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
-    fact layer" in docs/design.md), nor behind an opt-in switch (`if args.sync:`). Code that runs at
-    every step on rank 0 only (`if rank == 0:`, `is_main_process()`) is reported: rank 0 waits at every
-    step and the other ranks wait for it at the next collective.
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
+    after an error (an out-of-memory handler) or on the host path of a device check (`if device ==
+    "cpu":`; see "The fact layer" in docs/design.md), nor behind an opt-in switch (`if args.sync:`). A
+    sync under `if use_gpu:` or `if torch.cuda.is_available():` is reported: that is the path where
+    it runs, every step. Code that runs at every step on rank 0 only (`if rank == 0:`,
+    `is_main_process()`) is reported: rank 0 waits at every step and the other ranks wait for it at
+    the next collective.
     """
 
     code = "TOP606"
@@ -111,5 +118,5 @@ class ExplicitSyncInLoop(Rule):
                 q = callee(self, n)
                 if q in _SYNC_CALLS:
                     where = hm.where(n)
-                    if where is not None and control.not_every_step(n, guards=QUIET_GUARDS | Guard.OPT_IN) is None:
+                    if where is not None and control.not_every_step(n, guards=_QUIET) is None:
                         self.report(n, fmt={"expr": source(self, n), "where": where.text, "why": _SYNC_CALLS[q]})
