@@ -114,6 +114,24 @@ def test_counters_from_itertools_count_and_enumerate_are_ints():
 # ------------------------------------------------------------------ control facts
 
 
+GUARDED = """\
+import torch
+import torch.distributed as dist
+
+def train(model, loader, opt, crit, args, rank, local_rank, accelerator, log_every, sample_every):
+    step = 0
+    for i, (x, y) in enumerate(loader):
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        step += 1
+        if {test}:
+            torch.cuda.synchronize()
+            print(loss.item(), loss)
+            v = loss.cpu()
+"""
+
+
 @pytest.mark.parametrize(
     "test",
     [
@@ -121,11 +139,6 @@ def test_counters_from_itertools_count_and_enumerate_are_ints():
         "step % sample_every == 0 and rank == 0",
         "i == 0",
         "i < 1",
-        "rank == 0",
-        "local_rank in (-1, 0)",
-        "is_main_process()",
-        "dist.get_rank() == 0",
-        "accelerator.is_main_process",
         "torch.cuda.is_available()",
         "not torch.cuda.is_available()",
         "args.gpu",
@@ -136,26 +149,23 @@ def test_counters_from_itertools_count_and_enumerate_are_ints():
 def test_no_per_step_finding_under_a_rare_or_guarded_branch(test):
     """The same reads under a test of no known shape (`if flag:`) are reported: the guard is read.
     An explicit sync on the accelerator path of a device check still runs every step there."""
-    src = dedent(f"""\
-        import torch
-        import torch.distributed as dist
-
-        def train(model, loader, opt, crit, args, rank, local_rank, accelerator, log_every, sample_every):
-            step = 0
-            for i, (x, y) in enumerate(loader):
-                loss = crit(model(x), y)
-                loss.backward()
-                opt.step()
-                step += 1
-                if {test}:
-                    torch.cuda.synchronize()
-                    print(loss.item(), loss)
-                    v = loss.cpu()
-    """)
+    src = GUARDED.format(test=test)
     accelerator_path = test in ("torch.cuda.is_available()", "args.gpu", "not args.no_cuda")
     assert codes(src) == ([(12, "TOP606")] if accelerator_path else [])
     unguarded = src.replace(f"if {test}:", "if log_every > 2:")
     assert sorted(c for _, c in codes(unguarded)) == ["TOP601", "TOP602", "TOP603", "TOP606"]
+
+
+@pytest.mark.parametrize(
+    "test",
+    ["rank == 0", "local_rank in (-1, 0)", "is_main_process()", "dist.get_rank() == 0", "accelerator.is_main_process"],
+)
+def test_per_step_waits_on_rank_0_only_are_reported(test):
+    """Rank 0 waits at every step and the other ranks wait for it at the next collective."""
+    src = GUARDED.format(test=test)
+    assert sorted(c for _, c in codes(src)) == ["TOP601", "TOP602", "TOP603", "TOP606"]
+    periodic = src.replace(f"if {test}:", f"if step % log_every == 0 and {test}:")
+    assert codes(periodic) == []
 
 
 def test_a_logger_that_returns_early_off_rank_0_but_not_a_rank_guard_around_the_loop():
@@ -175,7 +185,10 @@ def test_a_logger_that_returns_early_off_rank_0_but_not_a_rank_guard_around_the_
                 opt.step()
                 log_value(loss)
     """)
-    assert codes(src) == []
+    assert [c for _, c in codes(src)] == ["TOP601"]
+    periodic = src.replace("        log_value(loss)", "        if step % 10 == 0:\n            log_value(loss)")
+    periodic = periodic.replace("for x, y in loader:", "for step, (x, y) in enumerate(loader):")
+    assert codes(periodic) == []
     evaluation = dedent("""\
         import torch
 

@@ -25,6 +25,7 @@ from typing import Callable
 import libcst as cst
 
 from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.program import program_of
 from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
@@ -48,6 +49,7 @@ _MAIN_NAMES = {
     "master_process",
 }
 _DEVICE_WORDS = ("cuda", "gpu")
+_FEW = 16  # iterations a counter test may let through and still be rare (`if j <= 4:` for figures)
 _OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
 
 
@@ -81,9 +83,10 @@ class Guard(enum.Flag):
     HOST_PATH = enum.auto()
 
 
-# Guards under which a sync rule reports nothing: code that runs on rank 0 only (logging and
-# checkpoints), under a device check, or only after an error.
-QUIET_GUARDS = Guard.RANK0 | Guard.DEVICE | Guard.EXCEPT
+# Guards under which a sync rule reports nothing: code that runs under a device check, or only after
+# an error. A rank-0 guard is not one: a wait on rank 0 at every step holds back every other rank at
+# the next collective, so the whole job runs at rank 0's pace.
+QUIET_GUARDS = Guard.DEVICE | Guard.EXCEPT
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Control:
     def __init__(self, rule: Rule, hot: HotMap) -> None:
         self.rule = rule
         self.hot = hot
+        self._visiting: set[int] = set()  # functions whose calls are being read (recursion)
 
     def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.hot.parent(node)
@@ -131,12 +135,34 @@ class Control:
                     return Frequency(
                         Rate.PER_CALL, "it runs once per call, outside the batch loop of the function", where
                     )
+                rare = self._rare_calls(parent, epochs)
+                if rare is not None:
+                    return Frequency(rare.rate, rare.why, where)
                 break
             cur = parent
         if epochs and self._epoch_loop(where.loop.node):
             why = "it runs once per epoch; the batches are iterated by a function the loop calls"
             return Frequency(Rate.PER_EPOCH, why, where)
         return Frequency(Rate.EVERY_STEP, "", where)
+
+    def _rare_calls(self, fn: cst.FunctionDef, epochs: bool) -> Frequency | None:
+        """A function of the file every call of which, in a step, is rare (`if i % n == 0: log(x)`):
+        its body runs as often as its most frequent call."""
+        if id(fn) in self._visiting:
+            return None
+        found = program_of(self.rule).function_of(fn)
+        calls = [e.call for e in found.callers] if found is not None else []
+        hot = [c for c in calls if self.hot.where(c) is not None]
+        if not hot:
+            return None
+        self._visiting.add(id(fn))
+        try:
+            rates = [self.frequency(c, epochs) for c in hot]
+        finally:
+            self._visiting.discard(id(fn))
+        if any(f.rate in (Rate.EVERY_STEP, Rate.OUTSIDE) for f in rates):
+            return None
+        return rates[0]
 
     def not_every_step(self, node: cst.CSTNode, epochs: bool = False, guards: Guard = Guard.NONE) -> str | None:
         """Why ``node`` does not cost every step (a phrase), or None: its frequency, or one of
@@ -152,31 +178,102 @@ class Control:
             return g.why
         return None
 
+    def decides_exit(self, node: cst.CSTNode) -> bool:
+        """``node`` is in the test of an ``if`` that leaves a ``while True:`` loop (``break``, ``return``)
+        on a value a collective of the loop shares with every rank (`dist.broadcast(flag, src=0)`):
+        the ranks decide together, at every iteration, whether the loop goes on."""
+        cur, parent = node, self.parent(node)
+        while parent is not None and not (isinstance(parent, cst.If) and cur is parent.test):
+            if isinstance(parent, (cst.BaseSuite, cst.FunctionDef, cst.Lambda)):
+                return False
+            cur, parent = parent, self.parent(parent)
+        if not isinstance(parent, cst.If):
+            return False
+        body = parent.body
+        last = body.body[-1] if isinstance(body, cst.IndentedBlock) and body.body else None
+        if not (isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Break, cst.Return))):
+            return False
+        loop = self.parent(parent)
+        while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef)):
+            loop = self.parent(loop)
+        if not isinstance(loop, cst.While):
+            return False
+        test = loop.test
+        if not (
+            (isinstance(test, cst.Name) and test.value == "True")
+            or (isinstance(test, cst.Integer) and test.value != "0")
+        ):
+            return False
+        # The value is a decision every rank shares: a collective fills it in the loop.
+        read = {n.value for n in walk(parent.test) if isinstance(n, cst.Name)}
+        return any(
+            isinstance(c, cst.Call)
+            and c.args
+            and isinstance(c.args[0].value, cst.Name)
+            and c.args[0].value.value in read
+            and (callee(self.rule, c) or "").startswith("torch.distributed.")
+            for c in walk(loop.body)
+        )
+
     def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:
         test = branch.test
-        if _periodic(test, self._one_off_flags(branch)):
+        flags, periodic = self._test_flags(branch)
+        if _periodic(test, flags, periodic):
             return Rate.EVERY_N, "it already runs only every few steps"
         if _first_step(test):
             return Rate.ONCE, "it runs once, on the first step"
+        if _first_steps(test, self._counters(branch)):
+            return Rate.ONCE, "it runs only on the first few iterations"
         if _leaves_loop(branch.body):
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
 
-    def _one_off_flags(self, node: cst.CSTNode) -> frozenset[str]:
-        """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`)."""
+    def _counters(self, node: cst.CSTNode) -> frozenset[str]:
+        """The counters of the loops around ``node`` in its function: `i` of `for i in range(...)` or
+        `for i, x in enumerate(...)`, when the loop's body never assigns it."""
+        out: set[str] = set()
+        cur = self.parent(node)
+        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
+            if isinstance(cur, cst.For) and isinstance(cur.iter, cst.Call):
+                target: cst.BaseExpression | None = cur.target
+                func = dotted(cur.iter.func)
+                if isinstance(target, cst.Tuple) and target.elements and func == "enumerate":
+                    target = target.elements[0].value
+                elif func != "range":
+                    target = None
+                if isinstance(target, cst.Name) and not _assigns(cur.body, target.value):
+                    out.add(target.value)
+            cur = self.parent(cur)
+        return frozenset(out)
+
+    def _test_flags(self, node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
+        """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`),
+        and names it assigns a periodic one (`log_step = i % log_every == 0 or last_batch`), in order."""
         fn = self.parent(node)
         while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Module)):
             fn = self.parent(fn)
         if fn is None:
-            return frozenset()
-        return frozenset(
-            n.targets[0].target.value
-            for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn)
-            if isinstance(n, cst.Assign)
-            and len(n.targets) == 1
-            and isinstance(n.targets[0].target, cst.Name)
-            and _one_off(n.value, frozenset())
-        )
+            return frozenset(), frozenset()
+        one_off: set[str] = set()
+        periodic: set[str] = set()
+        other: set[str] = set()
+        for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn):
+            if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name):
+                other.add(n.target.value)
+            if not isinstance(n, cst.Assign):
+                continue
+            if not (len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name)):
+                other.update(t.value for a in n.targets for t in walk(a.target) if isinstance(t, cst.Name))
+                continue
+            name = n.targets[0].target.value
+            if _periodic(n.value, frozenset(one_off), frozenset(periodic)):
+                periodic.add(name)
+            elif _one_off(n.value, frozenset(one_off)):
+                one_off.add(name)
+            else:
+                other.add(name)
+        # A name assigned tests of both kinds, or anything else, is neither.
+        return frozenset(one_off - periodic - other), frozenset(periodic - one_off - other)
 
     def _after_inner_loop(self, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
         """A function called from a step loop that iterates its own batches: code outside that inner
@@ -376,15 +473,20 @@ def _only_returns(body: cst.BaseSuite) -> bool:
     )
 
 
-def _periodic(test: cst.BaseExpression, flags: frozenset[str] = frozenset()) -> bool:
+def _periodic(
+    test: cst.BaseExpression, flags: frozenset[str] = frozenset(), named: frozenset[str] = frozenset()
+) -> bool:
     """`i % n == k`, `not i % n`, `(i + 1) % n == 0`, and such tests joined with `and`; also
-    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test)."""
+    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test;
+    ``named``: names holding a periodic one)."""
+    if isinstance(test, cst.Name):
+        return test.value in named
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _periodic(test.left, flags) or _periodic(test.right, flags)
+        return _periodic(test.left, flags, named) or _periodic(test.right, flags, named)
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
         sides = (test.left, test.right)
-        return any(_periodic(side, flags) for side in sides) and all(
-            _periodic(side, flags) or _one_off(side, flags) for side in sides
+        return any(_periodic(side, flags, named) for side in sides) and all(
+            _periodic(side, flags, named) or _one_off(side, flags) for side in sides
         )
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
         return _is_modulo(test.expression)
@@ -432,6 +534,33 @@ def _first_step(test: cst.BaseExpression) -> bool:
             or (isinstance(op, cst.LessThan) and n <= 1)
             or (isinstance(op, cst.LessThanEqual) and n <= 0)
         )
+    return False
+
+
+def _first_steps(test: cst.BaseExpression, counters: frozenset[str]) -> bool:
+    """`j <= 4`, `j < 8`: a loop counter below a small literal (a bounded number of iterations)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _first_steps(test.left, counters) or _first_steps(test.right, counters)
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+        return False
+    op, right = test.comparisons[0].operator, test.comparisons[0].comparator
+    return (
+        isinstance(test.left, cst.Name)
+        and test.left.value in counters
+        and isinstance(op, (cst.LessThan, cst.LessThanEqual))
+        and isinstance(right, cst.Integer)
+        and int(right.evaluated_value) <= _FEW
+    )
+
+
+def _assigns(body: cst.CSTNode, name: str) -> bool:
+    for n in walk(body):
+        if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name) and n.target.value == name:
+            return True
+        if isinstance(n, cst.Assign) and any(
+            isinstance(t, cst.Name) and t.value == name for a in n.targets for t in walk(a.target)
+        ):
+            return True
     return False
 
 

@@ -12,7 +12,9 @@ A name is followed statement by statement, as a type checker narrows: the assign
 the read replaces what the name held before (``t = t.cpu()`` then ``t.tolist()`` reads a host
 tensor; ``x = x.tolist()`` makes ``x`` a list). Where several assignments may reach the read (two
 branches, the previous iteration of a loop), the facts are joined: equal facts stay, different
-ones give UNKNOWN. Nothing is guessed: a parameter without an annotation, an attribute, the result
+ones give UNKNOWN. A program that never selects an accelerator (``accelerators.host_program``: no
+device named or chosen elsewhere in it or in the project modules it imports) has every value on the
+host. Nothing is guessed: a parameter without an annotation, an attribute, the result
 of a call the analysis does not know, are UNKNOWN.
 
 The facts of a file are built lazily, once per analysed text, and kept in its ``SourceFacts``
@@ -28,6 +30,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 
+from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
@@ -148,6 +151,9 @@ _FACTORIES = {
     "randn_like",
     "randint_like",
 }
+_PROGRESS = {
+    f"{m}.{f}" for m in ("tqdm", "tqdm.auto", "tqdm.std", "tqdm.notebook", "tqdm.rich") for f in ("tqdm", "trange")
+} | {"rich.progress.track"}
 _INT_BUILTINS = {"len", "int", "ord", "hash", "id"}
 _STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "lower", "upper", "zfill", "ljust", "rjust"}
 _INT_METHODS = {"numel", "dim", "ndimension", "element_size", "nelement", "get_device"}
@@ -162,9 +168,21 @@ class Placements:
         self._pending: set[int] = set()
         self._order: dict[int, dict[int, int]] = {}
         self._default_device = "set_default_device" in rule.ctx.text or "set_default_tensor_type" in rule.ctx.text
+        self._host: str | None = None  # why the whole program is on the host ("": it may not be)
 
     # ------------------------------------------------------------------ expressions
     def value(self, expr: cst.BaseExpression | None, depth: int = 0) -> Value:
+        found = self._value(expr, depth)
+        if found.on_host:
+            return found
+        if self._host is None:
+            self._host = host_program(self.rule) or ""
+        if not self._host:
+            return found
+        # A program that never selects an accelerator: whatever the value is, it is on the host.
+        return Value(found.kind, Where.HOST, f"{found.why}; on the host: {self._host}", item=_HOST_ANY)
+
+    def _value(self, expr: cst.BaseExpression | None, depth: int) -> Value:
         if expr is None:
             return unknown("no value")
         if depth > _BUDGET:
@@ -302,6 +320,11 @@ class Placements:
             return Value(Kind.SEQUENCE, Where.HOST, "`itertools.count()`", item=_INT)
         if "argparse.ArgumentParser" in names:
             return _PARSER
+        if names & _PROGRESS and call.args and call.args[0].keyword is None and not call.args[0].star:
+            # A progress bar iterates what it wraps (`tqdm(range(n))` gives ints); `trange(n)` is one.
+            inner = _INT if any(n.endswith("trange") for n in names) else None
+            item = inner or self._element(self.value(call.args[0].value, depth + 1))
+            return Value(Kind.SEQUENCE, Where.HOST, f"`{dotted(func)}()`", item=item)
         if isinstance(func, cst.Attribute):
             if func.attr.value in ("parse_args", "parse_known_args") and self.value(func.value, depth + 1) == _PARSER:
                 if func.attr.value == "parse_args":
@@ -623,6 +646,16 @@ class Placements:
     def _binding(self, target: cst.CSTNode, depth: int) -> Value:
         """What the binding at ``target`` gives the name."""
         if isinstance(target, cst.Param):
+            default = target.default
+            if isinstance(default, cst.UnaryOperation) and isinstance(default.operator, cst.Minus):
+                default = default.expression
+            if (
+                target.annotation is None
+                and isinstance(default, (cst.Integer, cst.Float))
+                or (isinstance(default, cst.Name) and default.value in ("True", "False"))
+            ):
+                # An unannotated parameter takes the type of its default, as type checkers infer it.
+                return Value(Kind.SCALAR, Where.HOST, f"`{target.name.value}` defaults to a Python number")
             return unknown(f"`{target.name.value}` is a parameter")
         if isinstance(target, (cst.FunctionDef, cst.ClassDef)):
             return _OTHER

@@ -16,13 +16,76 @@ from torchopt.codemods.data.loader_analysis import LoaderRule
 from torchopt.codemods.data.loader_analysis import loader_arg
 from torchopt.codemods.data.loader_analysis import loader_calls_possible
 from torchopt.codemods.data.loader_arguments import AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED, _loader_text, _replace_arg
+from torchopt.analysis.names import bindings_of, callee, reaching_values
+from torchopt.analysis.step_loops import TENSOR_METHODS
+from torchopt.analysis.syntax import walk
+from torchopt.analysis.values import DeviceKind, classify_device
 from torchopt.rewrite.rule import ImportSpec
+from torchopt.rewrite.rule import Rule
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Option
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
 from torchopt.rewrite.facts import source_of
+
+
+# Calls an item made from in-memory tensors may use: builtins that compute an index.
+_INDEX_BUILTINS = {"int", "len", "min", "max", "slice", "range", "abs"}
+
+
+def _dataset_class(rule: Rule, call: cst.Call) -> cst.ClassDef | None:
+    """The class of this file (module level or local) whose instance is the loader's dataset."""
+    arg = loader_arg(call, "dataset")
+    expr = arg.value if arg is not None else None
+    if isinstance(expr, cst.Name):
+        values = reaching_values(rule, expr) or []
+        expr = values[0] if len(values) == 1 else None
+    if not (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)):
+        return None
+    bindings = bindings_of(rule, expr.func) or []
+    nodes = [getattr(b, "node", None) for b in bindings]
+    return nodes[0] if len(nodes) == 1 and isinstance(nodes[0], cst.ClassDef) else None
+
+
+def _device_slices(rule: Rule, cls: cst.ClassDef | None) -> bool:
+    """The dataset's `__getitem__` only indexes tensors it holds (torch calls, tensor methods, index
+    arithmetic) and moves the item to a device: no loading for a worker to overlap, and a device
+    copy that a worker process could not make."""
+    if cls is None:
+        return False
+    get = next(
+        (
+            s
+            for s in cls.body.body
+            if isinstance(s, cst.FunctionDef) and s.name.value == "__getitem__" and not s.decorators
+        ),
+        None,
+    )
+    if get is None:
+        return False
+    moved = False
+    for n in walk(get.body):
+        if not isinstance(n, cst.Call):
+            continue
+        func = n.func
+        if isinstance(func, cst.Name) and func.value in _INDEX_BUILTINS:
+            continue
+        q = callee(rule, n)
+        if q is not None and q.startswith("torch."):
+            continue
+        if not isinstance(func, cst.Attribute) or q is not None:
+            return False
+        meth = func.attr.value
+        if meth in ("to", "cuda") and not any(a.star for a in n.args):
+            first = n.args[0].value if n.args else None
+            device = classify_device(rule, first) if first is not None else None
+            if meth == "cuda" or (device is not None and device.kind is not DeviceKind.DTYPE and not device.is_cpu):
+                moved = True
+                continue
+        if meth not in TENSOR_METHODS and meth not in ("size", "long", "float", "int"):
+            return False
+    return moved
 
 
 _DISTRIBUTED_HINTS = (
@@ -79,6 +142,10 @@ class SingleProcessLoading(LoaderRule):
     or a local function and a dataset class defined in a function (the `spawn`/`forkserver` start
     methods cannot pickle them), a dataset whose `__init__` opens a file handle, and a script that
     would start workers at import time without an `if __name__ == "__main__":` guard.
+
+    Not reported: a dataset class of the file whose `__getitem__` only slices tensors it holds
+    (torch calls, tensor methods, index arithmetic) and moves the item to a device: there is no
+    loading for workers to overlap, and no worker process could make the device copy.
     """
 
     code = "TOP701"
@@ -255,6 +322,29 @@ class SingleProcessLoading(LoaderRule):
         Valid(
             dedent("""\
                 import torch
+                from torch.utils.data import DataLoader, Dataset
+
+
+                class Windows(Dataset):
+                    def __init__(self, data, n, device):
+                        self.data, self.n, self.device = data, n, device
+
+                    def __getitem__(self, i):
+                        start = torch.randint(0, self.data.size(0) - self.n, (1,))
+                        return self.data[start : start + self.n].long().to(self.device)
+
+                    def __len__(self):
+                        return self.data.size(0) // self.n
+
+
+                def make(data, device):
+                    return DataLoader(Windows(data, 8, device), batch_size=4)
+            """),
+            note="each item is a slice of an in-memory tensor moved to the device: nothing for a worker to do",
+        ),
+        Valid(
+            dedent("""\
+                import torch
                 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
                 def make(ds, args):
@@ -392,6 +482,8 @@ class SingleProcessLoading(LoaderRule):
         if given is not None and not (isinstance(given, cst.Integer) and int(given.evaluated_value) == 0):
             return
         kind, cls = self.dataset_kind(call)
+        if _device_slices(self, _dataset_class(self, call)):
+            return  # nothing for a worker to do, and what it does (a device copy) no worker can
         why = self.worker_blockers(call, cls)
         if any(isinstance(v, cst.Lambda) for v in kwargs.entries.values()):
             why.append(f"{kwargs.source} holds a lambda, which worker processes started with `spawn` cannot pickle")

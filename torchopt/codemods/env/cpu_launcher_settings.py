@@ -6,55 +6,36 @@ import re
 from textwrap import dedent
 
 import libcst as cst
-from libcst.metadata import PositionProvider
 
+from torchopt.analysis.accelerators import ACCELERATOR_TEXT as _ACCEL
+from torchopt.analysis.accelerators import device_flag_default, no_accelerator_named
 from torchopt.analysis.entry_points import ProgramRule
+from torchopt.analysis.names import callee, qualified_names
+from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import walk
-from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.codemods.env import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
-from torchopt.rewrite.facts import source_of
 
-# Text that means an accelerator may be chosen: its APIs, device strings, and the objects that pick
-# the device for the program (Lightning/transformers trainers, accelerate, `device_map=`).
-_ACCEL = re.compile(r"cuda|\bmps\b|xpu|[aA]ccelerator|\bTrainer\b|\bgpus?\b|device_map")
 _CPU = re.compile(r"""['"]cpu['"]""")
+_TEST_RUNNERS = {"unittest.main", "pytest.main"}
+_EXPORTS = {
+    "torch.onnx.export",
+    "torch.onnx.dynamo_export",
+    "torch.export.export",
+    "torch.export.save",
+    "torch.jit.save",
+}
 
 
-def _line(rule: Rule, node: cst.CSTNode) -> int:
-    return rule.get_metadata(PositionProvider, node).start.line
-
-
-def _placements(module: cst.Module) -> list[cst.BaseExpression]:
-    """The device expressions the program places work on: `.to(dev)`, `device=dev`, `set_default_device(dev)`."""
-    out: list[cst.BaseExpression] = []
-    for node in walk(module, cross_scopes=True):
-        if not isinstance(node, cst.Call):
-            continue
-        out.extend(a.value for a in node.args if a.keyword is not None and a.keyword.value == "device")
-        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else ""
-        first = node.args[0] if node.args else None
-        if method in ("to", "set_default_device") and first is not None and first.keyword is None and not first.star:
-            out.append(first.value)
-    return out
-
-
-def _device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | None:
-    """The default of a `--device` command-line option or a `device` parameter, with its line."""
-    for node in walk(module, cross_scopes=True):
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "add_argument"
-            and node.args
-        ):
-            flag = string_value(node.args[0].value) or ""
-            if "device" in flag or flag in ("--dev", "--accel"):
-                default = next((a.value for a in node.args if a.keyword and a.keyword.value == "default"), None)
-                return (string_value(default) or "?"), _line(rule, node)
-        if isinstance(node, cst.Param) and node.default is not None and "device" in node.name.value:
-            return (string_value(node.default) or "?"), _line(rule, node)
-    return None
+def _no_workload(rule: Rule, guard: cst.If) -> bool:
+    """The program runs no steady work whose threads are worth pinning: its guard starts a test
+    runner (`unittest.main()`), or it exports a model (`torch.onnx.export`) and runs no step loop."""
+    calls = [n for n in walk(guard.body, cross_scopes=True) if isinstance(n, cst.Call)]
+    if any(qualified_names(rule, c.func) & _TEST_RUNNERS for c in calls):
+        return True
+    module = rule.ctx.module
+    exports = any(callee(rule, n) in _EXPORTS for n in walk(module, cross_scopes=True) if isinstance(n, cst.Call))
+    return exports and not hot_map(rule).step_loops
 
 
 def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
@@ -64,25 +45,13 @@ def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
     (its name, a trainer that picks one, a device computed elsewhere) keeps the rule silent: a script
     whose default is the GPU and whose CPU branch is only a fallback is a GPU script.
     """
-    flag = _device_flag_default(rule, module)
+    flag = device_flag_default(rule, module)
     if flag is not None:
         value, line = flag
         if value.split(":")[0] == "cpu":
             return f'its device option defaults to "cpu" (line {line})'
         return None
-    if _ACCEL.search(source_of(module)):
-        return None
-    cpu_line = None
-    for expr in _placements(module):
-        device = classify_device(rule, expr)
-        if device.kind in (DeviceKind.DTYPE, DeviceKind.CONVENTION):
-            continue  # a cast, or a device that follows another tensor or the caller
-        if not (device.is_device and device.is_cpu):
-            return None  # placed on a device chosen elsewhere (a helper, a launcher)
-        cpu_line = cpu_line or _line(rule, expr)
-    if cpu_line is not None:
-        return f'it places its tensors on "cpu" (line {cpu_line}) and never selects an accelerator'
-    return "nothing in it selects an accelerator"
+    return no_accelerator_named(rule, module)
 
 
 class CpuLauncherAdvice(ProgramRule):
@@ -95,7 +64,10 @@ class CpuLauncherAdvice(ProgramRule):
     CPU (`"cuda" if torch.cuda.is_available() else "cpu"`, `torch.accelerator.current_accelerator()`,
     a `--device` option defaulting to `"cuda"`, a trainer or `Accelerator` that picks the device, a
     device returned by a helper) is a GPU script and is left alone, and so is a file that only
-    defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md).
+    defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md), a
+    unit-test module (its guard starts `unittest.main()` or `pytest.main()`), and a script that
+    exports a model (`torch.onnx.export`, `torch.jit.save`, `torch.export`) and runs no step loop: a
+    one-off conversion has no steady work whose threads are worth pinning.
     Display-only: these are launcher settings, not source changes.
 
     ## Why is this slow
@@ -279,6 +251,38 @@ class CpuLauncherAdvice(ProgramRule):
             """),
             note="a file that only defines models and smoke-tests them is no program to launch",
         ),
+        Valid(
+            dedent("""\
+                import unittest
+
+                import torch
+
+
+                class TestSum(unittest.TestCase):
+                    def test_sum(self):
+                        self.assertEqual(torch.ones(2).sum().item(), 2.0)
+
+
+                if __name__ == "__main__":
+                    unittest.main()
+            """),
+            note="a unit-test module: its guard starts the test runner",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+
+                def export(path):
+                    model = torch.nn.Linear(4, 2).eval()
+                    torch.onnx.export(model, (torch.randn(1, 4),), path)
+
+
+                if __name__ == "__main__":
+                    export("model.onnx")
+            """),
+            note="a one-off export, no step loop",
+        ),
     )
 
     def visit_If(self, node: cst.If) -> None:
@@ -295,7 +299,7 @@ class CpuLauncherAdvice(ProgramRule):
         if "torch" not in code:
             return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
         why = cpu_reason(self, self.ctx.module)
-        if why is None:
+        if why is None or _no_workload(self, node):
             return
         extra = []
         if "jit.trace" in code:

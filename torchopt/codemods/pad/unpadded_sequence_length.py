@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from torchopt.analysis.names import callee, qualified_names
 from torchopt.analysis.arguments import has_star, keywords, positional
+from torchopt.analysis.models import nn_module_classes
+from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad import FAMILY
 from torchopt.rewrite.rule import Invalid, Rule, Safety, Valid
 
@@ -46,6 +50,9 @@ def _could_match(text: str) -> bool:
             return True
     return False
 
+
+# A padding mask anywhere in the program text (`key_padding_mask=`, `attention_mask`, `masked_fill`).
+_MASK = re.compile(r"mask", re.IGNORECASE)
 
 _HF_COLLATORS = {
     "DataCollatorWithPadding",
@@ -103,6 +110,11 @@ class PadSequenceLength(Rule):
     pooling or "last token" logic must use the real lengths. Models without a mask (a plain
     causal LM reading `ids[:, -1]`) would see the pad tokens, which is why torchopt does not
     rewrite collators.
+
+    Not reported: `pad_sequence` in a program whose RNN packs the batches
+    (`pack_padded_sequence`: it never sees the padding, so there is nothing to gain), or in a file
+    that defines its models and masks nothing (no `mask` anywhere: a mean, a max over time or a
+    recurrence would run over the extra pads and change the results).
     """
 
     code = "TOP303"
@@ -135,12 +147,38 @@ class PadSequenceLength(Rule):
             "collator = DataCollatorWithPadding(tok, pad_to_multiple_of=8)\n"
         ),
         Valid("def pad_sequence(xs):\n    return xs\n\nx = pad_sequence([1, 2])\n", runnable=True),
+        Valid(
+            "import torch\nfrom torch.nn.utils.rnn import pad_sequence\n\n\nclass Bag(torch.nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n        self.emb = torch.nn.Embedding(10, 4)\n\n"
+            "    def forward(self, ids):\n        return self.emb(ids).mean(dim=1)\n\n\n"
+            "def collate(batch):\n    return pad_sequence(batch, batch_first=True)\n",
+            note="the model averages over the padded length with no mask: more padding changes its output",
+        ),
+        Valid(
+            "from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence\n\n\n"
+            "def encode(lstm, seqs, lengths):\n    x = pad_sequence(seqs, batch_first=True)\n"
+            "    return lstm(pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))\n",
+            note="the LSTM reads packed batches and never sees the padding",
+        ),
     )
+
+    def _pads_not_masked(self) -> str | None:
+        """Why extra padding would not pay or not be exact in this file's program: its RNN packs the
+        batches (it never sees the padding), or the file defines its models and masks nothing (extra
+        pads would change what they compute)."""
+        module = self.ctx.module
+        calls = [n for n in walk(module, cross_scopes=True) if isinstance(n, cst.Call)]
+        if any(callee(self, c) == "torch.nn.utils.rnn.pack_padded_sequence" for c in calls):
+            return "the batches are packed"
+        if nn_module_classes(self) and not _MASK.search(self.ctx.text):
+            return "the models of the file mask no padding"
+        return None
 
     def visit_Call(self, node: cst.Call) -> None:
         name = callee(self, node)
         if name in ("torch.nn.utils.rnn.pad_sequence",):
-            self.report(node, fmt={"what": "pad_sequence(...)"})
+            if self._pads_not_masked() is None:
+                self.report(node, fmt={"what": "pad_sequence(...)"})
             return
         if isinstance(node.func, (cst.Name, cst.Attribute)):
             for q in qualified_names(self, node.func):

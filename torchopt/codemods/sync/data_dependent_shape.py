@@ -79,10 +79,11 @@ class DataDependentShape(Rule):
     the order of a summation (`torch.where(mask, x, 0).sum()` adds zeros, which can round
     differently: class T), so the code around it must be adapted by hand.
 
-    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or under a device check inside the step (see "The fact
-    layer" in docs/design.md), and shapes computed from host data (`labels.cpu().unique()`).
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
+    0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
+    fact layer" in docs/design.md), and shapes computed from host data (`labels.cpu().unique()`). Code
+    that runs at every step on rank 0 only (`if rank == 0:`, `is_main_process()`) is reported: rank 0
+    waits at every step and the other ranks wait for it at the next collective.
     """
 
     code = "TOP604"

@@ -51,10 +51,11 @@ class DeviceToHostCopyInLoop(Rule):
     Display-only. `non_blocking=True` is never added to a device→host copy: the host
     could read the destination before the copy arrives.
 
-    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or under a device check inside the step (see "The fact
-    layer" in docs/design.md), and `.cpu()` of what is already on the host.
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
+    0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
+    fact layer" in docs/design.md), and `.cpu()` of what is already on the host. Code that runs at every
+    step on rank 0 only (`if rank == 0:`, `is_main_process()`) is reported: rank 0 waits at every step
+    and the other ranks wait for it at the next collective.
     """
 
     code = "TOP603"

@@ -64,11 +64,12 @@ class ExplicitSyncInLoop(Rule):
     Display-only: both calls are legitimate in timing and memory-measurement code.
 
     Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or on the host path of a device check (`if device == "cpu":`;
-    see "The fact layer" in docs/design.md), nor behind an opt-in switch (`if args.sync:`). A sync
-    under `if use_gpu:` or `if torch.cuda.is_available():` is reported: that is the path where it
-    runs, every step.
+    after an error (an out-of-memory handler) or on the host path of a device check (`if device ==
+    "cpu":`; see "The fact layer" in docs/design.md), nor behind an opt-in switch (`if args.sync:`). A
+    sync under `if use_gpu:` or `if torch.cuda.is_available():` is reported: that is the path where
+    it runs, every step. Code that runs at every step on rank 0 only (`if rank == 0:`,
+    `is_main_process()`) is reported: rank 0 waits at every step and the other ranks wait for it at
+    the next collective.
     """
 
     code = "TOP606"

@@ -54,9 +54,10 @@ class GradNormSync(Rule):
     Display-only: dropping `error_if_nonfinite` removes the exception the program relies on.
 
     Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or under a device check inside the step (see "The fact
-    layer" in docs/design.md).
+    after an error (an out-of-memory handler) or under a device check inside the step (see "The fact
+    layer" in docs/design.md). Code that runs at every step on rank 0 only (`if rank == 0:`,
+    `is_main_process()`) is reported: rank 0 waits at every step and the other ranks wait for it at
+    the next collective.
     """
 
     code = "TOP607"

@@ -16,7 +16,8 @@ from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.sync import FAMILY
-from torchopt.analysis.control import QUIET_GUARDS, control_of
+from torchopt.analysis.control import QUIET_GUARDS, Guard, control_of
+from torchopt.analysis.needed_reads import needed_read
 from torchopt.analysis.placement import placements
 from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.sync.host_read_planning import Plan, _Apply, _Planner, grad_norm_names, host_read
@@ -98,10 +99,19 @@ class HostReadInLoop(Rule):
 
     Not reported: reads that already run only now and then (under `if i % log_interval == 0`, also
     `and`-ed with `rank == 0`, once under `if i == 0`, on a branch that exits or raises, after the
-    batch loop of a function an outer loop calls, in an exception handler), on rank 0 only or under
-    a device check inside the step, and reads of host data (`torch.randint(16, 128, ()).item()` on
+    batch loop of a function an outer loop calls, in an exception handler), under a device check
+    inside the step, and reads of host data (`torch.randint(16, 128, ()).item()` on
     a tensor made on the CPU, `.tolist()` of a tensor moved with `.cpu()`, `float(i)` of an
-    `enumerate` counter). Every other host read is reported with the sync-free alternative and not
+    `enumerate` counter, any tensor of a program that never selects an accelerator), and a read that
+    decides whether a `while True:` loop goes on on a flag a collective of the loop shares with
+    every rank (`dist.broadcast(done, src=0)`, then `if done.item() == 0: break`: the ranks decide
+    together, at every iteration, whether to go on), and a read the loop
+    exists for: a value sent to host code whose answer is the next iteration's input (an action
+    given to an environment's `step()`, which returns the next observation), or the output of an
+    inference loop written to its own file (`scipy.io.wavfile.write(path, rate, audio.cpu().numpy())`;
+    see `analysis/needed_reads.py`). A read at every
+    step on rank 0 only is reported: rank 0 waits at every step and the other ranks wait for it at
+    the next collective. Every other host read is reported with the sync-free alternative and not
     changed.
 
     The accumulator is created on the device the program moves its data to. When the program
@@ -324,6 +334,8 @@ class HostReadInLoop(Rule):
                 continue  # TOP607
             if id(n) not in item_plan and control_of(self).not_every_step(n, guards=QUIET_GUARDS):
                 continue
+            if control_of(self).decides_exit(n) or needed_read(self, n) is not None:
+                continue  # the loop cannot go on without the value
             if _reads_host_data(self, n):
                 continue
             parent = self.get_metadata(ParentProvider, n, None)
@@ -341,7 +353,7 @@ class HostReadInLoop(Rule):
                 "expr": source(self, n),
                 "where": where.text,
                 "why": _WHY[kind.strip(".()")],
-                "advice": self._advice(n, kind, where),
+                "advice": self._advice(n, kind, where) + _rank0_note(self, n),
                 "acc": "",
             }
             plan_key = item_plan.get(id(n))
@@ -376,6 +388,12 @@ class HostReadInLoop(Rule):
             "; accumulate on the device (`running += t.detach()`) and call `.item()` only every N steps "
             "or after the loop"
         )
+
+
+def _rank0_note(rule: Rule, read: cst.Call) -> str:
+    if Guard.RANK0 in control_of(rule).guards(read):
+        return " (it runs on rank 0 only, and the other ranks wait for rank 0 at the next collective)"
+    return ""
 
 
 def _reads_host_data(rule: Rule, read: cst.Call) -> bool:

@@ -52,10 +52,12 @@ class PrintTensorInLoop(Rule):
     Display-only: how often to log is the user's choice; moving the print out of the step or
     under `if step % N == 0` changes what the program prints.
 
-    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or under a device check inside the step (see "The fact
-    layer" in docs/design.md), and host values (an f-string of a `str`, a counter from `itertools.count()`).
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
+    0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
+    fact layer" in docs/design.md), and host values (an f-string of a `str`, a counter from
+    `itertools.count()`). Code that runs at every step on rank 0 only (`if rank == 0:`,
+    `is_main_process()`) is reported: rank 0 waits at every step and the other ranks wait for it at the
+    next collective.
     """
 
     code = "TOP602"

@@ -53,10 +53,13 @@ class TensorControlFlow(Rule):
     Display-only: `torch.where` evaluates both branches (which may fail or cost more, and changes
     the autograd graph), and an asynchronous assert reports the failure later. The user must decide.
 
-    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i == 0:`),
-    after an error (an out-of-memory handler), on rank 0 only (`if rank == 0:`, `is_main_process()`, a
-    logger that returns early off rank 0) or under a device check inside the step (see "The fact
-    layer" in docs/design.md), and tests on host values (an `int` counter, a tensor moved with `.cpu()`).
+    Not reported: code that runs only every few steps (`if step % log_every == 0:`), once (`if i ==
+    0:`), after an error (an out-of-memory handler) or under a device check inside the step (see "The
+    fact layer" in docs/design.md), and tests on host values (an `int` counter, a tensor moved with
+    `.cpu()`), and a test that decides whether a `while True:` loop goes on on a flag a collective
+    of the loop shares with every rank (`dist.broadcast(done, src=0)`, then `if done == 0: break`).
+    Code that runs at every step on rank 0 only (`if rank == 0:`, `is_main_process()`) is reported:
+    rank 0 waits at every step and the other ranks wait for it at the next collective.
     """
 
     code = "TOP605"
@@ -172,6 +175,8 @@ class TensorControlFlow(Rule):
             where = hm.where(n)
             if where is None or control_of(self).not_every_step(n, guards=QUIET_GUARDS) is not None:
                 continue
+            if control_of(self).decides_exit(test):
+                continue  # the loop cannot know whether to go on without the value
             if isinstance(n, cst.Assert):
                 advice = "use `torch._assert_async(cond)` or check every N steps, outside the step"
             elif isinstance(n, cst.IfExp):
