@@ -7,6 +7,7 @@ from textwrap import dedent
 
 import libcst as cst
 
+from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
@@ -31,7 +32,10 @@ class MissingAutocast(_AmpBase):
     body of a `for`/`while` loop, or in a function of the same file that a loop calls: a call of
     an `nn.Module` instance (a name bound to a `torch.nn` constructor or to a class deriving from
     `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes; a `torch.nn` module
-    without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its output, `loss.backward()`, and `optimizer.step()`. The forward and the loss (from the
+    without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its output, `loss.backward()`, and `optimizer.step()`. A program that never selects an
+    accelerator (run as a script, no device named, chosen or loaded from a checkpoint, here or in
+    the project modules it imports) trains on the CPU and is left alone with the default float16;
+    with `dtype = "bfloat16"` it is rewritten (CPU autocast). The forward and the loss (from the
     first statement that calls the model to the last statement the loss depends on) go under
     `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
     `torch.amp.GradScaler`: `scaler.scale(loss).backward(...)` (also
@@ -648,9 +652,31 @@ class MissingAutocast(_AmpBase):
             after=None,
             note="`feature_maps`, read after the block, may be a list (the model is imported): not upcast, refused",
         ),
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                def main():
+                    policy = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+                    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+                    for epoch in range(50):
+                        obs = torch.randn(64, 4)
+                        loss = policy(obs).pow(2).mean()
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="a program that never selects an accelerator: it trains on the CPU, where this step is no float16 step",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
+        if self.option("dtype") != "bfloat16" and host_program(self) is not None:
+            return  # nothing of this program reaches an accelerator: no float16 step to make
         a = _Analysis(self)
         program = program_of(self)
         remote = remote_sites(a, program)
