@@ -32,9 +32,13 @@ def test_manifest_halves_follow_the_split_rule_and_keep_kinds_balanced() -> None
         assert abs(per_group[(group, "dev")] - per_group[(group, "held-back")]) <= 1
 
 
-def test_held_back_entries_carry_no_judgements() -> None:
-    entries = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))["entry"]
-    for e in entries:
+def test_held_back_entries_carry_no_judgements_until_the_half_is_measured() -> None:
+    manifest = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))
+    measured = manifest.get("held_back_measured", "")
+    if measured:  # measured once: the judgements are those of that run
+        assert len(measured) >= 7 and all(c in "0123456789abcdef" for c in measured), measured
+        return
+    for e in manifest["entry"]:
         if e["half"] == "held-back":
             assert not e.get("judgements") and not e.get("misses") and not e.get("amp_targets"), e["path"]
 
