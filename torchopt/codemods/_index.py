@@ -91,7 +91,7 @@ FILES = {
     'amp/gradient_penalty_amp.py': 6254,
     'amp/imported_steps.py': 5089,
     'amp/inference_autocast.py': 10413,
-    'amp/missing_autocast.py': 39498,
+    'amp/missing_autocast.py': 39276,
     'amp/missing_grad_scaler.py': 7148,
     'amp/module_kinds.py': 1316,
     'amp/optimizer_wrappers.py': 6297,
