@@ -234,6 +234,22 @@ def test_a_step_under_the_programs_own_autocast_gets_no_tf32(tmp_path, monkeypat
     assert "All checks passed" in out, out
 
 
+def test_an_autocast_helper_that_cannot_be_read_is_unknown_and_not_fixed(tmp_path, monkeypatch):
+    precision = """\
+        import torch
+
+
+        def mixed_autocast():
+            return torch.autocast("cuda", dtype=torch.float16)
+    """
+    entry = AMP_STEP.replace("import mixed", "import mixed_autocast").replace("with mixed():", "with mixed_autocast():")
+    _write(tmp_path / "proj", {"train.py": entry, "precision.py": precision})
+    out = _check(tmp_path, monkeypatch, "proj/train.py", "TOP502")  # precision.py is not part of the run
+    assert "proj/train.py:7:27: TOP502 float32 matmuls may run at full precision, but whether the step" in out, out
+    assert "`mixed_autocast` comes from precision.py, which is not part of this run" in " ".join(out.split()) and "[unsafe fix]" not in out
+    assert "All checks passed" in _check(tmp_path, monkeypatch, "proj", "TOP502")  # the whole project: autocast
+
+
 def test_an_autocast_for_the_cpu_leaves_cuda_matmuls_float32(tmp_path, monkeypatch):
     precision = """\
         import torch

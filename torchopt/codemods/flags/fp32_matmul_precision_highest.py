@@ -43,7 +43,8 @@ class MatmulPrecision(Rule):
     the model is never handed to code outside the file; and when every repeated forward and
     matmul runs inside the program's own `torch.autocast` / `torch.cuda.amp.autocast` block
     (written there, or returned by a function of the file or of the project), not turned off by a
-    literal `enabled=False`.
+    literal `enabled=False`. When the block is a helper whose name says autocast but whose
+    definition cannot be read (a library's, or a module outside the run) it reports without a fix.
 
     ## Why is this slow
     With precision `"highest"` (the default) float32 matmuls run in full IEEE fp32. `"high"` lets
@@ -91,6 +92,11 @@ class MatmulPrecision(Rule):
         "float32 matmuls run at full precision, but this file uses precision-sensitive "
         'linear algebra (`{what}`): `torch.set_float32_matmul_precision("high")` is '
         "global and would change it too; enable TF32 only around the model, if at all"
+    )
+    autocast_message = (
+        "float32 matmuls may run at full precision, but whether the step runs under autocast "
+        "(where TF32 changes nothing) is unknown: {why}; check the project "
+        '(`torchopt check <project folder>`) before enabling `torch.set_float32_matmul_precision("high")`'
     )
     fix_title = 'Insert `torch.set_float32_matmul_precision("high")` ({where})'
     safety = Safety.UNSAFE
@@ -296,8 +302,11 @@ class MatmulPrecision(Rule):
         if not prog.matmuls or not prog.cuda or prog.tf32_set or prog.intent or prog.anchor is None:
             return
         facts = pays(self, prog)
-        if facts.repeats is False or facts.autocast:
+        if facts.repeats is False or facts.autocast is True:
             return  # no loop runs a matmul, or every one that does runs under the program's autocast
+        if facts.autocast is None:
+            self.report(prog.matmuls[0], message=self.autocast_message, fmt={"why": facts.autocast_why})
+            return
         if prog.sensitive:
             where, what = prog.sensitive[0]
             self.report(where, message=self.sensitive_message, fmt={"what": what})

@@ -100,7 +100,8 @@ class Pays:
     per_file: bool | None = False  # None: a per-file loop whose shapes are unknown
     per_file_why: str = ""
     per_file_loop: cst.For | None = None
-    autocast: bool = False
+    autocast: bool | None = False  # None: a block that may be autocast could not be read
+    autocast_why: str = ""
 
 
 def pays(rule: Rule, prog: FlagProgram) -> Pays:
@@ -118,6 +119,7 @@ class _Analysis:
         self.matmul_ids = {id(n) for n in matmul_ops if not _builds_layer(rule, n)}
         self.out = Pays()
         self.loops_with_forwards: list[cst.CSTNode] = []
+        self.autocast_why = ""
 
     # ------------------------------------------------------------------ what a call is
     def is_model(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
@@ -213,7 +215,9 @@ class _Analysis:
             self.out.repeats = None
         else:
             self.out.repeats = False
-        self.out.autocast = bool(self.out.forwards) and all(self._under_autocast(c) for c in self.out.forwards)
+        if self.out.forwards:
+            self.out.autocast = _all([self._under_autocast(c) for c in self.out.forwards], False)
+            self.out.autocast_why = self.autocast_why if self.out.autocast is None else ""
         self._per_file(loops)
         return self.out
 
@@ -246,31 +250,42 @@ class _Analysis:
         return not (isinstance(c.func, cst.Attribute) and c.func.attr.value in _NOT_FORWARD)
 
     # ------------------------------------------------------------------ autocast
-    def _under_autocast(self, node: cst.CSTNode, depth: int = 0) -> bool:
-        """``node`` runs inside an autocast block: around it, or around every call of its function."""
+    def _under_autocast(self, node: cst.CSTNode, depth: int = 0) -> bool | None:
+        """``node`` runs inside an autocast block: around it, or around every call of its function
+        (None: a block around it may be one, see :meth:`_autocast`)."""
         cur = self.prog.parent(node)
+        maybe = False
         while cur is not None and not isinstance(cur, cst.Module):
-            if isinstance(cur, cst.With) and any(self._autocast(i.item) for i in cur.items):
-                return True
+            if isinstance(cur, cst.With):
+                got = [self._autocast(i.item) for i in cur.items]
+                if True in got:
+                    return True
+                maybe = maybe or None in got
             if isinstance(cur, cst.FunctionDef):
                 fn = self.prog.functions.get(self._qualname(cur))
                 if fn is None or not fn.callers or depth >= _DEPTH:
-                    return False
-                return all(self._under_autocast(e.call, depth + 1) for e in fn.callers)
+                    break
+                return _all([self._under_autocast(e.call, depth + 1) for e in fn.callers], maybe)
             cur = self.prog.parent(cur)
-        return False
+        return None if maybe else False
 
     def _qualname(self, fn: cst.FunctionDef) -> str:
         got = self.prog.function_of(fn.body)
         return got.qualname if got is not None else ""
 
-    def _autocast(self, expr: cst.BaseExpression) -> bool:
+    def _autocast(self, expr: cst.BaseExpression) -> bool | None:
+        """``expr`` enters autocast for CUDA: ``torch.autocast(...)``, or a function of the file or
+        of the project that returns one. None when it is a context manager whose name says autocast
+        but whose definition cannot be read (a library's helper, a module outside the run)."""
         if not isinstance(expr, cst.Call):
             return False
         if _enabled_false(expr) or not _cuda_device(expr):
             return False
-        if self.qualified(expr) & AUTOCASTS:
+        names = self.qualified(expr)
+        if names & AUTOCASTS:
             return True
+        if any(q.startswith("torch.") for q in names):
+            return False
         fn, _ = self.prog.resolve_callable(expr.func, expr)
         if fn is not None:
             return any(
@@ -282,7 +297,13 @@ class _Analysis:
         if written is None:
             return False
         found = index_of(self.rule).resolve(written)
-        return isinstance(found, Definition) and found.unit is not None and found.unit.autocast
+        if isinstance(found, Definition) and found.unit is not None:
+            return found.unit.autocast
+        if "autocast" in written.rsplit(".", 1)[-1].lower():
+            why = found.reason if isinstance(found, Unknown) else f"`{written}` is a library's helper"
+            self.autocast_why = self.autocast_why or why
+            return None
+        return False
 
     # ------------------------------------------------------------------ per-file shapes
     def _per_file(self, loops: Sequence[cst.CSTNode]) -> None:
@@ -401,6 +422,15 @@ class _Analysis:
                 if isinstance(got, Definition) and got.kind != "module":
                     todo.append(got)
         return None
+
+
+def _all(got: list[bool | None], maybe: bool | None) -> bool | None:
+    """True when every answer is True; False when one is False; else None (unknown)."""
+    if got and all(g is True for g in got):
+        return True
+    if False in got:
+        return None if maybe else False
+    return None
 
 
 def _fixes_size(last: str, names: set[str]) -> bool:
