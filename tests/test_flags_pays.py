@@ -246,7 +246,10 @@ def test_an_autocast_helper_that_cannot_be_read_is_unknown_and_not_fixed(tmp_pat
     _write(tmp_path / "proj", {"train.py": entry, "precision.py": precision})
     out = _check(tmp_path, monkeypatch, "proj/train.py", "TOP502")  # precision.py is not part of the run
     assert "proj/train.py:7:27: TOP502 float32 matmuls may run at full precision, but whether the step" in out, out
-    assert "`mixed_autocast` comes from precision.py, which is not part of this run" in " ".join(out.split()) and "[unsafe fix]" not in out
+    assert (
+        "`mixed_autocast` comes from precision.py, which is not part of this run" in " ".join(out.split())
+        and "[unsafe fix]" not in out
+    )
     assert "All checks passed" in _check(tmp_path, monkeypatch, "proj", "TOP502")  # the whole project: autocast
 
 
