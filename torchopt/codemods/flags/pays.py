@@ -120,6 +120,7 @@ class _Analysis:
         self.out = Pays()
         self.loops_with_forwards: list[cst.CSTNode] = []
         self.autocast_why = ""
+        self._assigned: dict[int, dict[str, list[cst.BaseExpression]]] = {}  # id(scope) -> name -> values
 
     # ------------------------------------------------------------------ what a call is
     def is_model(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
@@ -188,14 +189,13 @@ class _Analysis:
         """The value of the one plain assignment ``name = value`` in the function (or module) holding ``at``."""
         fn = self.prog.function_of(at)
         scope: cst.CSTNode = fn.node if fn is not None else self.rule.ctx.module
-        found = [
-            n.value
-            for n in walk(scope)
-            if isinstance(n, cst.Assign)
-            and len(n.targets) == 1
-            and isinstance(n.targets[0].target, cst.Name)
-            and n.targets[0].target.value == name.value
-        ]
+        assigned = self._assigned.get(id(scope))
+        if assigned is None:
+            assigned = self._assigned[id(scope)] = {}
+            for n in walk(scope):
+                if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name):
+                    assigned.setdefault(n.targets[0].target.value, []).append(n.value)
+        found = assigned.get(name.value, [])
         return found[0] if len(found) == 1 else None
 
     # ------------------------------------------------------------------ repeated forwards
