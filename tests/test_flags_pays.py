@@ -306,3 +306,37 @@ def test_an_unread_model_factory_is_still_an_unknown_convolution(tmp_path, monke
     out = _check(tmp_path, monkeypatch, "proj/main.py", "TOP501")
     assert "main.py:7:13: TOP501 Whether this program builds convolutions" in out, out
     assert "`make_model` comes from data.py, which is not part of this run" in out, out
+
+
+def test_a_module_of_the_file_called_once_per_image_file_of_its_own_size(tmp_path, monkeypatch):
+    src = """\
+        import glob
+
+        import torch
+        from PIL import Image
+        from torch import nn
+        from torchvision.transforms.functional import to_tensor
+
+
+        class Upscaler(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Conv2d(3, 12, 3, padding=1)
+                self.shuffle = nn.PixelShuffle(2)
+
+            def forward(self, x):
+                return self.shuffle(self.body(x))
+
+
+        if __name__ == "__main__":
+            up = Upscaler().cuda().eval()
+            with torch.inference_mode():
+                for path in glob.glob("photos/*.png"):
+                    image = to_tensor(Image.open(path).convert("RGB"))
+                    torch.save(up(image.unsqueeze(0).cuda()).cpu(), path + ".pt")
+    """
+    _write(tmp_path, {"upscale.py": src})
+    assert "All checks passed" in _check(tmp_path, monkeypatch, "upscale.py", "TOP501")
+    resized = src.replace('.convert("RGB"))', '.convert("RGB").resize((256, 256)))')
+    _write(tmp_path, {"upscale.py": resized})
+    assert "upscale.py:12:21: TOP501 [unsafe fix]" in _check(tmp_path, monkeypatch, "upscale.py", "TOP501")

@@ -41,7 +41,8 @@ SPAWNS = {
 }
 _WRAPPERS = ("enumerate", "tqdm", "iter", "track")
 # Calls that give their input a size of their own (by the called name's last part, any library:
-# `F.interpolate`, `cv2.resize`, a PIL image's `.resize`, `transforms.CenterCrop`).
+# `F.interpolate`, `cv2.resize`, a PIL image's `.resize`, `transforms.CenterCrop`); `ToTensor` or
+# `Normalize` keep the size.
 SIZE_FIXERS = {
     "interpolate",
     "upsample",
@@ -55,6 +56,13 @@ SIZE_FIXERS = {
     "RandomCrop",
     "RandomResizedCrop",
     "thumbnail",
+    "FiveCrop",
+    "TenCrop",
+    # transform containers: what they hold is not followed, so they count as giving a size
+    "Compose",
+    "RandomChoice",
+    "RandomApply",
+    "RandomOrder",
 }
 # Mixed-precision contexts that cover CUDA matmuls.
 AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
@@ -76,7 +84,7 @@ class Unit:
     reads: list[str] = field(default_factory=list)  # module globals it reads
     returns_dict: dict[str, str] | None = None  # `return dict(k=v)` / `return {"k": v}`: key -> source
     passes: list[str] = field(default_factory=list)  # names it passes to calls (`ResNet(BasicBlock)`)
-    resizes: bool = False  # calls a SIZE_FIXERS name or a torchvision transform, or slices with literal bounds
+    resizes: bool = False  # calls a SIZE_FIXERS name, or slices with literal bounds
     autocast: bool = False  # a function that returns an autocast context (`return torch.autocast("cuda")`)
 
 
@@ -201,7 +209,7 @@ def _classify(out: ModuleSummary, call: ast.Call, unit: Unit) -> None:
     q = out.qualify(written)
     full = q[0] if q is not None and q[1] == 0 else ""
     last = written.rsplit(".", 1)[-1]
-    if last in SIZE_FIXERS or full.startswith("torchvision.transforms"):
+    if last in SIZE_FIXERS:
         unit.resizes = True
     kind = None
     if full.startswith("torch.nn.") and last in LAYER_KINDS:

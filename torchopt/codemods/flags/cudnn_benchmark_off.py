@@ -55,7 +55,7 @@ class CudnnBenchmark(Rule):
       file listing (`os.listdir`, `glob.glob`, `os.scandir`, `os.walk`, `Path(d).glob(...)`) and
       calls the model once per file on what it read, and nothing on the way (the loop body, the
       functions of the file and of the project it calls) resizes or crops (`interpolate`,
-      `resize`, a `torchvision` transform, a slice with literal bounds). When a call on the way
+      `resize`, a `torchvision` resize, crop or `Compose`, a slice with literal bounds). When a call on the way
       cannot be read (a function of a module outside the run, a callable the file receives), the
       rule reports that the shapes are unknown, without a fix.
 

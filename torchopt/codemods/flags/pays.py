@@ -18,7 +18,7 @@ whether that happens here:
   call is a new shape unless something in between fixes the size. Established when nothing on the
   way (the loop body, the functions of the file it calls, the project functions they call, as the
   project index summarises them) resizes or crops (``interpolate``, ``resize``, a ``torchvision``
-  transform, a slice with literal bounds); unknown when a call on the way cannot be read (a
+  resize, crop or ``Compose``, a slice with literal bounds); unknown when a call on the way cannot be read (a
   function of a module outside the run, a callable object whose value the file does not show).
 * **Autocast** (:attr:`Pays.autocast`): every repeated forward and matmul runs inside the program's
   own ``torch.autocast`` / ``torch.cuda.amp.autocast`` block (or a function of the file or of the
@@ -63,6 +63,9 @@ _NOT_FORWARD = {
     "to",
     "cuda",
     "cpu",
+    "npu",
+    "xpu",
+    "mps",
     "half",
     "float",
     "double",
@@ -151,15 +154,18 @@ class _Analysis:
         return bool(qualified_names(self.rule, expr)) if isinstance(expr, (cst.Name, cst.Attribute)) else False
 
     def _builds_module(self, call: cst.Call) -> bool:
-        """``call`` builds a project class that is an ``nn.Module``, or a function that builds layers."""
+        """``call`` builds a module: a project class that is an ``nn.Module``, or a function of the
+        file that returns a model (a function that only calls a builder returns something else)."""
+        fn, how = self.prog.resolve_callable(call.func, call)
+        if fn is not None:
+            return fn.cls in self.prog.module_classes if how == "constructor" else fn.qualname in self.prog.factories
         written = dotted(call.func)
         found = index_of(self.rule).resolve(written) if written else None
-        if not isinstance(found, Definition) or found.kind == "module":
-            return False
-        index = index_of(self.rule)
-        if found.kind == "class" and index.is_module_class(found) is True:
-            return True
-        return bool(index.layers(found).counts)
+        return (
+            isinstance(found, Definition)
+            and found.kind == "class"
+            and index_of(self.rule).is_module_class(found) is True
+        )
 
     def is_forward(self, c: cst.Call) -> bool:
         if self.is_model(c.func, c):
@@ -367,7 +373,7 @@ class _Analysis:
                 continue
             names = self.qualified(n)
             last = n.func.attr.value if isinstance(n.func, cst.Attribute) else dotted(n.func) or ""
-            if _fixes_size(last, names):
+            if _fixes_size(last):
                 return False, f"`{last}`"
             fn, _ = self.prog.resolve_callable(n.func, n)
             if fn is not None:
@@ -386,9 +392,7 @@ class _Analysis:
             unknown = unknown or got
             if got is None and not names and isinstance(n.func, cst.Name) and self._bound_here(n.func):
                 value = self._local_value(n.func, n)  # a callable object: `transform = Compose([...])`
-                if isinstance(value, cst.Call) and _fixes_size(
-                    (dotted(value.func) or "").rsplit(".", 1)[-1], self.qualified(value)
-                ):
+                if isinstance(value, cst.Call) and _fixes_size((dotted(value.func) or "").rsplit(".", 1)[-1]):
                     return False, f"`{written}`"
                 unknown = unknown or (True, f"what `{written}` (a callable object) does to the input size")
         return unknown
@@ -433,8 +437,8 @@ def _all(got: list[bool | None], maybe: bool | None) -> bool | None:
     return None
 
 
-def _fixes_size(last: str, names: set[str]) -> bool:
-    return last in SIZE_FIXERS or any(q.startswith("torchvision.transforms") for q in names)
+def _fixes_size(last: str) -> bool:
+    return last in SIZE_FIXERS
 
 
 def _builds_layer(rule: Rule, node: cst.CSTNode) -> bool:
