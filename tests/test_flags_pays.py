@@ -340,3 +340,19 @@ def test_a_module_of_the_file_called_once_per_image_file_of_its_own_size(tmp_pat
     resized = src.replace('.convert("RGB"))', '.convert("RGB").resize((256, 256)))')
     _write(tmp_path, {"upscale.py": resized})
     assert "upscale.py:12:21: TOP501 [unsafe fix]" in _check(tmp_path, monkeypatch, "upscale.py", "TOP501")
+
+
+def test_a_loop_over_a_compiled_callable_is_a_step_loop(tmp_path, monkeypatch):
+    src = """\
+        import torch
+        import torch.nn.functional as F
+
+        if __name__ == "__main__":
+            weight = torch.randn(8, 3, 3, 3, device="cuda")
+            step = torch.compile(lambda x: F.conv2d(x, weight).relu())
+            for _ in range(100):
+                step(torch.randn(4, 3, 32, 32, device="cuda"))
+    """
+    _write(tmp_path, {"bench.py": src})
+    out = _check(tmp_path, monkeypatch, "bench.py", "TOP501")
+    assert "bench.py:6:36: TOP501 [unsafe fix]" in out, out

@@ -174,7 +174,7 @@ FILES = {
     'flags/determinism_switch.py': 3330,
     'flags/example_scripts.py': 1330,
     'flags/fp32_matmul_precision_highest.py': 13810,
-    'flags/pays.py': 22990,
+    'flags/pays.py': 23685,
     'flags/program_flags.py': 28837,
     'inference/__init__.py': 350,
     'inference/eval_code.py': 19548,

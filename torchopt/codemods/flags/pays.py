@@ -98,7 +98,7 @@ _DEPTH = 4
 @dataclass
 class Pays:
     repeats: bool | None = None  # see the module docstring
-    forwards: list[cst.CSTNode] = field(default_factory=list)  # forwards and matmuls run in loops
+    forwards: list[cst.CSTNode] = field(default_factory=list)  # forwards, convolution and matmul ops run in loops
     passed: str = ""  # the call outside the file a model is handed to (why `repeats` is unknown)
     per_file: bool | None = False  # None: a per-file loop whose shapes are unknown
     per_file_why: str = ""
@@ -109,17 +109,17 @@ class Pays:
 
 def pays(rule: Rule, prog: FlagProgram) -> Pays:
     """The facts of the rule's file, worked out once per parse and shared by the flag rules."""
-    ops = [m for m in prog.matmuls if id(m) not in prog.built_elsewhere]  # not `Net()` of another module
+    ops = [m for m in [*prog.convs, *prog.matmuls] if id(m) not in prog.built_elsewhere]  # not `Net()` elsewhere
     module = rule.ctx.module
     return rule.ctx.facts.about_node(("flags pays",), module, lambda: _Analysis(rule, ops).run())
 
 
 class _Analysis:
-    def __init__(self, rule: Rule, matmul_ops: list[cst.CSTNode]) -> None:
+    def __init__(self, rule: Rule, ops: list[cst.CSTNode]) -> None:
         self.rule = rule
         self.prog: Program = program_of(rule)
         self.objects = {o.name for o in lifecycle_of(rule).objects}
-        self.matmul_ids = {id(n) for n in matmul_ops if not _builds_layer(rule, n)}
+        self.op_ids = {id(n) for n in ops if not _builds_layer(rule, n)}
         self.out = Pays()
         self.loops_with_forwards: list[cst.CSTNode] = []
         self.autocast_why = ""
@@ -172,6 +172,20 @@ class _Analysis:
             return True
         f = c.func
         return isinstance(f, cst.Attribute) and f.attr.value not in _NOT_FORWARD and self.is_model(f.value, c)
+
+    def may_forward(self, c: cst.Call) -> bool:
+        """``c`` calls a value the file holds (``g(z)``, ``self.head(x)``) that may be a module the
+        analysis does not recognise: counted as a forward, so that no loop is taken for one that
+        runs none."""
+        f = c.func
+        if isinstance(f, cst.Name):
+            return not self._defined(f, c) and self._bound_here(f)
+        return (
+            isinstance(f, cst.Attribute)
+            and isinstance(f.value, cst.Name)
+            and f.value.value == "self"
+            and self.prog.resolve_callable(f, c)[0] is None
+        )
 
     def qualified(self, c: cst.Call) -> set[str]:
         if isinstance(c.func, (cst.Name, cst.Attribute)):
@@ -229,12 +243,12 @@ class _Analysis:
 
     def _loop_forwards(self, body: cst.CSTNode, depth: int, seen: set[str]) -> None:
         for n in walk(body):
-            if id(n) in self.matmul_ids:
-                self.out.forwards.append(n)  # a matmul op: a call or an `@`
+            if id(n) in self.op_ids:
+                self.out.forwards.append(n)  # a convolution or matmul op: a call or an `@`
                 continue
             if not isinstance(n, cst.Call):
                 continue
-            if self.is_forward(n) and not self.counted(n):
+            if (self.is_forward(n) or self.may_forward(n)) and not self.counted(n):
                 self.out.forwards.append(n)
                 continue
             fn, _ = self.prog.resolve_callable(n.func, n)
@@ -442,7 +456,8 @@ def _fixes_size(last: str) -> bool:
 
 
 def _builds_layer(rule: Rule, node: cst.CSTNode) -> bool:
-    """A matmul *layer* construction (``nn.Linear(...)``), as opposed to a matmul op run where it stands."""
+    """A layer construction (``nn.Linear(...)``, ``nn.Conv2d(...)``), as opposed to an op run where it
+    stands (``F.conv2d``, ``torch.matmul``, ``@``)."""
     if not isinstance(node, cst.Call):
         return False
     q = callee(rule, node) or ""
