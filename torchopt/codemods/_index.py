@@ -173,7 +173,7 @@ FILES = {
     'flags/cudnn_benchmark_variable_shapes.py': 6048,
     'flags/determinism_switch.py': 3330,
     'flags/example_scripts.py': 1330,
-    'flags/fp32_matmul_precision_highest.py': 13810,
+    'flags/fp32_matmul_precision_highest.py': 13767,
     'flags/pays.py': 23685,
     'flags/program_flags.py': 28837,
     'inference/__init__.py': 350,

@@ -95,8 +95,8 @@ class MatmulPrecision(Rule):
     )
     autocast_message = (
         "float32 matmuls may run at full precision, but whether the step runs under autocast "
-        "(where TF32 changes nothing) is unknown: {why}; check the project "
-        '(`torchopt check <project folder>`) before enabling `torch.set_float32_matmul_precision("high")`'
+        "(where TF32 changes nothing) is unknown: {why}; enable "
+        '`torch.set_float32_matmul_precision("high")` only if it does not'
     )
     fix_title = 'Insert `torch.set_float32_matmul_precision("high")` ({where})'
     safety = Safety.UNSAFE
