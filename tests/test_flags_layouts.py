@@ -14,7 +14,8 @@ import torch.nn as nn
 
 def worker(rank, world_size):
     model = nn.Conv2d(3, 8, 3).to(rank)
-    model(torch.randn(2, 3, 8, 8).to(rank)).sum().backward()
+    for _ in range(3):
+        model(torch.randn(2, 3, 8, 8).to(rank)).sum().backward()
 
 
 def main():
@@ -42,7 +43,8 @@ import torch.nn as nn
 def main():
     device = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else "cpu"
     model = nn.Linear(8, 8).to(device)
-    model(torch.randn(4, 8).to(device)).sum().backward()
+    for _ in range(3):
+        model(torch.randn(4, 8).to(device)).sum().backward()
 
 
 if __name__ == "__main__":
@@ -59,12 +61,13 @@ def test_tf32_for_a_device_from_torch_accelerator(tmp_path):
 def test_tf32_for_a_device_given_as_an_index(tmp_path):
     src = (
         "import torch\nimport torch.nn as nn\n\n\nclass Trainer:\n    def __init__(self, model, gpu_id):\n"
-        "        self.gpu_id = gpu_id\n        self.model = model.to(gpu_id)\n\n\n"
-        "def main(device):\n    trainer = Trainer(nn.Linear(8, 8), device)\n\n\n"
+        "        self.gpu_id = gpu_id\n        self.model = model.to(gpu_id)\n\n"
+        "    def run(self, batches):\n        for x in batches:\n            self.model(x.to(self.gpu_id)).sum().backward()\n\n\n"
+        "def main(device):\n    trainer = Trainer(nn.Linear(8, 8), device)\n    trainer.run(torch.randn(3, 2, 8))\n\n\n"
         'if __name__ == "__main__":\n    main(0)\n'
     )
     res = check(tmp_path, src, "--select", "TOP502")
-    assert res.exit_code == 1 and "main.py:12:23: TOP502" in res.stdout
+    assert res.exit_code == 1 and "main.py:16:23: TOP502" in res.stdout
 
 
 VARYING = """\

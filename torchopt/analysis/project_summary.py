@@ -52,6 +52,32 @@ SPAWNS = {
     "torch.multiprocessing.Process",
 }
 _WRAPPERS = ("enumerate", "tqdm", "iter", "track")
+# Calls that give their input a size of their own (by the called name's last part, any library:
+# `F.interpolate`, `cv2.resize`, a PIL image's `.resize`, `transforms.CenterCrop`); `ToTensor` or
+# `Normalize` keep the size.
+SIZE_FIXERS = {
+    "interpolate",
+    "upsample",
+    "Upsample",
+    "resize",
+    "Resize",
+    "crop",
+    "center_crop",
+    "resized_crop",
+    "CenterCrop",
+    "RandomCrop",
+    "RandomResizedCrop",
+    "thumbnail",
+    "FiveCrop",
+    "TenCrop",
+    # transform containers: what they hold is not followed, so they count as giving a size
+    "Compose",
+    "RandomChoice",
+    "RandomApply",
+    "RandomOrder",
+}
+# Mixed-precision contexts that cover CUDA matmuls.
+AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
 
 
 @dataclass
@@ -76,6 +102,8 @@ class Unit:
     # "" always, "P:D" when the parameter P does (its default written as D, "" without a literal
     # default), "?" when a value known only at run time does.
     determinism: list[str] = field(default_factory=list)
+    resizes: bool = False  # calls a SIZE_FIXERS name, or slices with literal bounds
+    autocast: bool = False  # a function that returns an autocast context (`return torch.autocast("cuda")`)
 
 
 @dataclass
@@ -199,6 +227,8 @@ def _classify(out: ModuleSummary, call: ast.Call, unit: Unit) -> None:
     q = out.qualify(written)
     full = q[0] if q is not None and q[1] == 0 else ""
     last = written.rsplit(".", 1)[-1]
+    if last in SIZE_FIXERS:
+        unit.resizes = True
     kind = None
     if full.startswith("torch.nn.") and last in LAYER_KINDS:
         kind = LAYER_KINDS[last]
@@ -225,6 +255,8 @@ def _class(out: ModuleSummary, node: ast.ClassDef) -> Unit:
             _classify(out, n, unit)
         elif isinstance(n, ast.Attribute) and n.attr == "backward":
             unit.steps = True
+        elif isinstance(n, ast.Subscript) and _literal_slice(n):
+            unit.resizes = True
     return unit
 
 
@@ -246,14 +278,18 @@ def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) 
         elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             if (n.id not in local or n.id in declared_global) and n.id not in unit.reads:
                 unit.reads.append(n.id)
-        elif isinstance(n, ast.Return) and n.value is not None and unit.returns_dict is None:
-            unit.returns_dict = _dict_literal(n.value)
+        elif isinstance(n, ast.Subscript) and _literal_slice(n):
+            unit.resizes = True
         elif isinstance(n, ast.Attribute) and not unit.amp:
             q = out.qualify(dotted_name(n) or "")
             unit.amp = q is not None and q[1] == 0 and q[0] in AMP
         if isinstance(n, ast.Name) and not unit.amp:
             q = out.qualify(n.id)
             unit.amp = q is not None and q[1] == 0 and q[0] in AMP
+        if isinstance(n, ast.Return) and n.value is not None:
+            unit.autocast = unit.autocast or _autocast(out, n.value)
+            if unit.returns_dict is None:
+                unit.returns_dict = _dict_literal(n.value)
     unit.determinism = _determinism(out, node.body, params, _literal_defaults(node), ())
     unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
         len(node.body) == 1
@@ -341,6 +377,29 @@ def _no_grad(out: ModuleSummary, expr: ast.expr) -> bool:
     written = dotted_name(expr.func if isinstance(expr, ast.Call) else expr)
     q = out.qualify(written) if written else None
     return q is not None and q[0] in NO_GRAD
+
+
+def _literal_slice(node: ast.Subscript) -> bool:
+    """``x[:16000]``, ``x[..., 0:224]``: a slice with a literal bound gives the result a size of its own."""
+    parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    return any(
+        isinstance(p, ast.Slice)
+        and any(isinstance(b, ast.Constant) and type(b.value) is int for b in (p.lower, p.upper))
+        for p in parts
+    )
+
+
+def _autocast(out: ModuleSummary, expr: ast.expr) -> bool:
+    """``torch.autocast("cuda", ...)`` and the like, not turned off by a literal ``enabled=False``,
+    nor written for another device (``torch.autocast("cpu")``)."""
+    written = dotted_name(expr.func) if isinstance(expr, ast.Call) else None
+    q = out.qualify(written) if written else None
+    if not isinstance(expr, ast.Call) or q is None or q[0] not in AUTOCASTS:
+        return False
+    if any(k.arg == "enabled" and isinstance(k.value, ast.Constant) and k.value.value is False for k in expr.keywords):
+        return False
+    device = next((k.value for k in expr.keywords if k.arg == "device_type"), expr.args[0] if expr.args else None)
+    return not (isinstance(device, ast.Constant) and isinstance(device.value, str) and device.value != "cuda")
 
 
 def _iterated(expr: ast.expr) -> str | None:

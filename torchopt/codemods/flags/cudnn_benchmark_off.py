@@ -13,6 +13,7 @@ from torchopt.codemods.flags.program_flags import entry_possible
 from torchopt.codemods.flags.program_flags import insertion
 from torchopt.codemods.flags.program_flags import placed_after_binding
 from torchopt.codemods.flags.program_flags import program
+from torchopt.codemods.flags.pays import pays
 from torchopt.codemods.flags.example_scripts import _ENTRY_DOC
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Rule
@@ -31,7 +32,10 @@ class CudnnBenchmark(Rule):
     `from models import Net` counts when the project index finds convolutions in `Net` (its body,
     its project bases, the project classes it builds). When the module that defines `Net` is not
     part of the run (a single file named on the command line, no project folder above it), the rule
-    reports without a fix and names that file.
+    reports without a fix and names that file. A call whose module is not part of the run counts
+    only when its result is used as a model (the model lifecycle's module objects: called, moved,
+    put in eval mode, its parameters optimised, or bound to a model name); a data loader factory
+    or a config reader from such a module is not asked about.
 
     It does nothing when the file already sets `torch.backends.cudnn.benchmark` (to anything: an
     explicit user setting is never overridden), or shows reproducibility intent
@@ -42,12 +46,31 @@ class CudnnBenchmark(Rule):
     without a fix. When input shapes vary per batch (`pad_sequence` /
     `pack_padded_sequence`, `transforms.Resize(<int>)` without a crop) it reports without a fix.
 
+    It does nothing where the switch cannot pay (the facts of `flags/pays.py`):
+
+    * **No repeated forward**: no loop of the program calls a model (directly or through the
+      functions of the file it calls), and the model is never handed to code outside the file
+      (`train(model, loader)` from another module may loop, and then the rule reports as before).
+      A program that runs one forward per model (an export, a shape check, a FLOP counter whose
+      forwards run inside `FlopCounterMode` or are handed to `fvcore`'s `FlopCountAnalysis`) is
+      not a step loop.
+    * **One call per file, each file its own size**: every loop that calls the model iterates a
+      file listing (`os.listdir`, `glob.glob`, `os.scandir`, `os.walk`, `Path(d).glob(...)`) and
+      calls the model once per file on what it read, and nothing on the way (the loop body, the
+      functions of the file and of the project it calls) resizes or crops (`interpolate`,
+      `resize`, a `torchvision` resize, crop or `Compose`, a slice with literal bounds). When a call on the way
+      cannot be read (a function of a module outside the run, a callable the file receives), the
+      rule reports that the shapes are unknown, without a fix.
+
     ## Why is this slow
     With the auto-tuner off, cuDNN picks a convolution algorithm by heuristics. With it on, the
     first call for each input shape benchmarks the available algorithms and caches the fastest
     one, which usually speeds up fixed-shape convolutional training (PyTorch tuning guide,
     "Enable cuDNN auto-tuner"). With highly variable shapes every new shape pays for a benchmark,
     which can make the program slower: then the rule only reports (TOP504 advises turning it off where it is already on).
+    The benchmark pays back only over many calls with the same shape: a program that runs one
+    forward per model, or one call per input file of its own length (an inference script over
+    audio or mel files), pays for a benchmark on every call and never gets it back.
 
 {entry}
 
@@ -78,7 +101,9 @@ class CudnnBenchmark(Rule):
     validate` holds a tolerance-tagged rewrite to the fp32 `assert_close` defaults for outputs and
     rel 1e-5 for training probes (on a GPU the expected drift is about rtol 1e-4 / atol 1e-5;
     not yet measured there). On a CPU-only build the switch is a no-op and the rewrite is
-    bitwise the same. The line is inserted exactly once; a second run finds the switch set and
+    bitwise the same. The fix is offered only where a loop repeats the forward on shapes that are
+    not known to change per call; where they are unknown (one call per file through a step the
+    file does not show) it reports without a fix. The line is inserted exactly once; a second run finds the switch set and
     changes nothing.
     """.replace("{entry}", _ENTRY_DOC)
 
@@ -98,6 +123,11 @@ class CudnnBenchmark(Rule):
     intent_message = (
         "This program builds convolutions with the cuDNN auto-tuner off, and whether it asks for "
         "reproducible runs is unknown: {why}; the auto-tuner is not switched on"
+    )
+    per_file_message = (
+        "This program calls its convolutions once per file it reads, and whether the input shapes "
+        "repeat across files is unknown ({why}): `torch.backends.cudnn.benchmark = True` pays only "
+        "when they do; check that every input is brought to one size before enabling it"
     )
     fix_title = "Insert `torch.backends.cudnn.benchmark = True` ({where})"
     safety = Safety.UNSAFE
@@ -185,7 +215,8 @@ class CudnnBenchmark(Rule):
 
                 if __name__ == '__main__':
                     net = models.resnet18().cuda()
-                    net(T.randn(1, 3, 224, 224).cuda())
+                    for _ in range(3):
+                        net(T.randn(1, 3, 224, 224).cuda())
             """),
             after=dedent("""\
                 import torch as T
@@ -195,7 +226,8 @@ class CudnnBenchmark(Rule):
                 if __name__ == '__main__':
                     T.backends.cudnn.benchmark = True
                     net = models.resnet18().cuda()
-                    net(T.randn(1, 3, 224, 224).cuda())
+                    for _ in range(3):
+                        net(T.randn(1, 3, 224, 224).cuda())
             """),
             unsafe="tolerance",
             note="the file's torch alias; a guard without main(): first statement of the guard",
@@ -236,6 +268,75 @@ class CudnnBenchmark(Rule):
                     Trainer().run(T.randn(4, 2, 3, 32, 32))
             """),
             note="aliased imports, the loop in a method: a random multi-scale size, reported, not fixed",
+        ),
+        Invalid(
+            dedent("""\
+                import os
+
+                import torch
+                from torchvision import models
+
+
+                def predict(folder, prepare):
+                    net = models.resnet18().cuda().eval()
+                    for name in sorted(os.listdir(folder)):
+                        x = prepare(torch.load(os.path.join(folder, name)))
+                        print(name, net(x.cuda()).argmax())
+
+
+                if __name__ == "__main__":
+                    predict("inputs", torch.nn.Identity())
+            """),
+            note="one call per file, through a callable the file does not show: whether shapes repeat is unknown",
+        ),
+        Valid(
+            dedent("""\
+                import glob
+
+                import numpy as np
+                import torch
+                from torch import nn
+
+
+                def main():
+                    net = nn.Sequential(nn.Conv1d(80, 1, 7), nn.Tanh()).cuda().eval()
+                    with torch.no_grad():
+                        for path in glob.glob("mels/*.npy"):
+                            mel = torch.from_numpy(np.load(path)).cuda()
+                            np.save(path + ".out", net(mel.unsqueeze(0)).cpu().numpy())
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="one call per file, each file its own length: every call is a new shape, the auto-tuner would not pay",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.flop_counter import FlopCounterMode
+                from torchvision import models
+
+                if __name__ == "__main__":
+                    for name in ("resnet18", "resnet50"):
+                        net = getattr(models, name)().cuda()
+                        with FlopCounterMode() as counter:
+                            net(torch.randn(1, 3, 224, 224, device="cuda"))
+                        print(name, counter.get_total_flops())
+            """),
+            note="a FLOP counter: one measured forward per model, no repeated step",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torchvision import models
+
+                if __name__ == "__main__":
+                    net = models.resnet18().cuda().eval()
+                    torch.onnx.export(net, torch.randn(1, 3, 224, 224, device="cuda"), "net.onnx")
+                    print(net(torch.randn(1, 3, 224, 224, device="cuda")).shape)
+            """),
+            note="one forward, no loop: nothing for the auto-tuner to pay back",
         ),
         Valid(
             dedent("""\
@@ -347,6 +448,12 @@ class CudnnBenchmark(Rule):
             if prog.unknown_layers:
                 call, why = prog.unknown_layers[0]
                 self.report(call, message=self.unknown_message, fmt={"why": why})
+            return
+        facts = pays(self, prog)
+        if facts.repeats is False or facts.per_file is True:
+            return  # no loop runs the model, or every call of it gets a new shape
+        if facts.per_file is None and facts.per_file_loop is not None:
+            self.report(facts.per_file_loop, message=self.per_file_message, fmt={"why": facts.per_file_why})
             return
         if prog.variable_shapes:
             where, why = prog.variable_shapes[0]

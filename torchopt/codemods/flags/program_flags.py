@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES
+from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.project import Definition, Layers, Unknown, index_of
 from torchopt.analysis.precheck.torch_imports import torch_calls_to
 from torchopt.analysis.precheck.tree import ast_index, ast_tree
@@ -34,6 +36,7 @@ from torchopt.analysis.names import callee, dotted, qualified_names, torch_name
 from torchopt.analysis.statement_edits import first_binding
 from torchopt.analysis.values import string_value
 from torchopt.analysis.syntax import walk
+from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 # Convolution layers and functions (`nn.Conv{1,2,3}d`, `nn.ConvTranspose*`, `F.conv*`).
@@ -328,7 +331,7 @@ def _project_layers(rule: Rule, module: cst.Module, prog: Program) -> Program:
                 else found
             )
         got = asked[written]
-        if isinstance(got, Unknown) and got.file:
+        if isinstance(got, Unknown) and got.file and _may_be_model(rule, node):
             prog.unknown_layers.append((node, got.reason))
         if not isinstance(got, Layers):
             continue
@@ -375,6 +378,25 @@ def _passed(module: cst.Module, call: cst.Call, name: str, at: int) -> str | Non
         return None
     positional = [a for a in call.args if a.keyword is None]
     return module.code_for_node(positional[at].value) if at < len(positional) else ""
+
+
+def _may_be_model(rule: Rule, call: cst.Call) -> bool:
+    """The value of ``call`` may be a model (so it may hold convolutions): it is bound to a name the
+    file then uses as a module (the model lifecycle's module objects: called, moved, put in eval
+    mode, its parameters optimised), or to a conventional model name. A data loader factory or a
+    config reader from a module outside the run is not."""
+    objects = lifecycle_of(rule).objects
+    bindings = {id(o.binding) for o in objects}
+    names = {o.name for o in objects}
+    cur: cst.CSTNode | None = call
+    while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
+        if id(cur) in bindings:
+            return True
+        if isinstance(cur, cst.Assign):
+            targets = {dotted(t.target) or "" for t in cur.targets}
+            return any(t in names or t.rsplit(".", 1)[-1] in CONVENTIONAL_MODEL_NAMES for t in targets)
+        cur = rule.get_metadata(ParentProvider, cur, None)
+    return False
 
 
 def _device_index_move(call: cst.Call) -> bool:
