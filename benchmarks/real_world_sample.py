@@ -136,7 +136,8 @@ def rewrite_project(target: str, repo: Path, r: Result) -> None:
     """Rewrite a copy of the project with unsafe fixes: every changed file compiles, a second pass changes nothing."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / target
-        shutil.copytree(repo / target, copy, dirs_exist_ok=True)
+        # links stay links: a repository may hold links to folders it does not ship (dangling here)
+        shutil.copytree(repo / target, copy, symlinks=True, dirs_exist_ok=True)
         before = {p: p.read_text(encoding="utf-8", errors="replace") for p in copy.rglob("*.py")}
         first = torchopt(["rewrite", "--unsafe-fixes", "--no-cache", target], Path(tmp))
         if first.returncode == 2:
