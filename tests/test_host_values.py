@@ -261,3 +261,46 @@ def test_a_counter_above_a_literal_or_another_number_runs_every_step(tmp_path):
     assert _codes(tmp_path, "ev.py") == ["TOP601"]
     _write(tmp_path, {"ev.py": FIRST_FEW.format(test="len(figures) <= 4")})
     assert _codes(tmp_path, "ev.py") == ["TOP601"]
+
+
+CALLED_FROM_MAIN = """\
+    import argparse
+    import torch
+    from tqdm import tqdm
+
+
+    def train(args, model, optimizer, loader):
+        pbar = range(args.iters)
+        if args.rank == 0:
+            pbar = tqdm(pbar, initial=args.start_iter)
+        for idx in pbar:
+            i = idx + args.start_iter
+            x = next(loader).cuda()
+            loss = model(x).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if i > args.stop:
+                break
+            log_now = i % args.log_every == 0
+            if log_now:
+                print(i)
+
+
+    if __name__ == "__main__":
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--iters", type=int, default=10)
+        {bind}
+        model = torch.nn.Linear(4, 1).cuda()
+        train(args, model, torch.optim.SGD(model.parameters(), lr=0.1), iter([]))
+"""
+
+
+def test_a_parameter_takes_what_every_call_passes_the_parsed_options_give_host_values(tmp_path):
+    _write(tmp_path, {"train.py": CALLED_FROM_MAIN.format(bind="args = parser.parse_args()")})
+    assert _codes(tmp_path, "train.py", "TOP605") == []
+
+
+def test_a_parameter_whose_caller_passes_an_unknown_value_stays_unknown(tmp_path):
+    _write(tmp_path, {"train.py": CALLED_FROM_MAIN.format(bind="args = load_settings()")})
+    assert _codes(tmp_path, "train.py", "TOP605") == ["TOP605", "TOP605"]

@@ -35,13 +35,15 @@ def train(model, opt, data):
     return total
 
 
-def run():
+def run(data):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
     return train(model, opt, data)
 """
+
+# The batches come from outside the file, as a loader's would: their device is not known statically.
+BATCHES = [(torch.randn(4, 3), torch.randn(4, 1)) for _ in range(5)]
 
 
 def check(*args):
@@ -58,7 +60,7 @@ def test_real_cpu_trace_is_attached_to_the_static_findings(tmp_path):
     ns = runpy.run_path(str(prog))
     torch.set_num_threads(1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True) as prof:
-        ns["run"]()
+        ns["run"](BATCHES)
     trace = tmp_path / "trace.json"
     prof.export_chrome_trace(str(trace))
     plain = {(d["line"], d["code"]): d["message"] for d in check(prog)}

@@ -643,6 +643,49 @@ class Placements:
             cur = self._parent(cur)
         return False
 
+    def _passed(self, param: cst.Param, depth: int) -> Value:
+        """A parameter of a module-level function takes what every call of it in this file passes
+        (``train(args, ...)`` from the ``__main__`` block gives ``args`` the parsed options); unknown
+        when the function is used other than by plain calls, or a call hides the argument."""
+        why = f"`{param.name.value}` is a parameter"
+        params = self._parent(param)
+        fn = self._parent(params) if isinstance(params, cst.Parameters) else None
+        if not isinstance(fn, cst.FunctionDef) or not isinstance(self._parent(fn), cst.Module) or depth > 6:
+            return unknown(why)
+        if param not in fn.params.params or fn.decorators:
+            return unknown(why)
+        at = fn.params.params.index(param)
+        uses = self._uses_of(fn)
+        if not uses:
+            return unknown(why)
+        values: list[Value] = []
+        for use in uses:
+            call = self._parent(use)
+            if not (isinstance(call, cst.Call) and call.func is use) or any(a.star for a in call.args):
+                return unknown(why)
+            arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == param.name.value), None)
+            if arg is None:
+                positional = [a for a in call.args if a.keyword is None]
+                arg = positional[at] if at < len(positional) else None
+            if arg is None:
+                return unknown(why)
+            values.append(self.value(arg.value, depth + 1))
+        got = join(values)
+        return got if got.kind is not Kind.UNKNOWN or got.where is Where.HOST else unknown(why)
+
+    def _uses_of(self, fn: cst.FunctionDef) -> list[cst.Name]:
+        """Every read of the module-level function ``fn``'s name, when that name has no other binding."""
+        try:
+            scope = self.rule.get_metadata(ScopeProvider, fn)
+        except KeyError:
+            return []
+        if scope is None or fn.name.value not in scope:
+            return []
+        bindings = list(scope[fn.name.value])
+        if len(bindings) != 1 or not isinstance(bindings[0], Assignment) or bindings[0].node is not fn:
+            return []
+        return [r.node for r in bindings[0].references if isinstance(r.node, cst.Name)]
+
     def _binding(self, target: cst.CSTNode, depth: int) -> Value:
         """What the binding at ``target`` gives the name."""
         if isinstance(target, cst.Param):
@@ -656,7 +699,7 @@ class Placements:
             ):
                 # An unannotated parameter takes the type of its default, as type checkers infer it.
                 return Value(Kind.SCALAR, Where.HOST, f"`{target.name.value}` defaults to a Python number")
-            return unknown(f"`{target.name.value}` is a parameter")
+            return self._passed(target, depth)
         if isinstance(target, (cst.FunctionDef, cst.ClassDef)):
             return _OTHER
         path: list[int] = []  # indices into tuples, innermost last
