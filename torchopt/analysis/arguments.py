@@ -26,6 +26,19 @@ def keywords(call: cst.Call) -> dict[str, cst.Arg]:
     return {a.keyword.value: a for a in call.args if a.keyword is not None}
 
 
+def passed(call: cst.Call, name: str, at: int) -> tuple[bool, cst.BaseExpression | None]:
+    """What ``call`` passes for the parameter ``name`` at position ``at``: ``(True, value)``, ``(True, None)``
+    when it passes nothing (the default applies), ``(False, None)`` when ``*args``/``**kwargs`` may hide it.
+    A keyword written out wins over a star: Python refuses a second value for the same parameter."""
+    given = keyword(call, name)
+    if given is not None:
+        return True, given.value
+    if has_star(call):
+        return False, None
+    plain = positional(call)
+    return True, (plain[at].value if at < len(plain) else None)
+
+
 def make_kwarg(name: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(
         value=value,

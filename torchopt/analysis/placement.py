@@ -30,6 +30,7 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 
+from torchopt.analysis.arguments import passed
 from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
@@ -661,15 +662,12 @@ class Placements:
         values: list[Value] = []
         for use in uses:
             call = self._parent(use)
-            if not (isinstance(call, cst.Call) and call.func is use) or any(a.star for a in call.args):
+            if not (isinstance(call, cst.Call) and call.func is use):
                 return unknown(why)
-            arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == param.name.value), None)
-            if arg is None:
-                positional = [a for a in call.args if a.keyword is None]
-                arg = positional[at] if at < len(positional) else None
-            if arg is None:
+            known, arg = passed(call, param.name.value, at)
+            if not known or arg is None:
                 return unknown(why)
-            values.append(self.value(arg.value, depth + 1))
+            values.append(self.value(arg, depth + 1))
         got = join(values)
         return got if got.kind is not Kind.UNKNOWN or got.where is Where.HOST else unknown(why)
 

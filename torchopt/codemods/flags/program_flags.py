@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.arguments import passed
 from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES
 from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.project import Definition, Layers, Unknown, index_of
@@ -371,13 +372,10 @@ def _project_intent(rule: Rule, module: cst.Module, prog: Program) -> Program:
 def _passed(module: cst.Module, call: cst.Call, name: str, at: int) -> str | None:
     """What ``call`` passes for the parameter ``name`` (position ``at``), as written; "" for nothing,
     None when ``*args``/``**kwargs`` hide it."""
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == name:
-            return module.code_for_node(a.value)
-    if any(a.star for a in call.args):
+    known, value = passed(call, name, at)
+    if not known:
         return None
-    positional = [a for a in call.args if a.keyword is None]
-    return module.code_for_node(positional[at].value) if at < len(positional) else ""
+    return "" if value is None else module.code_for_node(value)
 
 
 def _may_be_model(rule: Rule, call: cst.Call) -> bool:
