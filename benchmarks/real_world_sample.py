@@ -4,6 +4,10 @@ Usage:
     python benchmarks/real_world_sample.py ROOT [--half dev|held-back] [--markdown] [--details] [--stubs]
         [--only TEXT] [--manifest benchmarks/real_world_sample2.toml]
 
+A manifest split into halves by the rule (the second sample) measures the dev half unless told; a manifest
+with a manifest-level ``split = "held-back"`` (the third sample) is held back whole: every entry must say
+so, and that half is measured unless told.
+
 ROOT holds one folder per repository, named ``owner+name`` (or ``owner__name``), with the repository's files
 at their paths inside it (extracted at the commit of the manifest; this script fetches nothing). An entry of
 the manifest is a single script or notebook, or a project: a folder run as one unit (``torchopt check
@@ -67,6 +71,17 @@ def assign_halves(entries: list[dict]) -> dict[tuple[str, str], str]:
         for i, e in enumerate(members):
             halves[(e["repository"], e["path"])] = HALVES[i % 2]
     return halves
+
+
+def expected_halves(manifest: dict) -> dict[tuple[str, str], str]:
+    """The half of each entry: the manifest-level `split` for all of them where it names one, else the split rule."""
+    entries = manifest["entry"]
+    split = manifest.get("split")
+    if split is None:
+        return assign_halves(entries)
+    if split not in HALVES:
+        raise ValueError(f"split {split!r} is none of {', '.join(HALVES)}")
+    return {(e["repository"], e["path"]): split for e in entries}
 
 
 @dataclass
@@ -358,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="folder with one owner+name (or owner__name) folder per repository")
     parser.add_argument("--manifest", type=Path, default=DEFAULT_MANIFEST)
-    parser.add_argument("--half", choices=HALVES, default="dev")
+    parser.add_argument("--half", choices=HALVES, help="dev, or the manifest's `split` where it has one")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--details", action="store_true", help="list every finding, fix, miss and AMP target")
     parser.add_argument("--stubs", action="store_true", help="print TOML judgement stubs for unjudged findings")
@@ -374,7 +389,12 @@ def main(argv: list[str] | None = None) -> int:
 
     manifest = tomllib.loads(args.manifest.read_text(encoding="utf-8"))
     entries = manifest["entry"]
-    halves = assign_halves(entries)
+    try:
+        halves = expected_halves(manifest)
+    except ValueError as err:
+        print(f"error: {args.manifest}: {err}", file=sys.stderr)
+        return 2
+    half = args.half or manifest.get("split", "dev")
     root = args.root.resolve()
     rows = [
         [
@@ -397,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     for entry in entries:
         name = f"{entry['repository']}:{entry['path']}"
         if entry["half"] != halves[(entry["repository"], entry["path"])]:
-            print(f"error: {name}: half {entry['half']!r} is not the one the split rule gives", file=sys.stderr)
+            print(f"error: {name}: half {entry['half']!r} is not the one the split gives", file=sys.stderr)
             return 2
-        if entry["half"] != args.half or (args.only and not any(text in name for text in args.only)):
+        if entry["half"] != half or (args.only and not any(text in name for text in args.only)):
             continue
         saved = args.results / (re.sub(r"[^A-Za-z0-9.]+", "_", name) + ".json") if args.results else None
         if saved is not None and saved.is_file():

@@ -1,7 +1,8 @@
-"""The second real-world sample's benchmark: its split rule, and judgements that survive line shifts."""
+"""The real-world samples' benchmark: the split rules, the manifests' shape, judgements that survive line shifts."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -93,3 +94,84 @@ def test_source_line_reads_a_notebook_cell(tmp_path: Path) -> None:
     nb.write_text('{"cells": [{"source": ["a = 1\\n", "b = model(x)\\n"]}]}', encoding="utf-8")
     assert rws.source_line(tmp_path, "nb.ipynb", 2, 1) == "b = model(x)"  # cells count from 1, as torchopt says
     assert rws.source_line(tmp_path, "nb.ipynb", 9, 1) == ""
+
+
+MANIFEST3 = MANIFEST.with_name("real_world_sample3.toml")
+FIRST_SAMPLE = MANIFEST.with_name("real_world.json")
+
+
+def earlier_entries() -> list[tuple[str, str, str]]:
+    """(repository, path, unit) of every entry of the first and second samples."""
+    first = json.loads(FIRST_SAMPLE.read_text(encoding="utf-8"))["scripts"]
+    second = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))["entry"]
+    return [(e["repository"], e["path"], "script") for e in first] + [
+        (e["repository"], e["path"], e["unit"]) for e in second
+    ]
+
+
+def within(folder: str, path: str) -> bool:
+    return folder in (".", "") or path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def test_third_manifest_is_held_back_whole_and_large_enough() -> None:
+    manifest = tomllib.loads(MANIFEST3.read_text(encoding="utf-8"))
+    entries = manifest["entry"]
+    assert manifest["split"] == "held-back"
+    assert all(e["half"] == "held-back" for e in entries)
+    assert set(rws.expected_halves(manifest).values()) == {"held-back"}
+    assert len(entries) >= 32
+    assert sum(e["unit"] == "project" for e in entries) >= 8
+    assert len({e["repository"] for e in entries}) >= 12
+    assert {e["group"] for e in entries} == {"project", "notebook", "negative", "inference", "training"}
+    assert sum(e["path"].endswith(".ipynb") for e in entries) >= 4
+    assert all(len(e["commit"]) == 40 and all(c in "0123456789abcdef" for c in e["commit"]) for e in entries)
+
+
+def test_third_manifest_is_disjoint_from_the_earlier_samples() -> None:
+    entries = tomllib.loads(MANIFEST3.read_text(encoding="utf-8"))["entry"]
+    earlier = earlier_entries()
+    for e in entries:
+        for repository, path, unit in earlier:
+            if repository != e["repository"]:
+                continue
+            assert path != e["path"], (repository, path)
+            if e["unit"] == "project":  # a project holds no file an earlier entry measured
+                assert not within(e["path"], path), (e["path"], path)
+            if unit == "project":  # nor lies inside an earlier project
+                assert not within(path, e["path"]), (path, e["path"])
+    names = [(e["repository"], e["path"]) for e in entries]
+    assert len(names) == len(set(names))
+    for project in (e for e in entries if e["unit"] == "project"):  # nor one of this sample's other entries
+        inside = [p for r, p in names if r == project["repository"] and p != project["path"]]
+        assert not any(within(project["path"], p) for p in inside), project["path"]
+
+
+@pytest.mark.parametrize("manifest", [MANIFEST, MANIFEST3], ids=["sample2", "sample3"])
+def test_held_back_entries_carry_no_judgement_until_measured(manifest: Path) -> None:
+    data = tomllib.loads(manifest.read_text(encoding="utf-8"))
+    if data.get("held_back_measured"):
+        return
+    for e in data["entry"]:
+        if e["half"] == "held-back":
+            assert not e.get("judgements") and not e.get("misses") and not e.get("amp_targets"), e["path"]
+
+
+def test_a_manifest_split_applies_to_every_entry_and_must_name_a_half() -> None:
+    entries = [{"repository": "o/r", "path": f"p{i}.py", "group": "g"} for i in range(4)]
+    assert set(rws.expected_halves({"entry": entries, "split": "held-back"}).values()) == {"held-back"}
+    assert rws.expected_halves({"entry": entries}) == rws.assign_halves(entries)
+    with pytest.raises(ValueError, match="split"):
+        rws.expected_halves({"entry": entries, "split": "later"})
+
+
+def test_the_benchmark_refuses_an_entry_whose_half_disagrees_with_the_manifest_split(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        'split = "held-back"\n[[entry]]\nrepository = "o/r"\npath = "a.py"\ncommit = "0"\nunit = "script"\n'
+        'group = "training"\nkind = "x"\nhalf = "dev"\n',
+        encoding="utf-8",
+    )
+    assert rws.main([str(tmp_path), "--manifest", str(manifest), "--no-run", "--results", str(tmp_path)]) == 2
+    manifest.write_text(manifest.read_text(encoding="utf-8").replace('half = "dev"', 'half = "held-back"'))
+    # held back whole: that half is the default, and an entry with no saved result is not run under --no-run
+    assert rws.main([str(tmp_path), "--manifest", str(manifest), "--no-run", "--results", str(tmp_path)]) == 0
