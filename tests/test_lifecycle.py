@@ -204,3 +204,52 @@ def test_training_phase_and_a_pretrained_factory():
     assert Phase.TRAINING in lc.phases_in(_statement(m, "loss = model(x).sum()"))
     assert Phase.EXPORT in lc.phases_in(_statement(m, 'torch.save(model.state_dict(), "m.pt")'))
     assert lc.mode_at("model", _call(m, "model(x)")) is Mode.TRAIN
+
+
+NESTED_HELPERS = """\
+    import torch
+
+
+    def infer(model, images, level=0):
+        def basic(inputs, net):
+            return net(inputs).clone()
+
+        def mirror(inputs, net):
+            return 0.5 * net(inputs) + 0.5 * net(inputs.flip(-1))
+
+        def mirror_shift(inputs, net):
+            return mirror(inputs, net) + mirror(inputs.roll(1, -1), net)
+
+        def leaked(inputs, net):
+            return net(inputs + 1)
+
+        model.eval()
+        fn = [basic, mirror, mirror_shift][level]
+        with torch.no_grad():
+            out = torch.cat([fn(x, model) for x in images.split(2)])
+        {tail}
+        return out
+"""
+
+
+def test_a_nested_helper_called_only_under_no_grad_inherits_it_and_its_callers_mode():
+    lc, m = _facts(NESTED_HELPERS.format(tail="pass"))
+    for text in ("net(inputs)", "net(inputs + 1)"):
+        call = _call(m, text)
+        expected = text == "net(inputs)"
+        assert lc.grad_off(call) is expected, text
+    # through the pick `fn = [...][level]`, directly, and from another nested helper
+    assert lc.grad_off(_call(m, "net(inputs.flip(-1))"))
+    assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.EVAL
+    assert lc.mode_at("net", _call(m, "net(inputs.flip(-1))")) is Mode.EVAL
+    assert lc.mode_at("net", _call(m, "net(inputs + 1)")) is Mode.UNKNOWN  # nothing calls it
+
+
+def test_a_nested_helper_also_used_with_autograd_on_or_handed_out_inherits_nothing():
+    lc, m = _facts(NESTED_HELPERS.format(tail="out = out + basic(images, model)"))
+    assert not lc.grad_off(_call(m, "net(inputs)"))
+    assert lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # mirror is still only called under no_grad
+    lc, m = _facts(NESTED_HELPERS.format(tail="return mirror"))
+    assert not lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # returned: called who knows where
+    lc, m = _facts(NESTED_HELPERS.replace("model.eval()", "pass").format(tail="pass"))
+    assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.UNKNOWN  # model's mode is not set
