@@ -253,3 +253,34 @@ def test_a_nested_helper_also_used_with_autograd_on_or_handed_out_inherits_nothi
     assert not lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # returned: called who knows where
     lc, m = _facts(NESTED_HELPERS.replace("model.eval()", "pass").format(tail="pass"))
     assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.UNKNOWN  # model's mode is not set
+
+
+def test_a_resume_checkpoint_is_a_round_trip_and_an_export_is_not():
+    from torchopt.analysis.checkpoints import round_trip
+
+    lc, m = _facts(RESUME)
+    load = _call(m, 'model.load_state_dict(ckpt["model"])')
+    resume_save, export = _call(m, "model.state_dict()", 0), _call(m, "model.state_dict()", 1)
+    assert round_trip(lc.rule, load) and round_trip(lc.rule, resume_save)
+    assert not round_trip(lc.rule, export)  # final.pt is read by nobody here
+    lc, m = _facts(RESUME.replace('torch.load("resume.pt")', 'torch.load("other.pt")'))
+    assert not round_trip(lc.rule, _call(m, 'model.load_state_dict(ckpt["model"])'))
+    assert not round_trip(lc.rule, _call(m, "model.state_dict()", 0))
+
+
+RESUME = """\
+    import os
+
+    import torch
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(nn.Linear(4, 2))
+    if os.path.isfile("resume.pt"):
+        ckpt = torch.load("resume.pt")
+        model.load_state_dict(ckpt["model"])
+    for epoch in range(3):
+        state = dict(epoch=epoch, model=model.state_dict())
+        torch.save(state, "resume.pt")
+    torch.save(model.state_dict(), "final.pt")
+"""
