@@ -251,6 +251,12 @@ def test_a_nested_helper_also_used_with_autograd_on_or_handed_out_inherits_nothi
     assert lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # mirror is still only called under no_grad
     lc, m = _facts(NESTED_HELPERS.format(tail="return mirror"))
     assert not lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # returned: called who knows where
+    lc, m = _facts(
+        NESTED_HELPERS.replace(
+            "return net(inputs).clone()", "with torch.enable_grad():\n                return net(inputs).clone()"
+        ).format(tail="pass")
+    )
+    assert not lc.grad_off(_call(m, "net(inputs)"))  # autograd back on inside the helper
     lc, m = _facts(NESTED_HELPERS.replace("model.eval()", "pass").format(tail="pass"))
     assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.UNKNOWN  # model's mode is not set
 

@@ -519,25 +519,31 @@ class Lifecycle:
         it (``fn = [basic, mirror][level]``). Any other use (returned, passed on, stored) leaves it unknown: False."""
         cur: cst.CSTNode | None = node
         while cur is not None:
-            if isinstance(cur, cst.With) and any(self._grad_off_item(i.item) for i in cur.items):
-                return True
+            if isinstance(cur, cst.With):
+                found = {self._grad_off_item(i.item) for i in cur.items} - {None}
+                if found:
+                    return found == {True}
             if isinstance(cur, cst.FunctionDef):
-                if any(self._grad_off_item(d.decorator) for d in cur.decorators):
-                    return True
+                found = {self._grad_off_item(d.decorator) for d in cur.decorators} - {None}
+                if found:
+                    return found == {True}
                 return self._inherits_grad_off(cur)
             if isinstance(cur, cst.ClassDef):
                 return False
             cur = self._parent(cur)
         return False
 
-    def _grad_off_item(self, expr: cst.BaseExpression) -> bool:
-        if isinstance(expr, cst.Call):
-            q = callee(self.rule, expr)
-            if q in ("torch.set_grad_enabled", "torch.autograd.grad_mode.set_grad_enabled"):
-                first = _argument(expr, 0, "mode")
-                return isinstance(first, cst.Name) and first.value == "False"
-            return q in _GRAD_OFF
-        return isinstance(expr, (cst.Name, cst.Attribute)) and torch_name(self.rule, expr) in _GRAD_OFF
+    def _grad_off_item(self, expr: cst.BaseExpression) -> bool | None:
+        """True: it turns autograd off; False: on (``enable_grad``, ``set_grad_enabled(x)``); None: neither."""
+        q = callee(self.rule, expr) if isinstance(expr, cst.Call) else None
+        if q is None and isinstance(expr, (cst.Name, cst.Attribute)):
+            q = torch_name(self.rule, expr)
+        if q in ("torch.set_grad_enabled", "torch.autograd.grad_mode.set_grad_enabled"):
+            first = _argument(expr, 0, "mode") if isinstance(expr, cst.Call) else None
+            return isinstance(first, cst.Name) and first.value == "False"
+        if q in ("torch.enable_grad", "torch.autograd.grad_mode.enable_grad"):
+            return False
+        return True if q in _GRAD_OFF else None
 
     def _inherits_grad_off(self, fn: cst.FunctionDef) -> bool:
         if id(fn) in self._grad_off_fns:
