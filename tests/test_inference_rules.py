@@ -78,3 +78,35 @@ def test_unsafe_rewrite_validates_with_bitwise_values():
     assert res.exit_code == 0, out
     assert "semantics" in out["tolerance"]["tags"] and out["tolerance"]["bitwise"] is True, out["tolerance"]
     assert out["verdict"] == "equivalent"
+
+
+NESTED_TTA = """\
+import torch
+
+
+def infer(model, images, level=0):
+    def infer_basic(inputs, net):
+        return net(inputs).clone()
+
+    def infer_mirror(inputs, net):
+        return 0.5 * net(inputs) + 0.5 * net(inputs.flip(-1))
+
+    def infer_mirror_translate(inputs, net):
+        return infer_mirror(inputs, net) + infer_mirror(inputs.roll(1, -1), net)
+
+    {switch}
+    infer_fn = [infer_basic, infer_mirror, infer_mirror_translate][level]
+    with torch.no_grad():
+        return torch.cat([infer_fn(inputs, model) for inputs in images.split(2000)])
+"""
+
+
+def test_nested_helpers_of_an_evaluation_under_no_grad_and_eval_are_not_reported():
+    """A nested helper called (through a pick of helpers) only inside its caller's `no_grad`, after
+    the caller's `model.eval()`, runs with autograd off and in eval mode: neither TOP801 nor TOP803."""
+    settings = Settings(select=("TOP801", "TOP803"))
+    codes = [d.code for d in check_source(NESTED_TTA.format(switch="model.eval()"), settings).diagnostics]
+    assert codes == []
+    # Without the caller's eval(), TOP803 still reports both helpers; TOP801 still does not.
+    codes = [d.code for d in check_source(NESTED_TTA.format(switch="pass"), settings).diagnostics]
+    assert codes == ["TOP803", "TOP803"]

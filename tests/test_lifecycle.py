@@ -204,3 +204,89 @@ def test_training_phase_and_a_pretrained_factory():
     assert Phase.TRAINING in lc.phases_in(_statement(m, "loss = model(x).sum()"))
     assert Phase.EXPORT in lc.phases_in(_statement(m, 'torch.save(model.state_dict(), "m.pt")'))
     assert lc.mode_at("model", _call(m, "model(x)")) is Mode.TRAIN
+
+
+NESTED_HELPERS = """\
+    import torch
+
+
+    def infer(model, images, level=0):
+        def basic(inputs, net):
+            return net(inputs).clone()
+
+        def mirror(inputs, net):
+            return 0.5 * net(inputs) + 0.5 * net(inputs.flip(-1))
+
+        def mirror_shift(inputs, net):
+            return mirror(inputs, net) + mirror(inputs.roll(1, -1), net)
+
+        def leaked(inputs, net):
+            return net(inputs + 1)
+
+        model.eval()
+        fn = [basic, mirror, mirror_shift][level]
+        with torch.no_grad():
+            out = torch.cat([fn(x, model) for x in images.split(2)])
+        {tail}
+        return out
+"""
+
+
+def test_a_nested_helper_called_only_under_no_grad_inherits_it_and_its_callers_mode():
+    lc, m = _facts(NESTED_HELPERS.format(tail="pass"))
+    for text in ("net(inputs)", "net(inputs + 1)"):
+        call = _call(m, text)
+        expected = text == "net(inputs)"
+        assert lc.grad_off(call) is expected, text
+    # through the pick `fn = [...][level]`, directly, and from another nested helper
+    assert lc.grad_off(_call(m, "net(inputs.flip(-1))"))
+    assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.EVAL
+    assert lc.mode_at("net", _call(m, "net(inputs.flip(-1))")) is Mode.EVAL
+    assert lc.mode_at("net", _call(m, "net(inputs + 1)")) is Mode.UNKNOWN  # nothing calls it
+
+
+def test_a_nested_helper_also_used_with_autograd_on_or_handed_out_inherits_nothing():
+    lc, m = _facts(NESTED_HELPERS.format(tail="out = out + basic(images, model)"))
+    assert not lc.grad_off(_call(m, "net(inputs)"))
+    assert lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # mirror is still only called under no_grad
+    lc, m = _facts(NESTED_HELPERS.format(tail="return mirror"))
+    assert not lc.grad_off(_call(m, "net(inputs.flip(-1))"))  # returned: called who knows where
+    lc, m = _facts(
+        NESTED_HELPERS.replace(
+            "return net(inputs).clone()", "with torch.enable_grad():\n                return net(inputs).clone()"
+        ).format(tail="pass")
+    )
+    assert not lc.grad_off(_call(m, "net(inputs)"))  # autograd back on inside the helper
+    lc, m = _facts(NESTED_HELPERS.replace("model.eval()", "pass").format(tail="pass"))
+    assert lc.mode_at("net", _call(m, "net(inputs)")) is Mode.UNKNOWN  # model's mode is not set
+
+
+def test_a_resume_checkpoint_is_a_round_trip_and_an_export_is_not():
+    from torchopt.analysis.checkpoints import round_trip
+
+    lc, m = _facts(RESUME)
+    load = _call(m, 'model.load_state_dict(ckpt["model"])')
+    resume_save, export = _call(m, "model.state_dict()", 0), _call(m, "model.state_dict()", 1)
+    assert round_trip(lc.rule, load) and round_trip(lc.rule, resume_save)
+    assert not round_trip(lc.rule, export)  # final.pt is read by nobody here
+    lc, m = _facts(RESUME.replace('torch.load("resume.pt")', 'torch.load("other.pt")'))
+    assert not round_trip(lc.rule, _call(m, 'model.load_state_dict(ckpt["model"])'))
+    assert not round_trip(lc.rule, _call(m, "model.state_dict()", 0))
+
+
+RESUME = """\
+    import os
+
+    import torch
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(nn.Linear(4, 2))
+    if os.path.isfile("resume.pt"):
+        ckpt = torch.load("resume.pt")
+        model.load_state_dict(ckpt["model"])
+    for epoch in range(3):
+        state = dict(epoch=epoch, model=model.state_dict())
+        torch.save(state, "resume.pt")
+    torch.save(model.state_dict(), "final.pt")
+"""

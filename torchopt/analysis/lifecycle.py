@@ -43,7 +43,7 @@ from enum import Enum
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.analysis.names import callee, dotted, qualified_names
+from torchopt.analysis.names import callee, dotted, qualified_names, torch_name
 from torchopt.analysis.program import MODULE_WRAPPERS, Program, program_of
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
@@ -158,6 +158,7 @@ class Lifecycle:
         self._entry: dict[tuple[int, str], Modes] = {}
         self._done: set[int] = set()
         self._module_uses: dict[int, set[str]] = {}  # id(scope) -> what it calls module-only methods on
+        self._grad_off_fns: dict[int, bool] = {}  # id(nested def) -> every call of it runs with autograd off
         self._run_scope(self.module)
 
     # ----------------------------------------------------------------- public
@@ -507,23 +508,93 @@ class Lifecycle:
         step = self.program.step_of(call)
         if step is not None and step.kind == "training":
             self._phase(stmt, Phase.TRAINING)
-        elif step is not None or state.get(key) == _EVAL or self._grad_off(call):
+        elif step is not None or state.get(key) == _EVAL or self.grad_off(call):
             self._phase(stmt, Phase.EVALUATION)
 
-    def _grad_off(self, node: cst.CSTNode) -> bool:
-        cur = self._parent(node)
+    def grad_off(self, node: cst.CSTNode) -> bool:
+        """Whether ``node`` runs with autograd off: inside ``with torch.no_grad():`` (``inference_mode``,
+        ``set_grad_enabled(False)``), in a function decorated so, or in a nested function (a def in a
+        function, not a generator) that inherits it: every use of its name is a call that runs with
+        autograd off, directly, from another such nested function, or through a local name that picks
+        it (``fn = [basic, mirror][level]``). Any other use (returned, passed on, stored) leaves it unknown: False."""
+        cur: cst.CSTNode | None = node
         while cur is not None:
-            if isinstance(cur, cst.With) and any(
-                isinstance(i.item, cst.Call) and callee(self.rule, i.item) in _GRAD_OFF for i in cur.items
-            ):
-                return True
+            if isinstance(cur, cst.With):
+                found = {self._grad_off_item(i.item) for i in cur.items} - {None}
+                if found:
+                    return found == {True}
             if isinstance(cur, cst.FunctionDef):
-                return any(
-                    isinstance(d.decorator, cst.Call) and callee(self.rule, d.decorator) in _GRAD_OFF
-                    for d in cur.decorators
-                )
+                found = {self._grad_off_item(d.decorator) for d in cur.decorators} - {None}
+                if found:
+                    return found == {True}
+                return self._inherits_grad_off(cur)
+            if isinstance(cur, cst.ClassDef):
+                return False
             cur = self._parent(cur)
         return False
+
+    def _grad_off_item(self, expr: cst.BaseExpression) -> bool | None:
+        """True: it turns autograd off; False: on (``enable_grad``, ``set_grad_enabled(x)``); None: neither."""
+        q = callee(self.rule, expr) if isinstance(expr, cst.Call) else None
+        if q is None and isinstance(expr, (cst.Name, cst.Attribute)):
+            q = torch_name(self.rule, expr)
+        if q in ("torch.set_grad_enabled", "torch.autograd.grad_mode.set_grad_enabled"):
+            first = _argument(expr, 0, "mode") if isinstance(expr, cst.Call) else None
+            return isinstance(first, cst.Name) and first.value == "False"
+        if q in ("torch.enable_grad", "torch.autograd.grad_mode.enable_grad"):
+            return False
+        return True if q in _GRAD_OFF else None
+
+    def _inherits_grad_off(self, fn: cst.FunctionDef) -> bool:
+        if id(fn) in self._grad_off_fns:
+            return self._grad_off_fns[id(fn)]
+        self._grad_off_fns[id(fn)] = False  # a recursive use is not established
+        nested = isinstance(self._scope_of(fn), cst.FunctionDef)
+        generator = any(isinstance(n, (cst.Yield, cst.Await)) for n in walk(fn.body))
+        calls = self._uses_as_calls(fn.name) if nested and not generator else None
+        out = bool(calls) and all(self.grad_off(c) for c in calls or ())
+        self._grad_off_fns[id(fn)] = out
+        return out
+
+    def _uses_as_calls(self, name: cst.Name, depth: int = 0) -> list[cst.Call] | None:
+        """The calls that run what ``name`` binds, when every use of it is one: ``name(...)``, or a
+        call of a local name whose every binding picks it (None: some use is not a call)."""
+        try:
+            scope = self.rule.get_metadata(ScopeProvider, name)
+        except KeyError:
+            return None
+        if scope is None or name.value not in scope or depth > 2:
+            return None
+        bindings = list(scope[name.value])
+        if len(bindings) != 1:
+            return None
+        out: list[cst.Call] = []
+        for access in getattr(bindings[0], "references", ()):
+            use = access.node
+            parent = self._parent(use)
+            if isinstance(parent, cst.Call) and parent.func is use:
+                out.append(parent)
+                continue
+            alias = self._picked_into(use)
+            more = self._uses_as_calls(alias, depth + 1) if alias is not None else None
+            if more is None:
+                return None
+            out += more
+        return out
+
+    def _picked_into(self, use: cst.CSTNode) -> cst.Name | None:
+        """``alias`` of ``alias = use``, ``alias = [.., use, ..][i]``, ``alias = use if c else other``."""
+        cur = self._parent(use)
+        while isinstance(cur, (cst.Element, cst.List, cst.Tuple, cst.IfExp, cst.Subscript)):
+            if isinstance(cur, cst.Subscript) and not isinstance(cur.value, (cst.List, cst.Tuple)):
+                return None
+            if isinstance(cur, cst.IfExp) and cur.test is use:
+                return None
+            use, cur = cur, self._parent(cur)
+        if isinstance(cur, cst.Assign) and cur.value is use and len(cur.targets) == 1:
+            target = cur.targets[0].target
+            return target if isinstance(target, cst.Name) else None
+        return None
 
     def _mode_event(self, call: cst.Call, stmt: cst.CSTNode) -> Event | None:
         mode = _mode_of_call(call)

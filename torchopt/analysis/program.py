@@ -16,7 +16,9 @@ Public API (everything else is private):
   functions of the file that return a model (``def build(): return Net()``).
 * ``Program.edges``: ``Edge(caller, callee, call, how)`` with ``caller``/``callee`` qualnames
   (``"<module>"`` for module level) and ``how`` in ``"call"``, ``"method"``, ``"constructor"``,
-  ``"spawn"`` (``mp.spawn(worker, args=...)``: the callee receives the process index first).
+  ``"spawn"`` (``mp.spawn(worker, args=...)``: the callee receives the process index first),
+  ``"alias"`` (``fn = [a, b][level]; fn(x)``: a call of a local name that holds one of the file's
+  functions, an edge to each it may hold).
 * ``Program.role_of(expr, at) -> Role | None``: what ``expr`` (a name, ``self.attr`` or ``obj.attr``)
   read at node ``at`` holds. ``Role.kind`` is one of ``KINDS`` ("model", "optimizer", "scheduler",
   "loader", "loss", "device", "scaler"); ``Role.origin`` is the node that creates it (a call, or a
@@ -52,7 +54,7 @@ from libcst.metadata import Assignment, ScopeProvider
 
 from torchopt.analysis.names import callee, dotted, torch_name
 from torchopt.analysis.models import nn_module_classes
-from torchopt.analysis.syntax import walk
+from torchopt.analysis.syntax import picked_names, walk
 from torchopt.analysis.values import classify_device, matches_device_name
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
@@ -297,10 +299,32 @@ class Program:
                 first = n.args[0].value if n.args else None
                 if isinstance(first, cst.Name):
                     target, how = self._resolve_callable(first, n)[0], "spawn"
-            if target is not None:
+            targets = [target] if target is not None else []
+            if not targets and isinstance(n.func, cst.Name):
+                targets, how = self._picked_functions(n.func), "alias"
+            for target in targets:
                 edge = Edge(caller, target.qualname, n, how)
                 self.edges.append(edge)
                 target.callers.append(edge)
+
+    def _picked_functions(self, name: cst.Name) -> list[Function]:
+        """The file's plain functions a local name may hold when every binding of it picks one of them:
+        ``fn = [infer_basic, infer_mirror][level]``, ``fn = a if flag else b``, ``fn = a``. A call of
+        the name is a call of each (an ``Edge`` with ``how="alias"``); any other binding: none."""
+        out: list[Function] = []
+        found = self._assignments(name)
+        for a in found:
+            value = self._bound_value(a) if isinstance(a, Assignment) else None
+            picks = picked_names(value) if value is not None else None
+            if not picks:
+                return []
+            for pick in picks:
+                fn, how = self._resolve_callable(pick, pick)
+                if fn is None or how != "call":
+                    return []
+                if fn not in out:
+                    out.append(fn)
+        return out
 
     def _collect_factories(self) -> None:
         changed = True

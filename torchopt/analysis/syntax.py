@@ -117,3 +117,19 @@ def in_version_guard(rule: Rule, node: cst.CSTNode) -> bool:
             if any(tok in test for tok in _VERSION_TOKENS):
                 return True
         cur = parent
+
+
+def picked_names(value: cst.BaseExpression) -> list[cst.Name] | None:
+    """The names ``value`` picks one of: a name, an element of a literal list or tuple indexed by
+    anything, either branch of a conditional expression (None: anything else)."""
+    if isinstance(value, cst.Name):
+        return [value]
+    if isinstance(value, cst.Subscript) and isinstance(value.value, (cst.List, cst.Tuple)):
+        elems = value.value.elements
+        if elems and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in elems):
+            return [cst.ensure_type(e.value, cst.Name) for e in elems]
+        return None
+    if isinstance(value, cst.IfExp):
+        body, orelse = picked_names(value.body), picked_names(value.orelse)
+        return body + orelse if body is not None and orelse is not None else None
+    return None

@@ -227,15 +227,16 @@ def checkpoint_edits(
     saves: bool = True,
     loads: bool = True,
     wraps: dict[str, list[cst.CSTNode]] | None = None,
+    leave: frozenset[int] = frozenset(),
 ) -> tuple[int, int]:
     """``M.state_dict()`` -> ``M.module.state_dict()``; ``M.load_state_dict(x)`` ->
     ``consume_prefix_in_state_dict_if_present(x, "module."); M.module.load_state_dict(x)``, only where
     ``M`` surely holds the wrapper (``wraps``: the statements that wrap each model, default its DDP
-    bindings)."""
+    bindings), and not the calls whose ids are in ``leave``."""
     n_save = n_load = 0
     taken = set(analysis.names)
     for c in calls(analysis.module, True):
-        if not isinstance(c.func, cst.Attribute):
+        if not isinstance(c.func, cst.Attribute) or id(c) in leave:
             continue
         recv = dotted(c.func.value)
         if recv not in models or not analysis.wrapped_at(recv, c, None if wraps is None else wraps.get(recv, [])):

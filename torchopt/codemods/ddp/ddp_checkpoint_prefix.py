@@ -6,6 +6,7 @@ from textwrap import dedent
 
 import libcst as cst
 
+from torchopt.analysis.checkpoints import round_trip
 from torchopt.analysis.statement_edits import ApplyEdits, Edits
 from torchopt.codemods.ddp import FAMILY
 from torchopt.codemods.ddp.program_analysis import Analysis
@@ -31,7 +32,9 @@ class CheckpointPortability(Rule):
 
     Only reads and loads that surely run on the wrapper are changed: after the wrapping statement
     in the same function, on every path (not a `state_dict()` taken before the model is wrapped,
-    and not after a wrap that only happens under a condition).
+    and not after a wrap that only happens under a condition). A checkpoint the program writes
+    from the wrapper and reads back into the same wrapper itself (the resume checkpoint of a
+    training script: the same `torch.save` and `torch.load` path) is left alone: its keys match.
 
     ## Why is this slow
     Not a speed problem: DDP (like DataParallel) prefixes every key with `module.`, so checkpoints
@@ -130,6 +133,24 @@ class CheckpointPortability(Rule):
                 torch.save(model.module.state_dict(), "ckpt.pt")
             """)
         ),
+        Valid(
+            dedent("""\
+                import os
+
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                model = DDP(nn.Linear(4, 2))
+                if os.path.isfile("resume.pt"):
+                    ckpt = torch.load("resume.pt")
+                    model.load_state_dict(ckpt["model"])
+                for epoch in range(3):
+                    state = dict(epoch=epoch, model=model.state_dict())
+                    torch.save(state, "resume.pt")
+            """),
+            note="a resume checkpoint: written from the wrapper and read back into it by this program",
+        ),
     )
 
     def visit_Module(self, node: cst.Module) -> None:
@@ -144,6 +165,7 @@ class CheckpointPortability(Rule):
                 and (m := dotted(c.func.value)) in models
                 and not c.args
                 and a.wrapped_at(m, c)
+                and not round_trip(self, c)
             ):
                 new = c.with_changes(
                     func=c.func.with_changes(value=cst.Attribute(value=c.func.value, attr=cst.Name("module")))
@@ -163,6 +185,8 @@ class CheckpointPortability(Rule):
             and (m := dotted(c.func.value)) in models
             and a.wrapped_at(m, c)
         ]
+        resumed = frozenset(id(c) for c in loads if round_trip(self, c))
+        loads = [c for c in loads if id(c) not in resumed]
         if not loads:
             return
         found = a.import_name("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")
@@ -170,7 +194,7 @@ class CheckpointPortability(Rule):
             return
         consume, imports = found
         e = Edits()
-        _, n = checkpoint_edits(a, e, models, consume, saves=False)
+        _, n = checkpoint_edits(a, e, models, consume, saves=False, leave=resumed)
         if n:
             m = dotted(cst.ensure_type(loads[0].func, cst.Attribute).value) or ""  # (a model's name: in models)
             self.report(

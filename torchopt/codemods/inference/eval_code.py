@@ -14,6 +14,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.analysis.entry_points import ProgramRule
 from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
+from torchopt.analysis.lifecycle import lifecycle_of
 
 GRAD_OFF = {
     "torch.no_grad",
@@ -123,7 +124,8 @@ class EvalRule(ProgramRule):
         return False
 
     def in_grad_off(self, node: cst.CSTNode) -> bool:
-        """Whether ``node`` runs under no_grad/inference_mode (a `with` around it or a decorator)."""
+        """Whether ``node`` runs under no_grad/inference_mode (a `with` around it or a decorator), or
+        in a nested function every call of which does (the lifecycle's ``grad_off``)."""
         cur = self.get_metadata(ParentProvider, node, None)
         while cur is not None:
             if isinstance(cur, cst.With) and any(self.grad_off_call(i.item) for i in cur.items):
@@ -132,7 +134,7 @@ class EvalRule(ProgramRule):
                 if self.decorated_grad_off(cur):
                     return True
             cur = self.get_metadata(ParentProvider, cur, None)
-        return False
+        return lifecycle_of(self).grad_off(node)
 
     def is_method(self, fn: cst.FunctionDef) -> bool:
         """A function defined in a class body: a `predict` method of a module is part of its forward."""
