@@ -32,6 +32,7 @@ from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 
 from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
+from torchopt.analysis.project import index_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
 from torchopt.analysis.value_names import FACTORIES, HOST_LIBRARIES, INT_BUILTINS, INT_METHODS, PROGRESS, STR_METHODS
@@ -131,15 +132,8 @@ def join(values: list[Value]) -> Value:
 _MODULE = Value(Kind.OTHER, Where.HOST, "an `nn.Module`")
 _PARAMETER = Value(Kind.TENSOR, Where.UNKNOWN, "a parameter or buffer of a module")
 # What iterating the result of an `nn.Module` method gives: a module or a tensor, named by a string.
-_MODULE_ITERATORS = {
-    "children": _MODULE,
-    "modules": _MODULE,
-    "parameters": _PARAMETER,
-    "buffers": _PARAMETER,
-    "named_children": _MODULE,
-    "named_modules": _MODULE,
-    "named_parameters": _PARAMETER,
-    "named_buffers": _PARAMETER,
+_MODULE_ITERATORS = {m: _MODULE for m in ("children", "modules", "named_children", "named_modules")} | {
+    m: _PARAMETER for m in ("parameters", "buffers", "named_parameters", "named_buffers")
 }
 
 
@@ -315,6 +309,8 @@ class Placements:
             # NumPy and SciPy compute on the host: an array, a NumPy scalar or a Python object.
             kind = Kind.ARRAY if host_lib.startswith("numpy.") else Kind.UNKNOWN
             return Value(kind, Where.HOST, f"the result of `{host_lib}()`, computed on the host")
+        if names and not names & PROGRESS and isinstance(func, cst.Name):
+            names = names | {index_of(self.rule).origin(func.value) or ""}  # re-exported by the project
         if names & PROGRESS and call.args and call.args[0].keyword is None and not call.args[0].star:
             # A progress bar iterates what it wraps (`tqdm(range(n))` gives ints); `trange(n)` is one.
             inner = _INT if any(n.endswith("trange") for n in names) else None

@@ -29,7 +29,7 @@ FACTORIES = {
 }
 PROGRESS = {
     f"{m}.{f}" for m in ("tqdm", "tqdm.auto", "tqdm.std", "tqdm.notebook", "tqdm.rich") for f in ("tqdm", "trange")
-} | {"rich.progress.track"}
+} | {"rich.progress.track", "ultralytics.utils.TQDM"}  # (ultralytics' TQDM subclasses tqdm.tqdm)
 INT_BUILTINS = {"len", "int", "ord", "hash", "id"}
 STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "lower", "upper", "zfill", "ljust", "rjust"}
 INT_METHODS = {"numel", "dim", "ndimension", "element_size", "nelement", "get_device"}
