@@ -6,7 +6,8 @@ and its *placement* (the host, a device, or UNKNOWN), with the reason when eithe
 Python scalar, string or container is a host value; a tensor is on the host when it was made by a
 torch factory without ``device=`` or moved with ``.cpu()``/``.to("cpu")``, on a device when moved
 with ``.cuda()`` or ``.to(<a GPU literal>)``, and UNKNOWN otherwise (``.to(device)`` with a device
-chosen at run time, a loader batch that was not moved, the output of a model).
+chosen at run time, a loader batch that was not moved, the output of a model). NumPy and SciPy
+results are host values (``array @ x`` is NumPy's); a module's ``named_children()`` names are strings.
 
 A name is followed statement by statement, as a type checker narrows: the assignment that reaches
 the read replaces what the name held before (``t = t.cpu()`` then ``t.tolist()`` reads a host
