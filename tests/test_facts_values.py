@@ -12,6 +12,7 @@ from libcst.metadata import MetadataWrapper
 
 from semantic import compare_programs
 from torchopt.analysis.control import Guard, Rate, control_of
+from torchopt.analysis.names import dotted
 from torchopt.analysis.placement import Kind, Where, placements
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule, RuleContext
@@ -418,3 +419,100 @@ def test_a_counter_from_count_against_an_argparse_option_is_a_host_test():
     assert codes(src) == []
     # a value of unknown origin in the same place is still a possible tensor
     assert [c for _, c in codes(src.replace("args.log_interval", "env.interval"))] == ["TOP605"]
+
+
+def test_the_names_a_module_gives_for_its_children_are_strings():
+    src = dedent("""\
+        import torch
+        import torch.nn as nn
+
+
+        class Getter(nn.ModuleDict):
+            def __init__(self, layers, flag=False):
+                super().__init__(layers)
+                self.flag = flag
+
+            def forward(self, x):
+                for name, module in self.named_children():
+                    if name == "stem":
+                        x = module(x)
+                    elif name == "head" and self.flag:
+                        x = module(x) * 2
+                return x
+
+
+        model = Getter({"stem": nn.Linear(4, 4), "head": nn.Linear(4, 1)}).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in loader:
+            loss = model(x.cuda()).sum()
+            loss.backward()
+            opt.step()
+            for pname, p in model.named_parameters():
+                probe(pname)
+                probe_tensor(p)
+    """)
+    assert [c for _, c in codes(src) if c == "TOP605"] == []
+    rule, module = _rule(src)
+    assert placements(rule).value(_read(module, "pname")).kind is Kind.STR
+    assert placements(rule).value(_call(module, "probe_tensor").args[0].value).kind is Kind.TENSOR
+    # the same method of an object that is not known to be a module gives values of unknown kind
+    rule, module = _rule(src.replace("model.named_parameters()", "registry.named_parameters()"))
+    assert placements(rule).value(_read(module, "pname")).kind is Kind.UNKNOWN
+    src = src.replace("class Getter(nn.ModuleDict)", "class Getter(Base)")
+    assert [c for _, c in codes(src) if c == "TOP605"] == ["TOP605", "TOP605"]
+
+
+def test_numpy_results_and_numpy_arithmetic_are_host_arrays():
+    src = dedent("""\
+        import numpy as np
+        import torch
+
+
+        def fid(cov, cov2, t):
+            probe(cov @ cov2)
+            probe((cov + 1e-6) @ cov2)
+            probe(t @ cov)
+            probe(max(1, np.interp(3, [0, 5], [1, 4]).round()))
+            probe(max(1, t))
+
+
+        feats = np.ones((3, 4))
+        stats = load()
+        fid(np.cov(feats, rowvar=False), stats["cov"], stats["t"])
+    """)
+    rule, module = _rule(src)
+    probes = [n.args[0].value for n in walk(module, True) if isinstance(n, cst.Call) and dotted(n.func) == "probe"]
+    got = [placements(rule).value(p) for p in probes]
+    assert [v.kind for v in got[:2]] == [Kind.ARRAY, Kind.ARRAY]
+    # `tensor @ array` is a tensor: a value of unknown kind on the left stays unknown
+    assert got[2].kind is Kind.UNKNOWN and not got[2].on_host
+    # the larger of two host values is a host value; of a value of unknown kind, unknown
+    assert got[3].on_host and not got[4].on_host
+
+
+def test_a_numpy_matmul_is_no_float32_torch_matmul():
+    src = dedent("""\
+        import numpy as np
+        import torch
+        from scipy import linalg
+
+
+        def calc_fid(cov, cov2):
+            s, _ = linalg.sqrtm(cov @ cov2, disp=False)
+            return float(np.trace(s))
+
+
+        if __name__ == "__main__":
+            g = torch.load("g.pt").cuda().eval()
+            feats = []
+            with torch.no_grad():
+                for i in range(100):
+                    feats.append(g(torch.randn(8, 512, device="cuda")).cpu().numpy())
+            cov = np.cov(np.concatenate(feats), rowvar=False)
+            print(calc_fid(cov, torch.load("stats.pt")["cov"]))
+    """)
+    s502 = Settings(select=("TOP502",))
+    assert [d.code for d in check_source(src, s502).diagnostics] == []
+    # a torch matmul in the same place is one
+    torch_src = src.replace("cov = np.cov(np.concatenate(feats), rowvar=False)", "cov = torch.cat(feats).cuda()")
+    assert [d.code for d in check_source(torch_src, s502).diagnostics] == ["TOP502"]

@@ -304,3 +304,37 @@ def test_a_parameter_takes_what_every_call_passes_the_parsed_options_give_host_v
 def test_a_parameter_whose_caller_passes_an_unknown_value_stays_unknown(tmp_path):
     _write(tmp_path, {"train.py": CALLED_FROM_MAIN.format(bind="args = load_settings()")})
     assert _codes(tmp_path, "train.py", "TOP605") == ["TOP605", "TOP605"]
+
+
+WRAPPED_COUNTER = """\
+    import torch
+    from utils.general import TQDM
+
+
+    def train(model, opt, loader, epochs):
+        nb = len(loader)
+        nw = max(round(3 * nb), 100)
+        for epoch in range(epochs):
+            pbar = enumerate(loader)
+            if epoch > 0:
+                pbar = TQDM(pbar, total=nb)
+            for i, (imgs, targets) in pbar:
+                ni = i + nb * epoch
+                if ni <= nw:
+                    opt.param_groups[0]["lr"] = 0.1 * ni / nw
+                loss = model(imgs.cuda()).sum()
+                loss.backward()
+                opt.step()
+"""
+
+
+def test_a_progress_bar_a_project_module_re_exports_from_a_library_gives_python_ints(tmp_path):
+    _write(
+        tmp_path,
+        {"train.py": WRAPPED_COUNTER, "utils/__init__.py": "", "utils/general.py": "from tqdm import tqdm as TQDM\n"},
+    )
+    assert _codes(tmp_path, "train.py", "TOP605") == []
+    # a wrapper of the project's own, whose iteration is not followed, leaves the counter unknown
+    own = "class TQDM:\n    def __init__(self, it, total=None):\n        self.it = it\n"
+    _write(tmp_path, {"utils/general.py": own})
+    assert _codes(tmp_path, "train.py", "TOP605") == ["TOP605"]

@@ -6,7 +6,8 @@ and its *placement* (the host, a device, or UNKNOWN), with the reason when eithe
 Python scalar, string or container is a host value; a tensor is on the host when it was made by a
 torch factory without ``device=`` or moved with ``.cpu()``/``.to("cpu")``, on a device when moved
 with ``.cuda()`` or ``.to(<a GPU literal>)``, and UNKNOWN otherwise (``.to(device)`` with a device
-chosen at run time, a loader batch that was not moved, the output of a model).
+chosen at run time, a loader batch that was not moved, the output of a model). NumPy and SciPy
+results are host values (``array @ x`` is NumPy's); a module's ``named_children()`` names are strings.
 
 A name is followed statement by statement, as a type checker narrows: the assignment that reaches
 the read replaces what the name held before (``t = t.cpu()`` then ``t.tolist()`` reads a host
@@ -33,8 +34,10 @@ from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 from torchopt.analysis.arguments import passed
 from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
+from torchopt.analysis.project import index_of
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES, callee, dotted, param_annotation
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
+from torchopt.analysis.value_names import FACTORIES, HOST_LIBRARIES, INT_BUILTINS, INT_METHODS, PROGRESS, STR_METHODS
 from torchopt.analysis.values import DeviceKind, classify_device
 from torchopt.rewrite.metadata import ParentProvider, children_of
 from torchopt.rewrite.rule import Rule
@@ -128,36 +131,12 @@ def join(values: list[Value]) -> Value:
     return Value(kind, where, "it is assigned different values on different paths")
 
 
-_FACTORIES = {
-    "zeros",
-    "ones",
-    "empty",
-    "full",
-    "rand",
-    "randn",
-    "randint",
-    "randperm",
-    "arange",
-    "linspace",
-    "logspace",
-    "eye",
-    "tensor",
-    "as_tensor",
-    "from_numpy",
-    "zeros_like",
-    "ones_like",
-    "empty_like",
-    "full_like",
-    "rand_like",
-    "randn_like",
-    "randint_like",
+_MODULE = Value(Kind.OTHER, Where.HOST, "an `nn.Module`")
+_PARAMETER = Value(Kind.TENSOR, Where.UNKNOWN, "a parameter or buffer of a module")
+# What iterating the result of an `nn.Module` method gives: a module or a tensor, named by a string.
+_MODULE_ITERATORS = {m: _MODULE for m in ("children", "modules", "named_children", "named_modules")} | {
+    m: _PARAMETER for m in ("parameters", "buffers", "named_parameters", "named_buffers")
 }
-_PROGRESS = {
-    f"{m}.{f}" for m in ("tqdm", "tqdm.auto", "tqdm.std", "tqdm.notebook", "tqdm.rich") for f in ("tqdm", "trange")
-} | {"rich.progress.track"}
-_INT_BUILTINS = {"len", "int", "ord", "hash", "id"}
-_STR_METHODS = {"format", "join", "replace", "strip", "lstrip", "rstrip", "lower", "upper", "zfill", "ljust", "rjust"}
-_INT_METHODS = {"numel", "dim", "ndimension", "element_size", "nelement", "get_device"}
 
 
 class Placements:
@@ -256,6 +235,12 @@ class Placements:
                 return Value(Kind.TENSOR, Where.UNKNOWN, "arithmetic with a value of unknown kind")
             return Value(Kind.TENSOR, join(tensors).where, "arithmetic on tensors")
         kinds = {left.kind, right.kind}
+        if left.kind is Kind.ARRAY and (
+            isinstance(expr.operator, cst.MatrixMultiply) or (right.kind in (Kind.ARRAY, Kind.SCALAR))
+        ):
+            # NumPy arithmetic; `array @ x` fails for a tensor `x` (NumPy defers, and a tensor's
+            # `__rmatmul__` does not take an array): when it runs, it is NumPy's.
+            return Value(Kind.ARRAY, Where.HOST, "NumPy arithmetic")
         if Kind.UNKNOWN in kinds and left.on_host and right.on_host:
             return Value(Kind.UNKNOWN, Where.HOST, "arithmetic on host data")
         if kinds == {Kind.SCALAR}:
@@ -321,7 +306,14 @@ class Placements:
             return Value(Kind.SEQUENCE, Where.HOST, "`itertools.count()`", item=_INT)
         if "argparse.ArgumentParser" in names:
             return _PARSER
-        if names & _PROGRESS and call.args and call.args[0].keyword is None and not call.args[0].star:
+        host_lib = next((n for n in sorted(names) if n.split(".", 1)[0] in HOST_LIBRARIES), None)
+        if host_lib is not None:
+            # NumPy and SciPy compute on the host: an array, a NumPy scalar or a Python object.
+            kind = Kind.ARRAY if host_lib.startswith("numpy.") else Kind.UNKNOWN
+            return Value(kind, Where.HOST, f"the result of `{host_lib}()`, computed on the host")
+        if names and not names & PROGRESS and isinstance(func, cst.Name):
+            names = names | {index_of(self.rule).origin(func.value) or ""}  # re-exported by the project
+        if names & PROGRESS and call.args and call.args[0].keyword is None and not call.args[0].star:
             # A progress bar iterates what it wraps (`tqdm(range(n))` gives ints); `trange(n)` is one.
             inner = _INT if any(n.endswith("trange") for n in names) else None
             item = inner or self._element(self.value(call.args[0].value, depth + 1))
@@ -337,7 +329,7 @@ class Placements:
 
     def _builtin_call(self, name: str, call: cst.Call, depth: int) -> Value:
         args = [a.value for a in call.args if a.keyword is None and not a.star]
-        if name in _INT_BUILTINS:
+        if name in INT_BUILTINS:
             return _INT
         if name == "float":
             return _FLOAT
@@ -364,6 +356,9 @@ class Placements:
             vals = [self.value(a, depth + 1) for a in args]
             if all(v.kind is Kind.SCALAR for v in vals):
                 return join(vals)
+            if name in ("min", "max") and len(vals) > 1 and all(v.on_host for v in vals):
+                # One of its arguments (a comparison of host values cannot wait for a device).
+                return Value(join(vals).kind, Where.HOST, f"`{name}()` of host values")
             if name == "abs":
                 return vals[0]
             return unknown(f"`{name}()` of values that are not all Python numbers")
@@ -377,7 +372,7 @@ class Placements:
             return unknown(f"the result of `{q}()`")
         if name in NOT_TENSOR:
             return _OTHER
-        if name in _FACTORIES:
+        if name in FACTORIES:
             for arg in call.args:
                 if arg.keyword is not None and arg.keyword.value == "device":
                     return self._moved(arg.value, depth, f"`{name}(..., device=...)`")
@@ -399,9 +394,14 @@ class Placements:
         return Value(Kind.TENSOR, where, f"`{q}()` of a tensor on {where.value}")
 
     def _method(self, meth: str, recv: cst.BaseExpression, call: cst.Call, depth: int) -> Value:
+        if meth in _MODULE_ITERATORS and self._is_module(recv):
+            item = _MODULE_ITERATORS[meth]
+            if meth.startswith("named_"):
+                item = Value(Kind.SEQUENCE, Where.HOST, "a name and what it names", items=(_STR, item))
+            return Value(Kind.SEQUENCE, Where.HOST, f"`.{meth}()` of a module", item=item)
         base = self.value(recv, depth + 1)
         if base.kind is Kind.STR:
-            if meth in _STR_METHODS:
+            if meth in STR_METHODS:
                 return _STR
             if meth in ("split", "rsplit", "splitlines"):
                 return Value(Kind.SEQUENCE, Where.HOST, "a split string", item=_STR)
@@ -431,7 +431,7 @@ class Placements:
             if base.where is Where.HOST and meth in TENSOR_METHODS:
                 return Value(Kind.UNKNOWN, Where.HOST, f"`.{meth}()` of host data")
             return unknown(f"`.{meth}()` of a value that is not known to be a tensor ({base.why})")
-        if meth in _INT_METHODS or (meth == "size" and call.args):
+        if meth in INT_METHODS or (meth == "size" and call.args):
             return _INT
         if meth == "size":
             return Value(Kind.SEQUENCE, Where.HOST, "a tensor's size", item=_INT)
@@ -483,6 +483,18 @@ class Placements:
         if v.kind is Kind.OTHER and v.item is not None:
             return v.item
         return unknown(f"an element of {v.why}" if v.why else "an element of an unknown iterable")
+
+    def _is_module(self, expr: cst.BaseExpression) -> bool:
+        """``expr`` is an ``nn.Module``: ``self`` in a method of the file's module classes, or what the
+        program model knows as a model."""
+        program = program_of(self.rule)
+        if isinstance(expr, cst.Name) and expr.value == "self":
+            fn = program.function_of(expr)
+            return fn is not None and fn.cls is not None and fn.cls in program.module_classes
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            role = program.role_of(expr)
+            return role is not None and role.kind == "model"
+        return False
 
     # ------------------------------------------------------------------ names
     def _loader(self, expr: cst.BaseExpression) -> bool:

@@ -162,6 +162,29 @@ class ProjectIndex:
             return None
         return self.resolve(rest, target.module, target.path, depth + 1)
 
+    def origin(
+        self, written: str, summary: ModuleSummary | None = None, path: str | None = None, depth: int = 0
+    ) -> str | None:
+        """The library name (``tqdm.tqdm``) that ``written``, used in the module ``path`` (the analysed
+        file by default), comes from through the imports of the project's own modules (``from
+        utils.general import TQDM``, where ``utils/general.py`` imports it from a library); None when
+        it is the project's own, a local value, or cannot be followed."""
+        summary = summary or self.own
+        path = path or self.path
+        head = written.partition(".")[0]
+        if path is None or depth > MAX_DEPTH or head not in summary.imports:
+            return None
+        full = summary.qualify(written)
+        module, name, level = summary.imports[head]
+        if full is None or not name:
+            return None
+        mod = self._module(module, level, path)
+        if mod is None:
+            return full[0] if not level else None  # a library's name
+        if isinstance(mod, Definition) and name in mod.module.imports and written == head:
+            return self.origin(name, mod.module, mod.path, depth + 1)
+        return None
+
     def _module(self, module: str, level: int, importer: str) -> Resolved:
         f = self.module_file(module, level, importer)
         if not isinstance(f, str):

@@ -31,6 +31,7 @@ from torchopt.analysis.arguments import passed
 from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES
 from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.project import Definition, Layers, Unknown, index_of
+from torchopt.analysis.placement import Kind, placements
 from torchopt.analysis.precheck.torch_imports import torch_calls_to
 from torchopt.analysis.precheck.tree import ast_index, ast_tree
 from torchopt.analysis.names import callee, dotted, qualified_names, torch_name
@@ -304,12 +305,20 @@ def _analyse(rule: Rule, module: cst.Module) -> Program:
                 prog.cuda = True
         elif isinstance(node, cst.Attribute) and node.attr.value == "cuda":
             prog.cuda = True
-        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        elif isinstance(node, cst.BinaryOperation) and _torch_matmul(rule, node):
             prog.matmuls.append(node)
     if resize_int and not crops:
         prog.variable_shapes.append((resize_int[0], "`Resize(<int>)` without a crop keeps each image's aspect ratio"))
     _find_entry(rule, module, prog)
     return _project_intent(rule, module, _project_layers(rule, module, prog))
+
+
+def _torch_matmul(rule: Rule, node: cst.BinaryOperation) -> bool:
+    """``a @ b`` that may be a torch matmul: not one the value facts know gives no tensor (NumPy's)."""
+    return isinstance(node.operator, cst.MatrixMultiply) and placements(rule).value(node).kind in (
+        Kind.TENSOR,
+        Kind.UNKNOWN,
+    )
 
 
 def _project_layers(rule: Rule, module: cst.Module, prog: Program) -> Program:
