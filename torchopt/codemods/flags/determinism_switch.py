@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from torchopt.analysis.control import Guard, control_of
+
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import determinism_possible
 from torchopt.codemods.flags.program_flags import program
@@ -79,4 +81,6 @@ class DeterminismSwitch(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         for sw in program(self).determinism:
+            if Guard.OFF_BY_DEFAULT in control_of(self).guards(sw.node):
+                continue  # set only when the user turns on an option, e.g. `--seed`: reproducibility asked for
             self.report(sw.node, fmt={"what": sw.what})
