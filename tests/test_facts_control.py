@@ -200,3 +200,98 @@ def validate(model, loader):
 def test_a_host_read_under_an_option_off_by_default_is_not_reported():
     assert _codes(HOST_READ.format(default="False"), "TOP601") == []
     assert [c for _, c in _codes(HOST_READ.format(default="True"), "TOP601")] == ["TOP601"]
+
+
+# ------------------------------------------------------------------ programs that run no step
+
+MODEL = """\
+import torch
+from torch import nn
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, z):
+        return self.fc(z)
+"""
+
+CONVERT = """\
+import numpy as np
+import torch
+
+from model import Generator
+
+if __name__ == "__main__":
+    device = "cuda"
+    g = Generator().to(device)
+    g.load_state_dict(torch.load("g.pt"))
+    z = np.random.randn(2, 4).astype("float32")
+    with torch.no_grad():
+        out = g(torch.from_numpy(z).to(device))
+    ref = torch.from_numpy(np.load("ref.npy")).to(device)
+{extra}    print((out - ref).abs().max())
+"""
+
+
+def _project_codes(tmp_path, files: dict[str, str], main: str, select: tuple[str, ...]) -> list[tuple[int, str]]:
+    from torchopt.rewrite.projectscope import ProjectScope, in_scope
+
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    path = tmp_path / main
+    with in_scope(ProjectScope(folders=[str(tmp_path)])):
+        found = check_source(path.read_text(encoding="utf-8"), Settings(select=select), str(path))
+    return [(d.line, d.code) for d in found.diagnostics]
+
+
+def test_a_converter_that_runs_no_step_is_told_nothing_about_per_step_costs(tmp_path):
+    files = {"model.py": MODEL, "convert.py": CONVERT.format(extra="")}
+    assert _project_codes(tmp_path, files, "convert.py", ("TOP101", "TOP802")) == []
+    # a loop that calls the generator is steady work: the same lines are reported
+    loop = "    for _ in range(100):\n        out = g(ref)\n"
+    files["convert.py"] = CONVERT.format(extra=loop)
+    assert _project_codes(tmp_path, files, "convert.py", ("TOP101", "TOP802")) == [
+        (11, "TOP802"),
+        (12, "TOP101"),
+        (13, "TOP101"),
+    ]
+
+
+def test_a_converter_that_calls_a_training_function_of_the_project_is_no_one_off(tmp_path):
+    engine = "def fit(model):\n    for x in range(3):\n        model(x).sum().backward()\n"
+    files = {
+        "model.py": MODEL,
+        "engine.py": engine,
+        "convert.py": "from engine import fit\n" + CONVERT.format(extra="    fit(g)\n"),
+    }
+    # (TOP802 is for inference-only programs: this one trains)
+    assert [c for _, c in _project_codes(tmp_path, files, "convert.py", ("TOP101", "TOP802"))] == ["TOP101", "TOP101"]
+
+
+PACK = """\
+import h5py
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+
+def main():
+    loader = DataLoader(torch.load("images.pt"), batch_size=64, num_workers=8)
+    with h5py.File("out.hdf5", "w") as f:
+        for i, (x, y) in enumerate(tqdm(loader)):
+            x = (255 * x).byte().numpy()
+            f["imgs"].resize(f["imgs"].shape[0] + x.shape[0], axis=0)
+{work}
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_data_packing_script_gets_no_cpu_launcher_advice(tmp_path):
+    assert _project_codes(tmp_path, {"pack.py": PACK.format(work="")}, "pack.py", ("TOP951",)) == []
+    work = "            total = x.sum() if i else torch.zeros(1)\n"
+    assert _project_codes(tmp_path, {"pack.py": PACK.format(work=work)}, "pack.py", ("TOP951",)) == [(16, "TOP951")]
