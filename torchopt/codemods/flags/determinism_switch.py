@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
 
 from torchopt.analysis.control import Guard, control_of
@@ -20,7 +22,9 @@ class DeterminismSwitch(Rule):
     Reports the switches that make CUDA results reproducible at a cost in speed:
     `torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)` and the
     `CUBLAS_WORKSPACE_CONFIG` environment variable (the first two when set to a literal `True`).
-    Display-only: they are never removed.
+    Display-only: they are never removed. A switch set only under a command-line option that is off
+    by default (`if args.seed is not None:` with `--seed` defaulting to `None`, a `store_true` flag)
+    is not reported: there the user asked for reproducibility.
 
     ## Why is this slow
     Deterministic mode restricts cuDNN to deterministic convolution algorithms (often not the
@@ -73,6 +77,20 @@ class DeterminismSwitch(Rule):
             runnable=True,
         ),
         Valid("class Cfg:\n    pass\n\ncfg = Cfg()\ncfg.deterministic = True\n", runnable=True),
+        Valid(
+            dedent("""\
+                import argparse
+                import torch
+
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=None)
+                args = parser.parse_args()
+                if args.seed is not None:
+                    torch.manual_seed(args.seed)
+                    torch.backends.cudnn.deterministic = True
+            """),
+            note="only when the user passes `--seed`, off by default",
+        ),
         Valid(
             "import torch\n\ndef restore(previous):\n    torch.use_deterministic_algorithms(previous)\n",
             note="only literal `True` is reported: a variable may hold either",
