@@ -295,3 +295,33 @@ def test_a_data_packing_script_gets_no_cpu_launcher_advice(tmp_path):
     assert _project_codes(tmp_path, {"pack.py": PACK.format(work="")}, "pack.py", ("TOP951",)) == []
     work = "            total = x.sum() if i else torch.zeros(1)\n"
     assert _project_codes(tmp_path, {"pack.py": PACK.format(work=work)}, "pack.py", ("TOP951",)) == [(16, "TOP951")]
+
+
+BACKBONE = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+if __name__ == "__main__":
+    model = Net()
+    if torch.cuda.is_available():
+        torch.backends.cudnn.deterministic = True
+{run}"""
+
+
+def test_a_model_files_shape_check_runs_once(tmp_path):
+    once = "    print(model(torch.ones(1, 4)).shape)\n"
+    assert _project_codes(tmp_path, {"net.py": BACKBONE.format(run=once)}, "net.py", ("TOP503",)) == []
+    steady = "    for _ in range(1000):\n        model(torch.ones(1, 4))\n"
+    assert _project_codes(tmp_path, {"net.py": BACKBONE.format(run=steady)}, "net.py", ("TOP503",)) == [(19, "TOP503")]

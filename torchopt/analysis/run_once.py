@@ -14,7 +14,9 @@ calls:
 * :func:`steady_work` -- the program repeats tensor work: it has a step loop, or a loop whose body
   calls a ``torch`` operation, a tensor method that computes (``add_``, ``matmul``, ``sum``, ...), a
   value (``model(x)``), code of the project, or a function of the file that does. Library calls
-  that only move or store data (``image.save``, ``x.numpy()``, ``h5py``, ``tqdm``) are not work.
+  that only move or store data (``image.save``, ``x.numpy()``, ``h5py``, ``tqdm``) are not work, and
+  nor are the loops of an ``nn.Module`` class's methods: they run once per call of the model, which
+  repeats only in a loop of the program (a value called: work).
 
 Built on the facts of the file (``hot_map``, ``index_of``); nothing is kept between files.
 """
@@ -25,6 +27,7 @@ import builtins
 
 import libcst as cst
 
+from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.names import callee, dotted
 from torchopt.analysis.project import _LIBRARIES, Definition, Unknown, index_of
 from torchopt.analysis.step_loops import LOOPS, hot_map
@@ -113,9 +116,19 @@ def once_per_process(rule: Rule, node: cst.CSTNode) -> str | None:
 
 def steady_work(rule: Rule) -> bool:
     """Whether the file's program repeats tensor work (see the module docstring)."""
-    if hot_map(rule).step_loops:
+    hot = hot_map(rule)
+    if hot.step_loops:
         return True
-    return any(_loop_works(rule, loop, set(), 0) for loop in walk(rule.ctx.module, True) if isinstance(loop, LOOPS))
+    models = nn_module_classes(rule)
+    for loop in walk(rule.ctx.module, True):
+        if not isinstance(loop, LOOPS):
+            continue
+        cur = hot.parent(loop)
+        while cur is not None and not (isinstance(cur, cst.ClassDef) and cur.name.value in models):
+            cur = hot.parent(cur)
+        if cur is None and _loop_works(rule, loop, set(), 0):
+            return True
+    return False
 
 
 def _loop_works(rule: Rule, loop: cst.CSTNode, seen: set[int], depth: int) -> bool:

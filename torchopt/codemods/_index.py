@@ -173,7 +173,7 @@ FILES = {
     'flags/__init__.py': 102,
     'flags/cudnn_benchmark_off.py': 20390,
     'flags/cudnn_benchmark_variable_shapes.py': 6048,
-    'flags/determinism_switch.py': 4341,
+    'flags/determinism_switch.py': 4677,
     'flags/example_scripts.py': 1330,
     'flags/fp32_matmul_precision_highest.py': 14085,
     'flags/pays.py': 23685,

@@ -7,6 +7,7 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.control import Guard, control_of
+from torchopt.analysis.run_once import once_per_process
 
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import determinism_possible
@@ -24,7 +25,8 @@ class DeterminismSwitch(Rule):
     `CUBLAS_WORKSPACE_CONFIG` environment variable (the first two when set to a literal `True`).
     Display-only: they are never removed. A switch set only under a command-line option that is off
     by default (`if args.seed is not None:` with `--seed` defaulting to `None`, a `store_true` flag)
-    is not reported: there the user asked for reproducibility.
+    is not reported: there the user asked for reproducibility. Nor is one in the module-level code of
+    a program that runs no step (a model file's `__main__` shape check, a converter).
 
     ## Why is this slow
     Deterministic mode restricts cuDNN to deterministic convolution algorithms (often not the
@@ -101,4 +103,6 @@ class DeterminismSwitch(Rule):
         for sw in program(self).determinism:
             if Guard.OFF_BY_DEFAULT in control_of(self).guards(sw.node):
                 continue  # set only when the user turns on an option, e.g. `--seed`: reproducibility asked for
+            if once_per_process(self, sw.node):
+                continue  # a program that runs no step (a model file's shape check): nothing to slow down
             self.report(sw.node, fmt={"what": sw.what})
