@@ -122,6 +122,7 @@ def test_prints_rank_aware_when_the_program_replaces_builtins_print():
         import builtins
 
         def main_worker(gpu, args):
+            args.gpu = gpu
             if args.multiprocessing_distributed and args.gpu != 0:
                 def print_pass(*args):
                     pass
@@ -129,7 +130,7 @@ def test_prints_rank_aware_when_the_program_replaces_builtins_print():
     """)
     rule, _ = _rule(src)
     assert control_of(rule).prints_rank_aware()
-    rule, _ = _rule("import builtins\n\nprint(builtins.len([]))\n")
+    rule, _ = _rule("import builtins\n\nprint(builtins.len([]))\nargs.x = 1\n")
     assert not control_of(rule).prints_rank_aware()
 
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 import libcst as cst
 
-from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.names import callee, dotted, qualified_names
 from torchopt.analysis.program import program_of
 from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
@@ -427,7 +427,7 @@ class Control:
         for node in walk(self.rule.ctx.module, cross_scopes=True):
             if isinstance(node, cst.Assign) and any(
                 (dotted(t.target) or "") in ("builtins.print", "__builtin__.print", "__builtins__.print")
-                or (callee(self.rule, t.target) or "") == "builtins.print"
+                or "builtins.print" in qualified_names(self.rule, t.target)
                 for t in node.targets
                 if isinstance(t.target, cst.Attribute)
             ):
