@@ -80,6 +80,8 @@ def main():
         normed()
     if not args.augment:
         plain()
+    else:
+        augmented_too()
 """
 
 
@@ -87,7 +89,7 @@ def test_an_option_off_by_default_guards_its_code():
     rule, module = _rule(OPTIONS)
     control = control_of(rule)
     off = Guard.OPT_IN | Guard.OFF_BY_DEFAULT
-    for name in ("seeded", "augmented", "saved", "late"):
+    for name in ("seeded", "augmented", "saved", "late", "augmented_too"):
         assert control.guards(_call(module, name)).flags == off, name
     assert control.guards(_call(module, "seeded")).switch == "args.seed"
     assert "`args.seed` (off by default)" in control.guards(_call(module, "seeded")).why

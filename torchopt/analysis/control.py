@@ -328,8 +328,9 @@ class Control:
                 owner = self.parent(parent)
                 if isinstance(owner, cst.If):
                     found = self._test_guard(owner.test, negated=True)
-                    if found is not None and found[0] & Guard.OPT_IN:
+                    if found is not None and found[0] & Guard.OPT_IN and not found[0] & Guard.OFF_BY_DEFAULT:
                         found = None  # the `else` of a switch is the default path
+                    # (of `if not args.evolve:`, with the option off by default, it is the opt-in one)
             elif isinstance(parent, cst.ExceptHandler):
                 oom = parent.type is not None and self._oom(parent.type)
                 found = (
@@ -557,8 +558,11 @@ def _declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
     ):
         return []
     kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-    flags = [a.value.evaluated_value for a in node.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
-    flags = [f for f in flags if isinstance(f, str)]
+    flags: list[str] = []
+    for a in node.args:
+        value = a.value.evaluated_value if a.keyword is None and isinstance(a.value, cst.SimpleString) else None
+        if isinstance(value, str):
+            flags.append(value)
     dest_node = kw.get("dest")
     if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
         dest = dest_node.evaluated_value
