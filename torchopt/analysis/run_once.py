@@ -97,6 +97,8 @@ def _one_off(rule: Rule) -> str | None:
         got = index.resolve(written)
         if isinstance(got, Unknown):
             return None
+        if isinstance(got, Definition) and got.path == index.path:
+            continue  # the file's own code: its loops are read by steady_work
         if isinstance(got, Definition) and got.kind in ("function", "class") and index.runs(got, "steps") is not False:
             return None
     return "the program runs no training or evaluation step"
@@ -117,8 +119,6 @@ def once_per_process(rule: Rule, node: cst.CSTNode) -> str | None:
 def steady_work(rule: Rule) -> bool:
     """Whether the file's program repeats tensor work (see the module docstring)."""
     hot = hot_map(rule)
-    if hot.step_loops:
-        return True
     models = nn_module_classes(rule)
     for loop in walk(rule.ctx.module, True):
         if not isinstance(loop, LOOPS):
@@ -126,7 +126,7 @@ def steady_work(rule: Rule) -> bool:
         cur = hot.parent(loop)
         while cur is not None and not (isinstance(cur, cst.ClassDef) and cur.name.value in models):
             cur = hot.parent(cur)
-        if cur is None and _loop_works(rule, loop, set(), 0):
+        if cur is None and (id(loop) in hot.step_loops or _loop_works(rule, loop, set(), 0)):
             return True
     return False
 
