@@ -9,7 +9,13 @@
   main process (`rank == 0`, `local_rank in (-1, 0)`, `dist.get_rank() == 0`, `is_main_process()`,
   `accelerator.is_main_process`, `if rank != 0: return` before it), a device branch
   (`torch.cuda.is_available()`, `if args.gpu:`, `device == "cuda"`, `x.is_cuda`), an exception
-  handler (an out-of-memory handler is told apart) and an opt-in switch (`if args.profile:`).
+  handler (an out-of-memory handler is told apart) and an opt-in switch (`if args.profile:`). A
+  switch that is a command-line option of the file off by default (`add_argument("--seed",
+  default=None)` read as `if args.seed is not None:`, a `store_true` flag read as `if args.augment:`,
+  a dataclass field `target_kl: float = None`) is also told apart: its code does not run in the
+  program's default run. The left side of an ``and`` guards its right side the same way.
+* :meth:`Control.prints_rank_aware` says whether the program replaces ``builtins.print`` (the
+  ``setup_for_distributed`` idiom that silences prints on every rank but 0).
 
 A test of a shape this module does not know sets no guard, and leaves the frequency at "every step":
 the facts never claim a statement is rare without reading it in the condition. Built once per text
@@ -24,7 +30,7 @@ from typing import Callable
 
 import libcst as cst
 
-from torchopt.analysis.names import callee, dotted
+from torchopt.analysis.names import callee, dotted, qualified_names
 from torchopt.analysis.program import program_of
 from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
@@ -77,16 +83,21 @@ class Guard(enum.Flag):
     EXCEPT = enum.auto()
     OOM = enum.auto()
     OPT_IN = enum.auto()
+    # ... of an OPT_IN switch, one read from a command-line option (or options dataclass field) of the
+    # file that is off by default: the guarded code does not run unless the user asks for it.
+    OFF_BY_DEFAULT = enum.auto()
     # ... of a DEVICE check, the branch that runs when no accelerator is used (`if not use_gpu:`,
     # `if device == "cpu":`, the `else` of `if torch.cuda.is_available():`); the other branch, the
     # accelerator path, is the one that runs every step on a GPU.
     HOST_PATH = enum.auto()
 
 
-# Guards under which a sync rule reports nothing: code that runs under a device check, or only after
-# an error. A rank-0 guard is not one: a wait on rank 0 at every step holds back every other rank at
-# the next collective, so the whole job runs at rank 0's pace.
-QUIET_GUARDS = Guard.DEVICE | Guard.EXCEPT
+# Guards under which a sync rule reports nothing: code that runs under a device check, only after
+# an error, or only when the user turns on an option that is off by default (the default run never
+# pays it; with the option on, the host copy is usually the purpose: `--save_val_results`). A rank-0
+# guard is not one: a wait on rank 0 at every step holds back every other rank at the next
+# collective, so the whole job runs at rank 0's pace.
+QUIET_GUARDS = Guard.DEVICE | Guard.EXCEPT | Guard.OFF_BY_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class Control:
         self.rule = rule
         self.hot = hot
         self._visiting: set[int] = set()  # functions whose calls are being read (recursion)
+        self._options: dict[str, frozenset[str]] | None = None  # option -> the defaults it is given
 
     def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.hot.parent(node)
@@ -310,14 +322,15 @@ class Control:
             found: tuple[Guard, str] | None = None
             if isinstance(parent, cst.If) and cur is parent.body:
                 found = self._test_guard(parent.test, negated=False)
-                if found is not None and found[0] is Guard.OPT_IN and switch is None:
-                    switch = dotted(parent.test)
+                if found is not None and found[0] & Guard.OPT_IN and switch is None:
+                    switch = _switch(parent.test)
             elif isinstance(parent, cst.Else):
                 owner = self.parent(parent)
                 if isinstance(owner, cst.If):
                     found = self._test_guard(owner.test, negated=True)
-                    if found is not None and found[0] is Guard.OPT_IN:
+                    if found is not None and found[0] & Guard.OPT_IN and not found[0] & Guard.OFF_BY_DEFAULT:
                         found = None  # the `else` of a switch is the default path
+                    # (of `if not args.evolve:`, with the option off by default, it is the opt-in one)
             elif isinstance(parent, cst.ExceptHandler):
                 oom = parent.type is not None and self._oom(parent.type)
                 found = (
@@ -327,6 +340,11 @@ class Control:
                 )
             elif isinstance(parent, (cst.IndentedBlock, cst.Module)):
                 found = self._early_return(parent, cur)
+            elif isinstance(parent, cst.BooleanOperation) and cur is parent.right:
+                # `a and b`: b is evaluated only when a holds (`or`: only when it does not)
+                found = self._test_guard(parent.left, negated=isinstance(parent.operator, cst.Or))
+                if found is not None and found[0] & Guard.OPT_IN and switch is None:
+                    switch = _switch(parent.left)
             if found is not None:
                 if not why:
                     why = found[1]
@@ -371,15 +389,57 @@ class Control:
             return Guard.DEVICE, "it runs only under a device check"
         if negated:
             return None
+        off = self._off_by_default(test)
+        if off is not None:
+            return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when the option `{off}` (off by default) is set"
         if isinstance(test, cst.Attribute) and dotted(test) is not None:
             return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
         return None
 
+    def _off_by_default(self, test: cst.BaseExpression) -> str | None:
+        """The option a test reads when it holds only with the option changed from its default:
+        `args.augment` (a flag off by default), `args.seed is not None` (an option defaulting to None)."""
+        wanted = frozenset(("None", "False"))
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            op, right = test.comparisons[0].operator, test.comparisons[0].comparator
+            if not (isinstance(op, cst.IsNot) and isinstance(right, cst.Name) and right.value == "None"):
+                return None
+            test, wanted = test.left, frozenset(("None",))
+        if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name)):
+            return None
+        defaults = self.options().get(test.attr.value)
+        return dotted(test) if defaults and defaults <= wanted else None
+
+    def options(self) -> dict[str, frozenset[str]]:
+        """The command-line options of the file (`parser.add_argument("--seed", type=int)`) and the
+        fields of its dataclasses (`seed: int = 1`, the options of `tyro.cli(Args)`), each with the
+        defaults it is given: "None", "False" or "other" (a name given twice keeps both)."""
+        if self._options is None:
+            found: dict[str, set[str]] = {}
+            for node in walk(self.rule.ctx.module, cross_scopes=True):
+                for name, default in _declared_options(node):
+                    found.setdefault(name, set()).add(default)
+            self._options = {k: frozenset(v) for k, v in found.items()}
+        return self._options
+
+    def prints_rank_aware(self) -> bool:
+        """The file replaces ``builtins.print`` (`builtins.print = print_pass`, `__builtin__.print =
+        print` in ``setup_for_distributed``): the program itself decides which ranks print."""
+        for node in walk(self.rule.ctx.module, cross_scopes=True):
+            if isinstance(node, cst.Assign) and any(
+                (dotted(t.target) or "") in ("builtins.print", "__builtin__.print", "__builtins__.print")
+                or "builtins.print" in qualified_names(self.rule, t.target)
+                for t in node.targets
+                if isinstance(t.target, cst.Attribute)
+            ):
+                return True
+        return False
+
     def _rank_test(self, test: cst.BaseExpression) -> bool | None:
         """True: the test holds on rank 0 only; False: on every rank but 0; None: not a rank test."""
-        if isinstance(test, (cst.Name, cst.Attribute)) and _last(test) in _MAIN_NAMES:
+        if isinstance(test, (cst.Name, cst.Attribute)) and _lower_last(test) in _MAIN_NAMES:
             return True
-        if isinstance(test, cst.Call) and _last(test.func) in _MAIN_NAMES and not test.args:
+        if isinstance(test, cst.Call) and _lower_last(test.func) in _MAIN_NAMES and not test.args:
             return True
         if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
             return None
@@ -411,7 +471,8 @@ class Control:
     def _is_rank(self, expr: cst.BaseExpression) -> bool:
         if isinstance(expr, cst.Call):
             return not expr.args and _last(expr.func) in _RANK_CALLS
-        return isinstance(expr, (cst.Name, cst.Attribute)) and _last(expr) in _RANK_NAMES
+        # `RANK = int(os.getenv("RANK", -1))` as much as `rank`
+        return isinstance(expr, (cst.Name, cst.Attribute)) and _lower_last(expr) in _RANK_NAMES
 
     def _device_test(self, test: cst.BaseExpression) -> bool:
         if isinstance(test, cst.Call):
@@ -452,6 +513,75 @@ class Control:
 def _last(expr: cst.BaseExpression) -> str | None:
     d = dotted(expr)
     return d.rsplit(".", 1)[-1] if d else None
+
+
+def _lower_last(expr: cst.BaseExpression) -> str:
+    return (_last(expr) or "").lower()
+
+
+def _switch(test: cst.BaseExpression) -> str | None:
+    """The option an opt-in test reads: `args.profile`, `args.seed` of `args.seed is not None`."""
+    if isinstance(test, cst.Comparison):
+        test = test.left
+    return dotted(test)
+
+
+def _literal(expr: cst.BaseExpression | None) -> str:
+    if expr is None or (isinstance(expr, cst.Name) and expr.value == "None"):
+        return "None"
+    if isinstance(expr, cst.Name) and expr.value == "False":
+        return "False"
+    return "other"
+
+
+def _declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
+    """The (option, default) pairs ``node`` declares: an ``add_argument`` call (its `dest`, or its
+    first long flag), or a dataclass's annotated fields with a value."""
+    if isinstance(node, cst.ClassDef):
+        if not any(
+            (dotted(d.decorator if not isinstance(d.decorator, cst.Call) else d.decorator.func) or "").endswith(
+                "dataclass"
+            )
+            for d in node.decorators
+        ):
+            return []
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+        return [
+            (s.target.value, _literal(s.value))
+            for line in body
+            if isinstance(line, cst.SimpleStatementLine)
+            for s in line.body
+            if isinstance(s, cst.AnnAssign) and isinstance(s.target, cst.Name) and s.value is not None
+        ]
+    if not (
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"
+    ):
+        return []
+    kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+    flags: list[str] = []
+    for a in node.args:
+        value = a.value.evaluated_value if a.keyword is None and isinstance(a.value, cst.SimpleString) else None
+        if isinstance(value, str):
+            flags.append(value)
+    dest_node = kw.get("dest")
+    if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
+        dest = dest_node.evaluated_value
+    else:
+        long = [f for f in flags if f.startswith("--")] or [f for f in flags if not f.startswith("-")]
+        if not long:
+            return []
+        dest = long[0].lstrip("-").replace("-", "_")
+    action = kw.get("action")
+    act = action.evaluated_value if isinstance(action, cst.SimpleString) else None
+    required = kw.get("required")
+    if required is not None and not (isinstance(required, cst.Name) and required.value == "False"):
+        return [(dest, "other")]
+    if act in ("store_true", "store_false"):
+        default = _literal(kw["default"]) if "default" in kw else ("False" if act == "store_true" else "other")
+        return [(dest, default)]
+    if action is not None and act not in ("store", "append", "count"):
+        return [(dest, "other")]
+    return [(dest, _literal(kw.get("default")))]
 
 
 def _int(expr: cst.BaseExpression) -> int | None:
@@ -526,7 +656,7 @@ def _first_step(test: cst.BaseExpression) -> bool:
         right = test.comparisons[0].comparator
         if not (isinstance(test.left, cst.Name) and isinstance(right, cst.Integer)):
             return False
-        if test.left.value in _RANK_NAMES:
+        if test.left.value.lower() in _RANK_NAMES:
             return False  # `rank == 0` is a guard, not a first step
         n = int(right.evaluated_value)
         return (

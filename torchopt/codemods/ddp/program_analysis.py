@@ -11,6 +11,7 @@ from typing import Iterable
 import libcst as cst
 from libcst.metadata import Assignment, PositionProvider
 
+from torchopt.analysis.control import Guard, control_of
 from torchopt.analysis.names import bindings_of, dotted, callee, qualified_names
 from torchopt.analysis.file_targets import file_target
 from torchopt.analysis.values import string_value
@@ -449,6 +450,8 @@ class Analysis:
         return False
 
     def under_rank_guard(self, node: cst.CSTNode) -> bool:
+        if Guard.RANK0 in control_of(self.rule).guards(node):  # `if RANK in {-1, 0}:`, an early return
+            return True
         for anc in self.ancestors(node):
             if isinstance(anc, (cst.If, cst.IfExp)) and RANK_WORDS.search(self.module.code_for_node(anc.test)):
                 return True
@@ -585,6 +588,8 @@ def _saved_path(c: cst.Call) -> cst.BaseExpression | None:
 
 def _effect_call(analysis: Analysis, c: cst.Call) -> str | None:
     if isinstance(c.func, cst.Name) and c.func.value == "print" and "print" not in analysis.functions:
+        if control_of(analysis.rule).prints_rank_aware():
+            return None  # the program replaced `builtins.print`: it decides itself which ranks print
         if analysis.q(c.func) in (None, "builtins.print"):
             return "print"
     name = analysis.call_name(c) or ""

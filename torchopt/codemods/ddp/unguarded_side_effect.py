@@ -35,8 +35,10 @@ class RankZeroGuards(Rule):
     `exists` test, `Path.mkdir`; unguarded, every process creates it at once and all but one fail
     with `FileExistsError`), the path computed in between (moved above the `if` when code outside
     the group reads it), and the copy and the log line of the file after it. Statements
-    already under a test that mentions the rank are left alone, and so is anything that could take
-    part in a collective (a DDP forward, `backward()`, `dist.*`, a function of the file).
+    already under a test that mentions the rank (`if RANK in {-1, 0}:` included) are left alone,
+    prints are left alone in a program that replaces `builtins.print` itself (the
+    `setup_for_distributed` idiom: it already decides which ranks print), and so is anything that
+    could take part in a collective (a DDP forward, `backward()`, `dist.*`, a function of the file).
     Only code after the process group is created, or inside functions, is edited.
 
     ## Why is this slow

@@ -7,6 +7,7 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
+from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.arguments import keyword
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.arguments import set_kwarg
@@ -166,6 +167,8 @@ class FactoryThenMove(_FactoryRule):
 
     def _trailing(self, node: cst.Call, inner: cst.Call, meth: str) -> None:
         """``<factory>(...).cuda()`` / ``.to(...)``: create the tensor on the target device instead."""
+        if once_per_process(self, node):
+            return  # a converter's or export's one tensor: the copy cannot matter
         fk = self.factory_of(inner)
         if fk is None:
             return

@@ -11,6 +11,7 @@ from torchopt.analysis.accelerators import ACCELERATOR_TEXT as _ACCEL
 from torchopt.analysis.accelerators import device_flag_default, no_accelerator_named
 from torchopt.analysis.entry_points import ProgramRule
 from torchopt.analysis.names import callee, qualified_names
+from torchopt.analysis.run_once import steady_work
 from torchopt.analysis.step_loops import hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.env import FAMILY
@@ -67,7 +68,9 @@ class CpuLauncherAdvice(ProgramRule):
     defines models (its guard only smoke-tests them: see "Where programs run" in docs/design.md), a
     unit-test module (its guard starts `unittest.main()` or `pytest.main()`), and a script that
     exports a model (`torch.onnx.export`, `torch.jit.save`, `torch.export`) and runs no step loop: a
-    one-off conversion has no steady work whose threads are worth pinning.
+    one-off conversion has no steady work whose threads are worth pinning. Nor is a program with no
+    steady tensor work: no step loop, and no loop that computes on tensors (a data-packing script
+    whose loop only converts batches and writes them out, a download-and-dump script, one SVD).
     Display-only: these are launcher settings, not source changes.
 
     ## Why is this slow
@@ -124,7 +127,8 @@ class CpuLauncherAdvice(ProgramRule):
                 import torch
 
                 def main():
-                    print(torch.ones(2).sum())
+                    for _ in range(100):
+                        print(torch.ones(2).sum())
 
 
                 if __name__ == "__main__":
@@ -142,6 +146,8 @@ class CpuLauncherAdvice(ProgramRule):
                     parser.add_argument("--device", default="cpu", help="cpu or cuda")
                     args = parser.parse_args()
                     x = torch.ones(2, device=args.device)
+                    for _ in range(100):
+                        x = torch.mm(x, x)
 
 
                 if __name__ == "__main__":
@@ -155,6 +161,8 @@ class CpuLauncherAdvice(ProgramRule):
 
                 def main():
                     m = torch.jit.trace(net, x)
+                    for batch in batches:
+                        m(batch)
 
 
                 if __name__ == "__main__":
@@ -283,6 +291,27 @@ class CpuLauncherAdvice(ProgramRule):
             """),
             note="a one-off export, no step loop",
         ),
+        Valid(
+            dedent("""\
+                import numpy as np
+                import torch
+
+
+                def main():
+                    weights = torch.load("ckpt.pt", map_location="cpu")
+                    rows = []
+                    for name, w in weights.items():
+                        rows.append(w)
+                    u, s, v = torch.svd(torch.cat(rows))
+                    for i, image in enumerate(np.load("images.npy")):
+                        print(i, image.shape)
+
+
+                if __name__ == "__main__":
+                    main()
+            """),
+            note="no steady work: the loops only collect and print, the one SVD runs once",
+        ),
     )
 
     def visit_If(self, node: cst.If) -> None:
@@ -299,7 +328,7 @@ class CpuLauncherAdvice(ProgramRule):
         if "torch" not in code:
             return  # not a PyTorch script (e.g. a command-line front end): nothing to tune
         why = cpu_reason(self, self.ctx.module)
-        if why is None or _no_workload(self, node):
+        if why is None or _no_workload(self, node) or not steady_work(self):
             return
         extra = []
         if "jit.trace" in code:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from textwrap import dedent
+
 import libcst as cst
+
+from torchopt.analysis.control import Guard, control_of
+from torchopt.analysis.run_once import once_per_process
 
 from torchopt.codemods.flags import FAMILY
 from torchopt.codemods.flags.program_flags import determinism_possible
@@ -18,7 +23,10 @@ class DeterminismSwitch(Rule):
     Reports the switches that make CUDA results reproducible at a cost in speed:
     `torch.backends.cudnn.deterministic = True`, `torch.use_deterministic_algorithms(True)` and the
     `CUBLAS_WORKSPACE_CONFIG` environment variable (the first two when set to a literal `True`).
-    Display-only: they are never removed.
+    Display-only: they are never removed. A switch set only under a command-line option that is off
+    by default (`if args.seed is not None:` with `--seed` defaulting to `None`, a `store_true` flag)
+    is not reported: there the user asked for reproducibility. Nor is one in the module-level code of
+    a program that runs no step (a model file's `__main__` shape check, a converter).
 
     ## Why is this slow
     Deterministic mode restricts cuDNN to deterministic convolution algorithms (often not the
@@ -72,6 +80,20 @@ class DeterminismSwitch(Rule):
         ),
         Valid("class Cfg:\n    pass\n\ncfg = Cfg()\ncfg.deterministic = True\n", runnable=True),
         Valid(
+            dedent("""\
+                import argparse
+                import torch
+
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--seed", type=int, default=None)
+                args = parser.parse_args()
+                if args.seed is not None:
+                    torch.manual_seed(args.seed)
+                    torch.backends.cudnn.deterministic = True
+            """),
+            note="only when the user passes `--seed`, off by default",
+        ),
+        Valid(
             "import torch\n\ndef restore(previous):\n    torch.use_deterministic_algorithms(previous)\n",
             note="only literal `True` is reported: a variable may hold either",
         ),
@@ -79,4 +101,8 @@ class DeterminismSwitch(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         for sw in program(self).determinism:
+            if Guard.OFF_BY_DEFAULT in control_of(self).guards(sw.node):
+                continue  # set only when the user turns on an option, e.g. `--seed`: reproducibility asked for
+            if once_per_process(self, sw.node):
+                continue  # a program that runs no step (a model file's shape check): nothing to slow down
             self.report(sw.node, fmt={"what": sw.what})

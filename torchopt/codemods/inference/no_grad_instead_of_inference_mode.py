@@ -7,6 +7,7 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.lifecycle import lifecycle_of
+from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import torch_ref
 from torchopt.analysis.syntax import source
@@ -258,6 +259,8 @@ class NoGradInPureInference(EvalRule):
                 continue
             if isinstance(owner, cst.FunctionDef) and not self.calls_to(owner.name.value):
                 continue
+            if once_per_process(self, owner):
+                continue  # one forward of a program that runs no step: nothing to pay back
             if not self._escapes_ok(owner):
                 continue
             if lifecycle_of(self).builds_or_loads(owner):
