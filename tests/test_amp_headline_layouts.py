@@ -76,7 +76,8 @@ def test_globals_at_module_level_after_argparse_style_setup():
     assert "    scaler.scale(loss).backward()\n" in after
     # A call of the step function before the optimizer exists: the scaler would not exist either.
     [d] = _top202(_GLOBALS.format(early="train()\n"))
-    assert d.fix is None and "created after the training loop starts" in d.message
+    assert d.fix is None and "must follow `optimizer = torch.optim.SGD(" in d.message
+    assert "not every call of `train` is known to run after it" in d.message
 
 
 # ----------------------------------------------------------------------------- statements in the region

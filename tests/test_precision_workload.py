@@ -41,6 +41,7 @@ import torch.nn as nn
 def make_net():
     net = nn.Sequential(nn.Conv2d(3, 64, 3), nn.BatchNorm2d(64), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
     net = net.half().cuda()
+    net = net.to(memory_format=torch.channels_last)
     for mod in net.modules():
         if isinstance(mod, nn.BatchNorm2d):
             mod.float()
@@ -167,6 +168,46 @@ def test_opt_in_half_refusal_names_the_switch():
     assert found and all("args.half" in m and "opt-in" in m for _, m in found), found
 
 
+# The same, the step in a function the caller hands the model and optimizer to.
+OPT_IN_HALF_REMOTE = """\
+import argparse
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--half", action="store_true")
+
+
+def main():
+    args = parser.parse_args()
+    model = nn.Linear(64, 64).cuda()
+    criterion = nn.CrossEntropyLoss().cuda()
+    if args.half:
+        model.half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        train(model, criterion, optimizer)
+
+
+def train(model, criterion, optimizer):
+    for x, y in [(torch.randn(8, 64).cuda(), torch.zeros(8, dtype=torch.long).cuda())]:
+        output = model(x)
+        loss = criterion(output, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_opt_in_half_refusal_names_the_switch_in_a_called_step():
+    found = _found(OPT_IN_HALF_REMOTE, "TOP202")
+    assert found and all("args.half" in m and "opt-in" in m for _, m in found), found
+
+
 def test_environment_bound_small_policy():
     w = workload_of(_rule(DQN))
     assert w.small_mlp and w.environment_bound and max(w.widths) == 120
@@ -183,3 +224,80 @@ def test_wide_or_env_free_models_keep_their_advice():
     no_env = DQN.replace("envs.step(actions)", "(obs, 0.0, None, None, None)")
     assert not workload_of(_rule(no_env)).environment_bound
     assert [c for c, _ in _found(no_env, "TOP302")] == ["TOP302", "TOP302"]
+
+
+# The optimizer is rebound under a switch in `main`, then handed to `train` as a parameter.
+REBOUND_OPTIMIZER = """\
+import argparse
+import torch
+import torch.nn as nn
+from lars import LARC
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lars", action="store_true")
+
+
+def main():
+    args = parser.parse_args()
+    model = nn.Linear(64, 10).cuda()
+    criterion = nn.CrossEntropyLoss().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.lars:
+        optimizer = LARC(optimizer=optimizer)
+    for epoch in range(3):
+        train(model, criterion, optimizer)
+
+
+def train(model, criterion, optimizer):
+    for x, y in [(torch.randn(8, 64).cuda(), torch.zeros(8, dtype=torch.long).cuda())]:
+        output = model(x)
+        loss = criterion(output, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_optimizer_handed_as_parameter_is_said_so():
+    found = _found(REBOUND_OPTIMIZER, "TOP202")
+    assert found, found
+    for _, m in found:
+        assert "handed to the step's function as a parameter" in m and "neither a parameter" not in m, m
+
+
+# DataParallel trained over loaders another module builds, through `tqdm(loaders[0])`.
+IMPORTED_LOADERS = """\
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+import utils
+import train_fns
+
+
+def run(config):
+    G = nn.Linear(128, 128).cuda()
+    GD = nn.DataParallel(G)
+    optim = torch.optim.Adam(G.parameters())
+    loaders = utils.get_data_loaders(**config)
+    train = train_fns.training_function(GD, optim)
+    for epoch in range(config["epochs"]):
+        pbar = tqdm(loaders[0])
+        for i, (x, y) in enumerate(pbar):
+            x, y = x.cuda(), y.cuda()
+            metrics = train(x, y)
+
+
+if __name__ == "__main__":
+    run({"epochs": 2})
+"""
+
+
+def test_data_parallel_refusal_names_the_loop_it_cannot_read():
+    [(code, message)] = _found(IMPORTED_LOADERS, "TOP401")
+    assert "the loop over `enumerate(pbar)` (line 17)" in message
+    assert "no training loop over a `DataLoader` was found" not in message

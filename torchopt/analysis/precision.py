@@ -96,8 +96,13 @@ def _is_model(program: Program, expr: cst.BaseExpression, at: cst.CSTNode) -> bo
     role = program.role_of(expr, at)
     if role is not None:
         return role.kind == "model"
-    if isinstance(expr, cst.Name):  # `net = net.half()`: what reaches this read (not the rebinding)
-        values = [v for v in reaching_values(program.rule, expr) or [] if v is None or not _holds(v, at)]
+    if isinstance(expr, cst.Name):  # `net = Net(); net = net.half()`: what the name is bound to, rebindings aside
+        values = [
+            v
+            for v in reaching_values(program.rule, expr) or []
+            if v is None
+            or not (_holds(v, at) or dotted(_receiver(v)) == expr.value)  # `net = net.to(...)`: the same object
+        ]
         return bool(values) and all(v is not None and _is_model(program, v, v) for v in values)
     return False
 

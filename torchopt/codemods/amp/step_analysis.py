@@ -35,7 +35,7 @@ from torchopt.codemods.amp.autocast_insertion import (
     method_receiver,
 )
 from torchopt.codemods.amp.upcasts import check_unpacked, is_store
-from torchopt.analysis.precision import precision_of
+from torchopt.codemods.amp.program_gate import half_cast_reason
 
 
 @dataclass
@@ -536,21 +536,7 @@ def _refuse_unsupported(
         )
     half = fmodels & analysis.khalf
     if half:
-        name = sorted(half)[0][0]
-        switch = [c.condition for c in precision_of(analysis.rule).opt_in() if c.model == name]
-        if switch and switch[0] is not None:  # float32 by default: say so, never "pure low-precision"
-            test = " ".join(analysis.module.code_for_node(switch[0].test).split())
-            raise Refusal(
-                first_back,
-                f"`{name}` is cast to float16/bfloat16 only `if {test}:` (an opt-in switch; started plainly "
-                "the model is float32), and autocast must not be combined with that cast: make the "
-                "autocast and the cast exclusive under the same switch",
-            )
-        raise Refusal(
-            first_back,
-            f"`{name}` is cast to float16/bfloat16 (pure low-precision "
-            "training): autocast must not be combined with `.half()`",
-        )
+        raise Refusal(first_back, half_cast_reason(analysis.rule, sorted(half)[0][0]))
 
 
 def _regions(
