@@ -301,3 +301,31 @@ def test_data_parallel_refusal_names_the_loop_it_cannot_read():
     [(code, message)] = _found(IMPORTED_LOADERS, "TOP401")
     assert "the loop over `enumerate(pbar)` (line 17)" in message
     assert "no training loop over a `DataLoader` was found" not in message
+
+
+# An inference loop in a function, its model built under the main guard below it; no optimizer.
+INFERENCE_BELOW = """\
+import torch
+import torch.nn as nn
+
+
+@torch.no_grad()
+def extract(loader, net, device):
+    feats = []
+    for img in loader:
+        img = img.to(device)
+        out = net(img).flatten(1)
+        feats.append(out.cpu())
+    return feats
+
+
+if __name__ == "__main__":
+    device = torch.device("cuda")
+    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()).eval().to(device)
+    extract([torch.randn(2, 3, 8, 8)], net, device)
+"""
+
+
+def test_inference_refusal_names_what_the_set_up_must_follow():
+    found = [m for c, m in _found(INFERENCE_BELOW, "TOP205")]
+    assert found and all("optimizer" not in m and "must follow `net = nn.Sequential(" in m for m in found), found

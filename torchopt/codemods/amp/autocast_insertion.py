@@ -659,12 +659,14 @@ class _AmpBase(Rule):
             fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) and globals_follow else None
             if fn is None or not calls_follow(program_of(self), fn, anchor, analysis.pos):
                 what = " ".join(analysis.module.code_for_node(anchor).split())[:60]
-                calls = f", and not every call of `{fn.qualname}` is known to run after it" if fn is not None else ""
-                raise Refusal(
-                    node,
-                    f"the set-up must follow `{what}` (line {analysis.pos(anchor)[0]}), which comes after the "
-                    f"loop starts{calls}",
-                )
+                lf = program_of(self).function_of(loop) if isinstance(owner, cst.Module) else None
+                if lf is None:
+                    after = "which runs after the loop starts"
+                elif fn is not None:
+                    after = f"below `{lf.qualname}`, and not every call of `{lf.qualname}` is known to run after it"
+                else:
+                    after = f"below `{lf.qualname}`, whose calls this rule does not follow"
+                raise Refusal(node, f"the set-up must follow `{what}` (line {analysis.pos(anchor)[0]}), {after}")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:
