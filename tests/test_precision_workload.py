@@ -329,3 +329,31 @@ if __name__ == "__main__":
 def test_inference_refusal_names_what_the_set_up_must_follow():
     found = [m for c, m in _found(INFERENCE_BELOW, "TOP205")]
     assert found and all("optimizer" not in m and "must follow `net = nn.Sequential(" in m for m in found), found
+
+
+# PPO: each iteration runs a rollout loop of environment steps, then the update epochs.
+PPO = """\
+import gymnasium as gym
+import torch
+import torch.nn as nn
+
+if __name__ == "__main__":
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    agent = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2)).cuda()
+    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4)
+    obs, _ = envs.reset()
+    for iteration in range(100):
+        for step in range(128):
+            logits = agent(torch.Tensor(obs).cuda())
+            obs, reward, term, trunc, info = envs.step(logits.argmax(1).cpu().numpy())
+        for epoch in range(4):
+            loss = agent(torch.Tensor(obs).cuda()).logsumexp(1).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+"""
+
+
+def test_rollout_loop_makes_the_update_environment_bound():
+    assert workload_of(_rule(PPO)).environment_bound
+    assert _found(PPO, "TOP202") == []

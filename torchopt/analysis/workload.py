@@ -5,7 +5,8 @@ Public API:
 
 * ``workload_of(rule) -> Workload`` (built once per parsed module).
 * ``Workload.env_steps``: the training steps (``Program.steps``) whose loop, or a loop around it, also
-  steps an environment made by ``gym``/``gymnasium`` (``envs.step(actions)`` in the same iteration).
+  steps an environment made by ``gym``/``gymnasium`` (``envs.step(actions)`` in the same iteration,
+  or in a rollout loop that iteration runs).
 * ``Workload.widths``: every size of the file's ``torch.nn.Linear`` layers that is an integer literal;
   ``Workload.small_mlp``: the file's layers are all ``nn.Linear`` (no convolution, recurrent or
   attention layer), each with at least one literal size, and none of those above ``SMALL_WIDTH``;
@@ -65,7 +66,11 @@ def _walk(node: cst.CSTNode, into_loops: bool):
 
 
 def _steps_env(loop: cst.For | cst.While, envs: set[str]) -> bool:
-    for n in _walk(loop.body, into_loops=False):
+    """The loop's iteration steps an environment, itself or in a loop it runs (a PPO rollout loop
+    before the update epochs)."""
+    for n in _walk(loop.body, into_loops=True):
+        if isinstance(n, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
         if (
             isinstance(n, cst.Call)
             and isinstance(n.func, cst.Attribute)
