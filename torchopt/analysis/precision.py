@@ -8,8 +8,8 @@ Public API:
 
 * ``precision_of(rule) -> Precision`` (built once per parsed module).
 * ``Precision.kind``: ``"mixed"`` (the file enters ``torch.autocast`` or builds a GradScaler),
-  ``"half"`` (a model is cast to float16/bfloat16 unconditionally: ``model.half()``,
-  ``model.to(torch.bfloat16)``), ``"float32"`` (the file builds a model and casts none of them
+  ``"half"`` (every model the file binds to a name is cast to float16/bfloat16 unconditionally in
+  the function that builds it: ``model.half()``, ``model.to(torch.bfloat16)``), ``"float32"`` (the file builds a model and casts none of them
   unconditionally), ``"unknown"`` (no model of the file is seen).
 * ``Precision.casts``: every cast of a model to float16/bfloat16, each with the ``if`` that guards
   it (``Cast.condition``; None: unconditional).
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from torchopt.analysis.names import callee, dotted, reaching_values
-from torchopt.analysis.program import Program, program_of
+from torchopt.analysis.program import MODULE_WRAPPERS, Program, program_of
 from torchopt.analysis.project_summary import AUTOCASTS
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import dtype_of
@@ -132,6 +132,37 @@ def _restores(nodes: list[cst.CSTNode]) -> bool:
     return False
 
 
+def _uncast_models(program: Program, casts: list[Cast]) -> bool:
+    """A model of the program, bound to a plain name, that no unconditional cast of its function makes
+    half (a second, float32 program beside a half one: `model` in `finetune` next to a module-level half one)."""
+    cast = {(_fn(program, c.call), c.model) for c in casts if c.condition is None}
+    for role in program.roles("model"):
+        name = role.path[0] if role.path else ""
+        if not name or "." in name:
+            continue  # `self.conv1`: a layer of a module class
+        origin = role.origin
+        if isinstance(origin, cst.Call) and callee(program.rule, origin) in MODULE_WRAPPERS:
+            continue  # `nn.DataParallel(model)`: the wrapped model counts
+        if (_fn(program, origin), name) not in cast:
+            return True
+    return False
+
+
+def _bound_to(program: Program, call: cst.Call) -> str:
+    """``model`` for the cast in ``model = nn.Linear(4, 2).to(device).half()``."""
+    cur = program.parent(call)
+    while isinstance(cur, (cst.Call, cst.Attribute)):
+        cur = program.parent(cur)
+    if isinstance(cur, cst.Assign) and len(cur.targets) == 1:
+        return dotted(cur.targets[0].target) or ""
+    return ""
+
+
+def _fn(program: Program, node: cst.CSTNode) -> str:
+    f = program.function_of(node)
+    return f.qualname if f is not None else "<module>"
+
+
 def _build(rule: Rule) -> Precision:
     program = program_of(rule)
     nodes = program.nodes
@@ -141,10 +172,10 @@ def _build(rule: Rule) -> Precision:
         if isinstance(n, cst.Call) and _half_cast(rule, n):
             recv = _receiver(cst.ensure_type(n.func, cst.Attribute).value)
             if _is_model(program, recv, n):
-                casts.append(Cast(n, dotted(recv) or "", _condition(program, n)))
+                casts.append(Cast(n, dotted(recv) or _bound_to(program, n), _condition(program, n)))
     if mixed:
         kind = "mixed"
-    elif any(c.condition is None for c in casts):
+    elif any(c.condition is None for c in casts) and not _uncast_models(program, casts):
         kind = "half"
     elif program.roles("model"):
         kind = "float32"
