@@ -76,7 +76,8 @@ def test_globals_at_module_level_after_argparse_style_setup():
     assert "    scaler.scale(loss).backward()\n" in after
     # A call of the step function before the optimizer exists: the scaler would not exist either.
     [d] = _top202(_GLOBALS.format(early="train()\n"))
-    assert d.fix is None and "created after the training loop starts" in d.message
+    assert d.fix is None and "must follow `optimizer = torch.optim.SGD(" in d.message
+    assert "not every call of `train` is known to run after it" in d.message
 
 
 # ----------------------------------------------------------------------------- statements in the region
@@ -263,7 +264,7 @@ def test_step_imported_from_another_module_says_where_it_is():
 
 def test_half_where_the_model_is_created_refuses_the_function_it_is_passed_to():
     """`model.half()` under a flag in `main()` reaches `train(model, ...)`: autocast on a half model
-    would be pure float16 training under autocast."""
+    would be pure float16 training under autocast; the flag is opt-in, and the reason says so."""
     src = (
         "import torch\nimport torch.nn as nn\n\n\ndef train(loader, model, criterion, optimizer):\n"
         "    for x, y in loader:\n        x, y = x.cuda(), y.cuda()\n        out = model(x)\n"
@@ -274,7 +275,10 @@ def test_half_where_the_model_is_created_refuses_the_function_it_is_passed_to():
         "        train(loader, model, criterion, optimizer)\n"
     )
     [d] = _top202(src)
-    assert d.fix is None and "`model` is cast to float16/bfloat16 where it is created" in d.message
+    assert d.fix is None and "`model` is cast to float16/bfloat16 only `if half:` (an opt-in switch" in d.message
+    assert "pure low-precision" not in d.message
+    # Cast unconditionally where it is created: the program trains in half precision by hand, no float32 step.
+    assert _top202(src.replace("    if half:\n        model.half()\n", "    model.half()\n")) == []
 
 
 # ----------------------------------------------------------------------------- devices and parameter-free modules

@@ -246,8 +246,10 @@ def test_refusals_are_display_only(body, reason):
 
 def test_half_model_refused():
     src = _H.replace(".to(device)", ".to(device).half()") + _LOOP
-    diags = [d for d in check_source(src, TOP2).diagnostics if d.code == "TOP202"]
-    assert diags and diags[0].fix is None and "pure low-precision training" in diags[0].message
+    # Cast unconditionally: the program trains in half precision by hand (analysis/precision.py), so
+    # TOP202 has no float32 step to rewrite; TOP204 is the finding that speaks about it.
+    found = check_source(src, TOP2).diagnostics
+    assert [d.code for d in found if d.code in ("TOP202", "TOP204")] == ["TOP204"], found
     assert _fix(src) == src
 
 

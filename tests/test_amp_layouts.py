@@ -128,7 +128,7 @@ def test_default_parameters_refused_with_the_true_reason():
     assert fix_source(src, TOP2, "t.py", unsafe=True).text == src
     [msg] = _messages(src)
     assert "`train` has default or variadic parameters" in msg
-    assert "created after the training loop starts" not in msg
+    assert "the set-up must follow" not in msg
 
 
 def test_conditional_step_without_accumulation_says_so():

@@ -66,7 +66,10 @@ def test_opt_in_still_honours_ignore():
             ),
             "dim=",
         ),
-        (lambda s: s.replace("for x, y in loader:", "for x, y in batches:"), "no training loop"),
+        (
+            lambda s: s.replace("for x, y in loader:", "for x, y in batches:"),
+            "iterates no `DataLoader` this file builds",
+        ),
     ],
 )
 def test_top401_refuses_with_a_reason(edit, reason):

@@ -616,11 +616,12 @@ class _AmpBase(Rule):
         loop: cst.CSTNode,
         scaler: bool,
         node: cst.CSTNode,
-        globals_follow: bool = False,
+        globals_follow: bool | None = None,
     ):
         """Names, setup statements and the statement to insert them after; raises Refusal. With
         ``globals_follow`` a step function that reads the optimizer as a module global built below it
-        is accepted when every call of the function runs after that point (setup_order)."""
+        is accepted when every call of the function runs after that point (setup_order); False: the step
+        reads it as a parameter a call of its function passes (None: not said)."""
         ref = torch_ref(self)
         if ref is None:
             raise Refusal(node, "`torch` is bound to something else in this file")
@@ -644,17 +645,28 @@ class _AmpBase(Rule):
         owner = analysis.scope_owner(anchor)
         if not (isinstance(owner, cst.Module) or owner is anchor_scope):
             where = f"`{owner.name.value}`" if isinstance(owner, (cst.FunctionDef, cst.ClassDef)) else "another scope"
-            raise Refusal(
-                node,
-                f"the optimizer is created in {where}, and this file does not show how it "
-                "reaches the step's function (neither a parameter every caller fills nor an attribute)",
+            how = (
+                "is handed to the step's function as a parameter, but which optimizer that is stays unknown "
+                "(a name bound more than once, or calls that pass different ones): no GradScaler can be set up beside it"
+                if globals_follow is False  # the step reads the optimizer as a parameter
+                else "this file does not show how it reaches the step's function (neither a parameter every "
+                "caller fills nor an attribute)"
             )
+            raise Refusal(node, f"the optimizer is created in {where}, and {how}")
         if analysis.pos(anchor) >= analysis.pos(loop) and (
             isinstance(owner, cst.Module) or analysis.scope_owner(loop) is owner
         ):
             fn = program_of(self).function_of(loop) if isinstance(owner, cst.Module) and globals_follow else None
             if fn is None or not calls_follow(program_of(self), fn, anchor, analysis.pos):
-                raise Refusal(node, "the optimizer (or device) is created after the training loop starts")
+                what = " ".join(analysis.module.code_for_node(anchor).split())[:60]
+                lf = program_of(self).function_of(loop) if isinstance(owner, cst.Module) else None
+                if lf is None:
+                    after = "which runs after the loop starts"
+                elif fn is not None:
+                    after = f"below `{lf.qualname}`, and not every call of `{lf.qualname}` is known to run after it"
+                else:
+                    after = f"below `{lf.qualname}`, whose calls this rule does not follow"
+                raise Refusal(node, f"the set-up must follow `{what}` (line {analysis.pos(anchor)[0]}), {after}")
         taken = set(analysis.names)
         names = {k: fresh_name(taken, k) for k in ("amp_device_type", "amp_dtype")}
         if scaler:

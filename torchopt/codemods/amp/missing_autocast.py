@@ -7,7 +7,6 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.program import program_of
 from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
 from torchopt.codemods.amp import FAMILY
@@ -15,6 +14,7 @@ from torchopt.codemods.amp import prechecks
 from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, _AmpBase, _Analysis, wrap_region
 from torchopt.codemods.amp.step_analysis import StepPlan, _loop_sites, _site_key, analyse_step
 from torchopt.codemods.amp.foreign_wrappers import foreign_wrapper_steps
+from torchopt.codemods.amp.program_gate import GATE_EXAMPLES, no_float32_step
 from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
 from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
@@ -88,8 +88,8 @@ class MissingAutocast(_AmpBase):
     parameters updated by hand) for a model wrapped in `nn.DataParallel`: its replica threads
     enter autocast with the caller's on/off state but CUDA's default dtype, float16, so the default
     float16 rewrite reaches them and a bfloat16 one would not (convert to DDP, TOP401, or decorate
-    `forward` with `@torch.autocast(...)`). A step already under autocast or using a scaler is not
-    flagged.
+    `forward` with `@torch.autocast(...)`). A step already under autocast or using a scaler is not flagged, nor a
+    program trained in half precision by hand, nor an MLP policy (<= 256 features) between `gym` environment steps.
     Option `dtype` (`[tool.torchopt.rules.TOP202]`): `"float16"` (default) or `"bfloat16"`
     (autocast only, no scaler). TOP203 is the same check for autocast that already exists.
 
@@ -666,11 +666,11 @@ class MissingAutocast(_AmpBase):
             """),
             note="a program that never selects an accelerator: it trains on the CPU, where this step is no float16 step",
         ),
-    )
+    ) + GATE_EXAMPLES
 
     def visit_Module(self, node: cst.Module) -> None:
-        if self.option("dtype") != "bfloat16" and host_program(self) is not None:
-            return  # nothing of this program reaches an accelerator: no float16 step to make
+        if no_float32_step(self):
+            return  # a CPU program, half precision by hand, or an environment-bound small policy
         a = _Analysis(self)
         program = program_of(self)
         remote = remote_sites(a, program)

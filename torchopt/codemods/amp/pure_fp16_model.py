@@ -10,6 +10,7 @@ from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import reaching_values
 from torchopt.analysis.names import torch_name
+from torchopt.analysis.precision import precision_of
 from torchopt.analysis.syntax import source
 from torchopt.analysis.values import dtype_of
 from torchopt.codemods.amp import FAMILY
@@ -30,7 +31,9 @@ class PureFp16Model(Rule):
     Only `nn.Module`s count: a name bound to a `torch.nn` module constructor or to a class of the
     file whose bases resolve to `torch.nn.Module`, or whose `.parameters()` are given to an
     optimizer in the same file. Tensors are never flagged, nor are inference-only files (a pure
-    fp16 model is a fine way to serve).
+    fp16 model is a fine way to serve), nor a program that puts modules of the half model back
+    to float32 (`for m in net.modules(): if isinstance(m, BatchNorm): m.float()`): it manages
+    each module's precision by hand, deliberately.
 
     ## Why is this slow
     It is fast but it trains badly, and fixing that by hand costs more than AMP. With fp16
@@ -134,6 +137,12 @@ class PureFp16Model(Rule):
             "import torch\n\n\ndef train(model, batch):\n    batch = batch.half()\n    model(batch).sum().backward()\n",
             note="`batch` is not known to be a module",
         ),
+        Valid(
+            "import torch\nimport torch.nn as nn\n\nnet = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)).half()\n"
+            "for m in net.modules():\n    if isinstance(m, nn.BatchNorm1d):\n        m.float()\n"
+            "opt = torch.optim.SGD(net.parameters(), lr=0.1)\n",
+            note="norm layers put back to float32: a precision scheme managed by hand",
+        ),
     )
 
     def __init__(self, ctx) -> None:
@@ -188,8 +197,8 @@ class PureFp16Model(Rule):
         if not self._casts:
             return
         self._resolve_calls()
-        if not self._trains:
-            return
+        if not self._trains or precision_of(self).restored:
+            return  # a restored module: the program manages each module's precision by hand, on purpose
         for call in self._casts:
             if not self._is_fp16_cast(call):
                 continue

@@ -20,6 +20,7 @@ from torchopt.analysis.statement_edits import Edits, Refusal, body_list, fresh_n
 from torchopt.codemods.amp.autocast_insertion import _Analysis, amp_setup_lines
 from torchopt.codemods.amp.step_analysis import StepPlan, StepSite
 from torchopt.codemods.amp.module_kinds import parameter_free
+from torchopt.codemods.amp.program_gate import half_cast_reason
 from torchopt.rewrite.metadata import children_of
 from torchopt.rewrite.rule import Rule
 
@@ -76,11 +77,7 @@ def check_remote_models(analysis: _Analysis, program: Program, plan: StepPlan, b
             if k is None:
                 continue
             if k in analysis.khalf:
-                raise Refusal(
-                    plan.anchor_node,
-                    f"`{k[0]}` is cast to float16/bfloat16 where it is created (pure low-precision "
-                    "training): autocast must not be combined with `.half()`",
-                )
+                raise Refusal(plan.anchor_node, half_cast_reason(analysis.rule, k[0], " where it is created"))
             if k in analysis.kdata_parallel and (bfloat16 or plan.manual_update is not None):
                 raise Refusal(
                     plan.anchor_node,

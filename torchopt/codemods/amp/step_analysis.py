@@ -35,6 +35,7 @@ from torchopt.codemods.amp.autocast_insertion import (
     method_receiver,
 )
 from torchopt.codemods.amp.upcasts import check_unpacked, is_store
+from torchopt.codemods.amp.program_gate import half_cast_reason
 
 
 @dataclass
@@ -535,11 +536,7 @@ def _refuse_unsupported(
         )
     half = fmodels & analysis.khalf
     if half:
-        raise Refusal(
-            first_back,
-            f"`{sorted(half)[0][0]}` is cast to float16/bfloat16 (pure low-precision "
-            "training): autocast must not be combined with `.half()`",
-        )
+        raise Refusal(first_back, half_cast_reason(analysis.rule, sorted(half)[0][0]))
 
 
 def _regions(

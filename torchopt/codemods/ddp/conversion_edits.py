@@ -514,6 +514,13 @@ def convert(
     scope = _setup_scope(analysis, [w[0] for w in wraps])
     loops = analysis.training_loops()
     if not loops:
+        other = analysis.unknown_data_loop()
+        if other is not None:  # a loop exists; what it iterates is not known here: say which fact is missing
+            raise Refusal(
+                node,
+                f"the loop over `{other[1]}` (line {analysis.pos(other[0])[0]}) iterates no `DataLoader` "
+                "this file builds, so which loader to shard across processes is not known here",
+            )
         raise Refusal(
             node, "no training loop over a `DataLoader` was found, so the data could not be sharded across processes"
         )

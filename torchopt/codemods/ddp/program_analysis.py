@@ -345,6 +345,26 @@ class Analysis:
                 return self.loader_of_iter(it.args[0].value, names)
         return None
 
+    def unknown_data_loop(self) -> tuple[cst.For, str] | None:
+        """The first loop over data that is no DataLoader this file builds (``for i, (x, y) in
+        enumerate(pbar)`` with ``pbar = tqdm(loaders[0])`` from another module): what it iterates is
+        unknown here, so a refusal must not say that no loader loop exists."""
+        for n in walk(self.module, True):
+            if not isinstance(n, cst.For) or not isinstance(n.target, cst.Tuple):
+                continue  # batches unpack (`x, y`, `i, (x, y)`); `for k in keys` is no data loop
+            it = n.iter
+            while isinstance(it, cst.Call) and (dotted(it.func) or "").rsplit(".", 1)[-1] in (
+                "enumerate",
+                "tqdm",
+                "iter",
+            ):
+                if not it.args or it.args[0].star:
+                    break
+                it = it.args[0].value
+            if isinstance(it, (cst.Name, cst.Subscript, cst.Attribute)) and dotted(it) not in self.loaders:
+                return n, " ".join(self.module.code_for_node(n.iter).split())
+        return None
+
     def training_loops(self) -> list[Loop]:
         """Loops over a data loader whose body runs `backward()`, directly or in a function of the file
         that the loader is passed to."""

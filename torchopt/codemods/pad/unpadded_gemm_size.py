@@ -9,6 +9,7 @@ import libcst as cst
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.syntax import walk
+from torchopt.analysis.workload import workload_of
 from torchopt.codemods.pad import FAMILY
 from torchopt.codemods.pad.sizes import OPTION_MULTIPLE
 from torchopt.codemods.pad.sizes import arg
@@ -82,6 +83,11 @@ class PadGemmDims(Rule):
     (`x = F.relu(self.fc1(x))`, `x = self.fc2(x)`): each intermediate value is bound to a name that
     exactly one later statement of the same straight-line body reads before binding it again, so
     the hidden features are seen nowhere else (not returned, not read on a branch or twice).
+
+    Not reported in a file whose every training step steps a `gym`/`gymnasium` environment in the
+    same iteration and whose layers are all `nn.Linear` of at most 256 features (a reinforcement
+    learning policy): the environment dominates the iteration, and GEMMs that small gain nothing
+    from padding.
 
     ## Fix safety
     Unsafe, tags semantics, rng and tolerance. With the original weights in the leading rows and
@@ -386,6 +392,26 @@ class PadGemmDims(Rule):
             """),
             note="convolutions are not reported",
         ),
+        Valid(
+            dedent("""\
+                import gymnasium as gym
+                import torch
+                import torch.nn as nn
+
+                env = gym.make("CartPole-v1")
+                q = nn.Sequential(nn.Linear(4, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 2))
+                opt = torch.optim.Adam(q.parameters())
+                obs, _ = env.reset()
+                for step in range(1000):
+                    action = q(torch.tensor(obs)).argmax().item()
+                    obs, reward, done, trunc, _ = env.step(action)
+                    loss = (q(torch.tensor(obs)).max() - reward) ** 2
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="a small MLP policy trained between environment steps: padding cannot pay",
+        ),
         Invalid(
             dedent("""\
                 import torch
@@ -437,6 +463,7 @@ class PadGemmDims(Rule):
         self._vocab_keys: set[str] | None = None
         self._subscripted: set[str] | None = None
         self._module_pairs = ModulePairs(self, self._multiple)
+        self._environment_bound: bool | None = None
 
     def visit_Call(self, node: cst.Call) -> None:
         name = last_name(node.func)
@@ -447,6 +474,10 @@ class PadGemmDims(Rule):
             return
         if not any(a is not None and maybe_int(self, a.value) for a in (arg(node, i, n) for n, i in LAYERS[name])):
             return  # no size can be known: skip the name resolution
+        if self._environment_bound is None:
+            self._environment_bound = workload_of(self).environment_bound
+        if self._environment_bound:
+            return  # a small MLP trained between environment steps: padding cannot pay
         cls = nn_class(self, node, _LAYER_NAMES)
         if cls not in LAYERS:
             return
