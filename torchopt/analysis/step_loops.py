@@ -32,7 +32,7 @@ from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
-from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS, optimizer_step
 
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 LOOPS = (cst.For, cst.While)
@@ -155,6 +155,17 @@ def is_backward(c: cst.Call) -> bool:
     return d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward"))
 
 
+def is_optimizer_step(c: cst.Call) -> bool:
+    """``optimizer.step()`` / ``scaler.step(optimizer)`` (by the optimizer's name): one parameter
+    update, so the loop that runs it directly is a training step loop even when its backward passes
+    run in a nested loop (gradient accumulation over micro-batches, sub-divided batches)."""
+    f = c.func
+    if not isinstance(f, cst.Attribute) or f.attr.value != "step":
+        return False
+    args = [dotted(a.value) for a in c.args[:1] if a.keyword is None]
+    return optimizer_step(f.attr.value, dotted(f.value), args)
+
+
 @dataclass(frozen=True, eq=False)
 class HotLoop:
     """One step loop (one object per loop, so equal only to itself)."""
@@ -217,7 +228,7 @@ class HotMap:
                 node = cast("cst.For | cst.While", n)  # (the exact-type test above)
                 ev = self._loop_events(node)
                 if ev:
-                    kind = "training" if "backward" in ev else "forward-pass"
+                    kind = "training" if ev & {"backward", "step"} else "forward-pass"
                     self.step_loops[id(n)] = HotLoop(node, kind, self)
         for loop in self.step_loops.values():  # found in pre-order: by position in the file
             self._spread(loop.node.body, loop, set())
@@ -291,7 +302,7 @@ class HotMap:
 
         def hit(body: cst.CSTNode, depth: int) -> bool:
             for c in calls_in(body):
-                if is_backward(c):
+                if is_backward(c) or is_optimizer_step(c):
                     return True
                 d = dotted(c.func)
                 if d is None:
@@ -463,6 +474,8 @@ class HotMap:
         for c in calls_in(body, into_loops=False):
             if is_backward(c):
                 ev.add("backward")
+            elif is_optimizer_step(c):
+                ev.add("step")
             elif self.is_module_call(c):
                 ev.add("forward")
             for fn, _ in self.resolve(c, cls):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_right
 import ast as _ast
 
-from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS, optimizer_step
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES
 from torchopt.analysis.precheck.tree import ast_dotted
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
@@ -51,6 +51,15 @@ class _Region:
         self.end = end
         self.parent = parent
         self.calls: list = []  # the interesting calls whose innermost region this is
+
+
+def _ast_optimizer_step(c: _ast.Call) -> bool:
+    """is_optimizer_step of analysis.step_loops, on the ast."""
+    f = c.func
+    if not isinstance(f, _ast.Attribute) or f.attr != "step":
+        return False
+    args = [ast_dotted(a) for a in c.args[:1] if not isinstance(a, _ast.Starred)]
+    return optimizer_step(f.attr, ast_dotted(f.value), args)
 
 
 def _span(node: _ast.stmt) -> tuple[tuple, tuple]:
@@ -298,6 +307,7 @@ class AstHot:
             f = c.func
             if (
                 (isinstance(f, _ast.Attribute) and f.attr == "backward")
+                or _ast_optimizer_step(c)
                 or self.is_module_call(c)
                 or self._may_resolve(c)
             ):
@@ -317,6 +327,8 @@ class AstHot:
                 for c in r.calls:
                     if isinstance(c.func, _ast.Attribute) and c.func.attr == "backward":
                         ev.add("backward")
+                    elif _ast_optimizer_step(c):
+                        ev.add("step")
                     elif self.is_module_call(c):
                         ev.add("forward")
                     fns += self.resolve(c, cls)
@@ -346,7 +358,7 @@ class AstHot:
                 e |= ev.get(id(g), set())
             if e:
                 self.step_loops[id(loop)] = loop
-                if "backward" in e:
+                if e & {"backward", "step"}:
                     self.training_loops.add(id(loop))
         if not self.step_loops:
             return
