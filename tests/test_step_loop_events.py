@@ -90,3 +90,49 @@ def test_a_scaler_step_of_an_optimizer_makes_an_accumulation_loop_a_training_ste
 
 def test_an_epoch_loop_whose_steps_run_in_a_nested_loop_is_not_a_step_loop(tmp_path: Path) -> None:
     assert _found(tmp_path, EPOCHS) == []
+
+
+ENGINE = dedent("""\
+    import torch
+
+
+    def make_step(model, optimizer, loss_fn):
+        def step(x, y):
+            optimizer.zero_grad()
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                loss = loss_fn(model(xs), ys)
+                loss.backward()
+            optimizer.step()
+            return {"loss": float(loss.item())}
+
+        return step
+
+
+    def fit(model, optimizer, loader):
+        for x, y in loader:
+            loss = model(x).mean()
+            loss.backward()
+            optimizer.step()
+        return loss.item()
+""")
+
+MAIN = dedent("""\
+    from engine import make_step
+
+
+    def main(model, optimizer, loss_fn, loader):
+        step = make_step(model, optimizer, loss_fn)
+        for x, y in loader:
+            print(step(x.cuda(non_blocking=True), y.cuda(non_blocking=True)))
+""")
+
+
+def test_a_function_that_runs_an_optimizer_step_is_a_step_wherever_it_is_called_from(tmp_path: Path) -> None:
+    """The step closure is called once per batch from another module: its read costs every step.
+    `fit` runs its optimizer steps in its own loop: the read after that loop runs once per call."""
+    (tmp_path / "engine.py").write_text(ENGINE)
+    (tmp_path / "main.py").write_text(MAIN)
+    res = CliRunner().invoke(app, ["check", str(tmp_path), "--select", "TOP601", "--no-cache", "--exit-zero"])
+    found = [ln.split(": ")[0] for ln in res.output.splitlines() if "TOP601" in ln and ".py:" in ln]
+    assert [f.rsplit("/", 1)[-1] for f in found] == ["engine.py:11:31"], res.output
+    assert "in the training step `step` (each call runs an optimizer step)" in res.output

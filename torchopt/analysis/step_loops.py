@@ -170,7 +170,10 @@ def is_optimizer_step(c: cst.Call) -> bool:
 class HotLoop:
     """One step loop (one object per loop, so equal only to itself)."""
 
-    node: cst.For | cst.While = field(repr=False)
+    # A loop; or a *step function*: a function that runs an optimizer step itself, outside its
+    # loops, so that each call is one training step wherever it is called from (another module, a
+    # closure a factory returns); its body is hot like a step loop's.
+    node: cst.For | cst.While | cst.FunctionDef = field(repr=False)
     kind: str  # "training" (it runs a backward pass) | "forward-pass" (it calls a model, no backward:
     # evaluation, inference, or a per-sample loop in a loss such as a matcher)
     hot: "HotMap" = field(repr=False)
@@ -183,6 +186,8 @@ class HotLoop:
 
     @property
     def text(self) -> str:
+        if isinstance(self.node, cst.FunctionDef):
+            return f"the training step `{self.node.name.value}` (each call runs an optimizer step)"
         return f"the {self.kind} loop at line {self.line}"
 
 
@@ -211,6 +216,7 @@ class HotMap:
     nn_class: dict[str, str] = field(default_factory=dict)  # dotted name -> torch.nn class it was built from
     step_loops: dict[int, HotLoop] = field(default_factory=dict)
     hot_funcs: dict[int, Where] = field(default_factory=dict)
+    step_funcs: dict[int, Where] = field(default_factory=dict)  # id(def) -> its step (HotLoop.node)
     callers: dict[int, list[tuple[cst.Call, int]]] = field(default_factory=dict)  # id(def) -> (call, arg offset)
     batch_names: set[int] = field(default_factory=set)  # ids of Name nodes in step-loop targets
     _events: dict[int, set[str]] = field(default_factory=dict)
@@ -245,7 +251,25 @@ class HotMap:
                     ):
                         target = target.elements[1].value
                 self.batch_names |= {id(n) for n in walk(target) if isinstance(n, cst.Name)}
+        self._step_functions()
         return self
+
+    @property
+    def any_hot(self) -> bool:
+        """The file has a step loop or a step function."""
+        return bool(self.step_loops or self.step_funcs)
+
+    def _step_functions(self) -> None:
+        """Functions that run an optimizer step outside their loops and that no step loop of the
+        file calls: each call is a training step (HotLoop.node)."""
+        for fn in walk(self.rule.ctx.module, True):
+            if type(fn) is not cst.FunctionDef:
+                continue
+            if id(fn) in self.hot_funcs or not any(is_optimizer_step(c) for c in calls_in(fn.body, into_loops=False)):
+                continue
+            step = HotLoop(fn, "training", self)
+            self.step_funcs[id(fn)] = Where(step)
+            self._spread(fn.body, step, {id(fn)}, self.method_class.get(id(fn)))
 
     def _may_have_step_loops(self, module: cst.Module) -> bool:
         """A cheap over-approximation without metadata: some loop calls ``.backward`` or something
@@ -256,6 +280,7 @@ class HotMap:
         maybe_modules: set[str] = set()
         built: list[tuple[str, cst.Assign]] = []  # (callee's last name, assignment)
         class_aliases: set[str] = set()  # `from torch.nn import Linear as lin`: `lin` is a class too
+        steps = False
         for n in walk(module, True):
             kind = type(n)
             if kind not in _COLLECTED_TYPES:
@@ -282,22 +307,21 @@ class HotMap:
                     base = base.func.value
                 name = dotted(base.func) if isinstance(base, cst.Call) else None
                 built.append(((name or "").rsplit(".", 1)[-1], n))
-            elif (
-                isinstance(n, cst.Call)
-                and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value in MODULE_ONLY_METHODS
-            ):
-                d = dotted(n.func.value)
-                if d:
-                    maybe_modules.add(d)
+            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
+                if n.func.attr.value in MODULE_ONLY_METHODS:
+                    d = dotted(n.func.value)
+                    if d:
+                        maybe_modules.add(d)
+                elif is_optimizer_step(n):
+                    steps = True  # a step function (_step_functions) needs no loop
         for last, n in built:
             if last[:1].isupper() or last == "compile" or last in class_aliases:
                 for t in n.targets:
                     d = dotted(t.target)
                     if d:
                         maybe_modules.add(d)
-        if not loops:
-            return False
+        if steps or not loops:
+            return steps
         memo: dict[int, bool] = {}
 
         def hit(body: cst.CSTNode, depth: int) -> bool:
@@ -511,7 +535,7 @@ class HotMap:
             if isinstance(parent, LOOPS) and cur is parent.body and id(parent) in self.step_loops:
                 return Where(self.step_loops[id(parent)])
             if isinstance(parent, cst.FunctionDef):
-                return self.hot_funcs.get(id(parent))
+                return self.hot_funcs.get(id(parent)) or self.step_funcs.get(id(parent))
             if isinstance(parent, cst.ClassDef):
                 return None
             cur = parent

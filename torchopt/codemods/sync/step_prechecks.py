@@ -374,7 +374,8 @@ def may_pageable_copy(hot: AstHot) -> bool:
         names = (
             {n.id for n in _ast.walk(loop.target) if isinstance(n, _ast.Name)} if isinstance(loop, _ast.For) else set()
         )
-        for stmt in loop.body:
+        body: list = getattr(loop, "body", [])  # a For or a While
+        for stmt in body:
             for a in _ast.walk(stmt):
                 if (
                     isinstance(a, _ast.Assign)
@@ -383,7 +384,7 @@ def may_pageable_copy(hot: AstHot) -> bool:
                     and a.value.func.id == "next"
                 ):
                     names |= {n.id for t in a.targets for n in _ast.walk(t) if isinstance(n, _ast.Name)}
-        for c in calls_in_step(loop.body, into_loops=True):
+        for c in calls_in_step(body, into_loops=True):
             f = c.func
             if (
                 not isinstance(f, _ast.Attribute)
