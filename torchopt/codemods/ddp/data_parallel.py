@@ -330,6 +330,11 @@ class DataParallelToDDP(Rule):
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
             _report_refusal(self, r, "`nn.DataParallel`")
+            # The file is left as it is: every other DataParallel that trains stays one too.
+            for c in [x[2] for x in a.dp] + a.dp_other:
+                if c is not r.node and not data_parallel_for_inference(self, c):
+                    why = f"the file's DataParallel wraps are converted together, and one is refused ({r.reason})"
+                    _report_refusal(self, Refusal(c, why), "`nn.DataParallel`")
             return
         self.report(first, replacement=new, target=a.module, tags=[Tag.SEMANTICS], imports=imports, note=note)
 
