@@ -136,3 +136,25 @@ def test_a_function_that_runs_an_optimizer_step_is_a_step_wherever_it_is_called_
     found = [ln.split(": ")[0] for ln in res.output.splitlines() if "TOP601" in ln and ".py:" in ln]
     assert [f.rsplit("/", 1)[-1] for f in found] == ["engine.py:11:31"], res.output
     assert "in the training step `step` (each call runs an optimizer step)" in res.output
+
+
+WRAPPER = dedent("""\
+    import torch
+
+
+    class Trainer:
+        def __init__(self, net, optimizer):
+            self.net = net
+            self.optimizer = optimizer
+
+        def optimize(self, x):
+            loss = self.net(x).mean()
+            loss.backward()
+            self.optimizer.step()
+            self.acc = (loss > 0).cpu().numpy()
+""")
+
+
+def test_a_method_that_runs_an_optimizer_step_is_not_a_step_unless_a_step_loop_calls_it(tmp_path: Path) -> None:
+    """Whether another module ever calls the method is not known: its reads are not claimed per step."""
+    assert _found(tmp_path, WRAPPER) == []

@@ -261,9 +261,12 @@ class HotMap:
 
     def _step_functions(self) -> None:
         """Functions that run an optimizer step outside their loops and that no step loop of the
-        file calls: each call is a training step (HotLoop.node)."""
+        file calls: each call is a training step (HotLoop.node). Plain functions and closures only:
+        a method's step is known to run only when a step loop of the file calls it (a model
+        wrapper's `optimize_parameters` may belong to a training path the project never takes, and
+        whether another module calls it is not known here)."""
         for fn in walk(self.rule.ctx.module, True):
-            if type(fn) is not cst.FunctionDef:
+            if type(fn) is not cst.FunctionDef or id(fn) in self.method_class:
                 continue
             if id(fn) in self.hot_funcs or not any(is_optimizer_step(c) for c in calls_in(fn.body, into_loops=False)):
                 continue
