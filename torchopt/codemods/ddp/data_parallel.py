@@ -320,19 +320,24 @@ class DataParallelToDDP(Rule):
         if all(data_parallel_for_inference(self, c) for c in [x[2] for x in a.dp] + a.dp_other):
             return  # inference only: TOP411 gives the advice that fits
         first = a.dp[0][2] if a.dp else a.dp_other[0]
+        current: cst.Call | None = a.dp_other[0] if a.dp_other else None  # the wrap a refusal is about
         try:
             if a.dp_other:
                 raise Refusal(
                     a.dp_other[0],
                     "only `name = nn.DataParallel(module, device_ids=..., output_device=...)` statements are converted",
                 )
-            wraps = [self._wrap(a, s, name, c) for s, name, c in a.dp]
+            wraps = []
+            for s, name, c in a.dp:
+                current = c
+                wraps.append(self._wrap(a, s, name, c))
+            current = None
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
             _report_refusal(self, r, "`nn.DataParallel`")
             # The file is left as it is: every other DataParallel that trains stays one too.
             for c in [x[2] for x in a.dp] + a.dp_other:
-                if c is not r.node and not data_parallel_for_inference(self, c):
+                if c is not r.node and c is not current and not data_parallel_for_inference(self, c):
                     why = f"the file's DataParallel wraps are converted together, and one is refused ({r.reason})"
                     _report_refusal(self, Refusal(c, why), "`nn.DataParallel`")
             return
