@@ -335,7 +335,10 @@ class DataParallelToDDP(Rule):
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
             _report_refusal(self, r, "`nn.DataParallel`")
-            # The file is left as it is: every other DataParallel that trains stays one too.
+            if current is None:
+                return  # refused for the program (a process group it already sets up): one finding
+            # Refused for one wrap's form: the file is left as it is, and every other DataParallel
+            # that trains stays one too.
             for c in [x[2] for x in a.dp] + a.dp_other:
                 if c is not r.node and c is not current and not data_parallel_for_inference(self, c):
                     why = f"the file's DataParallel wraps are converted together, and one is refused ({r.reason})"
