@@ -30,6 +30,25 @@ CONVENTIONAL_MODEL_NAMES = {
 }
 
 
+_OPTIMIZER_WORDS = {"opt", "optim", "optimizer", "optimiser", "optimizers", "optimisers"}
+
+
+def optimizer_name(name: str) -> bool:
+    """An optimizer by its name: a word of ``optimizer``, ``g_optim``, ``optimizerD``, ``opt_g``."""
+    return any(p.lower() in _OPTIMIZER_WORDS for p in re.split(r"[_\d]+|(?<=[a-z])(?=[A-Z])", name) if p)
+
+
+def optimizer_step(func_attr: str, receiver: str | None, args: list[str | None]) -> bool:
+    """``optimizer.step()`` or ``scaler.step(optimizer)``: the call updates the parameters (a
+    training step), from the called attribute, the receiver's dotted name and the arguments' dotted
+    names."""
+    if func_attr != "step":
+        return False
+    if receiver is not None and optimizer_name(receiver.rsplit(".", 1)[-1]):
+        return True
+    return bool(args) and args[0] is not None and optimizer_name(args[0].rsplit(".", 1)[-1])
+
+
 EVAL_FUNCTION = re.compile(
     r"^_*(?:(?:evaluate|eval|validate|validation|val|predict|infer|inference)(?:_\w+)?|test"
     r"|\w+_(?:evaluate|eval|validate|validation|predict|infer|inference))$"

@@ -68,7 +68,7 @@ def needed_read(rule: Rule, read: cst.CSTNode) -> str | None:
     return None
 
 
-def _consumers(rule: Rule, read: cst.CSTNode, loop: cst.For | cst.While) -> list[cst.Call]:
+def _consumers(rule: Rule, read: cst.CSTNode, loop: cst.For | cst.While | cst.FunctionDef) -> list[cst.Call]:
     """The calls that take the value read: the call it is an argument of, or the calls later in the
     loop's body that take the name it is assigned to."""
     cur: cst.CSTNode = read
@@ -94,7 +94,7 @@ def _consumers(rule: Rule, read: cst.CSTNode, loop: cst.For | cst.While) -> list
     return out
 
 
-def _feeds_next_iteration(consumer: cst.Call, loop: cst.For | cst.While) -> bool:
+def _feeds_next_iteration(consumer: cst.Call, loop: cst.For | cst.While | cst.FunctionDef) -> bool:
     """What ``consumer`` returns (and what the loop computes from it later in its body) is read
     before ``consumer`` in the loop's body: it reaches the next iteration."""
     order = {id(n): i for i, n in enumerate(walk(loop.body))}

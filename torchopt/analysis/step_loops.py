@@ -32,7 +32,7 @@ from torchopt.analysis.models import nn_module_classes
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, children_of, remembered
 from torchopt.rewrite.rule import Rule
-from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS, optimizer_step
 
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 LOOPS = (cst.For, cst.While)
@@ -155,11 +155,25 @@ def is_backward(c: cst.Call) -> bool:
     return d is not None and (d == "autograd.backward" or d.endswith(".autograd.backward"))
 
 
+def is_optimizer_step(c: cst.Call) -> bool:
+    """``optimizer.step()`` / ``scaler.step(optimizer)`` (by the optimizer's name): one parameter
+    update, so the loop that runs it directly is a training step loop even when its backward passes
+    run in a nested loop (gradient accumulation over micro-batches, sub-divided batches)."""
+    f = c.func
+    if not isinstance(f, cst.Attribute) or f.attr.value != "step":
+        return False
+    args = [dotted(a.value) for a in c.args[:1] if a.keyword is None]
+    return optimizer_step(f.attr.value, dotted(f.value), args)
+
+
 @dataclass(frozen=True, eq=False)
 class HotLoop:
     """One step loop (one object per loop, so equal only to itself)."""
 
-    node: cst.For | cst.While = field(repr=False)
+    # A loop; or a *step function*: a function that runs an optimizer step itself, outside its
+    # loops, so that each call is one training step wherever it is called from (another module, a
+    # closure a factory returns); its body is hot like a step loop's.
+    node: cst.For | cst.While | cst.FunctionDef = field(repr=False)
     kind: str  # "training" (it runs a backward pass) | "forward-pass" (it calls a model, no backward:
     # evaluation, inference, or a per-sample loop in a loss such as a matcher)
     hot: "HotMap" = field(repr=False)
@@ -172,6 +186,8 @@ class HotLoop:
 
     @property
     def text(self) -> str:
+        if isinstance(self.node, cst.FunctionDef):
+            return f"the training step `{self.node.name.value}` (each call runs an optimizer step)"
         return f"the {self.kind} loop at line {self.line}"
 
 
@@ -200,6 +216,7 @@ class HotMap:
     nn_class: dict[str, str] = field(default_factory=dict)  # dotted name -> torch.nn class it was built from
     step_loops: dict[int, HotLoop] = field(default_factory=dict)
     hot_funcs: dict[int, Where] = field(default_factory=dict)
+    step_funcs: dict[int, Where] = field(default_factory=dict)  # id(def) -> its step (HotLoop.node)
     callers: dict[int, list[tuple[cst.Call, int]]] = field(default_factory=dict)  # id(def) -> (call, arg offset)
     batch_names: set[int] = field(default_factory=set)  # ids of Name nodes in step-loop targets
     _events: dict[int, set[str]] = field(default_factory=dict)
@@ -217,7 +234,7 @@ class HotMap:
                 node = cast("cst.For | cst.While", n)  # (the exact-type test above)
                 ev = self._loop_events(node)
                 if ev:
-                    kind = "training" if "backward" in ev else "forward-pass"
+                    kind = "training" if ev & {"backward", "step"} else "forward-pass"
                     self.step_loops[id(n)] = HotLoop(node, kind, self)
         for loop in self.step_loops.values():  # found in pre-order: by position in the file
             self._spread(loop.node.body, loop, set())
@@ -234,7 +251,28 @@ class HotMap:
                     ):
                         target = target.elements[1].value
                 self.batch_names |= {id(n) for n in walk(target) if isinstance(n, cst.Name)}
+        self._step_functions()
         return self
+
+    @property
+    def any_hot(self) -> bool:
+        """The file has a step loop or a step function."""
+        return bool(self.step_loops or self.step_funcs)
+
+    def _step_functions(self) -> None:
+        """Functions that run an optimizer step outside their loops and that no step loop of the
+        file calls: each call is a training step (HotLoop.node). Plain functions and closures only:
+        a method's step is known to run only when a step loop of the file calls it (a model
+        wrapper's `optimize_parameters` may belong to a training path the project never takes, and
+        whether another module calls it is not known here)."""
+        for fn in walk(self.rule.ctx.module, True):
+            if type(fn) is not cst.FunctionDef or id(fn) in self.method_class:
+                continue
+            if id(fn) in self.hot_funcs or not any(is_optimizer_step(c) for c in calls_in(fn.body, into_loops=False)):
+                continue
+            step = HotLoop(fn, "training", self)
+            self.step_funcs[id(fn)] = Where(step)
+            self._spread(fn.body, step, {id(fn)}, self.method_class.get(id(fn)))
 
     def _may_have_step_loops(self, module: cst.Module) -> bool:
         """A cheap over-approximation without metadata: some loop calls ``.backward`` or something
@@ -245,6 +283,7 @@ class HotMap:
         maybe_modules: set[str] = set()
         built: list[tuple[str, cst.Assign]] = []  # (callee's last name, assignment)
         class_aliases: set[str] = set()  # `from torch.nn import Linear as lin`: `lin` is a class too
+        steps = False
         for n in walk(module, True):
             kind = type(n)
             if kind not in _COLLECTED_TYPES:
@@ -271,27 +310,26 @@ class HotMap:
                     base = base.func.value
                 name = dotted(base.func) if isinstance(base, cst.Call) else None
                 built.append(((name or "").rsplit(".", 1)[-1], n))
-            elif (
-                isinstance(n, cst.Call)
-                and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value in MODULE_ONLY_METHODS
-            ):
-                d = dotted(n.func.value)
-                if d:
-                    maybe_modules.add(d)
+            elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute):
+                if n.func.attr.value in MODULE_ONLY_METHODS:
+                    d = dotted(n.func.value)
+                    if d:
+                        maybe_modules.add(d)
+                elif is_optimizer_step(n):
+                    steps = True  # a step function (_step_functions) needs no loop
         for last, n in built:
             if last[:1].isupper() or last == "compile" or last in class_aliases:
                 for t in n.targets:
                     d = dotted(t.target)
                     if d:
                         maybe_modules.add(d)
-        if not loops:
-            return False
+        if steps or not loops:
+            return steps
         memo: dict[int, bool] = {}
 
         def hit(body: cst.CSTNode, depth: int) -> bool:
             for c in calls_in(body):
-                if is_backward(c):
+                if is_backward(c) or is_optimizer_step(c):
                     return True
                 d = dotted(c.func)
                 if d is None:
@@ -463,6 +501,8 @@ class HotMap:
         for c in calls_in(body, into_loops=False):
             if is_backward(c):
                 ev.add("backward")
+            elif is_optimizer_step(c):
+                ev.add("step")
             elif self.is_module_call(c):
                 ev.add("forward")
             for fn, _ in self.resolve(c, cls):
@@ -498,7 +538,7 @@ class HotMap:
             if isinstance(parent, LOOPS) and cur is parent.body and id(parent) in self.step_loops:
                 return Where(self.step_loops[id(parent)])
             if isinstance(parent, cst.FunctionDef):
-                return self.hot_funcs.get(id(parent))
+                return self.hot_funcs.get(id(parent)) or self.step_funcs.get(id(parent))
             if isinstance(parent, cst.ClassDef):
                 return None
             cur = parent

@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_right
 import ast as _ast
 
-from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS
+from torchopt.analysis.conventions import CONVENTIONAL_MODEL_NAMES, MODULE_ONLY_METHODS, optimizer_step
 from torchopt.analysis.names import NOT_TENSOR, TENSOR_NAMESPACES
 from torchopt.analysis.precheck.tree import ast_dotted
 from torchopt.analysis.step_loops import TENSOR_METHODS, TUPLE_REDUCTIONS
@@ -53,6 +53,15 @@ class _Region:
         self.calls: list = []  # the interesting calls whose innermost region this is
 
 
+def _ast_optimizer_step(c: _ast.Call) -> bool:
+    """is_optimizer_step of analysis.step_loops, on the ast."""
+    f = c.func
+    if not isinstance(f, _ast.Attribute) or f.attr != "step":
+        return False
+    args = [ast_dotted(a) for a in c.args[:1] if not isinstance(a, _ast.Starred)]
+    return optimizer_step(f.attr, ast_dotted(f.value), args)
+
+
 def _span(node: _ast.stmt) -> tuple[tuple, tuple]:
     start = (node.lineno, node.col_offset)
     for d in getattr(node, "decorator_list", ()):
@@ -95,8 +104,7 @@ class AstHot:
         self._bindings: dict[int, dict[str, list]] = {}
         self._starts: list = []
         self._collect()
-        if self.loops:
-            self._find_step_loops()
+        self._find_step_loops()
 
     # ----------------------------------------------------------------- collection
     def _collect(self) -> None:
@@ -298,6 +306,7 @@ class AstHot:
             f = c.func
             if (
                 (isinstance(f, _ast.Attribute) and f.attr == "backward")
+                or _ast_optimizer_step(c)
                 or self.is_module_call(c)
                 or self._may_resolve(c)
             ):
@@ -317,6 +326,8 @@ class AstHot:
                 for c in r.calls:
                     if isinstance(c.func, _ast.Attribute) and c.func.attr == "backward":
                         ev.add("backward")
+                    elif _ast_optimizer_step(c):
+                        ev.add("step")
                     elif self.is_module_call(c):
                         ev.add("forward")
                     fns += self.resolve(c, cls)
@@ -346,9 +357,11 @@ class AstHot:
                 e |= ev.get(id(g), set())
             if e:
                 self.step_loops[id(loop)] = loop
-                if "backward" in e:
+                if e & {"backward", "step"}:
                     self.training_loops.add(id(loop))
-        if not self.step_loops:
+        # HotMap._step_functions: a def that runs an optimizer step outside its loops.
+        step_fns = [fn for fn in defs if "step" in direct(self.region_of[id(fn)])[0]]
+        if not self.step_loops and not step_fns:
             return
         # Calls by the def/class they run in and the loop bodies between (calls_in into loops).
         by_scope: dict[int, list] = {}
@@ -363,22 +376,11 @@ class AstHot:
         for loop in self.step_loops.values():
             work.append((by_loop.get(id(loop), ()), self.enclosing_class(self.region_of[id(loop)])))
             if isinstance(loop, _ast.For):
-                # HotMap.build's batch names: not for range()/len() loops; enumerate's second element.
-                target, it = loop.target, loop.iter
-                if isinstance(it, _ast.Call) and isinstance(it.func, _ast.Name):
-                    if it.func.id in ("range", "len"):
-                        continue
-                    if (
-                        it.func.id == "enumerate"
-                        and isinstance(target, (_ast.Tuple, _ast.List))
-                        and len(target.elts) == 2
-                    ):
-                        target = target.elts[1]
-                owner = self.scope_of(self.region_of[id(loop)].parent)
-                key = id(owner.node) if owner is not None and owner.kind == "def" else 0
-                for n in _ast.walk(target):
-                    if isinstance(n, _ast.Name):
-                        self.batch.add((key, n.id))
+                self._batch_names(loop)
+        for fn in step_fns:
+            if id(fn) not in self.hot_funcs:
+                self.hot_funcs[id(fn)] = fn
+                work.append((by_scope.get(id(fn), ()), self.enclosing_class(self.region_of[id(fn)])))
         while work:
             calls, cls = work.pop()
             for c in calls:
@@ -388,6 +390,20 @@ class AstHot:
                         continue
                     self.hot_funcs[id(fn)] = fn
                     work.append((by_scope.get(id(fn), ()), self.enclosing_class(self.region_of[id(fn)])))
+
+    def _batch_names(self, loop: _ast.For) -> None:
+        """HotMap.build's batch names: not for range()/len() loops; enumerate's second element."""
+        target, it = loop.target, loop.iter
+        if isinstance(it, _ast.Call) and isinstance(it.func, _ast.Name):
+            if it.func.id in ("range", "len"):
+                return
+            if it.func.id == "enumerate" and isinstance(target, (_ast.Tuple, _ast.List)) and len(target.elts) == 2:
+                target = target.elts[1]
+        owner = self.scope_of(self.region_of[id(loop)].parent)
+        key = id(owner.node) if owner is not None and owner.kind == "def" else 0
+        for n in _ast.walk(target):
+            if isinstance(n, _ast.Name):
+                self.batch.add((key, n.id))
 
     # ----------------------------------------------------------------- queries
     def in_step(self, node: _ast.AST) -> bool:
@@ -657,8 +673,8 @@ UNPARSED = object()  # ast_hot's answer for a text CPython cannot parse (a prefi
 def ast_hot(text: str):
     """The AstHot of ``text`` (once per text, in its SourceFacts); None when HotMap cannot find a step
     loop in it; ``UNPARSED`` when CPython cannot parse it."""
-    if "for" not in text and "while" not in text:
-        return None
+    if "for" not in text and "while" not in text and ".step(" not in text:
+        return None  # no loop and no optimizer step (a step function)
     return facts_for(text).derived("ast hot", lambda: _ast_hot(text))
 
 
@@ -670,7 +686,7 @@ def _ast_hot(text: str):
     if tree is None:
         return UNPARSED
     hot = AstHot(tree, ast_index(text) or {}, torch_import_map(text))
-    return hot if hot.step_loops else None
+    return hot if hot.step_loops or hot.hot_funcs else None
 
 
 def hot_check(text: str, test) -> bool:

@@ -320,16 +320,29 @@ class DataParallelToDDP(Rule):
         if all(data_parallel_for_inference(self, c) for c in [x[2] for x in a.dp] + a.dp_other):
             return  # inference only: TOP411 gives the advice that fits
         first = a.dp[0][2] if a.dp else a.dp_other[0]
+        current: cst.Call | None = a.dp_other[0] if a.dp_other else None  # the wrap a refusal is about
         try:
             if a.dp_other:
                 raise Refusal(
                     a.dp_other[0],
                     "only `name = nn.DataParallel(module, device_ids=..., output_device=...)` statements are converted",
                 )
-            wraps = [self._wrap(a, s, name, c) for s, name, c in a.dp]
+            wraps = []
+            for s, name, c in a.dp:
+                current = c
+                wraps.append(self._wrap(a, s, name, c))
+            current = None
             new, imports, note = convert(self, a, wraps, first, "dp")
         except Refusal as r:
             _report_refusal(self, r, "`nn.DataParallel`")
+            if current is None:
+                return  # refused for the program (a process group it already sets up): one finding
+            # Refused for one wrap's form: the file is left as it is, and every other DataParallel
+            # that trains stays one too.
+            for c in [x[2] for x in a.dp] + a.dp_other:
+                if c is not r.node and c is not current and not data_parallel_for_inference(self, c):
+                    why = f"the file's DataParallel wraps are converted together, and one is refused ({r.reason})"
+                    _report_refusal(self, Refusal(c, why), "`nn.DataParallel`")
             return
         self.report(first, replacement=new, target=a.module, tags=[Tag.SEMANTICS], imports=imports, note=note)
 

@@ -102,7 +102,7 @@ class DeviceToHostCopyInLoop(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         hm = hot_map(self)
-        if not hm.step_loops:
+        if not hm.any_hot:
             return
         control = control_of(self)
         values = placements(self)

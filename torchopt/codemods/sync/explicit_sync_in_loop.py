@@ -110,7 +110,7 @@ class ExplicitSyncInLoop(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         hm = hot_map(self)
-        if not hm.step_loops:
+        if not hm.any_hot:
             return
         control = control_of(self)
         for n in walk(node, True):

@@ -99,7 +99,7 @@ class GradNormSync(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         hm = hot_map(self)
-        if not hm.step_loops:
+        if not hm.any_hot:
             return
         tz = Tensors(self, hm)
         norms = grad_norm_names(hm)

@@ -96,7 +96,7 @@ class GradScalerSync(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         hm = hot_map(self)
-        if not hm.step_loops:
+        if not hm.any_hot:
             return
         scalers: set[str] = set()
         optims: dict[str, tuple[str, cst.Call]] = {}

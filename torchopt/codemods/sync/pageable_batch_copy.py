@@ -24,9 +24,9 @@ from torchopt.rewrite.rule import Valid
 class PageableBatchCopy(Rule):
     """## What it does
     Flags, inside a training or evaluation step, a synchronous host→device copy (`x.cuda()`,
-    `x.to(device)` without `non_blocking=True`) of a batch the loop iterates over, when the batches
-    do not come from a `DataLoader` built in the same file (then TOP104 fixes both the loader and
-    the copy).
+    `x.to(device)` without `non_blocking=True`) of a batch the loop iterates over, or draws with
+    `next(batches)` at every step, when the batches do not come from a `DataLoader` the loop
+    iterates and that is built in the same file (then TOP104 fixes both the loader and the copy).
 
     ## Why is this slow
     A copy from pageable host memory is staged through a pinned buffer and blocks the host until it
@@ -80,6 +80,12 @@ class PageableBatchCopy(Rule):
             "        x, y = x.to(device), y.to(device)\n        model(x).sum().backward()\n",
             after=None,
         ),
+        Invalid(
+            "import torch\n\ndef train(model, batches, opt, device, steps):\n    for step in range(steps):\n"
+            "        x, y = next(batches)\n        x = x.to(device)\n        model(x).sum().backward()\n",
+            after=None,
+            note="a batch drawn from an iterator at every step (a `sample_data(loader)` generator)",
+        ),
         Valid(
             "import torch\n\ndef train(model, loader, opt, device):\n    for x, y in loader:\n"
             "        x = x.to(device, non_blocking=True)\n        model(x).sum().backward()\n"
@@ -98,23 +104,9 @@ class PageableBatchCopy(Rule):
             return
         loaders = self._file_loaders(node)
         for loop in hm.step_loops.values():
-            if not isinstance(loop.node, cst.For):
-                continue
-            it: cst.BaseExpression = loop.node.iter
-            target: cst.BaseExpression = loop.node.target
-            for _ in range(3):
-                if (
-                    isinstance(it, cst.Call)
-                    and isinstance(it.func, cst.Name)
-                    and it.args
-                    and it.func.value in ("enumerate", "tqdm", "iter")
-                ):
-                    if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
-                        target = target.elements[1].value
-                    it = it.args[0].value
-            if dotted(it) in loaders:
-                continue
-            names = {n.value for n in walk(target) if isinstance(n, cst.Name)}
+            names = _drawn(loop.node.body)
+            if isinstance(loop.node, cst.For):
+                names |= _batch_target(loop.node, loaders)
             for c in calls_in(loop.node.body):
                 if not isinstance(c.func, cst.Attribute) or has_star(c):
                     continue
@@ -143,3 +135,40 @@ class PageableBatchCopy(Rule):
                     if d:
                         out.add(d)
         return out
+
+
+def _batch_target(loop: cst.For, loaders: set[str]) -> set[str]:
+    """The names the loop's target binds to a batch; none when the loader is built in this file
+    (TOP104's finding)."""
+    it: cst.BaseExpression = loop.iter
+    target: cst.BaseExpression = loop.target
+    for _ in range(3):
+        if (
+            isinstance(it, cst.Call)
+            and isinstance(it.func, cst.Name)
+            and it.args
+            and it.func.value in ("enumerate", "tqdm", "iter")
+        ):
+            if it.func.value == "enumerate" and isinstance(target, cst.Tuple) and len(target.elements) == 2:
+                target = target.elements[1].value
+            it = it.args[0].value
+    if dotted(it) in loaders:
+        return set()
+    return {n.value for n in walk(target) if isinstance(n, cst.Name)}
+
+
+def _drawn(body: cst.CSTNode) -> set[str]:
+    """Names a step's body binds to ``next(it)``: a batch drawn from an iterator at every step
+    (``real = next(loader)`` over a ``sample_data(loader)`` generator, ``x, y = next(batches)``)."""
+    out: set[str] = set()
+    for n in walk(body):
+        if (
+            isinstance(n, cst.Assign)
+            and isinstance(n.value, cst.Call)
+            and isinstance(n.value.func, cst.Name)
+            and n.value.func.value == "next"
+            and len(n.value.args) == 1
+        ):
+            for t in n.targets:
+                out |= {m.value for m in walk(t.target) if isinstance(m, cst.Name)}
+    return out

@@ -370,10 +370,21 @@ def _maybe_device(e: _ast.AST) -> bool:
 def may_pageable_copy(hot: AstHot) -> bool:
     """TOP609: ``batch.cuda()`` / ``batch.to(device)`` without non_blocking on a step loop's target."""
     for loop in hot.step_loops.values():
-        if not isinstance(loop, _ast.For):
-            continue
-        names = {n.id for n in _ast.walk(loop.target) if isinstance(n, _ast.Name)}
-        for c in calls_in_step(loop.body, into_loops=True):
+        # The loop's target and the names bound to `next(it)` in its body (pageable_batch_copy._drawn).
+        names = (
+            {n.id for n in _ast.walk(loop.target) if isinstance(n, _ast.Name)} if isinstance(loop, _ast.For) else set()
+        )
+        body: list = getattr(loop, "body", [])  # a For or a While
+        for stmt in body:
+            for a in _ast.walk(stmt):
+                if (
+                    isinstance(a, _ast.Assign)
+                    and isinstance(a.value, _ast.Call)
+                    and isinstance(a.value.func, _ast.Name)
+                    and a.value.func.id == "next"
+                ):
+                    names |= {n.id for t in a.targets for n in _ast.walk(t) if isinstance(n, _ast.Name)}
+        for c in calls_in_step(body, into_loops=True):
             f = c.func
             if (
                 not isinstance(f, _ast.Attribute)

@@ -161,7 +161,7 @@ class TensorControlFlow(Rule):
 
     def visit_Module(self, node: cst.Module) -> None:
         hm = hot_map(self)
-        if not hm.step_loops:
+        if not hm.any_hot:
             return
         tz = Tensors(self, hm)
         for n in walk(node, True):
