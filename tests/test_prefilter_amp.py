@@ -37,6 +37,8 @@ REPORTS: dict[str, list[str]] = {
     ],
     "TOP202": [
         _H + _OPT + _STEP,
+        # `mylib.optim.SGD` is not torch's: refused, saying GradScaler needs a torch.optim.Optimizer
+        _H + "import mylib\noptimizer = mylib.optim.SGD(model.parameters())\n" + _STEP,
         # aliases: `from torch import optim`, `from torch.optim import AdamW as A`, `import torch.optim as O`
         _H + "from torch import optim\noptimizer = optim.Adam(model.parameters())\n" + _STEP,
         _H + "from torch.optim import AdamW as A\noptimizer = A(model.parameters())\n" + _STEP,
@@ -129,8 +131,10 @@ REJECTED: dict[str, list[str]] = {
         "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n",
         # backward and step in different loops
         _H + _OPT + "for x in batches:\n    model(x).sum().backward()\nfor _ in range(3):\n    optimizer.step()\n",
-        # `mylib.optim.SGD` is not torch's
-        _H + "import mylib\noptimizer = mylib.optim.SGD(model.parameters())\n" + _STEP,
+        # a name stepped but never zeroed, of a class that is not torch's: no optimizer-like object
+        _H
+        + "import mylib\noptimizer = mylib.optim.SGD(model.parameters())\n"
+        + _STEP.replace("optimizer.zero_grad()", "pass"),
         _MODELING,
     ],
     "TOP203": [

@@ -72,6 +72,25 @@ def _find_nn_module_classes(rule: Rule, module: cst.Module) -> frozenset[str]:
     return frozenset(found)
 
 
+def project_module_class(rule: Rule, func: cst.BaseExpression) -> bool:
+    """Whether calling ``func`` (``Generator``, ``lpips.PerceptualLoss``, as written) builds an instance of a
+    class another file of the project defines and that derives from ``torch.nn.Module`` (read through
+    the project index). False when that is not established: a library name, a function, an unknown."""
+    from torchopt.analysis.project import Definition, index_of
+
+    written = dotted(func)
+    if written is None or torch_name(rule, func) is not None:
+        return False
+    index = index_of(rule)
+    found = index.resolve(written)
+    return (
+        isinstance(found, Definition)
+        and found.kind == "class"
+        and found.path != index.path
+        and index.is_module_class(found) is True
+    )
+
+
 @dataclass
 class Model:
     name: str

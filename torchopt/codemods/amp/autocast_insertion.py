@@ -26,7 +26,7 @@ from libcst.metadata import PositionProvider, Scope, ScopeProvider
 
 from torchopt.analysis.names import dotted, callee, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
-from torchopt.analysis.models import nn_module_classes
+from torchopt.analysis.models import nn_module_classes, project_module_class
 from torchopt.analysis.program import program_of
 from torchopt.codemods.amp.setup_order import calls_follow
 from torchopt.codemods.amp.module_kinds import parameter_free
@@ -420,6 +420,8 @@ class _Analysis:
                 is_module = True
             if isinstance(base.func, cst.Name) and base.func.value in self.module_classes:
                 is_module = True
+            elif not q and isinstance(base.func, (cst.Name, cst.Attribute)):
+                is_module = project_module_class(self.rule, base.func)  # `Generator(...)` from model.py
             wrapped = dotted(base.args[0].value) if q in _MODEL_WRAPPERS and base.args else None
             inner = self.key(wrapped, base.args[0].value) if wrapped else None
             if inner is not None and inner in self.kmodels:  # `fast = torch.compile(net)`, `DDP(model)`

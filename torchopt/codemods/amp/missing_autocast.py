@@ -28,46 +28,43 @@ from torchopt.rewrite.rule import Valid
 
 class MissingAutocast(_AmpBase):
     """## What it does
-    Rewrites a float32 training step into automatic mixed precision. A step is recognised in the
-    body of a `for`/`while` loop, or in a function of the same file that a loop calls: a call of
-    an `nn.Module` instance (a name bound to a `torch.nn` constructor or to a class deriving from
-    `torch.nn.Module`, or whose `.parameters()` a `torch.optim` optimizer takes; a `torch.nn` module
-    without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its output, `loss.backward()`, and `optimizer.step()`. A program that never selects an
-    accelerator (run as a script, no device named, chosen or loaded from a checkpoint, here or in
-    the project modules it imports) trains on the CPU and is left alone with the default float16;
-    with `dtype = "bfloat16"` it is rewritten (CPU autocast). The forward and the loss (from the
-    first statement that calls the model to the last statement the loss depends on) go under
-    `torch.autocast`; with the default `dtype = "float16"` the same fix adds one
-    `torch.amp.GradScaler`: `scaler.scale(loss).backward(...)` (also
-    `scaler.scale(out).backward(grad)` and `torch.autograd.backward(scaler.scale(loss))`),
-    `scaler.step(opt)`, one `scaler.update()` after the last step of the iteration,
-    `scaler.unscale_(opt)` before the first gradient clipping or gradient read, and the scaler's
-    state next to the optimizer's in `torch.save({...})` checkpoints (a dict literal passed
-    directly or bound to a name first, `ckpt = {...}; torch.save(ckpt, f)`) and restored after
-    `optimizer.load_state_dict(ckpt[...])`. Gradient accumulation (`if (i + 1) % k == 0:` guarding
-    the step) keeps scaling every micro-batch and steps/updates under the condition. Several
-    losses (each `backward()` scaled, `retain_graph=` kept), several models and optimizers (a GAN)
-    share one scaler and one `update()`. A step whose optimizer is created in another function gets
-    its scaler the way it gets the optimizer: created after the optimizer in the caller and passed as
-    a new last parameter (`train(args, model, device, loader, optimizer, epoch, scaler)`), or set as
-    `self.scaler` next to `self.optimizer` in a trainer class; the step's function then chooses the
-    autocast device type and dtype from the device it moves its batches to. A step function that
-    reads the model and optimizer as module globals built below it (in `if __name__ == "__main__":`
-    or after argparse) gets its scaler as a module global next to the optimizer, when every call of
-    the function runs after that point. An optimizer held by a small wrapper class of the file whose
-    own method (`step_and_update_lr()`, `step()`) adds a learning-rate schedule and calls
-    `self._optimizer.step()` is stepped inside the wrapper: that method takes the scaler as a new last
-    parameter and calls `scaler.step(self._optimizer)`, so the schedule runs as before; every call of
-    the method passes the scaler (refused when it is called elsewhere, has default parameters, or
-    gradients are read before it). A step imported from another module of the project is not seen in
-    this file; the loop that calls it is reported with the file it lives in, unless the project index
-    shows that the function runs no `backward()` (a learning-rate setter handed the optimizer) or
-    already names autocast or GradScaler (itself or through a project function it calls). A name that autocast
-    assigns and later code reads is upcast with `.float()` only when it is known to be a tensor (a
-    name unpacked from a model whose `forward` is not in the file may be a list: refused).
-    Names are resolved the way Python resolves them in the
-    step's function (its own `model`/`optimizer` first, then the module's), so each training
-    function of a file gets the finding, and its own scaler, that it gets alone.
+    Rewrites a float32 training step into automatic mixed precision. A step is recognised in the body of a
+    `for`/`while` loop, or in a function of the same file that a loop calls: a call of an `nn.Module` instance (a
+    name bound to a `torch.nn` constructor or to a class deriving from `torch.nn.Module`, in this file or, as the
+    project index shows, in another file of the project, or whose `.parameters()` a `torch.optim` optimizer takes; a
+    `torch.nn` module without parameters, such as `nn.CosineSimilarity`, is no model), a loss computed from its
+    output, `loss.backward()`, and `optimizer.step()`. A program that never selects an accelerator (run as a script,
+    no device named, chosen or loaded from a checkpoint, here or in the project modules it imports) trains on the
+    CPU and is left alone with the default float16; with `dtype = "bfloat16"` it is rewritten (CPU autocast). The
+    forward and the loss (from the first statement that calls the model to the last statement the loss depends on)
+    go under `torch.autocast`; with the default `dtype = "float16"` the same fix adds one `torch.amp.GradScaler`:
+    `scaler.scale(loss).backward(...)` (also `scaler.scale(out).backward(grad)` and
+    `torch.autograd.backward(scaler.scale(loss))`), `scaler.step(opt)`, one `scaler.update()` after the last step of
+    the iteration, `scaler.unscale_(opt)` before the first gradient clipping or gradient read, and the scaler's
+    state next to the optimizer's in `torch.save({...})` checkpoints (a dict literal passed directly or bound to a
+    name first, `ckpt = {...}; torch.save(ckpt, f)`) and restored after `optimizer.load_state_dict(ckpt[...])`.
+    Gradient accumulation (`if (i + 1) % k == 0:` guarding the step) keeps scaling every micro-batch and
+    steps/updates under the condition; accumulation written as an inner loop (`for _ in range(k): loss = model(...);
+    (loss / k).backward()`, the optimizer stepped after it) gets autocast and the scaled backward inside that loop
+    and `unscale_`/`step`/`update` once after it. Several losses (each `backward()` scaled, `retain_graph=` kept),
+    several models and optimizers (a GAN) share one scaler and one `update()`. A step whose optimizer is created in
+    another function gets its scaler the way it gets the optimizer: created after the optimizer in the caller and
+    passed as a new last parameter (`train(args, model, device, loader, optimizer, epoch, scaler)`), or set as
+    `self.scaler` next to `self.optimizer` in a trainer class; the step's function then chooses the autocast device
+    type and dtype from the device it moves its batches to. A step function that reads the model and optimizer as
+    module globals built below it (in `if __name__ == "__main__":` or after argparse) gets its scaler as a module
+    global next to the optimizer, when every call of the function runs after that point. An optimizer held by a
+    small wrapper class of the file whose own method (`step_and_update_lr()`, `step()`) adds a learning-rate
+    schedule and calls `self._optimizer.step()` is stepped inside the wrapper: that method takes the scaler as a new
+    last parameter and calls `scaler.step(self._optimizer)`, so the schedule runs as before; every call of the
+    method passes the scaler (refused when it is called elsewhere, has default parameters, or gradients are read
+    before it). A step imported from another module of the project is not seen in this file; the loop that calls it
+    is reported with the file it lives in, unless the project index shows that the function runs no `backward()` (a
+    learning-rate setter handed the optimizer) or already names autocast or GradScaler (itself or through a project
+    function it calls). A name that autocast assigns and later code reads is upcast with `.float()` only when it is
+    known to be a tensor (a name unpacked from a model whose `forward` is not in the file may be a list: refused).
+    Names are resolved the way Python resolves them in the step's function (its own `model`/`optimizer` first, then
+    the module's), so each training function of a file gets the finding, and its own scaler, that it gets alone.
 
     A loss computed with `F.binary_cross_entropy` or an `nn.BCELoss` instance (also inside a loss
     function of the file) raises under CUDA autocast, so autocast covers only the forward: the
@@ -82,7 +79,9 @@ class MissingAutocast(_AmpBase):
     `accelerator.backward(loss)` is not flagged: `Accelerator(mixed_precision=...)` owns it.
 
     The step is left alone, with a diagnostic saying why, when it takes `optimizer.step(closure)`,
-    calls `torch.autograd.grad`, casts the model with `.half()`, interleaves optimizer or metric
+    calls `torch.autograd.grad`, casts the model with `.half()`, steps an optimizer built by a class
+    of another library (`Lion(...)`: `GradScaler.step` needs a `torch.optim.Optimizer`, and that class
+    is not known to be one), interleaves optimizer or metric
     code with the forward, calls the model and the binary cross-entropy loss in one statement (or
     runs the model again after that loss), or would choose bfloat16 (the `dtype` option, or
     parameters updated by hand) for a model wrapped in `nn.DataParallel`: its replica threads

@@ -242,8 +242,11 @@ def _live_step(body: list, optimizers: set[str], wrappers: set[str] = frozenset(
     ``step`` (or any method of an optimizer wrapper) in ``body`` (or in an ``if`` there) or a
     parameter update by hand, no scaled backward, no ``unscale_``."""
     backs = [_back_loss(s) for s in body]
-    if not any(b for b, _ in backs):
-        return False
+    if not any(b for b, _ in backs):  # gradient accumulation over an inner loop (step_analysis._micro_batch_loop)
+        inner = [s.body for s in body if isinstance(s, (ast.For, ast.While)) and not s.orelse]
+        backs = [_back_loss(s) for lst in inner for s in lst]
+        if not any(b for b, _ in backs):
+            return False
     lists = [body] + [s.body for s in body if isinstance(s, ast.If)]
     if not any(
         isinstance(s, (ast.Expr, ast.Assign))
@@ -273,6 +276,13 @@ def _hand_update(body: list) -> bool:
     return False
 
 
+def _zeroed_and_stepped(f: _Facts) -> set[str]:
+    """Plain names the file calls both ``.zero_grad()`` and ``.step()`` on."""
+    calls = f.calls()
+    zeroed = {_receiver(c) for c in calls if _method(c, "zero_grad")}
+    return {r for c in calls if _method(c, "step") and (r := _receiver(c)) in zeroed and "." not in r}
+
+
 def missing_autocast_possible(text: str) -> bool:
     """TOP202 (MissingAutocast): an optimizer bound to a ``torch.optim`` class (or a ``.grad`` read),
     and a loop body, or the body of a function called by name in a loop, holding ``<x>.backward()``
@@ -281,7 +291,8 @@ def missing_autocast_possible(text: str) -> bool:
     f = facts(text)
     if f is None:
         return True
-    optimizers = f.optimizers()
+    # An object of a library class stepped and zeroed like an optimizer: refused with the reason.
+    optimizers = f.optimizers() | _zeroed_and_stepped(f)
     wrappers = f.wrappers()
     if not optimizers and not wrappers and ".grad" not in text:  # no optimizer, no hand-written update
         # An optimizer held by a class of another module: refused with the reason (foreign_wrappers).

@@ -442,23 +442,127 @@ def analyse_step(analysis: _Analysis, site: StepSite) -> StepPlan | None:
     step, already mixed precision); raises Refusal with the reason when it cannot be rewritten."""
     stmts = list(site.stmts)
     backs = [(i, c) for i, s in enumerate(stmts) if (c := _backward_call(s)) is not None]
+    micro, first = stmts, backs[0][0] if backs else -1  # where the backward passes are
     if not backs:
-        return None
+        found = _micro_batch_loop(stmts, site)
+        if found is None:
+            return None
+        first, micro, backs = found
     steps = _find_steps(stmts, site)
     manual = hand_update(analysis, stmts, site.models)
-    if not steps and manual is None:
+    if _already_mixed(analysis, micro, backs) or (micro is not stmts and _already_mixed(analysis, stmts, [])):
         return None
-    if _already_mixed(analysis, stmts, backs):
+    if not steps and manual is None:
+        _refuse_unknown_optimizer(analysis, site, stmts, first, micro, backs)
         return None
     _refuse_unsupported(analysis, site, stmts, backs[0][1], steps, manual)
-    regions, bce_outside = _regions(analysis, site, stmts, backs)
-    anchor = regions[0].stmts[0] if regions else stmts[backs[0][0]]
+    regions, bce_outside = _regions(analysis, site, micro, backs)
+    anchor = regions[0].stmts[0] if regions else micro[backs[0][0]]
     if manual is not None:  # bfloat16 without a scaler: no step goes through it, nothing to unscale
         return StepPlan(site, regions, [c for _, c in backs], [], stmts, [], anchor, bce_outside, manual)
-    step_list, unscale = _unscale_points(analysis, stmts, backs[0][0], steps)
+    if any(j < first for lst, j, _, _ in steps if lst is stmts):
+        return None  # a step before the micro-batch loop: not one accumulation step
+    step_list, unscale = _unscale_points(analysis, stmts, first, steps)
     return StepPlan(
         site, regions, [c for _, c in backs], [(c, o) for _, _, c, o in steps], step_list, unscale, anchor, bce_outside
     )
+
+
+def _refuse_unknown_optimizer(
+    analysis: _Analysis,
+    site: StepSite,
+    stmts: list[cst.BaseStatement],
+    first: int,
+    micro: list[cst.BaseStatement],
+    backs: list[tuple[int, cst.Call]],
+) -> None:
+    """Raise Refusal for a step whose loss comes from a model and whose optimizer is built by a class of
+    a library other than torch (``opt = MuonAdamAtan2(...)``; ``opt.zero_grad()`` and ``opt.step()``):
+    ``GradScaler.step`` unscales the ``param_groups`` of a torch.optim.Optimizer, and whether that class
+    is one is not known. A class of the project is left to ``foreign_wrappers``."""
+    for s in stmts[first + 1 :]:
+        small = _single_small(s)
+        c = small.value if isinstance(small, cst.Expr) else None
+        if not (
+            isinstance(c, cst.Call)
+            and isinstance(c.func, cst.Attribute)
+            and c.func.attr.value == "step"
+            and not c.args
+            and isinstance(c.func.value, cst.Name)
+        ):
+            continue
+        name = c.func.value.value
+        written = _library_class(analysis, name)
+        zeroes = any(
+            isinstance(z.func, cst.Attribute) and z.func.attr.value == "zero_grad" and dotted(z.func.value) == name
+            for z in analysis.module_calls()
+        )
+        if written is None or not zeroes:
+            continue
+        try:
+            regions, _ = _regions(analysis, site, micro, backs)
+        except Refusal:
+            return  # no model feeds the loss, or the forward cannot be wrapped: not this step's question
+        if regions:
+            raise Refusal(
+                c,
+                f"`{name}` is built by `{written}(...)`, which is not a torch.optim class: "
+                f"`GradScaler.step({name})` needs a torch.optim.Optimizer (it unscales the gradients of its "
+                f"`param_groups` before stepping it), and whether `{written}` is one is not known",
+            )
+        return
+
+
+def _library_class(analysis: _Analysis, name: str) -> str | None:
+    """The class, as written, that every binding of ``name`` in the file calls, when it comes from a
+    library other than torch (not the project's, not torch's); else None."""
+    from torchopt.analysis.project import index_of
+
+    found: set[str] = set()
+    for stmt in analysis.assigning(name):
+        small = _single_small(stmt)
+        value = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        if not isinstance(value, cst.Call) or not isinstance(value.func, (cst.Name, cst.Attribute)):
+            return None
+        written = dotted(value.func)
+        if written is None or callee(analysis.rule, value) is not None or not written.split(".")[-1][:1].isupper():
+            return None
+        if index_of(analysis.rule).resolve(written) is not None or written.split(".")[0] not in _imported(analysis):
+            return None
+        found.add(written)
+    return found.pop() if len(found) == 1 else None
+
+
+def _imported(analysis: _Analysis) -> set[str]:
+    """Names the module binds by an import statement."""
+    out = set()
+    for n in analysis.all_nodes:
+        if isinstance(n, (cst.Import, cst.ImportFrom)) and not isinstance(n.names, cst.ImportStar):
+            for a in n.names:
+                bound = a.asname.name if a.asname is not None else a.name
+                if isinstance(bound, cst.Name):
+                    out.add(bound.value)
+                elif isinstance(bound, cst.Attribute):
+                    out.add((dotted(bound) or "").split(".")[0])
+    return out
+
+
+def _micro_batch_loop(
+    stmts: list[cst.BaseStatement], site: StepSite
+) -> tuple[int, list[cst.BaseStatement], list[tuple[int, cst.Call]]] | None:
+    """Gradient accumulation over an inner loop (``for _ in range(k): loss = model(next(it));
+    (loss / k).backward()``, the optimizer stepped after it): the loop's index in ``stmts``, its body
+    and the backward calls there. Only a loop without ``else`` or ``break`` whose body steps no optimizer."""
+    for i, s in enumerate(stmts):
+        if not isinstance(s, (cst.For, cst.While)) or s.orelse is not None:
+            continue
+        body = body_list(s.body)
+        if not body or any(isinstance(n, cst.Break) for n in walk(s.body)):
+            continue
+        backs = [(j, c) for j, b in enumerate(body) if (c := _backward_call(b)) is not None]
+        if backs and not _find_steps(list(body), site):
+            return i, list(body), backs
+    return None
 
 
 def _find_steps(stmts: list[cst.BaseStatement], site: StepSite) -> list[_Found]:

@@ -20,6 +20,9 @@ from torchopt.analysis.syntax import walk
 
 _CONTAINERS = (cst.List, cst.Dict, cst.Set, cst.Tuple, cst.ListComp, cst.DictComp, cst.SetComp)
 _UNPACKED = (cst.Element, cst.StarredElement, cst.Tuple, cst.List)
+_MOVES = frozenset(
+    {"to", "cuda", "train", "eval", "float", "requires_grad_", "share_memory"}
+)  # return the module itself
 
 
 def is_store(analysis, name: cst.Name) -> bool:
@@ -132,6 +135,8 @@ def _constructor(analysis, call: cst.Call) -> str | None:
             and dotted(base.args[0].value) == name
         ):
             continue
+        if _moved_self(small.value, name):
+            continue  # `model = model.to(device)`: the same module
         built.add(_built_class(small.value))
     return built.pop() if len(built) == 1 else None
 
@@ -143,6 +148,14 @@ def _unmoved(value: cst.CSTNode | None) -> cst.CSTNode | None:
     ):
         value = value.func.value
     return value
+
+
+def _moved_self(value: cst.BaseExpression, name: str) -> bool:
+    """``value`` is ``name.to(...)`` / ``name.cuda().train()``: methods a module returns itself from."""
+    moved = False
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in _MOVES:
+        value, moved = value.func.value, True
+    return moved and isinstance(value, cst.Name) and value.value == name
 
 
 def _built_class(value: cst.CSTNode | None) -> str | None:
