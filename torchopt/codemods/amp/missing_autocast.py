@@ -8,19 +8,18 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.program import program_of
-from torchopt.analysis.statement_edits import ApplyEdits, Edits, Refusal
+from torchopt.analysis.statement_edits import Refusal
 from torchopt.codemods.amp import FAMILY
 from torchopt.codemods.amp import prechecks
-from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, _AmpBase, _Analysis, wrap_region
-from torchopt.codemods.amp.step_analysis import StepPlan, _loop_sites, _site_key, analyse_step
+from torchopt.codemods.amp.autocast_insertion import OPTION_DTYPE, _AmpBase, _Analysis
+from torchopt.codemods.amp.step_analysis import _loop_sites, analyse_step
 from torchopt.codemods.amp.foreign_wrappers import foreign_wrapper_steps
-from torchopt.codemods.amp.program_gate import GATE_EXAMPLES, no_float32_step
+from torchopt.codemods.amp.program_gate import no_float32_step
+from torchopt.codemods.amp.step_fixes import apply_fix, fix_hand_update, fix_step
 from torchopt.codemods.amp.imported_steps import imported_step_reason, imported_steps
 from torchopt.codemods.amp.remote_steps import check_remote_models, plan_remote, remote_sites
-from torchopt.codemods.amp.step_placement import edit_root, hand_update_setup, inside
-from torchopt.codemods.amp.scaler_edits import check_scaled_step, save_scaler_in_checkpoints, scale_step
+from torchopt.codemods.amp.step_placement import inside
 from torchopt.rewrite.rule import Invalid
-from torchopt.rewrite.rule import Later
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
@@ -665,7 +664,43 @@ class MissingAutocast(_AmpBase):
             """),
             note="a program that never selects an accelerator: it trains on the CPU, where this step is no float16 step",
         ),
-    ) + GATE_EXAMPLES
+        Valid(
+            dedent("""\
+                import torch
+                import torch.nn as nn
+
+                def main(loader):
+                    net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.LazyLinear(10))
+                    net = net.half().cuda()
+                    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+                    for x, y in loader:
+                        loss = nn.functional.cross_entropy(net(x), y)
+                        loss.backward()
+                        opt.step()
+            """),
+            note="the program trains in half precision by hand (the model is cast unconditionally): no float32 step",
+        ),
+        Valid(
+            dedent("""\
+                import gymnasium as gym
+                import torch
+                import torch.nn as nn
+
+                env = gym.make("CartPole-v1")
+                policy = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2)).cuda()
+                opt = torch.optim.Adam(policy.parameters())
+                obs, _ = env.reset()
+                for step in range(1000):
+                    logits = policy(torch.tensor(obs, device="cuda"))
+                    obs, reward, done, trunc, _ = env.step(logits.argmax().item())
+                    loss = -logits.log_softmax(-1).max() * reward
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            """),
+            note="a small MLP policy trained between environment steps: the environment dominates, autocast cannot pay",
+        ),
+    )
 
     def visit_Module(self, node: cst.Module) -> None:
         if no_float32_step(self):
@@ -681,11 +716,11 @@ class MissingAutocast(_AmpBase):
                     continue
                 check_remote_models(a, program, plan, self.option("dtype") == "bfloat16")
                 if plan.manual_update is not None:
-                    self._fix_hand_update(a, plan)
+                    fix_hand_update(self, a, plan)
                     continue
                 scaler = self.option("dtype") != "bfloat16"
                 setup = plan_remote(self, a, program, plan, step, scaler)
-                self._apply(a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
+                apply_fix(self, a, plan, setup.edits, setup.names, setup.item, setup.imports, scaler, None)
             except Refusal as r:
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
         for call, func, path, opt in imported_steps(a):
@@ -701,99 +736,10 @@ class MissingAutocast(_AmpBase):
                 plan = analyse_step(a, site)
                 if plan is None:
                     continue
-                self._fix(a, plan)
+                fix_step(self, a, plan)
             except Refusal as r:
                 reported.append(r.node or a.module)
                 self.report(r.node or a.module, message=self.refuse_message.format(reason=r.reason))
         for stmt, reason, fn in foreign_wrapper_steps(self, a):
             if not any(inside(a, n, fn) for n in reported):  # one finding per step
                 self.report(stmt, message=self.refuse_message.format(reason=reason))
-
-    def _fix(self, analysis: _Analysis, plan: StepPlan) -> None:
-        if plan.manual_update is not None:
-            self._fix_hand_update(analysis, plan)
-            return
-        site = plan.site
-        scaler = self.option("dtype") != "bfloat16"
-        opts = []
-        for _, o in plan.steps:
-            if o not in opts:
-                opts.append(o)
-        file_opts = [_site_key(analysis, site, o) for o in opts]
-        missing = [o for o in file_opts if o not in analysis.koptimizers]
-        if missing:
-            raise Refusal(plan.anchor_node, f"`{missing[0][0]}` is not created in this file")
-        used = {_site_key(analysis, site, m) for s in site.stmts for m in analysis.model_of_stmt(s, site.models)}
-        step_scope = site.owner if isinstance(site.owner, cst.FunctionDef) else analysis.scope_owner(site.owner)
-        names, setup, anchor, item, imports = self._setup(
-            analysis,
-            step_scope,
-            sorted(used),
-            [analysis.koptimizers[o] for o in file_opts],
-            site.trigger,
-            scaler,
-            plan.anchor_node,
-            globals_follow=not any(o in site.alias for o in opts),  # a parameter: the scaler would not follow it
-        )
-        e = Edits()
-        e.add_after(anchor, setup)
-        self._apply(analysis, plan, e, names, item, imports, scaler, (file_opts, anchor))
-
-    def _fix_hand_update(self, analysis: _Analysis, plan: StepPlan) -> None:
-        """bfloat16 autocast and no scaler: a GradScaler can only step an optimizer, and this step writes
-        the weights itself; bfloat16 keeps float32's exponent range, so gradients need no scaling."""
-        e, names, item, imports = hand_update_setup(self, analysis, plan)
-        self._apply(analysis, plan, e, names, item, imports, False, None)
-
-    def _apply(
-        self,
-        analysis: _Analysis,
-        plan: StepPlan,
-        e: Edits,
-        names: dict[str, str],
-        item: cst.WithItem,
-        imports: tuple,
-        scaler: bool,
-        checkpoints: tuple | None,
-    ) -> None:
-        """Wrap the regions, scale the backward passes, step through the scaler, and report the fix."""
-        if scaler:
-            check_scaled_step(analysis, plan)
-        for r in plan.regions:
-            wrap_region(e, r, item)
-        if scaler:
-            scale_step(analysis, plan, e, names["scaler"])
-            if checkpoints is not None:
-                save_scaler_in_checkpoints(self, analysis, e, checkpoints[0], names["scaler"], checkpoints[1])
-        # The fix replaces the smallest top-level statement holding every edit (a training function),
-        # so each step costs what its function costs and steps of different functions apply together.
-        root = edit_root(analysis, e)
-        new = Later(lambda: root.visit(ApplyEdits(e)))  # rebuilt only when the fix is applied
-        extra = " and scale the loss with `torch.amp.GradScaler`" if scaler else " (bfloat16)"
-        note = (
-            "forward and loss run in float16 on CUDA / bfloat16 elsewhere (the AMP tolerances of `torchopt validate`)"
-        )
-        if plan.manual_update is not None:
-            extra = (
-                " in bfloat16, with no GradScaler: the parameters are updated by hand and a GradScaler can "
-                "only step an optimizer (on CUDA, bfloat16 pays off on Ampere or newer GPUs)"
-            )
-            note = "forward and loss run in bfloat16 (the AMP tolerances of `torchopt validate`)"
-        if plan.bce_outside:
-            extra += (
-                "; binary cross-entropy is unsafe to autocast, so it runs after the block on the "
-                "forward's outputs upcast to float32"
-            )
-            note = note.replace("forward and loss run", "the forward runs").replace(
-                " (the AMP", ", the binary cross-entropy loss in float32 (the AMP"
-            )
-        region = "the forward" if plan.bce_outside else "forward and loss"
-        self.report(
-            plan.anchor_node,
-            fmt={"extra": extra, "region": region},
-            replacement=new,
-            target=root,
-            tags=[Tag.NUMERICS],
-            imports=imports,
-            note=note,
-        )

@@ -3,13 +3,10 @@ before any step is analysed (the facts: torchopt/analysis/accelerators.py, preci
 
 from __future__ import annotations
 
-from textwrap import dedent
-
 from torchopt.analysis.accelerators import host_program
 from torchopt.analysis.precision import precision_of
 from torchopt.analysis.workload import workload_of
 from torchopt.rewrite.rule import Rule
-from torchopt.rewrite.rule import Valid
 
 
 def half_cast_reason(rule: Rule, name: str, where: str = "") -> str:
@@ -36,43 +33,3 @@ def no_float32_step(rule: Rule) -> bool:
     if rule.option("dtype") != "bfloat16" and host_program(rule) is not None:
         return True
     return precision_of(rule).kind == "half" or workload_of(rule).environment_bound
-
-
-GATE_EXAMPLES = (
-    Valid(
-        dedent("""\
-            import torch
-            import torch.nn as nn
-
-            def main(loader):
-                net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.LazyLinear(10))
-                net = net.half().cuda()
-                opt = torch.optim.SGD(net.parameters(), lr=0.1)
-                for x, y in loader:
-                    loss = nn.functional.cross_entropy(net(x), y)
-                    loss.backward()
-                    opt.step()
-        """),
-        note="the program trains in half precision by hand (the model is cast unconditionally): no float32 step",
-    ),
-    Valid(
-        dedent("""\
-            import gymnasium as gym
-            import torch
-            import torch.nn as nn
-
-            env = gym.make("CartPole-v1")
-            policy = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2)).cuda()
-            opt = torch.optim.Adam(policy.parameters())
-            obs, _ = env.reset()
-            for step in range(1000):
-                logits = policy(torch.tensor(obs, device="cuda"))
-                obs, reward, done, trunc, _ = env.step(logits.argmax().item())
-                loss = -logits.log_softmax(-1).max() * reward
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        """),
-        note="a small MLP policy trained between environment steps: the environment dominates, autocast cannot pay",
-    ),
-)
