@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from torchopt.rewrite.config import Settings
+from cpu_support import skip_unless_bfloat16_lstm
 from torchopt.rewrite.engine import check_source, fix_source
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -94,6 +95,7 @@ def test_deprecated_api_only_top201():
 def test_validates_on_cpu(name):
     from torchopt.validate.command import validate
 
+    skip_unless_bfloat16_lstm((FIXTURES / name / "before.py").read_text(encoding="utf-8"))
     settings = Settings(select=("TOP2",), unsafe_fixes=True)
     out = validate(
         str(FIXTURES / name / "before.py"),

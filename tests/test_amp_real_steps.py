@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from cpu_support import skip_unless_bfloat16_lstm
 
 import pytest
 from typer.testing import CliRunner
@@ -261,6 +262,7 @@ def test_cli_writes_the_amp_rewrite_only_into_the_named_folder(tmp_path):
 def test_unsafe_rewrite_validates_on_the_cpu(name, tmp_path):
     src = tmp_path / "before.py"
     src.write_bytes((FIXTURES / name / "before.py").read_bytes())
+    skip_unless_bfloat16_lstm(src.read_text(encoding="utf-8"))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(
         [

@@ -145,6 +145,8 @@ CPU_FLAG = (
         parser.add_argument("--device", default="cpu", help="cpu, or cuda when you have one")
         args = parser.parse_args()
         x = torch.ones(2, device=args.device)
+        for _ in range(100):  # steady work: a one-off script would not be told about threads at all
+            x = torch.sin(x)
     """)
     + MAIN
 )
@@ -157,7 +159,8 @@ CPU_ONLY = (
     def main():
         device = torch.device("cpu")
         model = torch.nn.Linear(4, 2).to(device)
-        print(model(torch.ones(1, 4)))
+        for _ in range(100):
+            print(model(torch.ones(1, 4)))
     """)
     + MAIN
 )

@@ -39,16 +39,17 @@ if __name__ == "__main__":
         model = nn.Linear(4, 2)
     model.load_state_dict({"weight": torch.ones(2, 4), "bias": torch.zeros(2)})
     model.eval()
-    with torch.no_grad():
-        out = model(torch.ones(1, 4))
-    print(out.tolist())
+    for i in range(3):  # evaluated more than once: a one-off block is not worth a finding
+        with torch.no_grad():
+            out = model(torch.full((1, 4), float(i)))
+        print(out.tolist())
 """
 
 
 # Under inference_mode the parameters would be inference tensors: the load_state_dict that follows,
 # outside the block, would raise. Only the block that runs the model is converted.
 BUILT_UNDER_NO_GRAD_AFTER = BUILT_UNDER_NO_GRAD.replace(
-    "    with torch.no_grad():\n        out", "    with torch.inference_mode():\n        out"
+    "        with torch.no_grad():\n            out", "        with torch.inference_mode():\n            out"
 )
 
 

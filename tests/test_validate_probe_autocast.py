@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from cpu_support import skip_unless_bfloat16_lstm
 
 import pytest
 
@@ -61,6 +62,7 @@ def _tree(folder: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_amp_rnn_with_carried_hidden_state_keeps_its_outputs(tmp_path: Path) -> None:
+    skip_unless_bfloat16_lstm(LM)
     prog = tmp_path / "prog"
     prog.mkdir()
     (prog / "lm.py").write_text(LM)
