@@ -154,6 +154,15 @@ class CastAfterFactory(_FactoryRule):
         )
 
     examples = (
+        Valid(
+            dedent("""\
+                import torch
+
+                float_holder = torch.jit.trace(lambda: torch.ones([]).float(), example_inputs=[])
+                float_input = list(float_holder.graph.findNode("aten::to").inputs())[1]
+            """),
+            note="the traced graph is what the program reads: folding the cast would remove its `aten::to` node",
+        ),
         # --- the casts that fold into the factory
         Invalid(
             dedent("""\

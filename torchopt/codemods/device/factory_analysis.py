@@ -20,6 +20,7 @@ from libcst.metadata import ScopeProvider
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.names import TorchRef, callee, is_import_of_torch, param_annotation, reaching_values, torch_ref
 from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
+from torchopt.analysis.tracing import in_traced_callable
 from torchopt.analysis.precheck.tree import ast_index
 from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.values import CAST_METHODS, DTYPES, DeviceKind, classify_device, dtype_of
@@ -87,7 +88,7 @@ class _FactoryRule(Rule):
             return True  # the tensor-mean/std overloads take no device=/dtype=
         if kind == "as_tensor" and len(positional(inner)) > 1:
             return True  # positional dtype/device
-        return False
+        return in_traced_callable(self, inner)  # the traced graph is the product: keep its operations
 
     def requires_grad(self, inner: cst.Call) -> bool:
         rg = keyword(inner, "requires_grad")

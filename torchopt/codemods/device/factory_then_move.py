@@ -384,6 +384,18 @@ class FactoryThenMove(_FactoryRule):
         return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
 
     examples = (
+        Valid(
+            dedent("""\
+                import torch
+
+                def probe():
+                    return torch.ones([]).to(torch.device("cuda"))
+
+                holder = torch.jit.trace(probe, example_inputs=[])
+                device_node = holder.graph.findAllNodes("prim::Constant")[-1]
+            """),
+            note="a function handed to a tracer: the graph it records, with its `to` node, is what the program gets",
+        ),
         # --- the factories that take a device
         Invalid(
             "import torch\nx = torch.zeros(3, 4).cuda()\n", after='import torch\nx = torch.zeros(3, 4, device="cuda")\n'
