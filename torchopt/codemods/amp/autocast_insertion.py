@@ -352,7 +352,8 @@ class _Analysis:
             for small in n.body:
                 if isinstance(small, cst.Assign) and len(small.targets) == 1:
                     t = small.targets[0].target
-                    self._assignment(n, dotted(t), small.value, t)
+                    for name, value in _pairs(t, small.value):
+                        self._assignment(n, dotted(name), value, name)
                 elif isinstance(small, cst.AnnAssign) and small.value is not None:
                     self._assignment(n, dotted(small.target), small.value, small.target)
                 elif isinstance(small, cst.Expr):
@@ -604,6 +605,18 @@ class _Analysis:
 
 
 # --------------------------------------------------------------------------- the rules
+
+
+def _pairs(
+    target: cst.BaseExpression, value: cst.BaseExpression
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """The name each value of an assignment binds: itself, or element by element for
+    ``model, data = Net().to(device), data.to(device)`` (tuples of equal length, nothing starred)."""
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+        names, values = target.elements, value.elements
+        if len(names) == len(values) and not any(isinstance(e, cst.StarredElement) for e in (*names, *values)):
+            return [(t.value, v.value) for t, v in zip(names, values)]
+    return [(target, value)]
 
 
 class _AmpBase(Rule):
