@@ -352,8 +352,8 @@ class _Analysis:
             for small in n.body:
                 if isinstance(small, cst.Assign) and len(small.targets) == 1:
                     t = small.targets[0].target
-                    for name, value in _pairs(t, small.value):
-                        self._assignment(n, dotted(name), value, name)
+                    for bound, value in _pairs(t, small.value):
+                        self._assignment(n, dotted(bound), value, bound)
                 elif isinstance(small, cst.AnnAssign) and small.value is not None:
                     self._assignment(n, dotted(small.target), small.value, small.target)
                 elif isinstance(small, cst.Expr):
