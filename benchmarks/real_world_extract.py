@@ -1,7 +1,7 @@
 """Extract the repositories of a real-world manifest at their commits, from bare git directories, into ROOT.
 
 Usage:
-    python benchmarks/real_world_extract.py MANIFEST ROOT [--git-dirs /work/.mirror]
+    python benchmarks/real_world_extract.py MANIFEST ROOT --git-dirs DIR
 
 MANIFEST is a TOML manifest of benchmarks/real_world_sample.py (`[[entry]]` tables with `repository` and
 `commit`). For each repository and commit it names, the git directory ``GIT_DIRS/owner+name/repo`` (or
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("manifest", type=Path)
     parser.add_argument("root", type=Path, help="folder to write one owner+name folder per repository into")
-    parser.add_argument("--git-dirs", type=Path, default=Path("/work/.mirror"), help="holds owner+name/repo")
+    parser.add_argument("--git-dirs", type=Path, required=True, help="the folder holding owner+name/repo bare git dirs")
     args = parser.parse_args(argv)
     entries = tomllib.loads(args.manifest.read_text(encoding="utf-8"))["entry"]
     commits: dict[str, str] = {}
