@@ -37,8 +37,8 @@ def _traced_names(rule: Rule) -> set[str]:
     return {
         a.value.value
         for call in walk(rule.ctx.module, cross_scopes=True)
-        if _traces(rule, call)
-        for a in call.args  # type: ignore[attr-defined]
+        if isinstance(call, cst.Call) and _traces(rule, call)
+        for a in call.args
         if isinstance(a.value, cst.Name)
     }
 

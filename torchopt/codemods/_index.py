@@ -84,7 +84,7 @@ FILES = {
     '__init__.py': 991,
     'amp/__init__.py': 95,
     'amp/amp_api.py': 13331,
-    'amp/autocast_insertion.py': 33547,
+    'amp/autocast_insertion.py': 34297,
     'amp/custom_function_amp.py': 8261,
     'amp/deprecated_amp_api.py': 28091,
     'amp/foreign_wrappers.py': 5877,
