@@ -40,6 +40,7 @@ from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
 SETUPS = PG_SETUPS  # the calls that create the default process group
+_SETUP_LAST = frozenset(q.rsplit(".", 1)[-1] for q in SETUPS)
 
 
 class Setup(enum.Enum):
@@ -69,10 +70,18 @@ class ProcessGroup:
         self._stmts: dict[int, int] = {}
         self._functions: dict[int, int] = {}
         self._entries: dict[str, PGState] = {}
+        self._at: dict[int, tuple[cst.CSTNode, PGState]] = {}
         self._pending: set[str] = set()
         self._written: list[str] = []
         self._script = self.program.entry.kind == "main-guard"
         self._setup_calls: list[cst.Call] = []
+        # How the file may spell a setup: its name, or the alias it is imported as
+        self._setup_spellings = set(_SETUP_LAST)
+        for imp in walk(self.module, True):
+            if isinstance(imp, (cst.Import, cst.ImportFrom)) and not isinstance(imp.names, cst.ImportStar):
+                for alias in imp.names:
+                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                        self._setup_spellings.add(alias.asname.name.value)
         for n in walk(self.module, True):
             if isinstance(n, cst.Call) and self._is_setup(n):
                 self._setup_calls.append(n)
@@ -86,6 +95,9 @@ class ProcessGroup:
         """A call of a known setup, resolved through the file's imports (``from accelerate import
         Accelerator``, ``import deepspeed``, ``import torch.distributed as dist``)."""
         func = call.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        if last not in self._setup_spellings:
+            return False  # resolved only when the spelling may be one (an alias keeps the last part)
         while isinstance(func, cst.Attribute):
             func = func.value
         if not isinstance(func, cst.Name):
@@ -179,6 +191,12 @@ class ProcessGroup:
     # ----------------------------------------------------------------- program order
     def at(self, node: cst.CSTNode) -> PGState:
         """Whether the process group is set up when ``node`` runs (see the module docstring)."""
+        hit = self._at.get(id(node))
+        if hit is None or hit[0] is not node:
+            hit = self._at[id(node)] = (node, self._state_at(node))
+        return hit[1]
+
+    def _state_at(self, node: cst.CSTNode) -> PGState:
         may = False
         below: cst.CSTNode = node
         cur = self.parent(node)

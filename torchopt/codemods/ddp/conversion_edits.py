@@ -171,9 +171,11 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
     for saved, path in saves:  # the folder each file is written to, now that the log lines have their guards
         n += group_with_save(analysis, e, saved, path, e.guards[id(saved)])
     for c in calls(analysis.module, True):
-        if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c) or ctx.before_setup(c):
+        if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue
         q = analysis.call_name(c)
+        if q not in TQDM and q not in WRITERS or ctx.before_setup(c):
+            continue
         if q in TQDM and keyword(c, "disable") is None and not has_star(c) and not analysis.under_rank_guard(c):
             test = ctx.not_rank0(c)
             e.replace_node(c, lambda upd, test=test: set_kwarg(upd, "disable", cst.parse_expression(test)))  # type: ignore[misc]  # mypy infers no lambda with a default, which binds this call's test
