@@ -242,3 +242,19 @@ def test_top405_rewritten_program_prints_as_its_note_says(tmp_path):
     r0, r1 = (torch.load(tmp_path / "out" / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert "building the model" in r0["stdout"] and "building the model" in r1["stdout"]
     assert "loss" in r0["stdout"] and "loss" not in r1["stdout"]
+
+
+def test_an_accelerator_sets_up_the_group_under_any_alias():
+    states = _states("""\
+        from accelerate import Accelerator as Acc
+
+        def main():
+            print("before")
+            acc = Acc()
+            print("after")
+
+        if __name__ == "__main__":
+            main()
+    """)
+    assert states["before"] == (Setup.NOT_YET, "Acc()")
+    assert states["after"][0] is Setup.DONE
