@@ -76,6 +76,23 @@ SIZE_FIXERS = {
     "RandomApply",
     "RandomOrder",
 }
+# Calls that create the default process group (the library calls init_process_group itself).
+PG_SETUPS = frozenset(
+    {
+        "torch.distributed.init_process_group",
+        "torch.distributed.distributed_c10d.init_process_group",
+        "torch.distributed.init_device_mesh",
+        "torch.distributed.device_mesh.init_device_mesh",
+        "deepspeed.init_distributed",
+        "deepspeed.comm.init_distributed",
+        "deepspeed.comm.comm.init_distributed",
+        "deepspeed.initialize",
+        "accelerate.Accelerator",
+        "accelerate.accelerator.Accelerator",
+        "accelerate.PartialState",
+        "accelerate.state.PartialState",
+    }
+)
 # Mixed-precision contexts that cover CUDA matmuls.
 AUTOCASTS = {"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.amp.autocast_mode.autocast"}
 
@@ -104,6 +121,7 @@ class Unit:
     determinism: list[str] = field(default_factory=list)
     resizes: bool = False  # calls a SIZE_FIXERS name, or slices with literal bounds
     autocast: bool = False  # a function that returns an autocast context (`return torch.autocast("cuda")`)
+    pg_setup: bool = False  # calls a setup of the default process group (process_group.SETUPS), anywhere
 
 
 @dataclass
@@ -229,6 +247,8 @@ def _classify(out: ModuleSummary, call: ast.Call, unit: Unit) -> None:
     last = written.rsplit(".", 1)[-1]
     if last in SIZE_FIXERS:
         unit.resizes = True
+    if full in PG_SETUPS:
+        unit.pg_setup = True
     kind = None
     if full.startswith("torch.nn.") and last in LAYER_KINDS:
         kind = LAYER_KINDS[last]

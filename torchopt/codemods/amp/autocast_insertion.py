@@ -19,15 +19,16 @@ module), so every training function is analysed, and rewritten, as if it were al
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import builtins
 from typing import Container, Iterable, Sequence
 
 import libcst as cst
 from libcst.metadata import PositionProvider, Scope, ScopeProvider
 
-from torchopt.analysis.names import dotted, callee, torch_name, torch_ref
+from torchopt.analysis.names import bindings_of, dotted, callee, torch_name, torch_ref
 from torchopt.analysis.values import classify_device, dtype_of, string_value
 from torchopt.analysis.models import nn_module_classes, project_module_class
-from torchopt.analysis.program import program_of
+from torchopt.analysis.program import Program, program_of
 from torchopt.codemods.amp.setup_order import calls_follow
 from torchopt.codemods.amp.module_kinds import parameter_free
 from torchopt.codemods.amp.optimizer_wrappers import Wrapper, optimizer_wrapper
@@ -99,12 +100,14 @@ OPTION_DTYPE = Option(
 
 
 def _base_call(expr: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Call]]:
-    """``Net(3).to(device).train()`` -> (``Net(3)``, [the .to call, the .train call])."""
+    """``Net(3).to(device).train()`` -> (``Net(3)``, [the .to call, the .train call]); a move of a
+    name, ``model.to(device)``, -> (``model``, [the .to call]): ``model = model.to(device)`` moves the
+    model bound before it (in the same cell of a notebook or in another)."""
     chain: list[cst.Call] = []
     while (
         isinstance(expr, cst.Call)
         and isinstance(expr.func, cst.Attribute)
-        and isinstance(expr.func.value, cst.Call)
+        and (isinstance(expr.func.value, cst.Call) or dotted(expr.func.value) is not None)
         and expr.func.attr.value in _MOVE_CHAIN | _HALF_METHODS
     ):
         chain.append(expr)
@@ -167,26 +170,57 @@ def _read_names(stmt: cst.CSTNode) -> set[str]:
     return out
 
 
-def _no_model_reason(feeding: Sequence[cst.CSTNode]) -> str:
-    """Why no model was found: name the calls that do feed the loss, none of them known to be a module
-    (a model built by `models.__dict__[name]()` or returned from another file is not)."""
-    # Objects called like a model (`model(x)`, `self.net(x)`), not methods (`images.to(...)`).
-    names = sorted(
-        {
-            name
-            for stmt in feeding
-            for c in _calls(stmt)
-            if (name := dotted(c.func))
-            and (isinstance(c.func, cst.Name) or name.count(".") == 1 and name.startswith("self."))
-        }
-    )
+def _no_model_reason(analysis: "_Analysis", models: Container[str], feeding: Sequence[cst.CSTNode]) -> str:
+    """Why no model call was found among the statements ``feeding`` the loss: a method of one of the
+    step's ``models`` runs it (``agent.get_action_and_value(...)``: not a call of the model), or name
+    the calls that do feed the loss, none of them known to be a module (a model built by
+    `models.__dict__[name]()` or returned from another file is not). Calls known not to be models are
+    not named: a loss or optimizer built in the file (the program model's roles), a builtin, a
+    function of the file."""
+    program = program_of(analysis.rule)
+    methods: list[tuple[str, str]] = []
+    names: set[str] = set()
+    for stmt in feeding:
+        for c in _calls(stmt):
+            name = dotted(c.func)
+            if not name:
+                continue
+            if isinstance(c.func, cst.Attribute):
+                receiver = dotted(c.func.value)
+                method = c.func.attr.value
+                if receiver in models and method not in _MOVE_CHAIN | _HALF_METHODS and not method.startswith("_"):
+                    methods.append((name, receiver or ""))
+                if not (name.count(".") == 1 and name.startswith("self.")):
+                    continue  # a method (`images.to(...)`), not an object called like a model
+            if not _not_a_model(analysis, program, c):
+                names.add(name)
+    if methods:
+        call, model = methods[0]
+        return (
+            f"the loss passed to `backward()` comes from `{call}(...)`, a method of the model `{model}` "
+            "rather than a call of the model, and autocast is inserted around model calls only"
+        )
     if not names:
         return "no call of a torch.nn.Module feeds the loss passed to `backward()`"
-    shown = ", ".join(f"`{n}(...)`" for n in names[:4])
+    shown = ", ".join(f"`{n}(...)`" for n in sorted(names)[:4])
     return (
         f"the loss passed to `backward()` comes from {shown}, none of which is known to be a torch.nn.Module "
         "(its class or factory is not visible in this file)"
     )
+
+
+def _not_a_model(analysis: "_Analysis", program: Program, c: cst.Call) -> bool:
+    """The callee of ``c`` is known not to be a model: a loss, optimizer, ... the file builds (its role
+    in the program model), a builtin, or a function of the file."""
+    role = program.role_of(c.func, c)
+    if role is not None:
+        return role.kind != "model"
+    if not isinstance(c.func, cst.Name):
+        return False
+    found = bindings_of(analysis.rule, c.func)
+    if found is None:
+        return hasattr(builtins, c.func.value)
+    return bool(found) and all(isinstance(getattr(b, "node", None), cst.FunctionDef) for b in found)
 
 
 def _calls(node: cst.CSTNode) -> Iterable[cst.Call]:

@@ -51,14 +51,14 @@ class _Facts:
 
     @staticmethod
     def base_call(value: ast.AST) -> ast.AST:
-        """insert._base_call: ``Net(3).to(device).train()`` -> ``Net(3)``."""
+        """insert._base_call: ``Net(3).to(device).train()`` -> ``Net(3)``, ``model.to(device)`` -> ``model``."""
         from torchopt.codemods.amp.autocast_insertion import _HALF_METHODS, _MOVE_CHAIN
 
         chain = _MOVE_CHAIN | _HALF_METHODS
         while (
             isinstance(value, ast.Call)
             and isinstance(value.func, ast.Attribute)
-            and isinstance(value.func.value, ast.Call)
+            and (isinstance(value.func.value, ast.Call) or ast_dotted(value.func.value))
             and value.func.attr in chain
         ):
             value = value.func.value

@@ -674,7 +674,9 @@ def _regions(
         model_stmts = [j for j in in_slice if analysis.calls_model(stmts[j], site.models)]
         if not model_stmts:
             if not regions:
-                raise Refusal(stmts[g[0]], _no_model_reason([stmts[j] for j in in_slice]))
+                raise Refusal(
+                    stmts[g[0]], _no_model_reason(analysis, site.models, [stmts[j] for j in sorted(in_slice)])
+                )
             prev = g[-1]
             continue
         start, end = min(model_stmts), max(in_slice)

@@ -125,6 +125,11 @@ class Context:
 
     block: cst.CSTNode | None = None  # the `if __name__ == "__main__":` that holds the set-up
 
+    def before_setup(self, node: cst.CSTNode) -> str | None:
+        """Why a rank guard that reads the process group would not work at ``node`` (it runs before
+        the group is set up), or None."""
+        return None
+
     def may_edit(self, node: cst.CSTNode) -> bool:
         """Module-level code outside the setup function may run before the group exists."""
         if self.block is not None and isinstance(self.a.scope_owner(node), cst.Module):
@@ -142,6 +147,10 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
     for se in side_effects(analysis):
         s = se.stmt
         if analysis.under_rank_guard(s) or analysis.only_called_on_rank(s) or not ctx.may_edit(s):
+            continue
+        early = ctx.before_setup(s)
+        if early is not None:
+            skipped.append(f"line {analysis.pos(s)[0]}: {se.what} {early}; not guarded")
             continue
         if se.unknown:
             where = analysis.module.code_for_node(se.path) if se.path is not None else "its file argument"
@@ -165,6 +174,8 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
         if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue
         q = analysis.call_name(c)
+        if q not in TQDM and q not in WRITERS or ctx.before_setup(c):
+            continue
         if q in TQDM and keyword(c, "disable") is None and not has_star(c) and not analysis.under_rank_guard(c):
             test = ctx.not_rank0(c)
             e.replace_node(c, lambda upd, test=test: set_kwarg(upd, "disable", cst.parse_expression(test)))  # type: ignore[misc]  # mypy infers no lambda with a default, which binds this call's test

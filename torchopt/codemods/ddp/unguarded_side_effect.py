@@ -6,6 +6,7 @@ from textwrap import dedent
 
 import libcst as cst
 
+from torchopt.analysis.process_group import Setup, process_group_at
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.statement_edits import ApplyEdits, Edits
 from torchopt.codemods.ddp import FAMILY
@@ -39,7 +40,11 @@ class RankZeroGuards(Rule):
     prints are left alone in a program that replaces `builtins.print` itself (the
     `setup_for_distributed` idiom: it already decides which ranks print), and so is anything that
     could take part in a collective (a DDP forward, `backward()`, `dist.*`, a function of the file).
-    Only code after the process group is created, or inside functions, is edited.
+    Only code after the process group is created, or inside functions, is edited; a statement that
+    runs before the group is set up on the paths the file shows (a function called only before
+    `init_process_group`, `deepspeed.init_distributed()` or `Accelerator()`, or a spawned worker's
+    code before its own) is left alone with a note naming the set-up call: there no rank test that
+    reads the process group can tell the processes apart.
 
     ## Why is this slow
     Every process runs the whole script: unguarded, each line is printed world-size times, each
@@ -182,6 +187,13 @@ class RankZeroGuards(Rule):
                 if owner is anchor_scope:
                     return a.pos(node) > apos
                 return not isinstance(owner, cst.Module)
+
+            def before_setup(self, node: cst.CSTNode) -> str | None:
+                state = process_group_at(a.rule, node)
+                if state.setup is not Setup.NOT_YET:
+                    return None
+                setup = f"`{state.setup_call}`" if state.setup_call else "the process group set-up"
+                return f"runs before {setup} sets up the process group, where no rank test can tell the processes apart"
 
             def _sure(self, node: cst.CSTNode) -> bool:
                 return unconditional and a.scope_owner(node) is anchor_scope
