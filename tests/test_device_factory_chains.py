@@ -217,3 +217,59 @@ def test_an_index_of_a_host_tensor_or_of_an_unknown_value_is_left_alone():
     """)
     found = check_source(unknown, ONLY).diagnostics
     assert [d.line for d in found] == [4] and all("index" not in d.message for d in found)
+
+
+# --- an index computed on the host through names (relative positions of an attention block) -----------
+
+RELATIVE = textwrap.dedent("""\
+    import torch
+    import torch.nn.functional as F
+
+
+    def relative_table(q_size: int, k_size: int, table: torch.Tensor):
+        longest = 2 * max(q_size, k_size) - 1
+        if table.shape[0] != longest:
+            resized = F.interpolate(table.t()[None], size=longest, mode="linear")[0].t()
+        else:
+            resized = table
+        q_coords = torch.arange(q_size)[:, None] * max(k_size / q_size, 1.0)
+        k_coords = torch.arange(k_size)[None, :] * max(q_size / k_size, 1.0)
+        relative = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+        return resized[relative.long()]
+
+
+    def run(device):
+        torch.manual_seed(0)
+        table = torch.randn(13, 4, device=device)
+        return [relative_table(q, k, table) for q, k in ((7, 7), (4, 7), (7, 3), (9, 9))]
+""")
+
+
+def test_an_index_computed_through_names_is_computed_on_the_device():
+    found = check_source(RELATIVE, ONLY).diagnostics
+    assert len(found) == 1 and "`relative`, `q_coords`, `k_coords`" in found[0].message
+    assert found[0].fix is not None and found[0].fix.tags == ("tolerance",)
+    assert fix_source(RELATIVE, ONLY, unsafe=False).text == RELATIVE
+    out = fix_source(RELATIVE, ONLY, unsafe=True).text
+    assert _flat("q_coords = torch.arange(q_size, device=resized.device)[:, None]") in _flat(out)
+    assert _flat("k_coords = torch.arange(k_size, device=resized.device)[None, :]") in _flat(out)
+    before, after = _run(RELATIVE, "run('cpu')"), _run(out, "run('cpu')")
+    assert all(_same(a, b) for a, b in zip(before, after))
+
+
+def test_an_index_whose_tensor_is_bound_after_its_factory_is_not_rewritten():
+    src = textwrap.dedent("""\
+        import torch
+
+        def pick(n: int, data, device):
+            idx = torch.arange(n)
+            table = torch.flatten(data.to(device))
+            return table[idx]
+    """)
+    found = check_source(src, ONLY).diagnostics
+    assert len(found) == 1 and found[0].fix is None and "bound after the factory" in found[0].message
+    assert fix_source(src, ONLY, unsafe=True).text == src
+    # Why: `table.device` read at the factory would name nothing yet.
+    naive = src.replace("torch.arange(n)", "torch.arange(n, device=table.device)")
+    with pytest.raises(UnboundLocalError):
+        _run(naive, "pick(3, torch.zeros(4), 'cpu')")

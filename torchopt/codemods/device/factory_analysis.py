@@ -175,6 +175,13 @@ def _could_index(text: str) -> bool:
                 continue
             if any(q[len("torch.") :] in INDEX_FACTORIES for q in ast_torch_names(imports, inner.func)):
                 return True
+    if not index.get(_ast.Subscript):
+        return False
+    for call in index.get(_ast.Call, ()):  # an index computed through names (index_sources)
+        if _ast_star(call) or any(k.arg in ("out", "device") for k in call.keywords):
+            continue
+        if any(q[len("torch.") :] in INDEX_FACTORIES for q in ast_torch_names(imports, call.func)):
+            return True
     return False
 
 

@@ -6,15 +6,11 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.arguments import has_star
 from torchopt.analysis.layout_chains import REARRANGING, chain_root, replace_root
 from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.arguments import positional
-from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.names import callee
-from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.syntax import source
-from torchopt.analysis.values import int_value
 from torchopt.codemods.device.factory_analysis import (
     _NOTE_LEAF,
     _could_index,
@@ -23,7 +19,7 @@ from torchopt.codemods.device.factory_analysis import (
     parse_cuda,
     parse_to,
 )
-from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, LEGACY, SPELLING
+from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, LEGACY
 from torchopt.codemods.device.move_checks import _MoveChecks
 from torchopt.codemods.device.move_edits import fix_drops_comment, moved_factory
 from torchopt.rewrite.rule import Invalid
@@ -41,6 +37,8 @@ class FactoryThenMove(_MoveChecks):
     `.contiguous()`, `.clone()`, `.detach()`, `[:, None]`): the chain then runs on the device.
     A factory used as an index of a tensor that may be on a device (`x[torch.arange(n), idx]`, not
     a host program's) is created on `x.device`: indexing copies a host index to the device each time.
+    So are the factories an index is computed from through names of the function, each assigned
+    once and read once (`q = torch.arange(n)[:, None] * s` ... `x[(q - k).long()]`).
 
     ## Why is this slow
     The tensor is first allocated and filled on the host, then copied to the device, and the host
@@ -90,7 +88,10 @@ class FactoryThenMove(_MoveChecks):
     A rearranging chain gives the same values and, its result being dense, the same strides that
     `.to()` keeps; `expand`, slices with bounds or steps and integer indices leave gaps or overlaps
     that `.to()` would compact, so they end no chain. An index is created on `x.device` only when
-    `x` is a name or an attribute path (read again at the factory) that holds a tensor.
+    `x` is a name or an attribute path (read again at the factory) that holds a tensor; through
+    names, only when `x` is a name whose every binding comes before the factories (otherwise the
+    finding is display-only). Index arithmetic then runs on the device (**tolerance**: float steps
+    may differ by about 1 ulp).
     Names such as `device`, `dev`, `*_device` and `<expr>.device` are assumed to hold a
     `torch.device` (the `device-names` setting); such findings say so. Not rewritten: `.to(x)` where
     `x` may be a dtype or a tensor, `.cuda(x)` with `x` of unknown type (reported only),
@@ -139,34 +140,6 @@ class FactoryThenMove(_MoveChecks):
         q = callee(self, node)
         if q is not None and q.startswith("torch.cuda.") and q[len("torch.cuda.") :] in CUDA_LEGACY:
             self._bare_cuda_ctor(node, q[len("torch.cuda.") :])
-
-    # ---- torch.cuda.FloatTensor(2, 3) -------------------------------------------------------
-
-    def _bare_cuda_ctor(self, node: cst.Call, ctor: str) -> None:
-        if (
-            not node.args
-            or has_star(node)
-            or any(a.keyword is not None or int_value(a.value) is None for a in node.args)
-        ):
-            return
-        factory = source(self, node.func)
-        ref = self.ref_at(node)
-        fmt = {"factory": factory, "device": "'cuda'", "assumption": "", "new": factory}
-        msg = "`{factory}(...)` is a legacy CUDA constructor"
-        if ref is None or has_comments(node.func):
-            self.report(node, fmt=fmt, message=msg)
-            return
-        new = node.with_changes(func=ref.attr("empty"))
-        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))
-        new = set_kwarg(new, "device", cst.SimpleString("'cuda'"))
-        self.report(
-            node,
-            fmt={**fmt, "new": f"{ref.name}.empty"},
-            message=msg,
-            replacement=new,
-            imports=ref.imports,
-            fix_title="Use `{new}(..., dtype=..., device={device})`",
-        )
 
     # ---- <factory>(...).cuda() / .to() ------------------------------------------------------
 
@@ -262,8 +235,10 @@ class FactoryThenMove(_MoveChecks):
                 continue
             chain = chain_root(el.slice.value)
             inner = chain[0] if chain is not None else el.slice.value
-            if isinstance(inner, cst.Call):
+            if isinstance(inner, cst.Call) and self.factory_of(inner) is not None:
                 self._host_index(node, inner)
+            elif isinstance(node.value, cst.Name):
+                self._host_index_named(node, el.slice.value)
 
     examples = (
         Valid(
@@ -732,5 +707,73 @@ class FactoryThenMove(_MoveChecks):
                     return x[torch.arange(3, device=x.device)] + g(x)[torch.arange(3)]
             """),
             note="already on x's device; the second base is a call, which must not run twice",
+        ),
+        # --- an index computed on the host through names of the function
+        Invalid(
+            dedent("""\
+                import torch
+
+                def gather_rows(table: torch.Tensor, n: int):
+                    rows = torch.arange(n).flip(0)
+                    return table[rows]
+            """),
+            after=dedent("""\
+                import torch
+
+                def gather_rows(table: torch.Tensor, n: int):
+                    rows = torch.arange(n, device=table.device).flip(0)
+                    return table[rows]
+            """),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def relative(q: int, k: int, table: torch.Tensor):
+                    qc = torch.arange(q)[:, None] * max(k / q, 1.0)
+                    kc = torch.arange(k)[None, :] * max(q / k, 1.0)
+                    rel = (qc - kc) + (k - 1) * max(q / k, 1.0)
+                    return table[rel.long()]
+
+                out = relative(3, 5, torch.randn(9, 2, device=device))
+            """),
+            after=dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def relative(q: int, k: int, table: torch.Tensor):
+                    qc = torch.arange(q, device=table.device)[:, None] * max(k / q, 1.0)
+                    kc = torch.arange(k, device=table.device)[None, :] * max(q / k, 1.0)
+                    rel = (qc - kc) + (k - 1) * max(q / k, 1.0)
+                    return table[rel.long()]
+
+                out = relative(3, 5, torch.randn(9, 2, device=device))
+            """),
+            unsafe="tolerance",
+            runnable=True,
+            note="relative positions of an attention block: the float steps run on the device",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def pick(n: int, data, device):
+                    idx = torch.arange(n)
+                    table = torch.flatten(data.to(device))
+                    return table[idx]
+            """),
+            note="`table` is bound after the factory: its device cannot be read there (display-only)",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def pick(table: torch.Tensor, n: int):
+                    idx = torch.arange(n)
+                    print(idx.sum())
+                    return table[idx]
+            """),
+            note="the host index is read elsewhere too",
         ),
     )

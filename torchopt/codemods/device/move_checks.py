@@ -1,12 +1,16 @@
-"""TOP101 factory-then-move's checks of a move and its index form: the device a trailing
-``.cuda()`` / ``.to()`` names, what creating the values there changes (random draws, device
-kernels, a folded dtype), and ``x[<factory>(...)]`` with ``x`` a tensor that may be on a device."""
+"""TOP101 factory-then-move's checks: a legacy CUDA constructor; the device a trailing ``.cuda()`` /
+``.to()`` names and what creating the values there changes (random draws, device kernels, a folded
+dtype); and ``x[<factory>(...)]`` with ``x`` a tensor that may be on a device, directly or through
+names (index_sources)."""
 
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import keyword
+from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import TorchRef
 from torchopt.analysis.names import dotted
@@ -15,6 +19,7 @@ from torchopt.analysis.placement import Kind, Where, placements
 from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.syntax import source
+from torchopt.analysis.transfers import start_of
 from torchopt.analysis.values import Device
 from torchopt.analysis.values import DeviceKind
 from torchopt.analysis.values import classify_device
@@ -22,13 +27,19 @@ from torchopt.analysis.values import dtype_of
 from torchopt.analysis.values import int_value
 from torchopt.codemods.device.dtype_folding import Data, arange_exact_on_device, fold_verdict
 from torchopt.codemods.device.factory_analysis import TrailingCall, _FactoryRule, _NOTE_LEAF, int_typed, may_be_int
-from torchopt.codemods.device.factory_tables import COMPUTED, INDEX_FACTORIES, LEGACY, RANDOM
+from torchopt.codemods.device.factory_tables import COMPUTED, CUDA_LEGACY, INDEX_FACTORIES, LEGACY, RANDOM, SPELLING
 from torchopt.codemods.device.move_edits import moved_factory
+from torchopt.codemods.device.index_sources import device_reads_before, index_sources, rewritten
+from torchopt.rewrite.metadata import ParentProvider
+from torchopt.rewrite.rule import Later
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 
 
 _NOTE_RNG = "random values are drawn on {where} from its generator instead of the CPU one: they change, and later CPU random draws shift"
+
+
+_NOTE_INDEX_MATH = "the index arithmetic runs on the device instead of the host: float steps may differ by about 1 ulp"
 
 
 _NOTE_TOL = "values are computed by a device kernel instead of on the host: they may differ by about 1 ulp"
@@ -78,6 +89,69 @@ class _MoveChecks(_FactoryRule):
             note="; ".join(notes),
             imports=imports,
         )
+
+    def _host_index_named(self, node: cst.Subscript, expr: cst.BaseExpression) -> None:
+        """``x[i]`` with ``i`` computed on the host from torch factories through names of the same
+        function (index_sources): create every one of them on ``x.device``."""
+        base = node.value
+        assert isinstance(base, cst.Name)  # (visit_Subscript asks only for a name)
+        value = placements(self).value(base)
+        if value.kind is not Kind.TENSOR or value.where is Where.HOST:
+            return
+        fn = self._function_of(node)
+        if fn is None:
+            return
+        try:
+            scope = self.get_metadata(ScopeProvider, node)
+        except KeyError:
+            return
+        found = index_sources(self, expr, scope)
+        if found is None or once_per_process(self, node):
+            return
+        calls = found.factories
+        fmt = {
+            "factory": source(self, calls[0][0].func),
+            "x": base.value,
+            "names": "`, `".join(found.names),
+            "line": str(start_of(self, calls[0][0])[0]),
+        }
+        message = (
+            "the index of the tensor `{x}` is computed on the host from `{factory}(...)` (line {line}, through "
+            "`{names}`): when `{x}` is on a device, it is copied there at every indexing"
+        )
+        if not device_reads_before(self, base, calls):
+            self.report(node, fmt=fmt, message=message + "; not fixed: `{x}` is bound after the factory")
+            return
+        ref = self.ref_at(node)
+        tags: list[Tag] = []
+        notes: list[str] = []
+        new: dict[int, cst.Call] = {}
+        for call, kind in calls:
+            dev_expr = cst.Attribute(value=cst.Name(base.value), attr=cst.Name("device"))
+            t, n = self._device_tags(kind, call, Device(DeviceKind.CONVENTION), False)
+            tags += [x for x in t if x not in tags]
+            notes += [x for x in n if x not in notes]
+            new[id(call)] = moved_factory(call, kind, ref, TrailingCall(device=dev_expr), dev_expr, False)[0]
+        if found.arithmetic and Tag.TOLERANCE not in tags:
+            tags.append(Tag.TOLERANCE)
+            notes.append(_NOTE_INDEX_MATH)
+        self.report(
+            node,
+            fmt=fmt,
+            message=message,
+            fix_title="Create the index's factories on `{x}.device`",
+            replacement=Later(lambda: rewritten(fn, new)),
+            target=fn,
+            safety=Safety.UNSAFE if tags else Safety.SAFE,
+            tags=tuple(tags),
+            note="; ".join(notes),
+        )
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        cur = self.get_metadata(ParentProvider, node, None)
+        while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            cur = self.get_metadata(ParentProvider, cur, None)
+        return cur if isinstance(cur, cst.FunctionDef) else None
 
     def _skipped_arguments(self, kind: str, inner: cst.Call) -> bool:
         """Factory calls whose meaning the fix cannot keep: legacy constructors given data or sizes
@@ -232,3 +306,31 @@ class _MoveChecks(_FactoryRule):
     def _is_tensor_data(self, call: cst.Call) -> bool:
         pos = positional(call)
         return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
+
+    # ---- torch.cuda.FloatTensor(2, 3) -------------------------------------------------------
+
+    def _bare_cuda_ctor(self, node: cst.Call, ctor: str) -> None:
+        if (
+            not node.args
+            or has_star(node)
+            or any(a.keyword is not None or int_value(a.value) is None for a in node.args)
+        ):
+            return
+        factory = source(self, node.func)
+        ref = self.ref_at(node)
+        fmt = {"factory": factory, "device": "'cuda'", "assumption": "", "new": factory}
+        msg = "`{factory}(...)` is a legacy CUDA constructor"
+        if ref is None or has_comments(node.func):
+            self.report(node, fmt=fmt, message=msg)
+            return
+        new = node.with_changes(func=ref.attr("empty"))
+        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))
+        new = set_kwarg(new, "device", cst.SimpleString("'cuda'"))
+        self.report(
+            node,
+            fmt={**fmt, "new": f"{ref.name}.empty"},
+            message=msg,
+            replacement=new,
+            imports=ref.imports,
+            fix_title="Use `{new}(..., dtype=..., device={device})`",
+        )
