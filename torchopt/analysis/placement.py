@@ -548,6 +548,8 @@ class Placements:
             return Value(Kind.SCALAR, Where.HOST, f"annotated `{ann}`")
         if ann == "str":
             return _STR
+        if ann in ("torch.Tensor", "Tensor"):  # (names.is_tensor_name's reading of the annotation)
+            return Value(Kind.TENSOR, Where.UNKNOWN, f"a parameter annotated `{ann}`")
         try:
             scope = self.rule.get_metadata(ScopeProvider, name)
         except KeyError:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import ast as _ast
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, TypeVar
 
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.arguments import has_star, keyword, positional
+from torchopt.analysis.layout_chains import ast_chain_root
 from torchopt.analysis.names import TorchRef, callee, is_import_of_torch, param_annotation, reaching_values, torch_ref
 from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
 from torchopt.analysis.tracing import in_traced_callable
@@ -25,7 +26,7 @@ from torchopt.analysis.precheck.tree import ast_index
 from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.values import CAST_METHODS, DTYPES, DeviceKind, classify_device, dtype_of
 from torchopt.codemods.device.dtype_folding import Data, argument, factory_data, is_builtin
-from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, LEGACY, factory_kind
+from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, INDEX_FACTORIES, LEGACY, factory_kind
 from torchopt.rewrite.facts import source_of
 from torchopt.rewrite.rule import Rule
 
@@ -33,6 +34,8 @@ _SETS_DEFAULT_DTYPE = ("set_default_dtype", "set_default_tensor_type")
 
 
 _FACTORY_NAMES = FACTORIES | set(LEGACY) | {"from_numpy"}  # the last names factory_of can answer for
+
+_E = TypeVar("_E", cst.Call, cst.BaseExpression)
 
 _NOTE_LEAF = "the tensor becomes a leaf that requires grad (its .grad is now populated; likely a bug fix)"
 
@@ -114,9 +117,10 @@ def _ast_int_args(call: _ast.Call) -> bool:
     )
 
 
-def _ast_factory_calls(text: str, methods: tuple[str, ...], kinds: Iterable[str]):
+def _ast_factory_calls(text: str, methods: tuple[str, ...], kinds: Iterable[str], chains: bool = False):
     """(outer, inner, kind) for ``inner.<method>(...)`` where ``inner`` may call torch.<kind> and
-    factory_blockers does not rule it out; None when it cannot be told."""
+    factory_blockers does not rule it out; with ``chains``, also where ``inner`` starts a rearranging
+    chain (layout_chains) that ``.<method>`` ends. None when it cannot be told."""
     index, imports = ast_index(text), torch_import_map(text)
     if index is None or imports is None:
         return None
@@ -124,9 +128,12 @@ def _ast_factory_calls(text: str, methods: tuple[str, ...], kinds: Iterable[str]
     out = []
     for c in index.get(_ast.Call, ()):
         f = c.func
-        if not (isinstance(f, _ast.Attribute) and f.attr in methods and isinstance(f.value, _ast.Call)):
+        if not isinstance(f, _ast.Attribute) or f.attr not in methods:
             continue
-        inner = f.value
+        found = ast_chain_root(f.value) if chains else f.value
+        if not isinstance(found, _ast.Call):
+            continue
+        inner = found
         for q in ast_torch_names(imports, inner.func):
             kind = q[len("torch.") :]
             if kind not in kinds or _ast_star(inner) or any(k.arg == "out" for k in inner.keywords):
@@ -137,7 +144,7 @@ def _ast_factory_calls(text: str, methods: tuple[str, ...], kinds: Iterable[str]
 
 def _could_move(text: str) -> bool:
     """FactoryThenMove's cheap necessary condition (True when it cannot be told)."""
-    found = _ast_factory_calls(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
+    found = _ast_factory_calls(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"), chains=True)
     if found is None:
         return True
     imports = torch_import_map(text) or {}
@@ -151,6 +158,31 @@ def _could_move(text: str) -> bool:
         return True
     calls = torch_calls_to(text, [f"torch.cuda.{t}" for t in CUDA_LEGACY])
     return calls is None or any(_ast_int_args(c) and not _ast_star(c) for c in calls)
+
+
+def _could_index(text: str) -> bool:
+    """FactoryThenMove's cheap necessary condition for an index made on the host (True when it
+    cannot be told): some subscript with an element that is, or starts a rearranging chain from, a
+    call of a torch factory of INDEX_FACTORIES without ``device=``."""
+    index, imports = ast_index(text), torch_import_map(text)
+    if index is None or imports is None:
+        return True
+    for sub in index.get(_ast.Subscript, ()):
+        parts = sub.slice.elts if isinstance(sub.slice, _ast.Tuple) else [sub.slice]
+        for part in parts:
+            inner = ast_chain_root(part) if isinstance(part, (_ast.Call, _ast.Subscript)) else None
+            if inner is None or _ast_star(inner) or any(k.arg in ("out", "device") for k in inner.keywords):
+                continue
+            if any(q[len("torch.") :] in INDEX_FACTORIES for q in ast_torch_names(imports, inner.func)):
+                return True
+    if not index.get(_ast.Subscript):
+        return False
+    for call in index.get(_ast.Call, ()):  # an index computed through names (index_sources)
+        if _ast_star(call) or any(k.arg in ("out", "device") for k in call.keywords):
+            continue
+        if any(q[len("torch.") :] in INDEX_FACTORIES for q in ast_torch_names(imports, call.func)):
+            return True
+    return False
 
 
 def _could_cast(text: str) -> bool:
@@ -203,7 +235,7 @@ def _ast_to_device_only(imports: dict, call: _ast.Call) -> bool:
     return isinstance(a, _ast.Constant) and isinstance(a.value, str) and bool(_DEVICE_RE.match(a.value))
 
 
-def _keep_parens(outer: cst.Call, new: cst.Call) -> cst.Call:
+def _keep_parens(outer: cst.Call, new: _E) -> _E:
     return new.with_changes(lpar=[*outer.lpar, *new.lpar], rpar=[*new.rpar, *outer.rpar])
 
 

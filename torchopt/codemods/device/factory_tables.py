@@ -84,3 +84,7 @@ def factory_kind(qname: str | None) -> str | None:
         return None
     short = qname[len("torch.") :]
     return short if short in FACTORIES else None
+
+
+# Factories that make an index (integer positions) and so are used inside a subscript, `x[torch.arange(n), i]`.
+INDEX_FACTORIES = frozenset({"arange", "randperm", "randint", "tensor", "as_tensor", "tril_indices", "triu_indices"})

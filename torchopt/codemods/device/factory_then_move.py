@@ -6,35 +6,21 @@ from textwrap import dedent
 
 import libcst as cst
 
-from torchopt.analysis.arguments import has_star
+from torchopt.analysis.layout_chains import REARRANGING, chain_root, replace_root
 from torchopt.analysis.run_once import once_per_process
-from torchopt.analysis.arguments import keyword
 from torchopt.analysis.arguments import positional
-from torchopt.analysis.arguments import set_kwarg
-from torchopt.analysis.names import TorchRef
 from torchopt.analysis.names import callee
-from torchopt.analysis.names import is_tensor_name
-from torchopt.analysis.names import method_call
-from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.syntax import source
-from torchopt.analysis.values import Device
-from torchopt.analysis.values import DeviceKind
-from torchopt.analysis.values import classify_device
-from torchopt.analysis.values import dtype_of
-from torchopt.analysis.values import int_value
-from torchopt.codemods.device.dtype_folding import Data, arange_exact_on_device, fold_verdict
 from torchopt.codemods.device.factory_analysis import (
-    TrailingCall,
-    _FactoryRule,
     _NOTE_LEAF,
+    _could_index,
     _could_move,
     _keep_parens,
-    int_typed,
-    may_be_int,
     parse_cuda,
     parse_to,
 )
-from torchopt.codemods.device.factory_tables import COMPUTED, CUDA_LEGACY, FACTORIES, LEGACY, RANDOM, SPELLING
+from torchopt.codemods.device.factory_tables import CUDA_LEGACY, FACTORIES, LEGACY
+from torchopt.codemods.device.move_checks import _MoveChecks
 from torchopt.codemods.device.move_edits import fix_drops_comment, moved_factory
 from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
@@ -42,16 +28,17 @@ from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
 
 
-_NOTE_RNG = "random values are drawn on {where} from its generator instead of the CPU one: they change, and later CPU random draws shift"
-
-
-_NOTE_TOL = "values are computed by a device kernel instead of on the host: they may differ by about 1 ulp"
-
-
-class FactoryThenMove(_FactoryRule):
+class FactoryThenMove(_MoveChecks):
     """## What it does
     Flags a tensor factory whose result is moved to a device at once, e.g. `torch.zeros(n).cuda()`
-    or `torch.arange(n).to(device)`, and creates the tensor on the device instead.
+    or `torch.arange(n).to(device)`, and creates the tensor on the device instead. The move may come
+    after a chain that only rearranges the values (`.unsqueeze()`, `.repeat()`, `.view()`,
+    `.reshape()`, `.flatten()`, `.flip()`, `.t()`, `.transpose()`, `.permute()`, `.tile()`,
+    `.contiguous()`, `.clone()`, `.detach()`, `[:, None]`): the chain then runs on the device.
+    A factory used as an index of a tensor that may be on a device (`x[torch.arange(n), idx]`, not
+    a host program's) is created on `x.device`: indexing copies a host index to the device each time.
+    So are the factories an index is computed from through names of the function, each assigned
+    once and read once (`q = torch.arange(n)[:, None] * s` ... `x[(q - k).long()]`).
 
     ## Why is this slow
     The tensor is first allocated and filled on the host, then copied to the device, and the host
@@ -65,6 +52,8 @@ class FactoryThenMove(_FactoryRule):
     y = torch.ones(n).cuda(rank)
     z = torch.arange(10).to(device)
     w = torch.from_numpy(a).cuda()
+    pos = torch.arange(n).unsqueeze(0).repeat(b, 1).to(device)
+    picked = logprobs[torch.arange(b), tokens]
     ```
 
     ## Use instead
@@ -73,6 +62,8 @@ class FactoryThenMove(_FactoryRule):
     y = torch.ones(n, device=torch.device('cuda', rank))
     z = torch.arange(10, device=device)
     w = torch.as_tensor(a, device='cuda')
+    pos = torch.arange(n, device=device).unsqueeze(0).repeat(b, 1)
+    picked = logprobs[torch.arange(b, device=logprobs.device), tokens]
     ```
 
     ## Fix safety
@@ -94,11 +85,18 @@ class FactoryThenMove(_FactoryRule):
       is never filled; the rewritten tensor is a leaf (usually a bug fix).
 
     `.to(device, dtype)` also folds the dtype when the cast provably keeps every value (TOP102's test).
+    A rearranging chain gives the same values and, its result being dense, the same strides that
+    `.to()` keeps; `expand`, slices with bounds or steps and integer indices leave gaps or overlaps
+    that `.to()` would compact, so they end no chain. An index is created on `x.device` only when
+    `x` is a name or an attribute path (read again at the factory) that holds a tensor; through
+    names, only when `x` is a name whose every binding comes before the factories (otherwise the
+    finding is display-only). Index arithmetic then runs on the device (**tolerance**: float steps
+    may differ by about 1 ulp).
     Names such as `device`, `dev`, `*_device` and `<expr>.device` are assumed to hold a
     `torch.device` (the `device-names` setting); such findings say so. Not rewritten: `.to(x)` where
     `x` may be a dtype or a tensor, `.cuda(x)` with `x` of unknown type (reported only),
-    `copy=True`, `memory_format=`, star-arguments, `out=`, and `Tensor.new_*` (the receiver's type
-    is unknown).
+    `copy=True`, `memory_format=`, star-arguments, `out=`, `Tensor.new_*` (the receiver's type
+    is unknown), and a factory bound to a name and moved later (the device may be bound after it).
     """
 
     code = "TOP101"
@@ -106,28 +104,36 @@ class FactoryThenMove(_FactoryRule):
     message = "`{factory}(...)` is created on the host, then moved to `{device}`{assumption}"
     fix_title = "Create it on the device: `{new}(..., device={device})`"
     safety = Safety.SAFE
-    prefilter = (".cuda(", ".to(", "Tensor(")
+    # the last five: the names of INDEX_FACTORIES, for an index made on the host
+    prefilter = (".cuda(", ".to(", "Tensor(", "arange", "randperm", "randint", "tensor", "_indices")
 
     @classmethod
     def could_match(cls, text: str) -> bool:
         from torchopt.analysis.precheck.patterns import chained_call
 
-        # visit_Call: `<torch factory>(...).cuda()/.to()` (method_call), or a bare
-        # `torch.cuda.<legacy type>(...)` (spelled with "cuda" and the type's name).
-        return (
+        # visit_Call: `<torch factory>(...).cuda()/.to()`, directly or through a rearranging chain
+        # (`.unsqueeze(0).repeat(b, 1)`, `[:, None]`), or a bare `torch.cuda.<legacy type>(...)`
+        # (spelled with "cuda" and the type's name); visit_Subscript: a factory as an index.
+        moved = (
             super().could_match(text)
             and (
-                chained_call(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy"))
+                chained_call(text, ("cuda", "to"), (*FACTORIES, *LEGACY, "from_numpy", *REARRANGING))
+                or "].to(" in text
+                or "].cuda(" in text
                 or ("cuda" in text and any(name in text for name in CUDA_LEGACY))
             )
             and _could_move(text)
         )
+        return moved or _could_index(text)
 
     def visit_Call(self, node: cst.Call) -> None:
-        mc = method_call(node, ("cuda", "to"))
-        if mc is not None:
-            inner, meth = mc
-            self._trailing(node, inner, meth)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cuda", "to"):
+            recv, meth = node.func.value, node.func.attr.value
+            chain = chain_root(recv)
+            if chain is not None and self.factory_of(chain[0]) is not None:
+                self._trailing(node, chain[0], meth, (recv, chain[1]))
+            elif isinstance(recv, cst.Call):
+                self._trailing(node, recv, meth)
             return
         if isinstance(node.func, cst.Attribute) and node.func.attr.value not in CUDA_LEGACY:
             return  # resolving `a.b.c(...)` can cost the file's scope analysis; its last name must match
@@ -135,38 +141,18 @@ class FactoryThenMove(_FactoryRule):
         if q is not None and q.startswith("torch.cuda.") and q[len("torch.cuda.") :] in CUDA_LEGACY:
             self._bare_cuda_ctor(node, q[len("torch.cuda.") :])
 
-    # ---- torch.cuda.FloatTensor(2, 3) -------------------------------------------------------
-
-    def _bare_cuda_ctor(self, node: cst.Call, ctor: str) -> None:
-        if (
-            not node.args
-            or has_star(node)
-            or any(a.keyword is not None or int_value(a.value) is None for a in node.args)
-        ):
-            return
-        factory = source(self, node.func)
-        ref = self.ref_at(node)
-        fmt = {"factory": factory, "device": "'cuda'", "assumption": "", "new": factory}
-        msg = "`{factory}(...)` is a legacy CUDA constructor"
-        if ref is None or has_comments(node.func):
-            self.report(node, fmt=fmt, message=msg)
-            return
-        new = node.with_changes(func=ref.attr("empty"))
-        new = set_kwarg(new, "dtype", ref.attr(SPELLING[CUDA_LEGACY[ctor]]))
-        new = set_kwarg(new, "device", cst.SimpleString("'cuda'"))
-        self.report(
-            node,
-            fmt={**fmt, "new": f"{ref.name}.empty"},
-            message=msg,
-            replacement=new,
-            imports=ref.imports,
-            fix_title="Use `{new}(..., dtype=..., device={device})`",
-        )
-
     # ---- <factory>(...).cuda() / .to() ------------------------------------------------------
 
-    def _trailing(self, node: cst.Call, inner: cst.Call, meth: str) -> None:
-        """``<factory>(...).cuda()`` / ``.to(...)``: create the tensor on the target device instead."""
+    def _trailing(
+        self,
+        node: cst.Call,
+        inner: cst.Call,
+        meth: str,
+        chain: tuple[cst.BaseExpression, tuple[str, ...]] | None = None,
+    ) -> None:
+        """``<factory>(...).cuda()`` / ``.to(...)``: create the tensor on the target device instead.
+        ``chain``: the receiver of the move when it rearranges the factory's result (layout_chains),
+        and its links; the rearrangement then runs on the device, on the same values."""
         if once_per_process(self, node):
             return  # a converter's or export's one tensor: the copy cannot matter
         fk = self.factory_of(inner)
@@ -204,6 +190,8 @@ class FactoryThenMove(_FactoryRule):
             tags.append(Tag.SEMANTICS)
             notes.append(_NOTE_LEAF)
         if kind == "tensor" and self._is_tensor_data(inner):
+            if chain is not None:
+                return
             data_src = source(self, positional(inner)[0].value)
             self.report(
                 node,
@@ -219,169 +207,38 @@ class FactoryThenMove(_FactoryRule):
             self.report(node, fmt=fmt, message=self.message + "; no fix: `torch` is bound to something else here")
             return
         new, imports = moved_factory(inner, kind, ref, tr, dev_expr, same_device)
+        message = None
+        made: cst.BaseExpression = new
+        if chain is not None:
+            made = replace_root(chain[0], inner, new)
+            links = "".join("[...]" if link == "[]" else f".{link}()" for link in chain[1])
+            fmt = {**fmt, "links": links}
+            message = (
+                "`{factory}(...)` is created on the host, rearranged (`{links}`), then moved to `{device}`{assumption}"
+            )
         self.report(
             node,
             fmt=fmt,
-            replacement=_keep_parens(node, new),
+            message=message,
+            replacement=_keep_parens(node, made),
             safety=Safety.UNSAFE if tags else Safety.SAFE,
             tags=tuple(tags),
             note="; ".join(notes),
             imports=imports,
         )
 
-    def _skipped_arguments(self, kind: str, inner: cst.Call) -> bool:
-        """Factory calls whose meaning the fix cannot keep: legacy constructors given data or sizes
-        we cannot see (overloaded), ``from_numpy`` not called with one array, and random factories
-        fed by a generator (a CPU generator cannot feed a CUDA factory)."""
-        if kind in LEGACY and (
-            not inner.args or any(a.keyword is not None or a.star or int_value(a.value) is None for a in inner.args)
-        ):
-            return True
-        if kind == "from_numpy" and (len(inner.args) != 1 or inner.args[0].keyword is not None):
-            return True
-        return kind in RANDOM and keyword(inner, "generator") is not None
+    # ---- x[<factory>(...)] ------------------------------------------------------------------
 
-    def _cuda_target(
-        self, node: cst.Call, tr: TrailingCall, ref: TorchRef | None, factory: str
-    ) -> tuple[cst.BaseExpression, Device] | None:
-        """The ``device=`` expression for ``.cuda([x])`` and what it names; None (reported) when
-        ``x`` may be an index or a device, or when ``torch.device`` cannot be spelled here."""
-        if tr.device is None:
-            return cst.SimpleString("'cuda'"), Device(DeviceKind.LITERAL, "cuda")
-        index = int_value(tr.device)
-        if index is not None:
-            return cst.SimpleString(f"'cuda:{index}'"), Device(DeviceKind.LITERAL, f"cuda:{index}")
-        if int_typed(self, tr.device):
-            if ref is None:
-                self.report(
-                    node,
-                    fmt={
-                        "factory": factory,
-                        "device": source(self, tr.device),
-                        "assumption": " (no fix: `torch` is bound to something else here)",
-                    },
-                )
-                return None
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            device_call = cst.Call(
-                func=ref.attr("device"), args=[cst.Arg(cst.SimpleString("'cuda'"), comma=comma), cst.Arg(tr.device)]
-            )
-            return device_call, Device(DeviceKind.LITERAL, "cuda")
-        dev_kind = classify_device(self, tr.device)
-        if not dev_kind.is_device or may_be_int(self, tr.device):
-            self.report(
-                node,
-                fmt={"factory": factory, "x": source(self, tr.device)},
-                message="`{factory}(...).cuda({x})`: the type of `{x}` is not known; pass "
-                "`device=torch.device('cuda', {x})` if it is a GPU index, or "
-                "`device={x}` if it is a device",
-            )
-            return None
-        return tr.device, dev_kind
-
-    def _to_target(self, node: cst.Call, tr: TrailingCall, factory: str) -> tuple[cst.BaseExpression, Device] | None:
-        """The ``device=`` expression for ``.to(x)`` and what it names; None (reported) when ``x``
-        may be a dtype or a tensor and the signature does not say it is a device."""
-        assert tr.device is not None  # (a `.to` without a device is TOP102's)
-        dev_kind = classify_device(self, tr.device)
-        if not dev_kind.is_device and not tr.forced:
-            self.report(
-                node,
-                fmt={"factory": factory, "x": source(self, tr.device)},
-                message="`{factory}(...).to({x})`: `{x}` may be a device, a dtype or a tensor; "
-                "if it is a device, pass `device={x}` to the factory",
-            )
-            return None
-        return tr.device, dev_kind
-
-    def _message_fields(
-        self,
-        kind: str,
-        factory: str,
-        tr: TrailingCall,
-        ref: TorchRef | None,
-        dev_expr: cst.BaseExpression,
-        dev_kind: Device,
-    ) -> dict[str, str]:
-        """The placeholders of the message and fix title: the factory as written, the device, the
-        assumption made about it and the factory the fix calls."""
-        assumption = ""
-        if dev_kind.kind is DeviceKind.CONVENTION and not tr.forced:
-            assumption = f" (assuming `{source(self, tr.device or dev_expr)}` is a torch.device)"
-        device_text = " ".join(self.ctx.module.code_for_node(dev_expr).split())
-        new_name = factory
-        if (kind == "from_numpy" or kind in LEGACY) and ref is not None:
-            new_name = f"{ref.name}.{'as_tensor' if kind == 'from_numpy' else 'empty'}"
-        return {"factory": factory, "device": device_text, "assumption": assumption, "new": new_name}
-
-    def _already_there(self, inner: cst.Call, dev_kind: Device) -> bool:
-        """The move goes to the CPU the factory already creates on: ``.to('cpu')`` returns the same
-        tensor, so nothing about its values changes."""
-        target_cpu = dev_kind.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and dev_kind.is_cpu
-        existing = keyword(inner, "device")
-        if existing is None:
-            return target_cpu
-        ex = classify_device(self, existing.value)
-        return target_cpu and ex.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and ex.is_cpu
-
-    def _device_tags(
-        self, kind: str, inner: cst.Call, dev_kind: Device, same_device: bool
-    ) -> tuple[list[Tag], list[str]]:
-        """What creating the values on the device changes: random draws come from its generator,
-        computed factories from its kernels."""
-        tags: list[Tag] = []
-        notes: list[str] = []
-        if same_device:
-            return tags, notes
-        where = "the device" if not dev_kind.text else f"`{dev_kind.text}`"
-        if kind in RANDOM:
-            tags.append(Tag.RNG)
-            notes.append(_NOTE_RNG.format(where=where))
-        elif kind in COMPUTED or (kind == "arange" and not arange_exact_on_device(self, inner)):
-            tags.append(Tag.TOLERANCE)
-            notes.append(_NOTE_TOL)
-        return tags, notes
-
-    def _fold_dtype(
-        self,
-        node: cst.Call,
-        kind: str,
-        inner: cst.Call,
-        dtype: cst.BaseExpression,
-        same_device: bool,
-        fmt: dict[str, str],
-        tags: list[Tag],
-        notes: list[str],
-    ) -> bool:
-        """Fold ``.to(device, dtype)``'s dtype into the factory too, adding what that changes to
-        ``tags``/``notes``; False (reported, no fix) when the values would not be the same."""
-        if kind in LEGACY or kind == "from_numpy":
-            data = Data("host", LEGACY.get(kind)) if kind in LEGACY else Data("host")
-        else:
-            data = self.data(kind, inner)
-        dst = dtype_of(self, dtype)
-        verdict = fold_verdict(data, dst)
-        if not verdict.ok:
-            self.report(
-                node,
-                fmt={**fmt, "why": verdict.reason},
-                message="`{factory}(...)` is created on the host, then moved to `{device}`"
-                "{assumption}; not fixed: the dtype cannot be folded ({why})",
-            )
-            return False
-        for t in verdict.tags:
-            if t not in tags:
-                tags.append(t)
-                notes.append(verdict.reason)
-        cast_is_noop = same_device and data.src is not None and data.src == dst
-        if not cast_is_noop and self.requires_grad(inner) and Tag.SEMANTICS not in tags:
-            tags.append(Tag.SEMANTICS)
-            notes.append(_NOTE_LEAF)
-        return True
-
-    def _is_tensor_data(self, call: cst.Call) -> bool:
-        pos = positional(call)
-        return bool(pos) and isinstance(pos[0].value, cst.Name) and is_tensor_name(self, pos[0].value)
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        for el in node.slice:
+            if not isinstance(el.slice, cst.Index):
+                continue
+            chain = chain_root(el.slice.value)
+            inner = chain[0] if chain is not None else el.slice.value
+            if isinstance(inner, cst.Call) and self.factory_of(inner) is not None:
+                self._host_index(node, inner)
+            elif isinstance(node.value, cst.Name):
+                self._host_index_named(node, el.slice.value)
 
     examples = (
         Valid(
@@ -705,4 +562,218 @@ class FactoryThenMove(_FactoryRule):
         Valid("import torch\n\ndef f(x):\n    return torch.as_tensor(x, torch.float32).cuda()\n"),
         Valid("import torch\n\ndef f(x):\n    return torch.bernoulli(x).cuda()\n", note="no device= parameter"),
         Valid("import torch\n\ndef f(x):\n    return x.type(torch.cuda.FloatTensor)\n", note="TOP105's"),
+        # --- a rearranging chain between the factory and the move
+        Invalid(
+            dedent("""\
+                import torch
+
+                class Positions(torch.nn.Module):
+                    def __init__(self, device):
+                        super().__init__()
+                        self.device = device
+
+                    def forward(self, src):
+                        b = src.size(0)
+                        n = src.size(1)
+                        return torch.arange(0, n).unsqueeze(0).repeat(b, 1).to(self.device)
+            """),
+            after=dedent("""\
+                import torch
+
+                class Positions(torch.nn.Module):
+                    def __init__(self, device):
+                        super().__init__()
+                        self.device = device
+
+                    def forward(self, src):
+                        b = src.size(0)
+                        n = src.size(1)
+                        return torch.arange(0, n, device=self.device).unsqueeze(0).repeat(b, 1)
+            """),
+            note="position ids built at every forward: the arange, unsqueeze and repeat run on the device",
+        ),
+        Invalid(
+            "import torch\ndevice = 'cpu'\nx = torch.arange(6)[:, None].repeat(1, 3).t().flip(0).to(device)\n",
+            after="import torch\ndevice = 'cpu'\nx = torch.arange(6, device=device)[:, None].repeat(1, 3).t().flip(0)\n",
+            runnable=True,
+        ),
+        Invalid(
+            "import torch\nx = torch.zeros(2, 3).view(3, 2).to('cpu', torch.float64)\n",
+            after="import torch\nx = torch.zeros(2, 3, device='cpu', dtype=torch.float64).view(3, 2)\n",
+            runnable=True,
+        ),
+        Invalid(
+            "import torch\n\ndef f(x, n):\n    return torch.arange(n).unsqueeze(0).to(x)\n",
+            note="x may be a tensor, whose dtype `.to(x)` also gives: display-only",
+        ),
+        Valid(
+            "import torch\ndevice = 'cpu'\nx = torch.arange(4).expand(2, 4).to(device)\n",
+            runnable=True,
+            note="an overlapping view: `.to()` to another device makes it dense, the device's expand would not",
+        ),
+        Valid("import torch\n\ndef f(device):\n    return torch.arange(9)[::2].to(device)\n", note="a stepped slice"),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(x, n):
+                    pos = torch.arange(n).unsqueeze(0)
+                    device = x.device
+                    return pos.to(device)
+            """),
+            note="the factory is bound to a name; the device is bound after it",
+        ),
+        # --- a factory as an index of a tensor that may be on a device
+        Invalid(
+            dedent("""\
+                import torch
+                import torch.nn.functional as F
+
+                def pick(logits: torch.Tensor, tokens: torch.Tensor, device):
+                    logprobs = F.log_softmax(logits.to(device), dim=-1)
+                    return logprobs[torch.arange(logprobs.shape[0]), tokens]
+            """),
+            after=dedent("""\
+                import torch
+                import torch.nn.functional as F
+
+                def pick(logits: torch.Tensor, tokens: torch.Tensor, device):
+                    logprobs = F.log_softmax(logits.to(device), dim=-1)
+                    return logprobs[torch.arange(logprobs.shape[0], device=logprobs.device), tokens]
+            """),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def pick(scores):
+                    logits = torch.log_softmax(scores, -1)
+                    tokens = logits.argmax(-1)
+                    return logits[torch.arange(logits.shape[0]), tokens], logits[torch.arange(4)[:, None], tokens]
+
+                picked, rows = pick(torch.randn(4, 6, device=device))
+            """),
+            after=dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def pick(scores):
+                    logits = torch.log_softmax(scores, -1)
+                    tokens = logits.argmax(-1)
+                    return logits[torch.arange(logits.shape[0], device=logits.device), tokens], logits[
+                        torch.arange(4, device=logits.device)[:, None], tokens
+                    ]
+
+                picked, rows = pick(torch.randn(4, 6, device=device))
+            """),
+            runnable=True,
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def shuffle(data, device):
+                    x = torch.flatten(data.to(device))
+                    return x[torch.randperm(x.shape[0])]
+            """),
+            after=dedent("""\
+                import torch
+
+                def shuffle(data, device):
+                    x = torch.flatten(data.to(device))
+                    return x[torch.randperm(x.shape[0], device=x.device)]
+            """),
+            unsafe="rng",
+        ),
+        Valid(
+            dedent("""\
+                import numpy as np
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                a = np.zeros(5)
+                t = torch.zeros(5)
+                y = a[torch.arange(3)] + t[torch.arange(3)].numpy()
+            """),
+            runnable=True,
+            note="a NumPy array and a host tensor: no copy",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def f(x: torch.Tensor, device):
+                    x = x.to(device)
+                    return x[torch.arange(3, device=x.device)] + g(x)[torch.arange(3)]
+            """),
+            note="already on x's device; the second base is a call, which must not run twice",
+        ),
+        # --- an index computed on the host through names of the function
+        Invalid(
+            dedent("""\
+                import torch
+
+                def gather_rows(table: torch.Tensor, n: int):
+                    rows = torch.arange(n).flip(0)
+                    return table[rows]
+            """),
+            after=dedent("""\
+                import torch
+
+                def gather_rows(table: torch.Tensor, n: int):
+                    rows = torch.arange(n, device=table.device).flip(0)
+                    return table[rows]
+            """),
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def relative(q: int, k: int, table: torch.Tensor):
+                    qc = torch.arange(q)[:, None] * max(k / q, 1.0)
+                    kc = torch.arange(k)[None, :] * max(q / k, 1.0)
+                    rel = (qc - kc) + (k - 1) * max(q / k, 1.0)
+                    return table[rel.long()]
+
+                out = relative(3, 5, torch.randn(9, 2, device=device))
+            """),
+            after=dedent("""\
+                import torch
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+                def relative(q: int, k: int, table: torch.Tensor):
+                    qc = torch.arange(q, device=table.device)[:, None] * max(k / q, 1.0)
+                    kc = torch.arange(k, device=table.device)[None, :] * max(q / k, 1.0)
+                    rel = (qc - kc) + (k - 1) * max(q / k, 1.0)
+                    return table[rel.long()]
+
+                out = relative(3, 5, torch.randn(9, 2, device=device))
+            """),
+            unsafe="tolerance",
+            runnable=True,
+            note="relative positions of an attention block: the float steps run on the device",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+
+                def pick(n: int, data, device):
+                    idx = torch.arange(n)
+                    table = torch.flatten(data.to(device))
+                    return table[idx]
+            """),
+            note="`table` is bound after the factory: its device cannot be read there (display-only)",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+                def pick(table: torch.Tensor, n: int):
+                    idx = torch.arange(n)
+                    print(idx.sum())
+                    return table[idx]
+            """),
+            note="the host index is read elsewhere too",
+        ),
     )
