@@ -233,6 +233,26 @@ def test_unwrap_model_returns_the_model_it_is_given():
     ]
 
 
+PREDICTOR = """\
+class Predictor:
+    def __init__(self, model):
+        self.model = model
+
+    def get_decoder_features(self, src):
+        return self.model(src)
+
+    def predict(self, src):
+        return self.get_decoder_features(src).argmax(-1).tolist()
+"""
+
+
+def test_a_method_that_runs_the_model_is_still_a_model_call():
+    """Only a verb and a model word name an action on a model (`unwrap_model`, `build_model`):
+    `get_decoder_features` runs one, and the evaluation that calls it is still reported."""
+    assert _codes(PREDICTOR, TOP801) == ["TOP801"]
+    assert _codes(PREDICTOR.replace("get_decoder_features", "build_decoder"), TOP801) == []
+
+
 PIPELINE = """\
 import torch
 from torch import nn
