@@ -280,3 +280,29 @@ def test_a_pipeline_whose_call_runs_under_no_grad_is_not_evaluated_with_autograd
     assert _codes(dedent(PIPELINE).format(decorator="@torch.no_grad()"), TOP801) == []
     assert _codes(dedent(PIPELINE).format(decorator="@torch.inference_mode()"), TOP801) == []
     assert _codes(dedent(PIPELINE).format(decorator=""), TOP801) == ["TOP801"]
+
+
+EPOCHS = """\
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(){extra})
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = [(torch.randn(2, 4), None)]
+val_loader = [(torch.randn(2, 4), None)]
+for epoch in range(3):
+    for x, _ in train_loader:
+        model(x).sum().backward()
+        opt.step()
+    model.eval()
+    score = sum(model(x).sum().item() for x, _ in val_loader)
+"""
+
+
+@pytest.mark.parametrize("extra,reported", [("", False), (", nn.Dropout(0.1)", True), (", nn.LSTM(4, 4)", False)])
+def test_an_epoch_loop_left_in_eval_mode_matters_only_for_a_model_that_reads_the_mode(extra, reported):
+    """From the second epoch on the model trains in eval mode: that changes nothing for a
+    `nn.Sequential` of Linear and ReLU (nor with an LSTM without dropout); with a Dropout, dropout
+    is off for every epoch after the first: reported."""
+    codes = _codes(EPOCHS.format(extra=extra), TOP803)
+    assert codes == (["TOP803"] if reported else [])
