@@ -306,3 +306,36 @@ def test_an_epoch_loop_left_in_eval_mode_matters_only_for_a_model_that_reads_the
     is off for every epoch after the first: reported."""
     codes = _codes(EPOCHS.format(extra=extra), TOP803)
     assert codes == (["TOP803"] if reported else [])
+
+
+WRAPPER = """\
+import torch
+from torch import nn
+
+
+class Classifier(nn.Module):
+    def __init__(self, backbone, n_classes):
+        super().__init__()
+        self.backbone = backbone
+        self.n_classes = n_classes
+        self.fc = nn.Linear(4, n_classes)
+
+    def forward(self, x):
+        return self.fc(self.backbone(x))
+
+
+model = Classifier({backbone}, 3)
+test_loader = [torch.randn(2, 4)]
+for x in test_loader:
+    print(model(x).argmax(1))
+"""
+
+
+def test_a_module_handed_to_a_class_is_not_taken_for_mode_free():
+    """`Classifier` builds only a Linear, but runs the backbone it is given: which layers that has is
+    not read from the class, so the finding stays (here the backbone drops units in train mode)."""
+    src = WRAPPER.format(backbone="nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))")
+    assert _codes(src, TOP803) == ["TOP803"]
+    # A number kept as an attribute and a module built in the class are not modules handed in.
+    plain = WRAPPER.replace("self.backbone = backbone", "self.backbone = nn.Linear(4, 4)")
+    assert _codes(plain.format(backbone="None"), TOP803) == []

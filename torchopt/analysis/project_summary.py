@@ -276,6 +276,8 @@ def _class(out: ModuleSummary, node: ast.ClassDef) -> Unit:
     for base in node.bases:
         _mode_of_base(out, base, unit)
     _mode_facts(out, node.body, unit, local)
+    if unit.mode == "" and _runs_outside_modules(out, methods):
+        unit.mode = "?"
     runs = methods.get("__call__") or methods.get("forward")
     unit.call_no_grad = runs is not None and _function(out, runs).no_grad
     return unit
@@ -314,6 +316,8 @@ def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) 
     unit.determinism = _determinism(out, node.body, params, _literal_defaults(node), ())
     star = {p.arg for p in (a.vararg, a.kwarg) if p is not None}
     _mode_facts(out, node.body, unit, local | star)
+    if unit.mode == "" and _runs_outside_modules(out, {node.name: node}, method=False):
+        unit.mode = "?"
     unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
         len(node.body) == 1
         and isinstance(node.body[0], ast.With)
@@ -478,6 +482,68 @@ def torch_mode(full: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     if full.startswith("torch.nn.") and not full.startswith(("torch.nn.functional.", "torch.nn.init.")):
         return "?"  # torch.nn.utils.spectral_norm and the like: not in this table
     return ""
+
+
+# Calls that take numbers and names, not modules, and run nothing they are given.
+_DATA_CALLS = frozenset({"range", "len", "int", "float", "bool", "str", "min", "max", "abs", "round", "print"})
+_CONTAINER_CALLS = frozenset({"Sequential", "ModuleList", "ModuleDict", "append", "extend", "insert", "add_module"})
+
+
+def _runs_outside_modules(
+    out: ModuleSummary, methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef], method: bool = True
+) -> bool:
+    """Whether a value that comes from outside the class (a parameter of a method, a module-level
+    value) may become a submodule that runs: stored as ``self.X = value`` and then called, iterated
+    or handed on (``self.backbone = backbone`` ... ``self.backbone(x)``), or put in a container
+    (``nn.Sequential(*layers)``, ``self.add_module(name, layer)``). What it is is not known here."""
+    stored: set[str] = set()
+    for m in methods.values():
+        a = m.args
+        params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]}
+        params -= {a.args[0].arg} if a.args and method else set()
+        own = set(_assigned(m.body)) - params
+
+        def outside(expr: ast.expr) -> bool:
+            if isinstance(expr, (ast.List, ast.Tuple, ast.Set)):
+                return any(outside(e) for e in expr.elts)
+            while isinstance(expr, (ast.Attribute, ast.Subscript, ast.Starred)):
+                expr = expr.value
+            return isinstance(expr, ast.Name) and expr.id != "self" and (expr.id in params or expr.id not in own)
+
+        for n in ast.walk(m):
+            if isinstance(n, ast.Assign) and outside(n.value):
+                stored |= {t.attr for t in n.targets if isinstance(t, ast.Attribute) and dotted_name(t.value) == "self"}
+            elif (
+                isinstance(n, ast.Call) and (last := (dotted_name(n.func) or "").rsplit(".", 1)[-1]) in _CONTAINER_CALLS
+            ):
+                if any(outside(x) for x in (n.args if last[:1].isupper() else n.args[-1:])):
+                    return True
+    if not stored:
+        return False
+    for m in methods.values():
+        for n in ast.walk(m):
+            if isinstance(n, ast.Call):
+                uses = [n.func, *n.args, *(k.value for k in n.keywords)]
+                written = dotted_name(n.func) or ""
+                q = out.qualify(written)
+                data = written in _DATA_CALLS or (q is not None and q[0].startswith("torch.nn.") and q[1] == 0)
+                if any(_self_attr(x) in stored for x in (uses if not data else uses[:1])):
+                    return True
+            elif isinstance(n, (ast.For, ast.comprehension)) and _self_attr(n.iter) in stored:
+                return True
+            elif isinstance(n, (ast.List, ast.Tuple, ast.Dict)):
+                if any(_self_attr(x) in stored for x in ast.iter_child_nodes(n) if isinstance(x, ast.expr)):
+                    return True
+    return False
+
+
+def _self_attr(expr: ast.expr) -> str | None:
+    """``X`` for ``self.X``, ``self.X.forward``, ``self.X.encoder``, ``self.X[0]``."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+            return expr.attr
+        expr = expr.value
+    return None
 
 
 def _literal(expr: ast.expr) -> Any:
