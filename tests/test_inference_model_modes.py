@@ -72,6 +72,8 @@ def _codes(src: str, settings: Settings) -> list[str]:
         ({"forward": "F.dropout(x, 0.2, training=self.training)"}, True),
         ({"forward": "x if self.training else x * 2"}, True),
         ({"imports": "import torchvision", "build": "torchvision.models.resnet18()"}, True),  # unknown: kept
+        ({"build": "torch.load('net.pt', weights_only=False)"}, True),  # a whole model read back: unknown
+        ({"build": "torch.hub.load('owner/repo', 'net')"}, True),
         ({"imports": "from layers import Block", "extra": ", Block(2)"}, True),  # a class that cannot be read
     ],
 )

@@ -447,6 +447,8 @@ MODE_FUNCTIONS = frozenset(
     {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
     | {"batch_norm", "instance_norm", "rrelu"}
 )
+# torch packages whose calls may return a module (`torch.hub.load`, `torch.jit.load`).
+_MODULE_SOURCES = ("torch.hub.", "torch.jit.", "torch.export.", "torch.fx.", "torch.ao.", "torch.quantization.")
 # Top-level modules whose calls build no torch module: the standard library and numpy.
 _PLAIN = frozenset(sys.stdlib_module_names) | {"numpy"}
 
@@ -481,6 +483,8 @@ def torch_mode(full: str, args: list[Any], kwargs: dict[str, Any]) -> str:
         return "" if kwargs.get("training", _NOT_LITERAL) is False else "train"
     if full.startswith("torch.nn.") and not full.startswith(("torch.nn.functional.", "torch.nn.init.")):
         return "?"  # torch.nn.utils.spectral_norm and the like: not in this table
+    if full in ("torch.load", "torch.compile") or full.startswith(_MODULE_SOURCES):
+        return "?"  # a module read back or made from another: what it holds is not written here
     return ""
 
 
