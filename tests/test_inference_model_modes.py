@@ -74,6 +74,8 @@ def _codes(src: str, settings: Settings) -> list[str]:
         ({"imports": "import torchvision", "build": "torchvision.models.resnet18()"}, True),  # unknown: kept
         ({"build": "torch.load('net.pt', weights_only=False)"}, True),  # a whole model read back: unknown
         ({"build": "torch.hub.load('owner/repo', 'net')"}, True),
+        ({"build": "Net()\nnet.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(4, 2))"}, True),
+        ({"build": "Net()\nnet.add_module('drop', nn.Dropout(0.5))"}, True),  # parts added after building
         ({"imports": "from layers import Block", "extra": ", Block(2)"}, True),  # a class that cannot be read
     ],
 )

@@ -77,7 +77,7 @@ def _combine(verdicts: list[bool | None]) -> bool | None:
 # ---------------------------------------------------------------------- from a name to its constructions
 def _constructions(rule: Rule, name: str, at: cst.CSTNode, depth: int) -> list[cst.Call | None]:
     """The calls that build what ``name`` is bound to where ``at`` runs; None for a way that is not known."""
-    if depth > MAX_DEPTH:
+    if depth > MAX_DEPTH or name in _changed_names(rule):
         return [None]
     try:
         scope = rule.get_metadata(ScopeProvider, at)
@@ -98,6 +98,43 @@ def _constructions(rule: Rule, name: str, at: cst.CSTNode, depth: int) -> list[c
             continue
         out += _from_expression(rule, stmt.value, depth)
     return out or [None]
+
+
+_ADDS_PARTS = frozenset({"add_module", "register_module", "append", "extend", "insert", "update", "apply"})
+
+
+def _changed_names(rule: Rule) -> frozenset[str]:
+    """Names whose object gets parts after it is built, anywhere in the file (``model.fc =
+    nn.Sequential(nn.Dropout(), ...)``, ``model.add_module(...)``, ``setattr(model, ...)``,
+    ``model.apply(fn)``): what such a model holds is not what its class builds."""
+    module = rule.ctx.module
+    return remembered(("names given parts",), module, lambda: _find_changed_names(module))
+
+
+def _find_changed_names(module: cst.Module) -> frozenset[str]:
+    from torchopt.analysis.syntax import walk
+
+    out: set[str] = set()
+    for n in walk(module, cross_scopes=True):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(n, cst.AssignTarget):
+            targets.append(n.target)
+        elif isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            targets.append(n.target)
+        elif isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in _ADDS_PARTS:
+            targets.append(n.func)
+        elif isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "setattr" and n.args:
+            targets.append(cst.Attribute(value=n.args[0].value, attr=cst.Name("x")))
+        for t in targets:
+            for e in t.elements if isinstance(t, (cst.Tuple, cst.List)) else ():
+                targets.append(e.value)
+            if isinstance(t, (cst.Attribute, cst.Subscript)):
+                root: cst.BaseExpression = t
+                while isinstance(root, (cst.Attribute, cst.Subscript)):
+                    root = root.value
+                if isinstance(root, cst.Name):
+                    out.add(root.value)
+    return frozenset(out)
 
 
 def _from_expression(rule: Rule, expr: cst.BaseExpression, depth: int) -> list[cst.Call | None]:
