@@ -94,6 +94,21 @@ def model_name(name: str) -> bool:
     return any(w in low for w in MODEL_WORDS)
 
 
+# Names of routines that do something *to* a model (`unwrap_model(m)`, `build_model(cfg)`,
+# `save_pretrained_model(m, path)`): a verb, then a name that ends in a model word. Calling one
+# builds, fetches or stores a model, it does not run one (`get_decoder_features(x)` ends in no model
+# word: it may run one).
+MODEL_ACTION = re.compile(
+    r"^_*(?:unwrap|get|build|load|create|make|init|initialize|prepare|save|export|wrap|setup|set|freeze"
+    r"|unfreeze|print|count|copy|clone|convert|summarize|log|register|resume|restore|move|compile|to)_"
+    r"(?:\w*_)?(?:" + "|".join(MODEL_WORDS) + r")s?$",
+    re.IGNORECASE,
+)
+# Of those, the ones that return the very module they are given (accelerate's and DeepSpeed's
+# `unwrap_model(model)`): `accelerator.unwrap_model(model)(x)` runs `model`.
+MODEL_UNWRAP = frozenset({"unwrap_model"})
+
+
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "log", "exception"}
 
 

@@ -263,32 +263,50 @@ class Lifecycle:
         self._run(list(scope.body), {}, scope)
 
     def _initial(self, key: str, scope: cst.CSTNode) -> Modes:
-        """The modes a name has before its scope binds it: a parameter's come from its call sites."""
+        """The modes a name has before its scope binds it: a parameter's come from its call sites, a
+        name a nested function reads from the function around it (``model`` in a ``run_validate``
+        defined in ``validate``) from the modes it has where each call of the nested function runs."""
         if not isinstance(scope, cst.FunctionDef) or "." in key:
             return _UNKNOWN
+        if (id(scope), key) in self._entry or id(scope) in self._entry_pending:
+            return self._entry.get((id(scope), key), _UNKNOWN)
         params = [p.name.value for p in scope.params.params]
-        if key not in params:
+        return self._entry_modes(scope, key) if key in params else self._closure_modes(scope, key)
+
+    def _closure_modes(self, fn: cst.FunctionDef, key: str) -> Modes:
+        """``key`` read, not bound, by the nested function ``fn``: every use of ``fn``'s name is a
+        call in the enclosing function (as ``grad_off`` asks), and the modes are those at the calls."""
+        if not isinstance(self._scope_of(fn), cst.FunctionDef):
             return _UNKNOWN
-        return self._entry_modes(scope, key)
+        try:
+            inner = self.rule.get_metadata(ScopeProvider, fn.body.body[0]) if fn.body.body else None
+        except KeyError:
+            inner = None
+        if inner is None or key not in inner or any(a.scope is inner for a in inner[key]):
+            return _UNKNOWN  # bound in the nested function itself (or not bound anywhere)
+        calls = self._uses_as_calls(fn.name)
+        if not calls or any(isinstance(n, (cst.Yield, cst.Await)) for n in walk(fn.body)):
+            return _UNKNOWN
+        return self._joined(fn, (id(fn), key), [(key, call) for call in calls])
 
     def _entry_modes(self, fn: cst.FunctionDef, param: str) -> Modes:
-        memo = (id(fn), param)
-        if memo in self._entry:
-            return self._entry[memo]
-        if id(fn) in self._entry_pending:
-            return _UNKNOWN
         func = self.program.function_of(fn.body)
         if func is None or func.node is not fn or not func.callers:
             return _UNKNOWN
+        idx = func.params.index(param)
+        passed = []
+        for edge in func.callers:
+            arg = _argument(edge.call, idx - (1 if edge.how in ("method", "constructor", "spawn") else 0), param)
+            passed.append((dotted(arg) if arg is not None else None, edge.call))
+        return self._joined(fn, (id(fn), param), passed)
+
+    def _joined(self, fn: cst.FunctionDef, memo: tuple[int, str], at: list[tuple[str | None, cst.Call]]) -> Modes:
+        """The modes of the modules ``key`` at each call ``call`` of ``fn`` (``at``), joined and kept."""
         self._entry_pending.add(id(fn))
         try:
             modes: Modes | None = None
-            idx = func.params.index(param)
-            for edge in func.callers:
-                offset = 1 if edge.how in ("method", "constructor", "spawn") else 0
-                arg = _argument(edge.call, idx - offset, param)
-                key = dotted(arg) if arg is not None else None
-                here = self.modes_at(key, edge.call) if key else _UNKNOWN
+            for key, call in at:
+                here = self.modes_at(key, call) if key else _UNKNOWN
                 modes = here if modes is None else _join(modes, here)
         finally:
             self._entry_pending.discard(id(fn))

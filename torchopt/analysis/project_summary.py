@@ -13,6 +13,8 @@ globals their ``for`` loops iterate, the keys of a dict they return), the names 
 from __future__ import annotations
 
 import ast
+import builtins
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -122,6 +124,14 @@ class Unit:
     resizes: bool = False  # calls a SIZE_FIXERS name, or slices with literal bounds
     autocast: bool = False  # a function that returns an autocast context (`return torch.autocast("cuda")`)
     pg_setup: bool = False  # calls a setup of the default process group (process_group.SETUPS), anywhere
+    # Whether train/eval mode changes what building the class (or calling the function) computes, from
+    # its own body (module_modes.py follows the rest): "train" when it reads `self.training` or builds a
+    # layer / calls a function whose output depends on the mode (Dropout, BatchNorm, `F.dropout`); "?"
+    # when it builds something this body does not tell (a call of a parameter or of a global value, a
+    # call of a call); "" when every torch layer and function it names is known to ignore the mode.
+    mode: str = ""
+    mode_calls: list[str] = field(default_factory=list)  # bases and calls to follow for `mode`, as written
+    call_no_grad: bool = False  # a class whose `__call__` (else `forward`) runs under no_grad/inference_mode
 
 
 @dataclass
@@ -277,6 +287,19 @@ def _class(out: ModuleSummary, node: ast.ClassDef) -> Unit:
             unit.steps = True
         elif isinstance(n, ast.Subscript) and _literal_slice(n):
             unit.resizes = True
+    methods = {s.name: s for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    local: set[str] = set()
+    for m in methods.values():
+        a = m.args
+        local |= {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]}
+        local |= set(_assigned(m.body))
+    for base in node.bases:
+        _mode_of_base(out, base, unit)
+    _mode_facts(out, node.body, unit, local)
+    if unit.mode == "" and _runs_outside_modules(out, methods):
+        unit.mode = "?"
+    runs = methods.get("__call__") or methods.get("forward")
+    unit.call_no_grad = runs is not None and _function(out, runs).no_grad
     return unit
 
 
@@ -311,6 +334,10 @@ def _function(out: ModuleSummary, node: ast.FunctionDef | ast.AsyncFunctionDef) 
             if unit.returns_dict is None:
                 unit.returns_dict = _dict_literal(n.value)
     unit.determinism = _determinism(out, node.body, params, _literal_defaults(node), ())
+    star = {p.arg for p in (a.vararg, a.kwarg) if p is not None}
+    _mode_facts(out, node.body, unit, local | star)
+    if unit.mode == "" and _runs_outside_modules(out, {node.name: node}, method=False):
+        unit.mode = "?"
     unit.no_grad = any(_no_grad(out, d) for d in node.decorator_list) or (
         len(node.body) == 1
         and isinstance(node.body[0], ast.With)
@@ -391,6 +418,230 @@ def _decider(test: ast.expr, params: list[str], defaults: dict[str, str]) -> str
         if isinstance(part, ast.Name) and part.id in params:
             return f"{part.id}:{defaults.get(part.id, '')}"
     return "?"
+
+
+# ---------------------------------------------------------------------- train/eval mode
+_NOT_LITERAL = object()
+_DROPOUT_OFF = (0, 0.0)
+# torch.nn layers whose output depends on train/eval mode, each with the argument that can turn that
+# off: (name, position, the literal values that do, whether it is on when the argument is not given).
+# `None`: nothing turns it off.
+MODE_LAYERS: dict[str, tuple[str, int, tuple[Any, ...], bool] | None] = {
+    **{n: ("p", 0, _DROPOUT_OFF, True) for n in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")},
+    **{n: ("p", 0, _DROPOUT_OFF, True) for n in ("AlphaDropout", "FeatureAlphaDropout")},
+    **{f"{p}BatchNorm{d}d": None for p in ("", "Lazy") for d in (1, 2, 3)},
+    "SyncBatchNorm": None,
+    "RReLU": None,
+    **{f"{p}InstanceNorm{d}d": ("track_running_stats", 4, (False,), False) for p in ("", "Lazy") for d in (1, 2, 3)},
+    "RNN": ("dropout", 6, _DROPOUT_OFF, False),
+    "LSTM": ("dropout", 5, _DROPOUT_OFF, False),
+    "GRU": ("dropout", 5, _DROPOUT_OFF, False),
+    "MultiheadAttention": ("dropout", 2, _DROPOUT_OFF, False),
+    "Transformer": ("dropout", 5, _DROPOUT_OFF, True),
+    "TransformerEncoderLayer": ("dropout", 3, _DROPOUT_OFF, True),
+    "TransformerDecoderLayer": ("dropout", 3, _DROPOUT_OFF, True),
+}
+# torch.nn classes whose output is the same in both modes (their submodules, when they hold any, are
+# built by calls of their own: `nn.Sequential(nn.Linear(4, 4), nn.Dropout())`).
+MODE_FREE_LAYERS = frozenset(
+    {
+        "Module", "Sequential", "ModuleList", "ModuleDict", "Parameter", "ParameterList", "ParameterDict",
+        "Identity", "Linear", "LazyLinear", "Bilinear", "Flatten", "Unflatten", "Embedding", "EmbeddingBag",
+        "LayerNorm", "GroupNorm", "RMSNorm", "LocalResponseNorm", "CrossMapLRN2d",
+        "RNNCell", "LSTMCell", "GRUCell", "TransformerEncoder", "TransformerDecoder",
+        *(f"{p}{d}d" for p in ("Conv", "ConvTranspose", "LazyConv", "LazyConvTranspose") for d in (1, 2, 3)),
+        *(f"{p}{d}d" for p in ("MaxPool", "AvgPool", "AdaptiveMaxPool", "AdaptiveAvgPool", "LPPool", "MaxUnpool")
+          for d in (1, 2, 3)),
+        *(f"{p}{d}d" for p in ("ZeroPad", "ConstantPad", "ReflectionPad", "ReplicationPad", "CircularPad")
+          for d in (1, 2, 3)),
+        "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle", "PixelUnshuffle",
+        "ChannelShuffle", "Fold", "Unfold", "CosineSimilarity", "PairwiseDistance",
+        "ReLU", "ReLU6", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid",
+        "Tanh", "Softmax", "Softmax2d", "LogSoftmax", "Softmin", "Softplus", "Softsign", "Hardtanh",
+        "Hardswish", "Hardsigmoid", "Hardshrink", "Softshrink", "Tanhshrink", "Threshold", "GLU", "LogSigmoid",
+    }
+)  # fmt: skip
+# torch functions whose output depends on the mode they are told (`training=self.training`), unless a
+# literal `training=False` says which.
+MODE_FUNCTIONS = frozenset(
+    {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
+    | {"batch_norm", "instance_norm", "rrelu"}
+)
+# torch packages whose calls may return a module (`torch.hub.load`, `torch.jit.load`).
+_MODULE_SOURCES = ("torch.hub.", "torch.jit.", "torch.export.", "torch.fx.", "torch.ao.", "torch.quantization.")
+# Top-level modules whose calls build no torch module: the standard library and numpy.
+_PLAIN = frozenset(sys.stdlib_module_names) | {"numpy"}
+
+
+def layer_mode(name: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """Whether the torch.nn layer ``name``, built with these literal arguments (``_NOT_LITERAL`` for
+    a value known only at run time), computes differently in train and eval mode: "train" (it
+    does), "" (it does not), "?" (a torch.nn class this table does not know)."""
+    if name in MODE_FREE_LAYERS or name.endswith("Loss"):
+        return ""
+    if name not in MODE_LAYERS:
+        return "?"
+    switch = MODE_LAYERS[name]
+    if switch is None:
+        return "train"
+    arg, position, off, default_on = switch
+    value = kwargs.get(arg, args[position] if len(args) > position else None)
+    if arg not in kwargs and len(args) <= position:
+        return "train" if default_on else ""
+    off_here = value is not _NOT_LITERAL and any(
+        value == o and isinstance(value, bool) == isinstance(o, bool) for o in off
+    )
+    return "" if off_here else "train"
+
+
+def torch_mode(full: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """The mode verdict (see ``layer_mode``) of a call of the torch name ``full``."""
+    last = full.rsplit(".", 1)[-1]
+    if full.startswith("torch.nn.") and last[:1].isupper():
+        return layer_mode(last, args, kwargs)
+    if last in MODE_FUNCTIONS and (full.startswith("torch.nn.functional.") or full.count(".") == 1):
+        return "" if kwargs.get("training", _NOT_LITERAL) is False else "train"
+    if full.startswith("torch.nn.") and not full.startswith(("torch.nn.functional.", "torch.nn.init.")):
+        return "?"  # torch.nn.utils.spectral_norm and the like: not in this table
+    if full in ("torch.load", "torch.compile") or full.startswith(_MODULE_SOURCES):
+        return "?"  # a module read back or made from another: what it holds is not written here
+    return ""
+
+
+# Calls that take numbers and names, not modules, and run nothing they are given.
+_DATA_CALLS = frozenset({"range", "len", "int", "float", "bool", "str", "min", "max", "abs", "round", "print"})
+_CONTAINER_CALLS = frozenset({"Sequential", "ModuleList", "ModuleDict", "append", "extend", "insert", "add_module"})
+
+
+def _runs_outside_modules(
+    out: ModuleSummary, methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef], method: bool = True
+) -> bool:
+    """Whether a value that comes from outside the class (a parameter of a method, a module-level
+    value) may become a submodule that runs: stored as ``self.X = value`` and then called, iterated
+    or handed on (``self.backbone = backbone`` ... ``self.backbone(x)``), or put in a container
+    (``nn.Sequential(*layers)``, ``self.add_module(name, layer)``). What it is is not known here."""
+    stored: set[str] = set()
+    for m in methods.values():
+        a = m.args
+        params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]}
+        params -= {a.args[0].arg} if a.args and method else set()
+        own = set(_assigned(m.body)) - params
+
+        def outside(expr: ast.expr) -> bool:
+            if isinstance(expr, (ast.List, ast.Tuple, ast.Set)):
+                return any(outside(e) for e in expr.elts)
+            while isinstance(expr, (ast.Attribute, ast.Subscript, ast.Starred)):
+                expr = expr.value
+            return isinstance(expr, ast.Name) and expr.id != "self" and (expr.id in params or expr.id not in own)
+
+        for n in ast.walk(m):
+            if isinstance(n, ast.Assign) and outside(n.value):
+                stored |= {t.attr for t in n.targets if isinstance(t, ast.Attribute) and dotted_name(t.value) == "self"}
+            elif (
+                isinstance(n, ast.Call) and (last := (dotted_name(n.func) or "").rsplit(".", 1)[-1]) in _CONTAINER_CALLS
+            ):
+                if any(outside(x) for x in (n.args if last[:1].isupper() else n.args[-1:])):
+                    return True
+    if not stored:
+        return False
+    for m in methods.values():
+        for n in ast.walk(m):
+            if isinstance(n, ast.Call):
+                uses = [n.func, *n.args, *(k.value for k in n.keywords)]
+                written = dotted_name(n.func) or ""
+                q = out.qualify(written)
+                data = written in _DATA_CALLS or (q is not None and q[0].startswith("torch.nn.") and q[1] == 0)
+                if any(_self_attr(x) in stored for x in (uses if not data else uses[:1])):
+                    return True
+            elif isinstance(n, (ast.For, ast.comprehension)) and _self_attr(n.iter) in stored:
+                return True
+            elif isinstance(n, (ast.List, ast.Tuple, ast.Dict)):
+                if any(_self_attr(x) in stored for x in ast.iter_child_nodes(n) if isinstance(x, ast.expr)):
+                    return True
+    return False
+
+
+def _self_attr(expr: ast.expr) -> str | None:
+    """``X`` for ``self.X``, ``self.X.forward``, ``self.X.encoder``, ``self.X[0]``."""
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+            return expr.attr
+        expr = expr.value
+    return None
+
+
+def _literal(expr: ast.expr) -> Any:
+    return expr.value if isinstance(expr, ast.Constant) else _NOT_LITERAL
+
+
+def _mode_of_base(out: ModuleSummary, base: ast.expr, unit: Unit) -> None:
+    written = dotted_name(base)
+    q = out.qualify(written) if written else None
+    if written is None:
+        _set_mode(unit, "?")
+    elif q is not None and q[1] == 0 and q[0].startswith("torch."):
+        _set_mode(unit, torch_mode(q[0], [], {}))
+    elif written != "object" and written not in unit.mode_calls:
+        unit.mode_calls.append(written)
+
+
+def _set_mode(unit: Unit, verdict: str) -> None:
+    if verdict == "train" or (verdict == "?" and unit.mode == ""):
+        unit.mode = verdict
+
+
+def _mode_facts(out: ModuleSummary, body: list[ast.stmt], unit: Unit, local: set[str]) -> None:
+    """Fill ``unit.mode`` and ``unit.mode_calls`` from the calls in ``body`` (see ``Unit.mode``)."""
+    loops = {
+        x.id
+        for stmt in body
+        for n in ast.walk(stmt)
+        if isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension))
+        for x in ast.walk(n.target)
+        if isinstance(x, ast.Name)
+    }
+    for stmt in body:
+        for n in ast.walk(stmt):
+            if unit.mode == "train":
+                return
+            if isinstance(n, ast.Attribute) and n.attr == "training" and isinstance(n.value, ast.Name):
+                if n.value.id == "self":
+                    unit.mode = "train"
+            elif isinstance(n, ast.Call):
+                verdict, follow = _call_mode(out, n, local, loops)
+                _set_mode(unit, verdict)
+                if follow is not None and follow not in unit.mode_calls:
+                    unit.mode_calls.append(follow)
+
+
+def _call_mode(out: ModuleSummary, call: ast.Call, local: set[str], loops: set[str]) -> tuple[str, str | None]:
+    """The mode verdict of one call, and the name to follow through the project when it has one."""
+    func = call.func
+    if isinstance(func, (ast.Call, ast.Lambda)):
+        return "?", None  # `getattr(nn, name)()`: what it builds is known only at run time
+    written = dotted_name(func)
+    if written is None:
+        return "", None  # `self.blocks[i](x)`, `x.view(n, -1).mean()`: runs what is already built
+    head = written.partition(".")[0]
+    if head == "self" or head in local:
+        # a method or a submodule of its own, a method of a local value, a layer a loop takes from a
+        # container (`for conv in self.convs: x = conv(x)`); a call of another local name (`block(...)`
+        # with a class handed in) builds what the caller chose
+        return ("?" if isinstance(func, ast.Name) and head != "self" and head not in loops else ""), None
+    q = out.qualify(written)
+    if q is not None and q[1] == 0 and (q[0] == "torch" or q[0].startswith("torch.")):
+        args = [_literal(a) for a in call.args]
+        kwargs = {k.arg: _literal(k.value) for k in call.keywords if k.arg is not None}
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            args, kwargs = [_NOT_LITERAL] * 8, {"training": _NOT_LITERAL}  # `*args`: any switch may be on
+        return torch_mode(q[0], args, kwargs), None
+    if q is not None and q[1] == 0 and q[0].partition(".")[0] in _PLAIN:
+        return "", None
+    if q is not None or head in out.classes or head in out.functions:
+        return "", written
+    if hasattr(builtins, head):
+        return "", None
+    return "?", None  # a module-level value (`ACT()`, `registry.build(cfg)`)
 
 
 def _no_grad(out: ModuleSummary, expr: ast.expr) -> bool:

@@ -13,8 +13,9 @@ from torchopt.analysis.arguments import has_star, positional
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.metadata import ParentProvider, remembered
 from torchopt.analysis.entry_points import ProgramRule
-from torchopt.analysis.conventions import EVAL_FUNCTION, eval_loader_name, model_name
+from torchopt.analysis.conventions import EVAL_FUNCTION, MODEL_ACTION, MODEL_UNWRAP, eval_loader_name, model_name
 from torchopt.analysis.lifecycle import lifecycle_of
+from torchopt.analysis.module_modes import runs_without_grad
 
 GRAD_OFF = {
     "torch.no_grad",
@@ -50,9 +51,15 @@ class EvalRule(ProgramRule):
             func = n.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("forward", "generate"):
                 func = func.value
+            unwrapped = _unwrapped(func)
+            if unwrapped is not None:
+                out.append((n, unwrapped))
+                continue
             d = dotted(func)
             if d is None or not model_name(d.rsplit(".", 1)[-1]) or callee(self, n) is not None:
                 continue
+            if MODEL_ACTION.match(d.rsplit(".", 1)[-1]):
+                continue  # `accelerator.unwrap_model(m)`, `build_model(cfg)`: no model runs
             if isinstance(func, cst.Name) and self._is_function_name(func):
                 continue
             root = func
@@ -125,7 +132,14 @@ class EvalRule(ProgramRule):
 
     def in_grad_off(self, node: cst.CSTNode) -> bool:
         """Whether ``node`` runs under no_grad/inference_mode (a `with` around it or a decorator), or
-        in a nested function every call of which does (the lifecycle's ``grad_off``)."""
+        in a nested function every call of which does (the lifecycle's ``grad_off``), or is a call of
+        an object whose class of the project runs its ``__call__`` under no_grad (a pipeline)."""
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and runs_without_grad(self, node.func.value, node)
+        ):
+            return True
         cur = self.get_metadata(ParentProvider, node, None)
         while cur is not None:
             if isinstance(cur, cst.With) and any(self.grad_off_call(i.item) for i in cur.items):
@@ -296,6 +310,17 @@ class EvalRule(ProgramRule):
                 elif callee(self, n) in ("torch.autograd.grad", "torch.autograd.backward"):
                     out |= {x.value for x in walk(n, cross_scopes=True) if isinstance(x, cst.Name)}
         return out
+
+
+def _unwrapped(func: cst.BaseExpression) -> str | None:
+    """``model`` for the called ``accelerator.unwrap_model(model)``: the module it returns is ``model``."""
+    if not (isinstance(func, cst.Call) and len(func.args) == 1 and func.args[0].keyword is None):
+        return None
+    name = dotted(func.func) or ""
+    if name.rsplit(".", 1)[-1] not in MODEL_UNWRAP or func.args[0].star:
+        return None
+    inner = dotted(func.args[0].value)
+    return inner if inner is not None and model_name(inner.rsplit(".", 1)[-1]) else None
 
 
 def epoch_loop_possible(text: str) -> bool:

@@ -9,6 +9,7 @@ import libcst as cst
 from torchopt.analysis.conventions import EVAL_FUNCTION
 from torchopt.analysis.conventions import eval_loader_name
 from torchopt.analysis.lifecycle import Mode, lifecycle_of
+from torchopt.analysis.module_modes import mode_matters
 from torchopt.analysis.names import callee
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
@@ -52,6 +53,17 @@ class EvalTrainModeMismatch(EvalRule):
     A model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
     only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
     docs/design.md) is not evaluation code and is not reported.
+
+    Nor is a model whose output does not depend on the mode: when every way it is built is known
+    (a class of the file or of another module of the project, read through the project index, with
+    the project classes it builds from, `nn.Sequential(...)` and its contents) and holds only layers
+    that compute the same in both modes (Linear, convolutions, activations, pooling, LayerNorm,
+    GroupNorm, Embedding...), with no Dropout, BatchNorm, InstanceNorm tracking running statistics,
+    RNN or Transformer dropout, `F.dropout` or read of `self.training`, `eval()` would change
+    nothing. A model this cannot tell (a library model such as `torchvision.models.resnet18()`, a
+    class of a module the run does not read) is reported as before. The mode reaches a nested
+    function from the function around it (`model.eval()` before each call of a `run_validate`
+    that reads `model`), and `accelerator.unwrap_model(model)(x)` runs `model`.
 
     ## Why is this slow
     It is a correctness trap that looks like a tuning one: `torch.no_grad()` does not disable
@@ -146,6 +158,53 @@ class EvalTrainModeMismatch(EvalRule):
                 class Net(nn.Module):
                     def __init__(self):
                         super().__init__()
+                        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+                        self.fc = nn.Linear(8, 10)
+
+                    def forward(self, x):
+                        return self.fc(self.body(x).flatten(1))
+
+
+                net = Net()
+                test_loader = [torch.randn(2, 3, 8, 8)]
+                for x in test_loader:
+                    print(net(x).argmax(1))
+            """),
+            note="no layer of `Net` computes differently in eval mode",
+        ),
+        Invalid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+                        self.fc = nn.Linear(8, 10)
+                        self.drop = nn.Dropout(0.5)
+
+                    def forward(self, x):
+                        return self.fc(self.drop(self.body(x).flatten(1)))
+
+
+                net = Net()
+                test_loader = [torch.randn(2, 3, 8, 8)]
+                for x in test_loader:
+                    print(net(x).argmax(1))
+            """),
+            note="the Dropout keeps dropping",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch import nn
+
+
+                class Net(nn.Module):
+                    def __init__(self):
+                        super().__init__()
                         self.fc = nn.Linear(4, 2)
 
                     def forward(self, x):
@@ -206,7 +265,7 @@ class EvalTrainModeMismatch(EvalRule):
     def _eval_function(self, fn: cst.FunctionDef) -> None:
         if self.is_method(fn) or self.called_from_training(fn):
             return
-        fwd = self.forward_calls(fn.body)
+        fwd = self._mode_sensitive(self.forward_calls(fn.body))
         if not fwd or self.trains(fn.body) is not None:
             return
         call, model = fwd[0]
@@ -220,6 +279,11 @@ class EvalTrainModeMismatch(EvalRule):
                 "model_root": model.split(".")[0] if model.split(".")[0] != "self" else model,
             },
         )
+
+    def _mode_sensitive(self, fwd: list[tuple[cst.Call, str]]) -> list[tuple[cst.Call, str]]:
+        """The model calls of ``fwd`` whose model may compute differently in eval mode: a model known
+        to hold no dropout, no BatchNorm and nothing else that reads the mode is left out."""
+        return [(c, m) for c, m in fwd if mode_matters(self, m, c) is not False]
 
     def _switched_to_eval(self, fn: cst.FunctionDef, call: cst.Call, model: str) -> bool:
         """Whether the model an evaluation function runs is in eval mode there (the lifecycle's
@@ -248,7 +312,7 @@ class EvalTrainModeMismatch(EvalRule):
         fn = self.enclosing_function(loop)
         if fn is not None and EVAL_FUNCTION.match(fn.name.value):
             return
-        fwd = self.forward_calls(loop.body)
+        fwd = self._mode_sensitive(self.forward_calls(loop.body))
         if not fwd or self.trains(loop.body) is not None:
             return
         call, model = fwd[0]
@@ -285,6 +349,7 @@ class EvalTrainModeMismatch(EvalRule):
         # Only a switch of a whole trained model counts: `model.backbone.eval()` or a helper that puts
         # the BatchNorm layers in eval mode freezes part of the model on purpose (a linear probe).
         lc = lifecycle_of(self)
+        trained = {m for m in trained if mode_matters(self, m, loop) is not False}
         evals: list[cst.CSTNode] = [
             c
             for c in self._mode_calls(body, "eval")

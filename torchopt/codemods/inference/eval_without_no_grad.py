@@ -73,7 +73,10 @@ class EvalWithoutNoGrad(EvalRule):
     `@torch.no_grad()` or wraps the loop in `with torch.no_grad():`. Methods count too
     (`Trainer.evaluate(self)`), except methods of a torch module, which are part of its forward.
     A loop whose model calls already sit in a `with torch.no_grad():` is left alone, and so is a
-    model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
+    call of an object whose class (of the file or of another module of the project) runs its
+    `__call__`, else its `forward`, under `@torch.no_grad()` / `@torch.inference_mode()` (a
+    pipeline: it records no graph), and a call `accelerator.unwrap_model(model)` (it returns the
+    model, it runs nothing), and so is a model module's self-test (`def test(): net = Net(); print(net(torch.randn(2, 4)).shape)`, run
     only by the module's `if __name__ == "__main__":` block; see "Where programs run" in
     docs/design.md): no evaluation program runs there.
 
@@ -354,6 +357,26 @@ class EvalWithoutNoGrad(EvalRule):
         Valid(
             dedent("""\
                 import torch
+
+
+                class Upscaler:
+                    def __init__(self, net):
+                        self.net = net
+
+                    @torch.no_grad()
+                    def __call__(self, x):
+                        return self.net(x).clamp(0, 1)
+
+
+                def predict(net, images):
+                    generator = Upscaler(net)
+                    return [generator(x) for x in images]
+            """),
+            note="the pipeline's `__call__` already runs under `no_grad`",
+        ),
+        Valid(
+            dedent("""\
+                import torch
                 from torch import nn
 
 
@@ -541,7 +564,7 @@ class EvalWithoutNoGrad(EvalRule):
             return
         if self.is_module_method(fn) or self.called_from_training(fn):
             return
-        fwd = self.forward_calls(fn.body)
+        fwd = [f for f in self.forward_calls(fn.body) if not self.in_grad_off(f[0])]
         if not fwd or self.trains(fn.body) is not None:
             return
         if any(isinstance(n, cst.With) and any(self.grad_off_call(i.item) for i in n.items) for n in walk(fn.body)):
