@@ -4,6 +4,13 @@
   (`if step % log_every == 0:`, also `and`-ed with other terms), once (`if i == 0:`, `if i < 1:`, a
   branch that leaves the loop), once per call of a function whose own batch loop it follows, once per
   epoch (with ``epochs``), only after an error (an ``except`` handler), or outside every step loop.
+  Inside a function, a statement runs as often as the most frequent call of the function in a step
+  (`if step % eval_every == 0: evaluate(...)`), or after an early `if step % n != 0: return`
+  (`if not should_log: return`). A counter equal to a name the loop never changes
+  (`if i == warmup_steps:`) holds once. An evaluation loop runs as often as the loop itself: under
+  `if i % eval_every == 0:` of a training loop (or of a loop that runs one step per iteration through
+  a micro-batch loop), or in a plain function every call of which is such a rare one; a function
+  also called outside every step, handed on as a value or exported keeps its loop's own rate.
 * :meth:`Control.guards` answers the :class:`Guards` around a node, read from the real conditions
   of the ``if`` statements that hold it (and the early ``return`` of its function): rank 0 or the
   main process (`rank == 0`, `local_rank in (-1, 0)`, `dist.get_rank() == 0`, `is_main_process()`,
@@ -13,7 +20,12 @@
   switch that is a command-line option of the file off by default (`add_argument("--seed",
   default=None)` read as `if args.seed is not None:`, a `store_true` flag read as `if args.augment:`,
   a dataclass field `target_kl: float = None`) is also told apart: its code does not run in the
-  program's default run. The left side of an ``and`` guards its right side the same way.
+  program's default run. So is a parameter of a plain function of the file off by default
+  (`def run(save_json=False)`) when every use of the function leaves it so: a call without it, with
+  its default, with an option off by default (`run(**vars(opt))`, `set_seed(args.seed)`), or the
+  function handed to a command-line runner (`fire.Fire(main)`). The left side of an ``and`` guards
+  its right side the same way. A plain function of the file that only its calls use runs under the
+  guards every one of its calls runs under (`if save_json: save_one_json(...)`).
 * :meth:`Control.prints_rank_aware` says whether the program replaces ``builtins.print`` (the
   ``setup_for_distributed`` idiom that silences prints on every rank but 0).
 
@@ -29,10 +41,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
-from torchopt.analysis.names import callee, dotted, qualified_names
+from torchopt.analysis.names import bindings_of, callee, dotted, qualified_names
 from torchopt.analysis.program import program_of
-from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
+from torchopt.analysis.step_loops import LOOPS, SCOPES, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
@@ -55,6 +68,8 @@ _MAIN_NAMES = {
     "master_process",
 }
 _DEVICE_WORDS = ("cuda", "gpu")
+# Runners that turn a function's parameters into command-line options, each with its default.
+_CLI_RUNNERS = frozenset(("fire.Fire", "typer.run", "tyro.cli", "jsonargparse.CLI", "clize.run"))
 _FEW = 16  # iterations a counter test may let through and still be rare (`if j <= 4:` for figures)
 _OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
 
@@ -142,6 +157,10 @@ class Control:
                     return Frequency(found[0], found[1], where)
             if isinstance(parent, cst.ExceptHandler):
                 return Frequency(Rate.ON_ERROR, "it runs only after an error (a retry path)", where)
+            if isinstance(parent, cst.IndentedBlock) and self._returns_unless_periodic(parent, cur):
+                return Frequency(
+                    Rate.EVERY_N, "it already runs only every few steps (the function returns early otherwise)", where
+                )
             if isinstance(parent, cst.FunctionDef):
                 if self._after_inner_loop(node, parent):
                     return Frequency(
@@ -152,10 +171,88 @@ class Control:
                     return Frequency(rare.rate, rare.why, where)
                 break
             cur = parent
+        if cur is loop_body and where.loop.kind == "forward-pass":
+            outer = self._nested_loop_rate(where.loop.node, epochs)
+            if outer is not None:
+                return Frequency(
+                    outer.rate, f"it runs in an evaluation loop that itself runs {outer.rate.value}", where
+                )
         if epochs and self._epoch_loop(where.loop.node):
             why = "it runs once per epoch; the batches are iterated by a function the loop calls"
             return Frequency(Rate.PER_EPOCH, why, where)
         return Frequency(Rate.EVERY_STEP, "", where)
+
+    def _nested_loop_rate(self, loop: cst.CSTNode, epochs: bool) -> Frequency | None:
+        """Of a forward-pass (evaluation) loop: how often the loop itself runs, when that is rarer
+        than every step of a step loop around it: under `if i % eval_every == 0:` of a training loop,
+        or in a plain function of the file every call of which is such a rare one (a helper called
+        from elsewhere as well, or handed over as a value, may run its loop as the program's own
+        evaluation loop: None)."""
+        if id(loop) in self._visiting:
+            return None
+        if self.hot.where(loop) is None:
+            return self._rare_in_outer_loop(loop)
+        fn = self.parent(loop)
+        while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Module)):
+            if isinstance(fn, LOOPS) and id(fn) in self.hot.step_loops:
+                break  # the loop around it is in the same function
+            fn = self.parent(fn)
+        if isinstance(fn, cst.FunctionDef) and not self._only_called(fn):
+            return None
+        found = program_of(self.rule).function_of(fn) if isinstance(fn, cst.FunctionDef) else None
+        if found is not None and any(self.hot.where(e.call) is None for e in found.callers):
+            return None  # also called outside every step: there the loop is the evaluation itself
+        self._visiting.add(id(loop))
+        try:
+            freq = self.frequency(loop, epochs)
+        finally:
+            self._visiting.discard(id(loop))
+        if freq.rate in (Rate.EVERY_STEP, Rate.OUTSIDE, Rate.PER_CALL):
+            return None
+        return freq
+
+    def _rare_in_outer_loop(self, loop: cst.CSTNode) -> Frequency | None:
+        """A loop under a rare branch (`if i % validate_every == 0:`) of an outer loop that is no step
+        loop itself but runs training steps in a loop nested in it (gradient accumulation over
+        micro-batches): the loop runs every few training steps, not at each."""
+        cur, parent = loop, self.parent(loop)
+        found: tuple[Rate, str] | None = None
+        while parent is not None and not isinstance(parent, SCOPES):
+            if isinstance(parent, cst.If) and cur is parent.body and found is None:
+                found = self._rare_branch(parent)
+            if isinstance(parent, LOOPS) and cur is parent.body:
+                inner = [
+                    n
+                    for n in walk(parent.body)
+                    if isinstance(n, LOOPS)
+                    and id(n) in self.hot.step_loops
+                    and self.hot.step_loops[id(n)].kind == "training"
+                ]
+                # each inner training loop counts micro-batches (`for _ in range(accumulate):`): one
+                # outer iteration is one step; an inner loop over a loader makes the outer an epoch loop
+                if found is None or not inner or not all(_counted(n) for n in inner) or found[0] is Rate.PER_CALL:
+                    return None
+                return Frequency(found[0], found[1])
+            cur, parent = parent, self.parent(parent)
+        return None
+
+    def _only_called(self, fn: cst.FunctionDef) -> bool:
+        """``fn`` is a plain function of the file, called in it, that every use of its name calls
+        (no other module's call, no call through a value handed on, is left unread)."""
+        if id(fn) in self.hot.method_class or fn.name.value in _exported(self.rule.ctx.module):
+            return False
+        found = program_of(self.rule).function_of(fn)
+        if found is None or not found.callers:
+            return False
+        calls = {id(e.call.func) for e in found.callers}
+        try:
+            scope = self.rule.get_metadata(ScopeProvider, fn)
+        except KeyError:
+            return False
+        if scope is None:
+            return False
+        uses = [r.node for a in scope.assignments[fn.name.value] for r in a.references]
+        return bool(uses) and all(id(u) in calls for u in uses)
 
     def _rare_calls(self, fn: cst.FunctionDef, epochs: bool) -> Frequency | None:
         """A function of the file every call of which, in a step, is rare (`if i % n == 0: log(x)`):
@@ -174,7 +271,8 @@ class Control:
             self._visiting.discard(id(fn))
         if any(f.rate in (Rate.EVERY_STEP, Rate.OUTSIDE) for f in rates):
             return None
-        return rates[0]
+        # the most frequent of the calls: every few steps over once, once per epoch or after an error
+        return next((f for f in rates if f.rate is Rate.EVERY_N), rates[0])
 
     def not_every_step(self, node: cst.CSTNode, epochs: bool = False, guards: Guard = Guard.NONE) -> str | None:
         """Why ``node`` does not cost every step (a phrase), or None: its frequency, or one of
@@ -236,14 +334,69 @@ class Control:
             return Rate.ONCE, "it runs once, on the first step"
         if _first_steps(test, self._counters(branch)):
             return Rate.ONCE, "it runs only on the first few iterations"
+        reached = self._counter_reaches(test, branch)
+        if reached is not None:
+            return Rate.ONCE, f"it runs once, when the loop counter reaches `{reached}`"
         if _leaves_loop(branch.body):
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
 
+    def _returns_unless_periodic(self, block: cst.IndentedBlock, stmt: cst.CSTNode) -> bool:
+        """An early `if step % log_every != 0: return` (`if not should_log: return`, with `should_log`
+        assigned a periodic test in the function) before ``stmt`` in a function's body: what follows
+        runs only every few steps."""
+        fn = self.parent(block)
+        if not isinstance(fn, cst.FunctionDef):
+            return False
+        for s in block.body:
+            if s is stmt:
+                return False
+            if isinstance(s, cst.If) and s.orelse is None and _only_returns(s.body):
+                flags, periodic = self._test_flags(s)
+                if _periodic(_negated(s.test), flags, periodic):
+                    return True
+        return False
+
     def _counters(self, node: cst.CSTNode) -> frozenset[str]:
         """The counters of the loops around ``node`` in its function: `i` of `for i in range(...)` or
         `for i, x in enumerate(...)`, when the loop's body never assigns it."""
-        out: set[str] = set()
+        return frozenset(self._counter_loops(node))
+
+    def _counter_reaches(self, test: cst.BaseExpression, branch: cst.If) -> str | None:
+        """`i == warmup_steps` (also `and`-ed): a loop counter, which takes each value once, equal to a
+        name (or attribute) the loop never assigns: the branch runs at most once per run of the loop.
+        The name compared with, or None."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            return self._counter_reaches(test.left, branch) or self._counter_reaches(test.right, branch)
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
+            return None
+        loops = self._counter_loops(branch)
+        sides = (test.left, test.comparisons[0].comparator)
+        for counter, other in (sides, sides[::-1]):
+            if not (isinstance(counter, cst.Name) and counter.value in loops):
+                continue
+            if not isinstance(other, (cst.Name, cst.Attribute)) or _lower_last(other) in _RANK_NAMES:
+                continue
+            name = dotted(other)
+            root: cst.BaseExpression = other
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if name is None or not isinstance(root, cst.Name) or root.value == counter.value:
+                continue
+            body = loops[counter.value].body
+            if _assigns(body, root.value) or (isinstance(other, cst.Attribute) and _assigns_attr(body, name)):
+                continue
+            return name
+        return None
+
+    def _counter_loops(self, node: cst.CSTNode) -> dict[str, cst.For]:
+        """The counters of the loops around ``node`` in its function (see ``_counters``), each with
+        its loop."""
+        out: dict[str, cst.For] = {}
         cur = self.parent(node)
         while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
             if isinstance(cur, cst.For) and isinstance(cur.iter, cst.Call):
@@ -254,9 +407,9 @@ class Control:
                 elif func != "range":
                     target = None
                 if isinstance(target, cst.Name) and not _assigns(cur.body, target.value):
-                    out.add(target.value)
+                    out.setdefault(target.value, cur)
             cur = self.parent(cur)
-        return frozenset(out)
+        return out
 
     def _test_flags(self, node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
         """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`),
@@ -292,6 +445,8 @@ class Control:
         loop runs once per call, not once per batch."""
         if not any(id(n) in self.hot.step_loops for n in walk(fn.body) if isinstance(n, LOOPS)):
             return False
+        if id(node) in self.hot.step_loops:
+            return False  # the batch loop itself
         cur = self.parent(node)
         while cur is not None and cur is not fn:
             if isinstance(cur, LOOPS):
@@ -349,10 +504,39 @@ class Control:
                 if not why:
                     why = found[1]
                 flags |= found[0]
+            if isinstance(parent, cst.FunctionDef) and stop is None:
+                inherited = self._caller_guards(parent)
+                if inherited is not None:
+                    flags |= inherited.flags
+                    why = why or inherited.why
+                    switch = switch or inherited.switch
             if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 break
             cur = parent
         return Guards(flags, why, switch)
+
+    def _caller_guards(self, fn: cst.FunctionDef) -> Guards | None:
+        """The guards every call of ``fn`` runs under (`if save_json: save_one_json(...)`), when ``fn``
+        is a plain function of the file that only its calls use: its body runs under them too."""
+        if id(fn) in self._visiting or not self._only_called(fn):
+            return None
+        found = program_of(self.rule).function_of(fn)
+        if found is None:
+            return None
+        self._visiting.add(id(fn))
+        try:
+            around = [self.guards(e.call) for e in found.callers]
+        finally:
+            self._visiting.discard(id(fn))
+        if not around:
+            return None
+        common: Guard = around[0].flags
+        for g in around[1:]:
+            common = Guard(common & g.flags)
+        if not common:
+            return None
+        first = next(g for g in around if g.flags & common)
+        return Guards(common, first.why, first.switch)
 
     def _early_return(self, block: cst.IndentedBlock | cst.Module, stmt: cst.CSTNode) -> tuple[Guard, str] | None:
         """`if rank != 0: return` (or `if not is_main_process(): return`) earlier in a function's body."""
@@ -391,7 +575,8 @@ class Control:
             return None
         off = self._off_by_default(test)
         if off is not None:
-            return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when the option `{off}` (off by default) is set"
+            what = "the option" if "." in off else "the parameter"  # `args.seed`; `save_json` of `main`
+            return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when {what} `{off}` (off by default) is set"
         if isinstance(test, cst.Attribute) and dotted(test) is not None:
             return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
         return None
@@ -405,10 +590,112 @@ class Control:
             if not (isinstance(op, cst.IsNot) and isinstance(right, cst.Name) and right.value == "None"):
                 return None
             test, wanted = test.left, frozenset(("None",))
+        if isinstance(test, cst.Name):
+            return test.value if self._param_off(test, wanted) else None
         if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name)):
             return None
         defaults = self.options().get(test.attr.value)
         return dotted(test) if defaults and defaults <= wanted else None
+
+    def _left_at_default(self, value: cst.BaseExpression, wanted: frozenset[str], depth: int) -> bool:
+        """A value passed on that holds a default in ``wanted`` in the default run: that literal
+        (`save_json=False`), an option of the file off by default (`set_seed(args.seed)`), or such a
+        parameter of the caller."""
+        if isinstance(value, cst.Name) and value.value in ("None", "False"):
+            return _literal(value) in wanted
+        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
+            defaults = self.options().get(value.attr.value)
+            if not defaults or not defaults <= wanted:
+                return False
+            return not self._option_assigned(value.attr.value)
+        if isinstance(value, cst.Name) and depth < _FEW:
+            return self._param_off(value, wanted, depth + 1)
+        return False
+
+    def _option_assigned(self, attr: str) -> bool:
+        """The file assigns the option after parsing it (`opt.save_json |= is_coco`) to anything but
+        its off value."""
+        for n in walk(self.rule.ctx.module, cross_scopes=True):
+            pairs: list[tuple[cst.BaseExpression, cst.BaseExpression | None]] = []
+            if isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+                pairs = [(n.target, None)]
+            elif isinstance(n, cst.Assign):
+                for a in n.targets:
+                    t, v = a.target, n.value
+                    if isinstance(t, cst.Tuple) and isinstance(v, cst.Tuple) and len(t.elements) == len(v.elements):
+                        pairs += [(te.value, ve.value) for te, ve in zip(t.elements, v.elements)]
+                    elif isinstance(t, cst.Attribute):
+                        pairs.append((t, v))
+                    else:
+                        pairs += [(e, None) for e in walk(t) if isinstance(e, cst.Attribute)]
+            for target, value in pairs:
+                if isinstance(target, cst.Attribute) and target.attr.value == attr:
+                    if value is None or _literal(value) == "other":
+                        return True
+        return False
+
+    def _param_off(self, name: cst.Name, wanted: frozenset[str], depth: int = 0) -> bool:
+        """``name`` is a parameter of a plain function of the file with a default in ``wanted``
+        (`def main(save_json: bool = False)`), the function never assigns it, and every use of the
+        function's name leaves it at that default: a call of the file that does not pass it (nor
+        `*args`/`**kwargs`), or the function handed to a command-line runner (`fire.Fire(main)`,
+        `typer.run(main)`), whose default run is the default. An exported function, a use of its name
+        of any other kind, or no use at all: unknown."""
+        bindings = bindings_of(self.rule, name)
+        if not bindings or len(bindings) != 1:
+            return False
+        param = getattr(bindings[0], "node", None)
+        fn = self.parent(self.parent(param))  # Param -> Parameters -> FunctionDef
+        if not (isinstance(param, cst.Param) and isinstance(fn, cst.FunctionDef)):
+            return False
+        if param.default is None or _literal(param.default) not in wanted or param.star:
+            return False
+        if id(fn) in self.hot.method_class or fn.name.value in _exported(self.rule.ctx.module):
+            return False
+        if _assigns(fn.body, name.value):
+            return False
+        params = fn.params
+        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
+        index = positional.index(name.value) if name.value in positional else None
+        try:
+            scope = self.rule.get_metadata(ScopeProvider, fn)
+        except KeyError:
+            return False
+        if scope is None:
+            return False
+        uses = [r.node for a in scope.assignments[fn.name.value] for r in a.references]
+        if not uses:
+            return False
+        for use in uses:
+            parent = self.parent(use)
+            if isinstance(parent, cst.Call) and parent.func is use:
+                for a in parent.args:
+                    owner = _vars_of(a.value) if a.star == "**" else None
+                    if a.star and owner is None:
+                        return False
+                    # `run(**vars(opt))`: the option of that name is the value passed
+                    if owner is not None and not self._left_at_default(
+                        cst.Attribute(owner, cst.Name(name.value)), wanted, depth
+                    ):
+                        return False
+                passed = [a for a in parent.args if a.keyword is None]
+                given = [a for a in parent.args if a.keyword is not None and a.keyword.value == name.value]
+                if index is not None and len(passed) > index:
+                    given.append(passed[index])
+                if any(not self._left_at_default(a.value, wanted, depth) for a in given):
+                    return False
+                continue
+            arg = parent if isinstance(parent, cst.Arg) else None
+            runner = self.parent(arg) if arg is not None else None
+            if (
+                isinstance(runner, cst.Call)
+                and runner.args
+                and runner.args[0] is arg
+                and qualified_names(self.rule, runner.func) & _CLI_RUNNERS
+            ):
+                continue
+            return False
+        return True
 
     def options(self) -> dict[str, frozenset[str]]:
         """The command-line options of the file (`parser.add_argument("--seed", type=int)`) and the
@@ -508,6 +795,47 @@ class Control:
             return any(self._oom(e.value) for e in kind.elements)
         d = dotted(kind) or ""
         return d in _OOM or d.endswith(".OutOfMemoryError")
+
+
+def _exported(module: cst.Module) -> frozenset[str]:
+    """The names a module lists in ``__all__`` (other modules may call them)."""
+    out: set[str] = set()
+    for stmt in module.body:
+        for s in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(s, (cst.Assign, cst.AugAssign)) and "__all__" in [
+                dotted(t.target) for t in getattr(s, "targets", ())
+            ] + [dotted(getattr(s, "target", None))]:
+                value = s.value
+                if isinstance(value, (cst.List, cst.Tuple)):
+                    out.update(
+                        e.value.evaluated_value
+                        for e in value.elements
+                        if isinstance(e.value, cst.SimpleString) and isinstance(e.value.evaluated_value, str)
+                    )
+    return frozenset(out)
+
+
+def _counted(loop: cst.CSTNode) -> bool:
+    """`for _ in range(n):`: a loop that runs a number of times, not over a loader."""
+    return (
+        isinstance(loop, cst.For)
+        and isinstance(loop.iter, cst.Call)
+        and isinstance(loop.iter.func, cst.Name)
+        and loop.iter.func.value == "range"
+    )
+
+
+def _vars_of(expr: cst.BaseExpression) -> cst.Name | None:
+    """`opt` of `vars(opt)`: the options object whose attributes a `**vars(opt)` call passes."""
+    if (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Name)
+        and expr.func.value == "vars"
+        and len(expr.args) == 1
+        and isinstance(expr.args[0].value, cst.Name)
+    ):
+        return expr.args[0].value
+    return None
 
 
 def _last(expr: cst.BaseExpression) -> str | None:
@@ -642,6 +970,20 @@ def _one_off(test: cst.BaseExpression, flags: frozenset[str]) -> bool:
     return isinstance(test.left, numeric) and isinstance(test.comparisons[0].comparator, numeric)
 
 
+def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    """The test that holds when ``test`` does not, where that reads as a periodic test: `not x` of
+    `x`, `i % n == 0` of `i % n != 0` and of `i % n` (a remainder, true when not 0); else `not test`."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return test.expression
+    if _is_modulo(test):
+        return cst.Comparison(test, [cst.ComparisonTarget(cst.Equal(), cst.Integer("0"))])
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        if isinstance(target.operator, cst.NotEqual):
+            return test.with_changes(comparisons=[target.with_changes(operator=cst.Equal())])
+    return cst.UnaryOperation(cst.Not(), test)
+
+
 def _is_modulo(expr: cst.BaseExpression) -> bool:
     return isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo)
 
@@ -690,6 +1032,19 @@ def _assigns(body: cst.CSTNode, name: str) -> bool:
         if isinstance(n, cst.Assign) and any(
             isinstance(t, cst.Name) and t.value == name for a in n.targets for t in walk(a.target)
         ):
+            return True
+    return False
+
+
+def _assigns_attr(body: cst.CSTNode, name: str) -> bool:
+    """``body`` assigns the attribute ``name`` (`self.warmup = ...`, `args.warmup += 1`)."""
+    for n in walk(body):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(n, (cst.AugAssign, cst.AnnAssign)):
+            targets = [n.target]
+        elif isinstance(n, cst.Assign):
+            targets = [t for a in n.targets for t in walk(a.target) if isinstance(t, cst.Attribute)]
+        if any(isinstance(t, cst.Attribute) and dotted(t) == name for t in targets):
             return True
     return False
 
