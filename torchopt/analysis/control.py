@@ -43,16 +43,27 @@ from typing import Callable
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from torchopt.analysis.names import bindings_of, callee, dotted, qualified_names
+from torchopt.analysis.conditions import (
+    RANK_NAMES,
+    assigns,
+    assigns_attr,
+    counted,
+    first_step,
+    first_steps,
+    int_value,
+    leaves_loop,
+    negated,
+    one_off,
+    only_returns,
+    periodic,
+)
+from torchopt.analysis.names import callee, dotted, qualified_names
+from torchopt.analysis.options import Options, exported
 from torchopt.analysis.program import program_of
 from torchopt.analysis.step_loops import LOOPS, SCOPES, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
-_EXITS = ("sys.exit", "exit", "quit", "os._exit")
-# The last part of a name or attribute that holds the process's rank (a convention, read only in a
-# comparison with 0 or -1: `rank == 0`, `args.local_rank in (-1, 0)`).
-_RANK_NAMES = {"rank", "local_rank", "global_rank", "world_rank", "node_rank", "process_index", "local_process_index"}
 _RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_process_index"}
 # A call or attribute that is true on the main process only.
 _MAIN_NAMES = {
@@ -68,9 +79,6 @@ _MAIN_NAMES = {
     "master_process",
 }
 _DEVICE_WORDS = ("cuda", "gpu")
-# Runners that turn a function's parameters into command-line options, each with its default.
-_CLI_RUNNERS = frozenset(("fire.Fire", "typer.run", "tyro.cli", "jsonargparse.CLI", "clize.run"))
-_FEW = 16  # iterations a counter test may let through and still be rare (`if j <= 4:` for figures)
 _OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
 
 
@@ -132,7 +140,7 @@ class Control:
         self.rule = rule
         self.hot = hot
         self._visiting: set[int] = set()  # functions whose calls are being read (recursion)
-        self._options: dict[str, frozenset[str]] | None = None  # option -> the defaults it is given
+        self.opts = Options(rule, hot)
 
     def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.hot.parent(node)
@@ -230,7 +238,7 @@ class Control:
                 ]
                 # each inner training loop counts micro-batches (`for _ in range(accumulate):`): one
                 # outer iteration is one step; an inner loop over a loader makes the outer an epoch loop
-                if found is None or not inner or not all(_counted(n) for n in inner) or found[0] is Rate.PER_CALL:
+                if found is None or not inner or not all(counted(n) for n in inner) or found[0] is Rate.PER_CALL:
                     return None
                 return Frequency(found[0], found[1])
             cur, parent = parent, self.parent(parent)
@@ -239,7 +247,7 @@ class Control:
     def _only_called(self, fn: cst.FunctionDef) -> bool:
         """``fn`` is a plain function of the file, called in it, that every use of its name calls
         (no other module's call, no call through a value handed on, is left unread)."""
-        if id(fn) in self.hot.method_class or fn.name.value in _exported(self.rule.ctx.module):
+        if id(fn) in self.hot.method_class or fn.name.value in exported(self.rule.ctx.module):
             return False
         found = program_of(self.rule).function_of(fn)
         if found is None or not found.callers:
@@ -327,17 +335,17 @@ class Control:
 
     def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:
         test = branch.test
-        flags, periodic = self._test_flags(branch)
-        if _periodic(test, flags, periodic):
+        flags, named = self._test_flags(branch)
+        if periodic(test, flags, named):
             return Rate.EVERY_N, "it already runs only every few steps"
-        if _first_step(test):
+        if first_step(test):
             return Rate.ONCE, "it runs once, on the first step"
-        if _first_steps(test, self._counters(branch)):
+        if first_steps(test, self._counters(branch)):
             return Rate.ONCE, "it runs only on the first few iterations"
         reached = self._counter_reaches(test, branch)
         if reached is not None:
             return Rate.ONCE, f"it runs once, when the loop counter reaches `{reached}`"
-        if _leaves_loop(branch.body):
+        if leaves_loop(branch.body):
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
 
@@ -351,9 +359,9 @@ class Control:
         for s in block.body:
             if s is stmt:
                 return False
-            if isinstance(s, cst.If) and s.orelse is None and _only_returns(s.body):
-                flags, periodic = self._test_flags(s)
-                if _periodic(_negated(s.test), flags, periodic):
+            if isinstance(s, cst.If) and s.orelse is None and only_returns(s.body):
+                flags, named = self._test_flags(s)
+                if periodic(negated(s.test), flags, named):
                     return True
         return False
 
@@ -379,7 +387,7 @@ class Control:
         for counter, other in (sides, sides[::-1]):
             if not (isinstance(counter, cst.Name) and counter.value in loops):
                 continue
-            if not isinstance(other, (cst.Name, cst.Attribute)) or _lower_last(other) in _RANK_NAMES:
+            if not isinstance(other, (cst.Name, cst.Attribute)) or _lower_last(other) in RANK_NAMES:
                 continue
             name = dotted(other)
             root: cst.BaseExpression = other
@@ -388,7 +396,7 @@ class Control:
             if name is None or not isinstance(root, cst.Name) or root.value == counter.value:
                 continue
             body = loops[counter.value].body
-            if _assigns(body, root.value) or (isinstance(other, cst.Attribute) and _assigns_attr(body, name)):
+            if assigns(body, root.value) or (isinstance(other, cst.Attribute) and assigns_attr(body, name)):
                 continue
             return name
         return None
@@ -406,7 +414,7 @@ class Control:
                     target = target.elements[0].value
                 elif func != "range":
                     target = None
-                if isinstance(target, cst.Name) and not _assigns(cur.body, target.value):
+                if isinstance(target, cst.Name) and not assigns(cur.body, target.value):
                     out.setdefault(target.value, cur)
             cur = self.parent(cur)
         return out
@@ -419,8 +427,8 @@ class Control:
             fn = self.parent(fn)
         if fn is None:
             return frozenset(), frozenset()
-        one_off: set[str] = set()
-        periodic: set[str] = set()
+        once: set[str] = set()
+        every: set[str] = set()
         other: set[str] = set()
         for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn):
             if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name):
@@ -431,14 +439,14 @@ class Control:
                 other.update(t.value for a in n.targets for t in walk(a.target) if isinstance(t, cst.Name))
                 continue
             name = n.targets[0].target.value
-            if _periodic(n.value, frozenset(one_off), frozenset(periodic)):
-                periodic.add(name)
-            elif _one_off(n.value, frozenset(one_off)):
-                one_off.add(name)
+            if periodic(n.value, frozenset(once), frozenset(every)):
+                every.add(name)
+            elif one_off(n.value, frozenset(once)):
+                once.add(name)
             else:
                 other.add(name)
         # A name assigned tests of both kinds, or anything else, is neither.
-        return frozenset(one_off - periodic - other), frozenset(periodic - one_off - other)
+        return frozenset(once - every - other), frozenset(every - once - other)
 
     def _after_inner_loop(self, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
         """A function called from a step loop that iterates its own batches: code outside that inner
@@ -545,7 +553,7 @@ class Control:
         for s in block.body:
             if s is stmt:
                 return None
-            if isinstance(s, cst.If) and s.orelse is None and _only_returns(s.body):
+            if isinstance(s, cst.If) and s.orelse is None and only_returns(s.body):
                 found = self._test_guard(s.test, negated=True)
                 if found is not None and found[0] is Guard.RANK0:
                     return Guard.RANK0, "it runs only on rank 0 (the function returns early on the others)"
@@ -573,7 +581,7 @@ class Control:
             return Guard.DEVICE, "it runs only under a device check"
         if negated:
             return None
-        off = self._off_by_default(test)
+        off = self.opts.off_by_default(test)
         if off is not None:
             what = "the option" if "." in off else "the parameter"  # `args.seed`; `save_json` of `main`
             return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when {what} `{off}` (off by default) is set"
@@ -581,133 +589,10 @@ class Control:
             return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
         return None
 
-    def _off_by_default(self, test: cst.BaseExpression) -> str | None:
-        """The option a test reads when it holds only with the option changed from its default:
-        `args.augment` (a flag off by default), `args.seed is not None` (an option defaulting to None)."""
-        wanted = frozenset(("None", "False"))
-        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-            op, right = test.comparisons[0].operator, test.comparisons[0].comparator
-            if not (isinstance(op, cst.IsNot) and isinstance(right, cst.Name) and right.value == "None"):
-                return None
-            test, wanted = test.left, frozenset(("None",))
-        if isinstance(test, cst.Name):
-            return test.value if self._param_off(test, wanted) else None
-        if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name)):
-            return None
-        defaults = self.options().get(test.attr.value)
-        return dotted(test) if defaults and defaults <= wanted else None
-
-    def _left_at_default(self, value: cst.BaseExpression, wanted: frozenset[str], depth: int) -> bool:
-        """A value passed on that holds a default in ``wanted`` in the default run: that literal
-        (`save_json=False`), an option of the file off by default (`set_seed(args.seed)`), or such a
-        parameter of the caller."""
-        if isinstance(value, cst.Name) and value.value in ("None", "False"):
-            return _literal(value) in wanted
-        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
-            defaults = self.options().get(value.attr.value)
-            if not defaults or not defaults <= wanted:
-                return False
-            return not self._option_assigned(value.attr.value)
-        if isinstance(value, cst.Name) and depth < _FEW:
-            return self._param_off(value, wanted, depth + 1)
-        return False
-
-    def _option_assigned(self, attr: str) -> bool:
-        """The file assigns the option after parsing it (`opt.save_json |= is_coco`) to anything but
-        its off value."""
-        for n in walk(self.rule.ctx.module, cross_scopes=True):
-            pairs: list[tuple[cst.BaseExpression, cst.BaseExpression | None]] = []
-            if isinstance(n, (cst.AugAssign, cst.AnnAssign)):
-                pairs = [(n.target, None)]
-            elif isinstance(n, cst.Assign):
-                for a in n.targets:
-                    t, v = a.target, n.value
-                    if isinstance(t, cst.Tuple) and isinstance(v, cst.Tuple) and len(t.elements) == len(v.elements):
-                        pairs += [(te.value, ve.value) for te, ve in zip(t.elements, v.elements)]
-                    elif isinstance(t, cst.Attribute):
-                        pairs.append((t, v))
-                    else:
-                        pairs += [(e, None) for e in walk(t) if isinstance(e, cst.Attribute)]
-            for target, value in pairs:
-                if isinstance(target, cst.Attribute) and target.attr.value == attr:
-                    if value is None or _literal(value) == "other":
-                        return True
-        return False
-
-    def _param_off(self, name: cst.Name, wanted: frozenset[str], depth: int = 0) -> bool:
-        """``name`` is a parameter of a plain function of the file with a default in ``wanted``
-        (`def main(save_json: bool = False)`), the function never assigns it, and every use of the
-        function's name leaves it at that default: a call of the file that does not pass it (nor
-        `*args`/`**kwargs`), or the function handed to a command-line runner (`fire.Fire(main)`,
-        `typer.run(main)`), whose default run is the default. An exported function, a use of its name
-        of any other kind, or no use at all: unknown."""
-        bindings = bindings_of(self.rule, name)
-        if not bindings or len(bindings) != 1:
-            return False
-        param = getattr(bindings[0], "node", None)
-        fn = self.parent(self.parent(param))  # Param -> Parameters -> FunctionDef
-        if not (isinstance(param, cst.Param) and isinstance(fn, cst.FunctionDef)):
-            return False
-        if param.default is None or _literal(param.default) not in wanted or param.star:
-            return False
-        if id(fn) in self.hot.method_class or fn.name.value in _exported(self.rule.ctx.module):
-            return False
-        if _assigns(fn.body, name.value):
-            return False
-        params = fn.params
-        positional = [p.name.value for p in (*params.posonly_params, *params.params)]
-        index = positional.index(name.value) if name.value in positional else None
-        try:
-            scope = self.rule.get_metadata(ScopeProvider, fn)
-        except KeyError:
-            return False
-        if scope is None:
-            return False
-        uses = [r.node for a in scope.assignments[fn.name.value] for r in a.references]
-        if not uses:
-            return False
-        for use in uses:
-            parent = self.parent(use)
-            if isinstance(parent, cst.Call) and parent.func is use:
-                for a in parent.args:
-                    owner = _vars_of(a.value) if a.star == "**" else None
-                    if a.star and owner is None:
-                        return False
-                    # `run(**vars(opt))`: the option of that name is the value passed
-                    if owner is not None and not self._left_at_default(
-                        cst.Attribute(owner, cst.Name(name.value)), wanted, depth
-                    ):
-                        return False
-                passed = [a for a in parent.args if a.keyword is None]
-                given = [a for a in parent.args if a.keyword is not None and a.keyword.value == name.value]
-                if index is not None and len(passed) > index:
-                    given.append(passed[index])
-                if any(not self._left_at_default(a.value, wanted, depth) for a in given):
-                    return False
-                continue
-            arg = parent if isinstance(parent, cst.Arg) else None
-            runner = self.parent(arg) if arg is not None else None
-            if (
-                isinstance(runner, cst.Call)
-                and runner.args
-                and runner.args[0] is arg
-                and qualified_names(self.rule, runner.func) & _CLI_RUNNERS
-            ):
-                continue
-            return False
-        return True
-
     def options(self) -> dict[str, frozenset[str]]:
-        """The command-line options of the file (`parser.add_argument("--seed", type=int)`) and the
-        fields of its dataclasses (`seed: int = 1`, the options of `tyro.cli(Args)`), each with the
-        defaults it is given: "None", "False" or "other" (a name given twice keeps both)."""
-        if self._options is None:
-            found: dict[str, set[str]] = {}
-            for node in walk(self.rule.ctx.module, cross_scopes=True):
-                for name, default in _declared_options(node):
-                    found.setdefault(name, set()).add(default)
-            self._options = {k: frozenset(v) for k, v in found.items()}
-        return self._options
+        """The command-line options of the file and the fields of its dataclasses, each with the
+        defaults it is given (``Options.declared``)."""
+        return self.opts.declared()
 
     def prints_rank_aware(self) -> bool:
         """The file replaces ``builtins.print`` (`builtins.print = print_pass`, `__builtin__.print =
@@ -738,11 +623,11 @@ class Control:
             else:
                 return None
         if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
-            values = {_int(e.value) for e in right.elements}
+            values = {int_value(e.value) for e in right.elements}
             if values and values <= {-1, 0}:
                 return isinstance(op, cst.In)
             return None
-        n = _int(right)
+        n = int_value(right)
         if n is None:
             return None
         if isinstance(op, cst.Equal) and n == 0:
@@ -759,7 +644,7 @@ class Control:
         if isinstance(expr, cst.Call):
             return not expr.args and _last(expr.func) in _RANK_CALLS
         # `RANK = int(os.getenv("RANK", -1))` as much as `rank`
-        return isinstance(expr, (cst.Name, cst.Attribute)) and _lower_last(expr) in _RANK_NAMES
+        return isinstance(expr, (cst.Name, cst.Attribute)) and _lower_last(expr) in RANK_NAMES
 
     def _device_test(self, test: cst.BaseExpression) -> bool:
         if isinstance(test, cst.Call):
@@ -797,47 +682,6 @@ class Control:
         return d in _OOM or d.endswith(".OutOfMemoryError")
 
 
-def _exported(module: cst.Module) -> frozenset[str]:
-    """The names a module lists in ``__all__`` (other modules may call them)."""
-    out: set[str] = set()
-    for stmt in module.body:
-        for s in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
-            if isinstance(s, (cst.Assign, cst.AugAssign)) and "__all__" in [
-                dotted(t.target) for t in getattr(s, "targets", ())
-            ] + [dotted(getattr(s, "target", None))]:
-                value = s.value
-                if isinstance(value, (cst.List, cst.Tuple)):
-                    out.update(
-                        e.value.evaluated_value
-                        for e in value.elements
-                        if isinstance(e.value, cst.SimpleString) and isinstance(e.value.evaluated_value, str)
-                    )
-    return frozenset(out)
-
-
-def _counted(loop: cst.CSTNode) -> bool:
-    """`for _ in range(n):`: a loop that runs a number of times, not over a loader."""
-    return (
-        isinstance(loop, cst.For)
-        and isinstance(loop.iter, cst.Call)
-        and isinstance(loop.iter.func, cst.Name)
-        and loop.iter.func.value == "range"
-    )
-
-
-def _vars_of(expr: cst.BaseExpression) -> cst.Name | None:
-    """`opt` of `vars(opt)`: the options object whose attributes a `**vars(opt)` call passes."""
-    if (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Name)
-        and expr.func.value == "vars"
-        and len(expr.args) == 1
-        and isinstance(expr.args[0].value, cst.Name)
-    ):
-        return expr.args[0].value
-    return None
-
-
 def _last(expr: cst.BaseExpression) -> str | None:
     d = dotted(expr)
     return d.rsplit(".", 1)[-1] if d else None
@@ -852,216 +696,6 @@ def _switch(test: cst.BaseExpression) -> str | None:
     if isinstance(test, cst.Comparison):
         test = test.left
     return dotted(test)
-
-
-def _literal(expr: cst.BaseExpression | None) -> str:
-    if expr is None or (isinstance(expr, cst.Name) and expr.value == "None"):
-        return "None"
-    if isinstance(expr, cst.Name) and expr.value == "False":
-        return "False"
-    return "other"
-
-
-def _declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
-    """The (option, default) pairs ``node`` declares: an ``add_argument`` call (its `dest`, or its
-    first long flag), or a dataclass's annotated fields with a value."""
-    if isinstance(node, cst.ClassDef):
-        if not any(
-            (dotted(d.decorator if not isinstance(d.decorator, cst.Call) else d.decorator.func) or "").endswith(
-                "dataclass"
-            )
-            for d in node.decorators
-        ):
-            return []
-        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
-        return [
-            (s.target.value, _literal(s.value))
-            for line in body
-            if isinstance(line, cst.SimpleStatementLine)
-            for s in line.body
-            if isinstance(s, cst.AnnAssign) and isinstance(s.target, cst.Name) and s.value is not None
-        ]
-    if not (
-        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"
-    ):
-        return []
-    kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-    flags: list[str] = []
-    for a in node.args:
-        value = a.value.evaluated_value if a.keyword is None and isinstance(a.value, cst.SimpleString) else None
-        if isinstance(value, str):
-            flags.append(value)
-    dest_node = kw.get("dest")
-    if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
-        dest = dest_node.evaluated_value
-    else:
-        long = [f for f in flags if f.startswith("--")] or [f for f in flags if not f.startswith("-")]
-        if not long:
-            return []
-        dest = long[0].lstrip("-").replace("-", "_")
-    action = kw.get("action")
-    act = action.evaluated_value if isinstance(action, cst.SimpleString) else None
-    required = kw.get("required")
-    if required is not None and not (isinstance(required, cst.Name) and required.value == "False"):
-        return [(dest, "other")]
-    if act in ("store_true", "store_false"):
-        default = _literal(kw["default"]) if "default" in kw else ("False" if act == "store_true" else "other")
-        return [(dest, default)]
-    if action is not None and act not in ("store", "append", "count"):
-        return [(dest, "other")]
-    return [(dest, _literal(kw.get("default")))]
-
-
-def _int(expr: cst.BaseExpression) -> int | None:
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value)
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-        inner = _int(expr.expression)
-        return -inner if inner is not None else None
-    return None
-
-
-def _only_returns(body: cst.BaseSuite) -> bool:
-    stmts = body.body if isinstance(body, cst.IndentedBlock) else [body]
-    if len(stmts) != 1:
-        return False
-    line = stmts[0]
-    return isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and all(
-        isinstance(s, cst.Return) for s in line.body
-    )
-
-
-def _periodic(
-    test: cst.BaseExpression, flags: frozenset[str] = frozenset(), named: frozenset[str] = frozenset()
-) -> bool:
-    """`i % n == k`, `not i % n`, `(i + 1) % n == 0`, and such tests joined with `and`; also
-    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test;
-    ``named``: names holding a periodic one)."""
-    if isinstance(test, cst.Name):
-        return test.value in named
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _periodic(test.left, flags, named) or _periodic(test.right, flags, named)
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
-        sides = (test.left, test.right)
-        return any(_periodic(side, flags, named) for side in sides) and all(
-            _periodic(side, flags, named) or _one_off(side, flags) for side in sides
-        )
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _is_modulo(test.expression)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        op = test.comparisons[0].operator
-        right = test.comparisons[0].comparator
-        return isinstance(op, cst.Equal) and (_is_modulo(test.left) or _is_modulo(right))
-    return False
-
-
-def _one_off(test: cst.BaseExpression, flags: frozenset[str]) -> bool:
-    """`i == last_idx`, `i + 1 == len(loader)` (a counter equal to one value, not a string option), or a
-    name assigned such a test."""
-    if isinstance(test, cst.Name):
-        return test.value in flags
-    if not (
-        isinstance(test, cst.Comparison)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.Equal)
-    ):
-        return False
-    numeric = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call, cst.Subscript)
-    return isinstance(test.left, numeric) and isinstance(test.comparisons[0].comparator, numeric)
-
-
-def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
-    """The test that holds when ``test`` does not, where that reads as a periodic test: `not x` of
-    `x`, `i % n == 0` of `i % n != 0` and of `i % n` (a remainder, true when not 0); else `not test`."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return test.expression
-    if _is_modulo(test):
-        return cst.Comparison(test, [cst.ComparisonTarget(cst.Equal(), cst.Integer("0"))])
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        target = test.comparisons[0]
-        if isinstance(target.operator, cst.NotEqual):
-            return test.with_changes(comparisons=[target.with_changes(operator=cst.Equal())])
-    return cst.UnaryOperation(cst.Not(), test)
-
-
-def _is_modulo(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo)
-
-
-def _first_step(test: cst.BaseExpression) -> bool:
-    """`i == 0`, `i < 1`, `i <= 0`: a counter (not a rank) compared with a small literal, alone or
-    `and`-ed."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _first_step(test.left) or _first_step(test.right)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        op = test.comparisons[0].operator
-        right = test.comparisons[0].comparator
-        if not (isinstance(test.left, cst.Name) and isinstance(right, cst.Integer)):
-            return False
-        if test.left.value.lower() in _RANK_NAMES:
-            return False  # `rank == 0` is a guard, not a first step
-        n = int(right.evaluated_value)
-        return (
-            isinstance(op, cst.Equal)
-            or (isinstance(op, cst.LessThan) and n <= 1)
-            or (isinstance(op, cst.LessThanEqual) and n <= 0)
-        )
-    return False
-
-
-def _first_steps(test: cst.BaseExpression, counters: frozenset[str]) -> bool:
-    """`j <= 4`, `j < 8`: a loop counter below a small literal (a bounded number of iterations)."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _first_steps(test.left, counters) or _first_steps(test.right, counters)
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
-    op, right = test.comparisons[0].operator, test.comparisons[0].comparator
-    return (
-        isinstance(test.left, cst.Name)
-        and test.left.value in counters
-        and isinstance(op, (cst.LessThan, cst.LessThanEqual))
-        and isinstance(right, cst.Integer)
-        and int(right.evaluated_value) <= _FEW
-    )
-
-
-def _assigns(body: cst.CSTNode, name: str) -> bool:
-    for n in walk(body):
-        if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name) and n.target.value == name:
-            return True
-        if isinstance(n, cst.Assign) and any(
-            isinstance(t, cst.Name) and t.value == name for a in n.targets for t in walk(a.target)
-        ):
-            return True
-    return False
-
-
-def _assigns_attr(body: cst.CSTNode, name: str) -> bool:
-    """``body`` assigns the attribute ``name`` (`self.warmup = ...`, `args.warmup += 1`)."""
-    for n in walk(body):
-        targets: list[cst.BaseExpression] = []
-        if isinstance(n, (cst.AugAssign, cst.AnnAssign)):
-            targets = [n.target]
-        elif isinstance(n, cst.Assign):
-            targets = [t for a in n.targets for t in walk(a.target) if isinstance(t, cst.Attribute)]
-        if any(isinstance(t, cst.Attribute) and dotted(t) == name for t in targets):
-            return True
-    return False
-
-
-def _leaves_loop(body: cst.BaseSuite) -> bool:
-    """The branch ends by raising, exiting the process, or breaking out (it runs at most once)."""
-    if not isinstance(body, cst.IndentedBlock) or not body.body:
-        return False
-    last = body.body[-1]
-    if not isinstance(last, cst.SimpleStatementLine) or not last.body:
-        return False
-    stmt = last.body[-1]
-    if isinstance(stmt, (cst.Raise, cst.Break, cst.Return)):
-        return True
-    if isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call):
-        return dotted(stmt.value.func) in _EXITS
-    return False
 
 
 def control_of(rule: Rule) -> Control:
