@@ -205,6 +205,86 @@ def test_a_host_read_under_an_option_off_by_default_is_not_reported():
     assert [c for _, c in _codes(HOST_READ.format(default="True"), "TOP601")] == ["TOP601"]
 
 
+SAVE_JSON = """\
+import argparse
+import torch
+
+def save_one(pred, out):
+    out.append(pred.tolist())
+
+def run(model, loader, save_json=False):
+    out = []
+    for x in loader:
+        pred = model(x)
+        if save_json:
+            save_one(pred, out)
+    return out
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--save-json", action="store_true")
+    opt = parser.parse_args()
+    model, loader = torch.nn.Linear(2, 2).cuda(), [torch.ones(2).cuda()]
+    {call}
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_parameter_off_by_default_guards_its_code():
+    """`def run(..., save_json=False)`: off in the program's default run when no call of the file
+    turns it on; the guard carries into a helper every call of which it holds."""
+    for call in (
+        "run(model, loader)",
+        "run(model, loader, save_json=False)",
+        "run(**vars(opt))",
+        "run(model, loader, opt.save_json)",
+    ):
+        assert _codes(SAVE_JSON.format(call=call), "TOP601") == [], call
+    rule, module = _rule(SAVE_JSON.format(call="run(model, loader)"))
+    guards = control_of(rule).guards(_call(module, "save_one"))
+    assert guards.flags == Guard.OPT_IN | Guard.OFF_BY_DEFAULT
+    assert guards.why == "it runs only when the parameter `save_json` (off by default) is set"
+    # passed on, passed something else, spread from a list, handed on as a value, or never called
+    for call in (
+        "run(model, loader, True)",
+        "run(model, loader, save_json=opt.cuda)",
+        "run(*[model, loader, True])",
+        "opt.save_json = True\n    run(**vars(opt))",
+        "hooks = [run]",
+        "pass",
+    ):
+        assert [c for _, c in _codes(SAVE_JSON.format(call=call), "TOP601")] == ["TOP601"], call
+    # a helper also called without the guard is not guarded by it
+    also = SAVE_JSON.format(call="run(model, loader)").replace(
+        "    return out\n", "        save_one(pred, out)\n    return out\n"
+    )
+    assert [c for _, c in _codes(also, "TOP601")] == ["TOP601"]
+
+
+FIRE = """\
+import fire
+import torch
+
+def main(profile: bool = False):
+    model, loader = torch.nn.Linear(2, 2).cuda(), [torch.ones(2).cuda()]
+    for x in loader:
+        y = model(x)
+        if profile:
+            print(y.sum().item())
+
+if __name__ == "__main__":
+    {run}
+"""
+
+
+def test_a_function_run_from_the_command_line_keeps_its_defaults():
+    assert _codes(FIRE.format(run="fire.Fire(main)"), "TOP601") == []
+    assert [c for _, c in _codes(FIRE.format(run="main(profile=True)"), "TOP601")] == ["TOP601"]
+    assert [c for _, c in _codes(FIRE.format(run="print(main)"), "TOP601")] == ["TOP601"]
+
+
 # ------------------------------------------------------------------ programs that run no step
 
 MODEL = """\

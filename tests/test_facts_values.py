@@ -203,6 +203,126 @@ def test_a_logger_that_returns_early_off_rank_0_but_not_a_rank_guard_around_the_
     assert [c for _, c in codes(evaluation)] == ["TOP601"]
 
 
+def test_a_logger_that_returns_early_unless_it_is_a_log_step():
+    """`if step % every != 0: return` (or `if not should_log: return`) at the top of a helper: what
+    follows runs every few steps. An early return on a test of no known shape leaves it every step."""
+    src = dedent("""\
+        import torch
+
+        class Metrics:
+            def __init__(self, every):
+                self.every = every
+
+            def log(self, step, loss):
+                if step % self.every != 0:
+                    return
+                print(loss.item())
+
+        def train(model, loader, opt):
+            metrics = Metrics(10)
+            for step, x in enumerate(loader):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                metrics.log(step, loss)
+    """)
+    assert codes(src) == []
+    flag = src.replace("if step % self.every != 0:", "should_log = step % self.every == 0\n        if not should_log:")
+    assert codes(flag) == []
+    assert codes(src.replace("if step % self.every != 0:", "if step % self.every:")) == []
+    unknown = src.replace("if step % self.every != 0:", "if step < self.every:")
+    assert [c for _, c in codes(unknown)] == ["TOP601"]
+    late = src.replace(
+        "if step % self.every != 0:\n            return\n        print(loss.item())",
+        "print(loss.item())\n        if step % self.every != 0:\n            return",
+    )
+    assert late != src
+    assert [c for _, c in codes(late)] == ["TOP601"]  # the read comes before the return
+
+
+WARMUP = """\
+import torch
+
+def train(model, loader, opt, warmup_steps):
+    for i, x in enumerate(loader):
+        model(x).sum().backward()
+        opt.step()
+        if i == warmup_steps:
+            torch.cuda.synchronize()
+"""
+
+
+def test_a_loop_counter_equal_to_a_name_runs_once():
+    assert codes(WARMUP) == []
+    assert codes(WARMUP.replace("i == warmup_steps", "warmup_steps == i")) == []
+    # a name the loop changes, or a value that is not the loop's counter, may be equal at every step
+    moving = WARMUP.replace("        opt.step()\n", "        opt.step()\n        warmup_steps = i\n")
+    assert [c for _, c in codes(moving)] == ["TOP606"]
+    other = WARMUP.replace("i == warmup_steps", "opt.state_count == warmup_steps")
+    assert [c for _, c in codes(other)] == ["TOP606"]
+
+
+EVAL_EVERY = """\
+import torch
+
+def evaluate(model, batches):
+    for x in batches:
+        print(model(x).sum().item())
+
+def train(model, loader, opt, val, eval_every):
+    for i, x in enumerate(loader):
+        model(x).sum().backward()
+        opt.step()
+        if i % eval_every == 0:
+            evaluate(model, val)
+"""
+
+
+def test_an_evaluation_loop_that_runs_every_few_training_steps():
+    """Its reads are rare relative to the training loop: inline, or in a helper every call of which
+    is rare. A helper also called after training, or handed on as a value, runs its loop as the
+    program's evaluation too: its per-batch reads stay reported (as today for evaluation loops)."""
+    assert codes(EVAL_EVERY) == []
+    inline = EVAL_EVERY[EVAL_EVERY.index("def train") :].replace(
+        "            evaluate(model, val)", "            for v in val:\n                print(model(v).sum().item())"
+    )
+    assert codes(inline) == []
+    every_step = inline.replace("if i % eval_every == 0:", "if eval_every > 0:")
+    assert [c for _, c in codes(every_step)] == ["TOP601"]
+    assert [c for _, c in codes(EVAL_EVERY.replace("if i % eval_every == 0:", "if eval_every > 0:"))] == ["TOP601"]
+    after = EVAL_EVERY + "    evaluate(model, val)\n"
+    assert [c for _, c in codes(after)] == ["TOP601"]
+    handed = EVAL_EVERY + "\nHOOKS = [evaluate]\n"
+    assert [c for _, c in codes(handed)] == ["TOP601"]
+    exported = '__all__ = ["evaluate"]\n' + EVAL_EVERY
+    assert [c for _, c in codes(exported)] == ["TOP601"]
+
+
+ACCUMULATE = """\
+import torch
+
+def train(model, batches, opt, val, accumulate, validate_every):
+    for i in range(1000):
+        for {inner}:
+            model({batch}).sum().backward()
+            opt.step()
+        if i % validate_every == 0:
+            for v in val:
+                print(model(v).sum().item())
+"""
+
+
+def test_an_evaluation_every_few_steps_of_a_loop_that_accumulates_gradients():
+    """The outer loop is no step loop (its backward passes run in the micro-batch loop), but each of
+    its iterations is one step: its evaluation every few iterations is rare. Over a loader, the
+    inner loop is the step loop and the outer one counts epochs: an evaluation there is one."""
+    steps = ACCUMULATE.format(inner="_ in range(accumulate)", batch="next(batches)")
+    assert codes(steps) == []
+    assert [c for _, c in codes(steps.replace("i % validate_every == 0", "i > 2"))] == ["TOP601"]
+    epochs = ACCUMULATE.format(inner="x in batches", batch="x")
+    assert [c for _, c in codes(epochs)] == ["TOP601"]
+
+
 # ------------------------------------------------------------------ the device of a fix
 
 GPU_FLAG = """\

@@ -4,6 +4,13 @@
   (`if step % log_every == 0:`, also `and`-ed with other terms), once (`if i == 0:`, `if i < 1:`, a
   branch that leaves the loop), once per call of a function whose own batch loop it follows, once per
   epoch (with ``epochs``), only after an error (an ``except`` handler), or outside every step loop.
+  Inside a function, a statement runs as often as the most frequent call of the function in a step
+  (`if step % eval_every == 0: evaluate(...)`), or after an early `if step % n != 0: return`
+  (`if not should_log: return`). A counter equal to a name the loop never changes
+  (`if i == warmup_steps:`) holds once. An evaluation loop runs as often as the loop itself: under
+  `if i % eval_every == 0:` of a training loop (or of a loop that runs one step per iteration through
+  a micro-batch loop), or in a plain function every call of which is such a rare one; a function
+  also called outside every step, handed on as a value or exported keeps its loop's own rate.
 * :meth:`Control.guards` answers the :class:`Guards` around a node, read from the real conditions
   of the ``if`` statements that hold it (and the early ``return`` of its function): rank 0 or the
   main process (`rank == 0`, `local_rank in (-1, 0)`, `dist.get_rank() == 0`, `is_main_process()`,
@@ -13,7 +20,12 @@
   switch that is a command-line option of the file off by default (`add_argument("--seed",
   default=None)` read as `if args.seed is not None:`, a `store_true` flag read as `if args.augment:`,
   a dataclass field `target_kl: float = None`) is also told apart: its code does not run in the
-  program's default run. The left side of an ``and`` guards its right side the same way.
+  program's default run. So is a parameter of a plain function of the file off by default
+  (`def run(save_json=False)`) when every use of the function leaves it so: a call without it, with
+  its default, with an option off by default (`run(**vars(opt))`, `set_seed(args.seed)`), or the
+  function handed to a command-line runner (`fire.Fire(main)`). The left side of an ``and`` guards
+  its right side the same way. A plain function of the file that only its calls use runs under the
+  guards every one of its calls runs under (`if save_json: save_one_json(...)`).
 * :meth:`Control.prints_rank_aware` says whether the program replaces ``builtins.print`` (the
   ``setup_for_distributed`` idiom that silences prints on every rank but 0).
 
@@ -29,17 +41,29 @@ from dataclasses import dataclass
 from typing import Callable
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
+from torchopt.analysis.conditions import (
+    RANK_NAMES,
+    assigns,
+    assigns_attr,
+    counted,
+    first_step,
+    first_steps,
+    int_value,
+    leaves_loop,
+    negated,
+    one_off,
+    only_returns,
+    periodic,
+)
 from torchopt.analysis.names import callee, dotted, qualified_names
+from torchopt.analysis.options import Options, exported
 from torchopt.analysis.program import program_of
-from torchopt.analysis.step_loops import LOOPS, HotMap, Where, calls_in, hot_map
+from torchopt.analysis.step_loops import LOOPS, SCOPES, HotMap, Where, calls_in, hot_map
 from torchopt.analysis.syntax import walk
 from torchopt.rewrite.rule import Rule
 
-_EXITS = ("sys.exit", "exit", "quit", "os._exit")
-# The last part of a name or attribute that holds the process's rank (a convention, read only in a
-# comparison with 0 or -1: `rank == 0`, `args.local_rank in (-1, 0)`).
-_RANK_NAMES = {"rank", "local_rank", "global_rank", "world_rank", "node_rank", "process_index", "local_process_index"}
 _RANK_CALLS = {"get_rank", "get_local_rank", "get_global_rank", "get_process_index"}
 # A call or attribute that is true on the main process only.
 _MAIN_NAMES = {
@@ -55,7 +79,6 @@ _MAIN_NAMES = {
     "master_process",
 }
 _DEVICE_WORDS = ("cuda", "gpu")
-_FEW = 16  # iterations a counter test may let through and still be rare (`if j <= 4:` for figures)
 _OOM = ("OutOfMemoryError", "torch.cuda.OutOfMemoryError", "torch.OutOfMemoryError")
 
 
@@ -117,7 +140,7 @@ class Control:
         self.rule = rule
         self.hot = hot
         self._visiting: set[int] = set()  # functions whose calls are being read (recursion)
-        self._options: dict[str, frozenset[str]] | None = None  # option -> the defaults it is given
+        self.opts = Options(rule, hot)
 
     def parent(self, node: cst.CSTNode | None) -> cst.CSTNode | None:
         return self.hot.parent(node)
@@ -142,6 +165,10 @@ class Control:
                     return Frequency(found[0], found[1], where)
             if isinstance(parent, cst.ExceptHandler):
                 return Frequency(Rate.ON_ERROR, "it runs only after an error (a retry path)", where)
+            if isinstance(parent, cst.IndentedBlock) and self._returns_unless_periodic(parent, cur):
+                return Frequency(
+                    Rate.EVERY_N, "it already runs only every few steps (the function returns early otherwise)", where
+                )
             if isinstance(parent, cst.FunctionDef):
                 if self._after_inner_loop(node, parent):
                     return Frequency(
@@ -152,10 +179,88 @@ class Control:
                     return Frequency(rare.rate, rare.why, where)
                 break
             cur = parent
+        if cur is loop_body and where.loop.kind == "forward-pass":
+            outer = self._nested_loop_rate(where.loop.node, epochs)
+            if outer is not None:
+                return Frequency(
+                    outer.rate, f"it runs in an evaluation loop that itself runs {outer.rate.value}", where
+                )
         if epochs and self._epoch_loop(where.loop.node):
             why = "it runs once per epoch; the batches are iterated by a function the loop calls"
             return Frequency(Rate.PER_EPOCH, why, where)
         return Frequency(Rate.EVERY_STEP, "", where)
+
+    def _nested_loop_rate(self, loop: cst.CSTNode, epochs: bool) -> Frequency | None:
+        """Of a forward-pass (evaluation) loop: how often the loop itself runs, when that is rarer
+        than every step of a step loop around it: under `if i % eval_every == 0:` of a training loop,
+        or in a plain function of the file every call of which is such a rare one (a helper called
+        from elsewhere as well, or handed over as a value, may run its loop as the program's own
+        evaluation loop: None)."""
+        if id(loop) in self._visiting:
+            return None
+        if self.hot.where(loop) is None:
+            return self._rare_in_outer_loop(loop)
+        fn = self.parent(loop)
+        while fn is not None and not isinstance(fn, (cst.FunctionDef, cst.Module)):
+            if isinstance(fn, LOOPS) and id(fn) in self.hot.step_loops:
+                break  # the loop around it is in the same function
+            fn = self.parent(fn)
+        if isinstance(fn, cst.FunctionDef) and not self._only_called(fn):
+            return None
+        found = program_of(self.rule).function_of(fn) if isinstance(fn, cst.FunctionDef) else None
+        if found is not None and any(self.hot.where(e.call) is None for e in found.callers):
+            return None  # also called outside every step: there the loop is the evaluation itself
+        self._visiting.add(id(loop))
+        try:
+            freq = self.frequency(loop, epochs)
+        finally:
+            self._visiting.discard(id(loop))
+        if freq.rate in (Rate.EVERY_STEP, Rate.OUTSIDE, Rate.PER_CALL):
+            return None
+        return freq
+
+    def _rare_in_outer_loop(self, loop: cst.CSTNode) -> Frequency | None:
+        """A loop under a rare branch (`if i % validate_every == 0:`) of an outer loop that is no step
+        loop itself but runs training steps in a loop nested in it (gradient accumulation over
+        micro-batches): the loop runs every few training steps, not at each."""
+        cur, parent = loop, self.parent(loop)
+        found: tuple[Rate, str] | None = None
+        while parent is not None and not isinstance(parent, SCOPES):
+            if isinstance(parent, cst.If) and cur is parent.body and found is None:
+                found = self._rare_branch(parent)
+            if isinstance(parent, LOOPS) and cur is parent.body:
+                inner = [
+                    n
+                    for n in walk(parent.body)
+                    if isinstance(n, LOOPS)
+                    and id(n) in self.hot.step_loops
+                    and self.hot.step_loops[id(n)].kind == "training"
+                ]
+                # each inner training loop counts micro-batches (`for _ in range(accumulate):`): one
+                # outer iteration is one step; an inner loop over a loader makes the outer an epoch loop
+                if found is None or not inner or not all(counted(n) for n in inner) or found[0] is Rate.PER_CALL:
+                    return None
+                return Frequency(found[0], found[1])
+            cur, parent = parent, self.parent(parent)
+        return None
+
+    def _only_called(self, fn: cst.FunctionDef) -> bool:
+        """``fn`` is a plain function of the file, called in it, that every use of its name calls
+        (no other module's call, no call through a value handed on, is left unread)."""
+        if id(fn) in self.hot.method_class or fn.name.value in exported(self.rule.ctx.module):
+            return False
+        found = program_of(self.rule).function_of(fn)
+        if found is None or not found.callers:
+            return False
+        calls = {id(e.call.func) for e in found.callers}
+        try:
+            scope = self.rule.get_metadata(ScopeProvider, fn)
+        except KeyError:
+            return False
+        if scope is None:
+            return False
+        uses = [r.node for a in scope.assignments[fn.name.value] for r in a.references]
+        return bool(uses) and all(id(u) in calls for u in uses)
 
     def _rare_calls(self, fn: cst.FunctionDef, epochs: bool) -> Frequency | None:
         """A function of the file every call of which, in a step, is rare (`if i % n == 0: log(x)`):
@@ -174,7 +279,8 @@ class Control:
             self._visiting.discard(id(fn))
         if any(f.rate in (Rate.EVERY_STEP, Rate.OUTSIDE) for f in rates):
             return None
-        return rates[0]
+        # the most frequent of the calls: every few steps over once, once per epoch or after an error
+        return next((f for f in rates if f.rate is Rate.EVERY_N), rates[0])
 
     def not_every_step(self, node: cst.CSTNode, epochs: bool = False, guards: Guard = Guard.NONE) -> str | None:
         """Why ``node`` does not cost every step (a phrase), or None: its frequency, or one of
@@ -229,21 +335,76 @@ class Control:
 
     def _rare_branch(self, branch: cst.If) -> tuple[Rate, str] | None:
         test = branch.test
-        flags, periodic = self._test_flags(branch)
-        if _periodic(test, flags, periodic):
+        flags, named = self._test_flags(branch)
+        if periodic(test, flags, named):
             return Rate.EVERY_N, "it already runs only every few steps"
-        if _first_step(test):
+        if first_step(test):
             return Rate.ONCE, "it runs once, on the first step"
-        if _first_steps(test, self._counters(branch)):
+        if first_steps(test, self._counters(branch)):
             return Rate.ONCE, "it runs only on the first few iterations"
-        if _leaves_loop(branch.body):
+        reached = self._counter_reaches(test, branch)
+        if reached is not None:
+            return Rate.ONCE, f"it runs once, when the loop counter reaches `{reached}`"
+        if leaves_loop(branch.body):
             return Rate.ONCE, "it runs only on the path that leaves the loop"
         return None
+
+    def _returns_unless_periodic(self, block: cst.IndentedBlock, stmt: cst.CSTNode) -> bool:
+        """An early `if step % log_every != 0: return` (`if not should_log: return`, with `should_log`
+        assigned a periodic test in the function) before ``stmt`` in a function's body: what follows
+        runs only every few steps."""
+        fn = self.parent(block)
+        if not isinstance(fn, cst.FunctionDef):
+            return False
+        for s in block.body:
+            if s is stmt:
+                return False
+            if isinstance(s, cst.If) and s.orelse is None and only_returns(s.body):
+                flags, named = self._test_flags(s)
+                if periodic(negated(s.test), flags, named):
+                    return True
+        return False
 
     def _counters(self, node: cst.CSTNode) -> frozenset[str]:
         """The counters of the loops around ``node`` in its function: `i` of `for i in range(...)` or
         `for i, x in enumerate(...)`, when the loop's body never assigns it."""
-        out: set[str] = set()
+        return frozenset(self._counter_loops(node))
+
+    def _counter_reaches(self, test: cst.BaseExpression, branch: cst.If) -> str | None:
+        """`i == warmup_steps` (also `and`-ed): a loop counter, which takes each value once, equal to a
+        name (or attribute) the loop never assigns: the branch runs at most once per run of the loop.
+        The name compared with, or None."""
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            return self._counter_reaches(test.left, branch) or self._counter_reaches(test.right, branch)
+        if not (
+            isinstance(test, cst.Comparison)
+            and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, cst.Equal)
+        ):
+            return None
+        loops = self._counter_loops(branch)
+        sides = (test.left, test.comparisons[0].comparator)
+        for counter, other in (sides, sides[::-1]):
+            if not (isinstance(counter, cst.Name) and counter.value in loops):
+                continue
+            if not isinstance(other, (cst.Name, cst.Attribute)) or _lower_last(other) in RANK_NAMES:
+                continue
+            name = dotted(other)
+            root: cst.BaseExpression = other
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if name is None or not isinstance(root, cst.Name) or root.value == counter.value:
+                continue
+            body = loops[counter.value].body
+            if assigns(body, root.value) or (isinstance(other, cst.Attribute) and assigns_attr(body, name)):
+                continue
+            return name
+        return None
+
+    def _counter_loops(self, node: cst.CSTNode) -> dict[str, cst.For]:
+        """The counters of the loops around ``node`` in its function (see ``_counters``), each with
+        its loop."""
+        out: dict[str, cst.For] = {}
         cur = self.parent(node)
         while cur is not None and not isinstance(cur, (cst.FunctionDef, cst.Module)):
             if isinstance(cur, cst.For) and isinstance(cur.iter, cst.Call):
@@ -253,10 +414,10 @@ class Control:
                     target = target.elements[0].value
                 elif func != "range":
                     target = None
-                if isinstance(target, cst.Name) and not _assigns(cur.body, target.value):
-                    out.add(target.value)
+                if isinstance(target, cst.Name) and not assigns(cur.body, target.value):
+                    out.setdefault(target.value, cur)
             cur = self.parent(cur)
-        return frozenset(out)
+        return out
 
     def _test_flags(self, node: cst.CSTNode) -> tuple[frozenset[str], frozenset[str]]:
         """Names the enclosing function assigns a one-off test (`last_batch = batch_idx == last_idx`),
@@ -266,8 +427,8 @@ class Control:
             fn = self.parent(fn)
         if fn is None:
             return frozenset(), frozenset()
-        one_off: set[str] = set()
-        periodic: set[str] = set()
+        once: set[str] = set()
+        every: set[str] = set()
         other: set[str] = set()
         for n in walk(fn.body if isinstance(fn, cst.FunctionDef) else fn):
             if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name):
@@ -278,20 +439,22 @@ class Control:
                 other.update(t.value for a in n.targets for t in walk(a.target) if isinstance(t, cst.Name))
                 continue
             name = n.targets[0].target.value
-            if _periodic(n.value, frozenset(one_off), frozenset(periodic)):
-                periodic.add(name)
-            elif _one_off(n.value, frozenset(one_off)):
-                one_off.add(name)
+            if periodic(n.value, frozenset(once), frozenset(every)):
+                every.add(name)
+            elif one_off(n.value, frozenset(once)):
+                once.add(name)
             else:
                 other.add(name)
         # A name assigned tests of both kinds, or anything else, is neither.
-        return frozenset(one_off - periodic - other), frozenset(periodic - one_off - other)
+        return frozenset(once - every - other), frozenset(every - once - other)
 
     def _after_inner_loop(self, node: cst.CSTNode, fn: cst.FunctionDef) -> bool:
         """A function called from a step loop that iterates its own batches: code outside that inner
         loop runs once per call, not once per batch."""
         if not any(id(n) in self.hot.step_loops for n in walk(fn.body) if isinstance(n, LOOPS)):
             return False
+        if id(node) in self.hot.step_loops:
+            return False  # the batch loop itself
         cur = self.parent(node)
         while cur is not None and cur is not fn:
             if isinstance(cur, LOOPS):
@@ -349,10 +512,39 @@ class Control:
                 if not why:
                     why = found[1]
                 flags |= found[0]
+            if isinstance(parent, cst.FunctionDef) and stop is None:
+                inherited = self._caller_guards(parent)
+                if inherited is not None:
+                    flags |= inherited.flags
+                    why = why or inherited.why
+                    switch = switch or inherited.switch
             if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 break
             cur = parent
         return Guards(flags, why, switch)
+
+    def _caller_guards(self, fn: cst.FunctionDef) -> Guards | None:
+        """The guards every call of ``fn`` runs under (`if save_json: save_one_json(...)`), when ``fn``
+        is a plain function of the file that only its calls use: its body runs under them too."""
+        if id(fn) in self._visiting or not self._only_called(fn):
+            return None
+        found = program_of(self.rule).function_of(fn)
+        if found is None:
+            return None
+        self._visiting.add(id(fn))
+        try:
+            around = [self.guards(e.call) for e in found.callers]
+        finally:
+            self._visiting.discard(id(fn))
+        if not around:
+            return None
+        common: Guard = around[0].flags
+        for g in around[1:]:
+            common = Guard(common & g.flags)
+        if not common:
+            return None
+        first = next(g for g in around if g.flags & common)
+        return Guards(common, first.why, first.switch)
 
     def _early_return(self, block: cst.IndentedBlock | cst.Module, stmt: cst.CSTNode) -> tuple[Guard, str] | None:
         """`if rank != 0: return` (or `if not is_main_process(): return`) earlier in a function's body."""
@@ -361,7 +553,7 @@ class Control:
         for s in block.body:
             if s is stmt:
                 return None
-            if isinstance(s, cst.If) and s.orelse is None and _only_returns(s.body):
+            if isinstance(s, cst.If) and s.orelse is None and only_returns(s.body):
                 found = self._test_guard(s.test, negated=True)
                 if found is not None and found[0] is Guard.RANK0:
                     return Guard.RANK0, "it runs only on rank 0 (the function returns early on the others)"
@@ -389,38 +581,18 @@ class Control:
             return Guard.DEVICE, "it runs only under a device check"
         if negated:
             return None
-        off = self._off_by_default(test)
+        off = self.opts.off_by_default(test)
         if off is not None:
-            return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when the option `{off}` (off by default) is set"
+            what = "the option" if "." in off else "the parameter"  # `args.seed`; `save_json` of `main`
+            return Guard.OPT_IN | Guard.OFF_BY_DEFAULT, f"it runs only when {what} `{off}` (off by default) is set"
         if isinstance(test, cst.Attribute) and dotted(test) is not None:
             return Guard.OPT_IN, f"it runs only when `{dotted(test)}` is set"
         return None
 
-    def _off_by_default(self, test: cst.BaseExpression) -> str | None:
-        """The option a test reads when it holds only with the option changed from its default:
-        `args.augment` (a flag off by default), `args.seed is not None` (an option defaulting to None)."""
-        wanted = frozenset(("None", "False"))
-        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-            op, right = test.comparisons[0].operator, test.comparisons[0].comparator
-            if not (isinstance(op, cst.IsNot) and isinstance(right, cst.Name) and right.value == "None"):
-                return None
-            test, wanted = test.left, frozenset(("None",))
-        if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name)):
-            return None
-        defaults = self.options().get(test.attr.value)
-        return dotted(test) if defaults and defaults <= wanted else None
-
     def options(self) -> dict[str, frozenset[str]]:
-        """The command-line options of the file (`parser.add_argument("--seed", type=int)`) and the
-        fields of its dataclasses (`seed: int = 1`, the options of `tyro.cli(Args)`), each with the
-        defaults it is given: "None", "False" or "other" (a name given twice keeps both)."""
-        if self._options is None:
-            found: dict[str, set[str]] = {}
-            for node in walk(self.rule.ctx.module, cross_scopes=True):
-                for name, default in _declared_options(node):
-                    found.setdefault(name, set()).add(default)
-            self._options = {k: frozenset(v) for k, v in found.items()}
-        return self._options
+        """The command-line options of the file and the fields of its dataclasses, each with the
+        defaults it is given (``Options.declared``)."""
+        return self.opts.declared()
 
     def prints_rank_aware(self) -> bool:
         """The file replaces ``builtins.print`` (`builtins.print = print_pass`, `__builtin__.print =
@@ -451,11 +623,11 @@ class Control:
             else:
                 return None
         if isinstance(op, (cst.In, cst.NotIn)) and isinstance(right, (cst.Tuple, cst.List, cst.Set)):
-            values = {_int(e.value) for e in right.elements}
+            values = {int_value(e.value) for e in right.elements}
             if values and values <= {-1, 0}:
                 return isinstance(op, cst.In)
             return None
-        n = _int(right)
+        n = int_value(right)
         if n is None:
             return None
         if isinstance(op, cst.Equal) and n == 0:
@@ -472,7 +644,7 @@ class Control:
         if isinstance(expr, cst.Call):
             return not expr.args and _last(expr.func) in _RANK_CALLS
         # `RANK = int(os.getenv("RANK", -1))` as much as `rank`
-        return isinstance(expr, (cst.Name, cst.Attribute)) and _lower_last(expr) in _RANK_NAMES
+        return isinstance(expr, (cst.Name, cst.Attribute)) and _lower_last(expr) in RANK_NAMES
 
     def _device_test(self, test: cst.BaseExpression) -> bool:
         if isinstance(test, cst.Call):
@@ -524,189 +696,6 @@ def _switch(test: cst.BaseExpression) -> str | None:
     if isinstance(test, cst.Comparison):
         test = test.left
     return dotted(test)
-
-
-def _literal(expr: cst.BaseExpression | None) -> str:
-    if expr is None or (isinstance(expr, cst.Name) and expr.value == "None"):
-        return "None"
-    if isinstance(expr, cst.Name) and expr.value == "False":
-        return "False"
-    return "other"
-
-
-def _declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
-    """The (option, default) pairs ``node`` declares: an ``add_argument`` call (its `dest`, or its
-    first long flag), or a dataclass's annotated fields with a value."""
-    if isinstance(node, cst.ClassDef):
-        if not any(
-            (dotted(d.decorator if not isinstance(d.decorator, cst.Call) else d.decorator.func) or "").endswith(
-                "dataclass"
-            )
-            for d in node.decorators
-        ):
-            return []
-        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
-        return [
-            (s.target.value, _literal(s.value))
-            for line in body
-            if isinstance(line, cst.SimpleStatementLine)
-            for s in line.body
-            if isinstance(s, cst.AnnAssign) and isinstance(s.target, cst.Name) and s.value is not None
-        ]
-    if not (
-        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"
-    ):
-        return []
-    kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
-    flags: list[str] = []
-    for a in node.args:
-        value = a.value.evaluated_value if a.keyword is None and isinstance(a.value, cst.SimpleString) else None
-        if isinstance(value, str):
-            flags.append(value)
-    dest_node = kw.get("dest")
-    if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
-        dest = dest_node.evaluated_value
-    else:
-        long = [f for f in flags if f.startswith("--")] or [f for f in flags if not f.startswith("-")]
-        if not long:
-            return []
-        dest = long[0].lstrip("-").replace("-", "_")
-    action = kw.get("action")
-    act = action.evaluated_value if isinstance(action, cst.SimpleString) else None
-    required = kw.get("required")
-    if required is not None and not (isinstance(required, cst.Name) and required.value == "False"):
-        return [(dest, "other")]
-    if act in ("store_true", "store_false"):
-        default = _literal(kw["default"]) if "default" in kw else ("False" if act == "store_true" else "other")
-        return [(dest, default)]
-    if action is not None and act not in ("store", "append", "count"):
-        return [(dest, "other")]
-    return [(dest, _literal(kw.get("default")))]
-
-
-def _int(expr: cst.BaseExpression) -> int | None:
-    if isinstance(expr, cst.Integer):
-        return int(expr.evaluated_value)
-    if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
-        inner = _int(expr.expression)
-        return -inner if inner is not None else None
-    return None
-
-
-def _only_returns(body: cst.BaseSuite) -> bool:
-    stmts = body.body if isinstance(body, cst.IndentedBlock) else [body]
-    if len(stmts) != 1:
-        return False
-    line = stmts[0]
-    return isinstance(line, (cst.SimpleStatementLine, cst.SimpleStatementSuite)) and all(
-        isinstance(s, cst.Return) for s in line.body
-    )
-
-
-def _periodic(
-    test: cst.BaseExpression, flags: frozenset[str] = frozenset(), named: frozenset[str] = frozenset()
-) -> bool:
-    """`i % n == k`, `not i % n`, `(i + 1) % n == 0`, and such tests joined with `and`; also
-    `i % n == 0 or last_batch`: every few steps plus once more (``flags``: names holding a one-off test;
-    ``named``: names holding a periodic one)."""
-    if isinstance(test, cst.Name):
-        return test.value in named
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _periodic(test.left, flags, named) or _periodic(test.right, flags, named)
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
-        sides = (test.left, test.right)
-        return any(_periodic(side, flags, named) for side in sides) and all(
-            _periodic(side, flags, named) or _one_off(side, flags) for side in sides
-        )
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _is_modulo(test.expression)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        op = test.comparisons[0].operator
-        right = test.comparisons[0].comparator
-        return isinstance(op, cst.Equal) and (_is_modulo(test.left) or _is_modulo(right))
-    return False
-
-
-def _one_off(test: cst.BaseExpression, flags: frozenset[str]) -> bool:
-    """`i == last_idx`, `i + 1 == len(loader)` (a counter equal to one value, not a string option), or a
-    name assigned such a test."""
-    if isinstance(test, cst.Name):
-        return test.value in flags
-    if not (
-        isinstance(test, cst.Comparison)
-        and len(test.comparisons) == 1
-        and isinstance(test.comparisons[0].operator, cst.Equal)
-    ):
-        return False
-    numeric = (cst.Name, cst.Attribute, cst.Integer, cst.BinaryOperation, cst.Call, cst.Subscript)
-    return isinstance(test.left, numeric) and isinstance(test.comparisons[0].comparator, numeric)
-
-
-def _is_modulo(expr: cst.BaseExpression) -> bool:
-    return isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Modulo)
-
-
-def _first_step(test: cst.BaseExpression) -> bool:
-    """`i == 0`, `i < 1`, `i <= 0`: a counter (not a rank) compared with a small literal, alone or
-    `and`-ed."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _first_step(test.left) or _first_step(test.right)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        op = test.comparisons[0].operator
-        right = test.comparisons[0].comparator
-        if not (isinstance(test.left, cst.Name) and isinstance(right, cst.Integer)):
-            return False
-        if test.left.value.lower() in _RANK_NAMES:
-            return False  # `rank == 0` is a guard, not a first step
-        n = int(right.evaluated_value)
-        return (
-            isinstance(op, cst.Equal)
-            or (isinstance(op, cst.LessThan) and n <= 1)
-            or (isinstance(op, cst.LessThanEqual) and n <= 0)
-        )
-    return False
-
-
-def _first_steps(test: cst.BaseExpression, counters: frozenset[str]) -> bool:
-    """`j <= 4`, `j < 8`: a loop counter below a small literal (a bounded number of iterations)."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-        return _first_steps(test.left, counters) or _first_steps(test.right, counters)
-    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
-        return False
-    op, right = test.comparisons[0].operator, test.comparisons[0].comparator
-    return (
-        isinstance(test.left, cst.Name)
-        and test.left.value in counters
-        and isinstance(op, (cst.LessThan, cst.LessThanEqual))
-        and isinstance(right, cst.Integer)
-        and int(right.evaluated_value) <= _FEW
-    )
-
-
-def _assigns(body: cst.CSTNode, name: str) -> bool:
-    for n in walk(body):
-        if isinstance(n, (cst.AugAssign, cst.AnnAssign)) and isinstance(n.target, cst.Name) and n.target.value == name:
-            return True
-        if isinstance(n, cst.Assign) and any(
-            isinstance(t, cst.Name) and t.value == name for a in n.targets for t in walk(a.target)
-        ):
-            return True
-    return False
-
-
-def _leaves_loop(body: cst.BaseSuite) -> bool:
-    """The branch ends by raising, exiting the process, or breaking out (it runs at most once)."""
-    if not isinstance(body, cst.IndentedBlock) or not body.body:
-        return False
-    last = body.body[-1]
-    if not isinstance(last, cst.SimpleStatementLine) or not last.body:
-        return False
-    stmt = last.body[-1]
-    if isinstance(stmt, (cst.Raise, cst.Break, cst.Return)):
-        return True
-    if isinstance(stmt, cst.Expr) and isinstance(stmt.value, cst.Call):
-        return dotted(stmt.value.func) in _EXITS
-    return False
 
 
 def control_of(rule: Rule) -> Control:

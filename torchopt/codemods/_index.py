@@ -159,7 +159,7 @@ FILES = {
     'device/__init__.py': 100,
     'device/cast_after_factory.py': 21263,
     'device/dataset_copies.py': 2676,
-    'device/device_placement_hint.py': 15110,
+    'device/device_placement_hint.py': 15994,
     'device/dtype_folding.py': 17534,
     'device/factory_analysis.py': 15549,
     'device/factory_tables.py': 2723,

@@ -9,6 +9,7 @@ from libcst.metadata import ScopeProvider
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
+from torchopt.analysis.control import Guard, control_of
 from torchopt.analysis.arguments import keyword
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
@@ -173,6 +174,23 @@ class DevicePlacementHint(Rule):
             note="one tensor per entry of a precomputed table: building it once before the loop cannot replace it",
         ),
         Valid("def f(t, kind):\n    return t.type(kind)\n"),
+        Valid(
+            dedent("""\
+                import argparse
+                import torch
+
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--offload-ema", action="store_true")
+                args = parser.parse_args()
+
+                def train(model, ema, loader):
+                    for x in loader:
+                        model(x).sum().backward()
+                        if args.offload_ema:
+                            ema.to("cuda")
+            """),
+            note="only under an option off by default, whose purpose is to keep the copy on the host between steps",
+        ),
     )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -196,6 +214,8 @@ class DevicePlacementHint(Rule):
         if isinstance(recv, cst.Name):
             loop = in_loop(self, node)
             if loop is not None and self._invariant(recv, loop):
+                if Guard.OFF_BY_DEFAULT in control_of(self).guards(node, loop.body):
+                    return  # the default run never moves it: the user asks for this (an offload switch)
                 self.report(node, fmt={"name": recv.value})
             return
         mc = method_call(node, ("cuda", "to"))
