@@ -57,6 +57,8 @@ def _instructions(cmd: list[str], env: dict[str, str], stdin: bytes | None, cwd:
         env=env,
         cwd=cwd,
     )
+    if b"took longer than" in out.stderr:  # the file's time budget rang under valgrind: a count of less work
+        raise SystemExit(f"{cmd} ran out of its time budget under valgrind (a busy machine?): run it again")
     found = re.search(rb"Collected : (\d+)", out.stderr)
     if found is None:
         raise SystemExit(f"valgrind gave no count for {cmd}: {out.stderr[-500:].decode(errors='replace')}")

@@ -102,6 +102,9 @@ def quick_args(argv: "list[str]") -> "tuple[str, dict[str, object]] | None":
 def main() -> None:
     """The `torchopt` command: the commands :func:`quick_args` reads run without importing typer;
     every other goes through typer (torchopt.cli)."""
+    from torchopt.rewrite import dataclass_code
+
+    dataclass_code.install()  # before LibCST is imported: its dataclasses are most of them
     quick = quick_args(sys.argv[1:])  # never reads `--`, the one thing split_script_args rewrites
     if quick is None:
         from torchopt.cli import main as typer_main
