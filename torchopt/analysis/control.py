@@ -215,7 +215,8 @@ class Control:
             freq = self.frequency(loop, epochs)
         finally:
             self._visiting.discard(id(loop))
-        if freq.rate in (Rate.EVERY_STEP, Rate.OUTSIDE, Rate.PER_CALL):
+        # an evaluation over its loader once per epoch is the program's evaluation: its batches are hot
+        if freq.rate in (Rate.EVERY_STEP, Rate.OUTSIDE, Rate.PER_CALL, Rate.PER_EPOCH):
             return None
         return freq
 
