@@ -57,9 +57,10 @@ def test_fixture_exercises_every_inference_rule():
     assert len(eval_mode) == 1 and "ema_model" in eval_mode[0].message
 
 
-def test_unsafe_rewrite_validates_with_bitwise_values():
-    """TOP801 (safe and semantics) and TOP802 (semantics): every value bitwise, `requires_grad`
-    of the collected logits may differ."""
+def test_unsafe_rewrite_validates_as_equivalent():
+    """TOP801 (safe and semantics) and TOP802 (semantics): `requires_grad` of the collected logits
+    may differ; TOP101's `linspace(...)` built on the device (tolerance: a device's float kernel may
+    round otherwise) makes the comparison one within a tolerance, not bitwise."""
     res = CliRunner().invoke(
         app,
         [
@@ -76,7 +77,9 @@ def test_unsafe_rewrite_validates_with_bitwise_values():
     )
     out = json.loads(res.stdout)
     assert res.exit_code == 0, out
-    assert "semantics" in out["tolerance"]["tags"] and out["tolerance"]["bitwise"] is True, out["tolerance"]
+    tol = out["tolerance"]
+    assert {"semantics", "tolerance"} <= set(tol["tags"]) and tol["compare_values"] is True, tol
+    assert tol["bitwise"] is False, tol
     assert out["verdict"] == "equivalent"
 
 
