@@ -23,12 +23,18 @@ SLOW_TESTS = re.compile(
     r"|stop_signal|killed_parent|workers_die"
 )
 
+# Seconds a slow test may take (the quick ones: `timeout` in pyproject.toml): whole programs run
+# twice under `torchopt validate`, on a loaded CI machine.
+SLOW_TIMEOUT = 900
+
 
 def pytest_collection_modifyitems(items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if module in SLOW_MODULES or SLOW_TESTS.search(item.originalname or item.name):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -53,6 +53,12 @@ def _behaviour(ns: dict) -> list:
     return out
 
 
+def _installed() -> dataclass_code.CompiledMethods:
+    methods = dataclass_code.installed()
+    assert methods is not None
+    return methods
+
+
 @pytest.fixture
 def fresh():
     dataclass_code.uninstall()
@@ -66,14 +72,14 @@ def test_same_methods_and_behaviour_first_and_second_time(tmp_path, fresh, monke
     path = str(tmp_path / "table.marshal")
     assert dataclass_code.install(path)
     first = _classes()
-    dataclass_code._save()
+    _installed().save()
     dataclass_code.uninstall()
     assert os.path.getsize(path) > 0
 
     assert dataclass_code.install(path)
     second = _classes()
-    assert dataclass_code._new == []  # every method came from the table: nothing compiled
-    assert len(dataclass_code._used) > 5
+    assert _installed().new == []  # every method came from the table: nothing compiled
+    assert len(_installed().used) > 5
     for made in (first, second):
         for name in ("Point", "Box"):
             assert _methods(made[name]) == _methods(plain[name])
@@ -86,7 +92,7 @@ def test_a_damaged_table_is_compiled_again(tmp_path, fresh):
     path.write_bytes(b"not a table")
     assert dataclass_code.install(str(path))
     made = _classes()
-    assert dataclass_code._new  # compiled, as without a table
+    assert _installed().new  # compiled, as without a table
     assert _behaviour(made) == _behaviour(plain)
 
 
@@ -95,7 +101,7 @@ def test_nothing_written_where_bytecode_is_not(tmp_path, fresh, monkeypatch):
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     assert dataclass_code.install(str(path))
     _classes()
-    dataclass_code._save()
+    _installed().save()
     assert not path.exists()
 
 
@@ -109,7 +115,7 @@ def test_the_quick_path_writes_the_table_and_reads_it(tmp_path):
         "import atexit, sys\n"
         "from torchopt.__main__ import main\n"
         "from torchopt.rewrite import dataclass_code as d\n"
-        "atexit.register(lambda: print('compiled', len(d._new), file=sys.stderr))\n"
+        "atexit.register(lambda: print('compiled', len(d.installed().new), file=sys.stderr))\n"
         "sys.argv = ['torchopt', 'check', '-', '--stdin-filename', 'train.py']\n"
         "main()\n"
     )

@@ -25,11 +25,6 @@ from typing import Any
 # entries kept at most: the methods of LibCST's and torchopt's dataclasses are about a thousand
 LIMIT = 5000
 
-_table: dict[str, Any] = {}
-_new: list[str] = []
-_used: set[str] = set()
-_state: dict[str, Any] = {}
-
 
 def _path() -> str | None:
     try:
@@ -45,21 +40,6 @@ def _header() -> bytes:
     from importlib._bootstrap_external import MAGIC_NUMBER
 
     return MAGIC_NUMBER + b"dataclass-code\n"
-
-
-def _exec(source: Any, globals: Any = None, locals: Any = None, /) -> None:
-    """``exec`` as ``dataclasses`` calls it, with the compiled code of a text read from the table.
-    ``dont_inherit``: the text is compiled with no ``__future__`` flag, as ``dataclasses`` (which
-    imports none) compiles it."""
-    if isinstance(source, str):
-        code = _table.get(source)
-        if code is None:
-            code = compile(source, "<string>", "exec", dont_inherit=True)
-            _table[source] = code
-            _new.append(source)
-        _used.add(source)
-        source = code
-    builtins.exec(source, globals, locals)
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -78,44 +58,73 @@ def _load(path: str) -> dict[str, Any]:
     return table if isinstance(table, dict) else {}
 
 
-def _save() -> None:
-    """Write the table again when this process compiled something (atomically: another process may
-    read or write it at the same time); a table past :data:`LIMIT` keeps only what was used here."""
-    path = _state.get("path")
-    if not _new or path is None or sys.dont_write_bytecode:
-        return
-    table = _table if len(_table) <= LIMIT else {k: v for k, v in _table.items() if k in _used}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_header() + marshal.dumps(table))
-        os.replace(tmp, path)
-    except OSError:
+class CompiledMethods:
+    """The table of one process: read from ``path`` when installed, written back at exit. Its
+    state lives on the instance that ``dataclasses`` holds, so uninstalling forgets it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.table: dict[str, Any] = _load(path)
+        self.new: list[str] = []  # texts compiled in this process
+        self.used: set[str] = set()  # texts asked for in this process
+
+    def exec(self, source: Any, globals: Any = None, locals: Any = None, /) -> None:
+        """``exec`` as ``dataclasses`` calls it, with the compiled code of a text read from the table.
+        ``dont_inherit``: the text is compiled with no ``__future__`` flag, as ``dataclasses`` (which
+        imports none) compiles it."""
+        if isinstance(source, str):
+            code = self.table.get(source)
+            if code is None:
+                code = compile(source, "<string>", "exec", dont_inherit=True)
+                self.table[source] = code
+                self.new.append(source)
+            self.used.add(source)
+            source = code
+        builtins.exec(source, globals, locals)
+
+    def save(self) -> None:
+        """Write the table again when this process compiled something (atomically: another process may
+        read or write it at the same time); a table past :data:`LIMIT` keeps only what was used here."""
+        if not self.new or sys.dont_write_bytecode:
+            return
+        table = self.table if len(self.table) <= LIMIT else {k: v for k, v in self.table.items() if k in self.used}
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
-            os.unlink(tmp)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(_header() + marshal.dumps(table))
+            os.replace(tmp, self.path)
         except OSError:
-            pass
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def installed() -> CompiledMethods | None:
+    """The table ``dataclasses`` compiles with in this process, if :func:`install` gave it one."""
+    import dataclasses
+
+    owner = getattr(getattr(dataclasses, "exec", None), "__self__", None)
+    return owner if isinstance(owner, CompiledMethods) else None
 
 
 def install(path: str | None = None) -> bool:
     """Give ``dataclasses`` the cached compile (idempotent), its table kept in ``path`` (default:
     beside this module's bytecode cache); False when it is not installed."""
+    import atexit
     import dataclasses
 
-    if "path" in _state:
+    if installed() is not None:
         return True
     if os.environ.get("TORCHOPT_NO_SPEEDUPS") == "1":
         return False
     path = path or _path()
     if path is None:
         return False
-    import atexit
-
-    _state["path"] = path
-    _table.update(_load(path))
-    dataclasses.exec = _exec  # type: ignore[attr-defined]  # a module global ahead of the builtin
-    atexit.register(_save)
+    methods = CompiledMethods(path)
+    dataclasses.exec = methods.exec  # type: ignore[attr-defined]  # a module global ahead of the builtin
+    atexit.register(methods.save)
     return True
 
 
@@ -124,10 +133,7 @@ def uninstall() -> None:
     import atexit
     import dataclasses
 
-    if getattr(dataclasses, "exec", None) is _exec:
+    methods = installed()
+    if methods is not None:
         del dataclasses.exec  # type: ignore[attr-defined]  # the builtin again
-    atexit.unregister(_save)
-    _state.clear()
-    _table.clear()
-    _new.clear()
-    _used.clear()
+        atexit.unregister(methods.save)
