@@ -9,6 +9,7 @@ import os
 import random
 import runpy
 import struct
+import subprocess
 import sys
 import tempfile
 from typing import Any, Iterator
@@ -44,9 +45,67 @@ def torch_globals_restored() -> Iterator[None]:
         torch.set_grad_enabled(grad)
 
 
+# A program that sets up a process group runs in a child process: in this one, earlier tests leave
+# threads behind, and freeing a DDP model can then wait forever inside the gloo process group's
+# destructor, which holds the GIL (a test run stalled on it; no Python-level timeout can interrupt it).
+DISTRIBUTED = ("init_process_group", "init_device_mesh", "new_group(")
+CHILD_TIMEOUT_S = 240
+
+
 def run_program(src: str, name: str = "prog", run_name: str = "__main__", cwd: str | None = None) -> dict[str, Any]:
     """Run ``src`` as a script (in a temp file so tracebacks name it) and return its globals plus
     the RNG state it left behind."""
+    if any(word in src for word in DISTRIBUTED):
+        return _run_in_child(src, name, run_name, cwd)
+    return _run_here(src, name, run_name, cwd)
+
+
+def _portable(value: Any) -> Any:
+    """What :func:`describe_diff` compares, in a form ``torch.load`` reads in another process:
+    a module becomes its state dict, containers are followed, other objects are dropped."""
+    if isinstance(value, torch.nn.Module):
+        return _ModuleState(value.state_dict())
+    if isinstance(value, (torch.Tensor, int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_portable(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items() if isinstance(k, (str, int, float, bool, tuple))}
+    return None
+
+
+class _ModuleState(dict):
+    """A module's state dict, compared as the module would be."""
+
+
+def _run_in_child(src: str, name: str, run_name: str, cwd: str | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "globals.pt")
+        code = (
+            "import os, sys, torch\n"
+            f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+            "import semantic\n"
+            "src, name, run_name, cwd, out = sys.argv[1:]\n"
+            "ns = semantic._run_here(src, name, run_name, cwd or None)\n"
+            "torch.save({k: semantic._portable(v) for k, v in ns.items()}, out)\n"
+            "sys.stdout.flush(); sys.stderr.flush()\n"
+            "os._exit(0)  # no teardown of the process group's threads (see DISTRIBUTED)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, src, name, run_name, cwd or "", out],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} failed in its own process:\n{done.stderr[-4000:]}")
+        return torch.load(out, weights_only=False)
+
+
+def _run_here(src: str, name: str, run_name: str, cwd: str | None) -> dict[str, Any]:
     random.seed(0)
     torch.manual_seed(0)
     try:
@@ -96,8 +155,9 @@ def describe_diff(a: Any, b: Any, where: str) -> str | None:
             if not torch.equal(_bits(a), _bits(b)):
                 return f"{where}: values differ"
         return None
-    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
-        sa, sb = a.state_dict(), b.state_dict()
+    if isinstance(a, (torch.nn.Module, _ModuleState)) and isinstance(b, (torch.nn.Module, _ModuleState)):
+        sa = a if isinstance(a, _ModuleState) else a.state_dict()
+        sb = b if isinstance(b, _ModuleState) else b.state_dict()
         if list(sa) != list(sb):
             return f"{where}: state_dict keys {list(sa)} vs {list(sb)}"
         for k in sa:
@@ -133,7 +193,7 @@ def compare_programs(before: str, after: str) -> list[str]:
     diffs = []
     for key in sorted(set(a) | set(b)):
         if key not in a or key not in b:
-            if isinstance(a.get(key, b.get(key)), (torch.Tensor, torch.nn.Module)):
+            if isinstance(a.get(key, b.get(key)), (torch.Tensor, torch.nn.Module, _ModuleState)):
                 diffs.append(f"{key}: only in {'after' if key in b else 'before'}")
             continue
         d = describe_diff(a[key], b[key], key)
