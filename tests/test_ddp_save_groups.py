@@ -207,3 +207,25 @@ def test_the_converted_data_parallel_program_creates_the_same_folders(tmp_path):
         assert done.returncode == 0, done.stderr
         outputs.append(sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.name != "train.py"))
     assert outputs[0] == outputs[1]
+
+
+def test_a_log_line_inside_a_guarded_group_gets_no_second_guard(tmp_path):
+    """The `try` after a save names the save's path and joins its guard; the prints inside it are
+    side effects too, but the outer guard already decides whether they run: one `if`, not three."""
+    src = HEAD + (
+        '    torch.save(model.module.state_dict(), f"{epoch}.pt")\n'
+        "    try:\n"
+        '        print(f"saved {epoch}.pt at lr {optimizer.lr}")\n'
+        "    except NameError:\n"
+        '        print(f"saved {epoch}.pt")\n'
+    )
+    res, text = rewrite(tmp_path / "a", src, "--unsafe-fixes", "--select", "TOP405")
+    assert res.exit_code == 0, res.output
+    assert text == HEAD + (
+        "    if dist.get_rank() == 0:\n"
+        '        torch.save(model.module.state_dict(), f"{epoch}.pt")\n'
+        "        try:\n"
+        '            print(f"saved {epoch}.pt at lr {optimizer.lr}")\n'
+        "        except NameError:\n"
+        '            print(f"saved {epoch}.pt")\n'
+    )

@@ -140,6 +140,20 @@ class Edits:
         self.guards[id(stmt)] = test
         self.touched.append((stmt, True))
 
+    def drop_nested_guards(self, parent: Callable[[cst.CSTNode], cst.CSTNode | None]) -> int:
+        """Drop the guard of every statement inside another guarded statement: the outer test already
+        decides whether it runs. ``parent`` maps a node to its parent. Returns how many were dropped."""
+        guarded = {id(node): node for node, _ in self.touched if id(node) in self.guards}
+        dropped = 0
+        for key, node in guarded.items():
+            outer = parent(node)
+            while outer is not None and id(outer) not in self.guards:
+                outer = parent(outer)
+            if outer is not None:
+                del self.guards[key]
+                dropped += 1
+        return dropped
+
     def replace_statement(self, stmt: cst.CSTNode, edit: StatementEdit) -> None:
         """Replace ``stmt`` by the statements ``edit`` makes of its rewritten form."""
         self.replace[id(stmt)] = edit

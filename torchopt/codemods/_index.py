@@ -124,7 +124,7 @@ FILES = {
     'data/unpinned_dataloader.py': 11544,
     'ddp/__init__.py': 191,
     'ddp/accumulation_without_no_sync.py': 13641,
-    'ddp/conversion_edits.py': 35740,
+    'ddp/conversion_edits.py': 35850,
     'ddp/conversion_messages.py': 2393,
     'ddp/data_parallel.py': 19139,
     'ddp/data_parallel_inference.py': 9448,

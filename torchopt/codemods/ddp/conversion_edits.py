@@ -170,6 +170,7 @@ def guard_edits(analysis: Analysis, e: Edits, ctx: Context, skipped: list[str]) 
             saves.append((s, se.path))
     for saved, path in saves:  # the folder each file is written to, now that the log lines have their guards
         n += group_with_save(analysis, e, saved, path, e.guards[id(saved)])
+    n -= e.drop_nested_guards(analysis.parent)  # a log line inside a guarded `try` needs no guard of its own
     for c in calls(analysis.module, True):
         if not isinstance(c.func, (cst.Name, cst.Attribute)) or not ctx.may_edit(c):
             continue
