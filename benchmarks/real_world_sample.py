@@ -288,7 +288,8 @@ def amp_status(target: dict, findings: list[Finding], applied: Counter) -> tuple
 
 
 def tally(entry: dict, r: Result) -> Tally:
-    t = Tally(findings=len(r.findings), misses=len(entry.get("misses", [])))
+    # a miss a later commit finds (``found = "<commit>"``, judged by hand) no longer counts
+    t = Tally(findings=len(r.findings), misses=sum(not m.get("found") for m in entry.get("misses", [])))
     for f in r.findings:
         verdict = f.judgement["verdict"] if f.judgement else None
         t.true += verdict == "true"
@@ -323,7 +324,8 @@ def finding_lines(entry: dict, r: Result, stale: list[dict]) -> list[str]:
     for j in stale:
         out.append(f"- (judged, no longer reported) {j['code']} {j['file']} `{j['snippet']}`: {j['verdict']}")
     for miss in entry.get("misses", []):
-        out.append(f"- MISS {miss['code']} {miss['file']}: {miss['what']}")
+        state = f"FOUND at {miss['found']}" if miss.get("found") else "MISS"
+        out.append(f"- {state} {miss['code']} {miss['file']}: {miss['what']}")
     for target in entry.get("amp_targets", []):
         inserted, right = amp_status(target, r.findings, r.all_fixes)
         state = "inserted, right" if right else "inserted, not right" if inserted else "not inserted"

@@ -175,3 +175,17 @@ def test_the_benchmark_refuses_an_entry_whose_half_disagrees_with_the_manifest_s
     manifest.write_text(manifest.read_text(encoding="utf-8").replace('half = "dev"', 'half = "held-back"'))
     # held back whole: that half is the default, and an entry with no saved result is not run under --no-run
     assert rws.main([str(tmp_path), "--manifest", str(manifest), "--no-run", "--results", str(tmp_path)]) == 0
+
+
+def test_a_miss_found_by_a_later_commit_no_longer_counts() -> None:
+    """A miss stays in the manifest as the record of the run that judged it; once a later commit is
+    judged by hand to find it (``found``), the tally counts it no more and the details say so."""
+    misses = [
+        {"code": "TOP101", "file": "train.py", "what": "an arange built on the host every step", "found": "abc1234"},
+        {"code": "TOP601", "file": "train.py", "what": "a read in a helper"},
+    ]
+    t = rws.tally({"misses": misses}, rws.Result(findings=[]))
+    assert t.misses == 1
+    lines = rws.finding_lines({"repository": "o/r", "path": "train.py", "misses": misses}, rws.Result(findings=[]), [])
+    assert "- FOUND at abc1234 TOP101 train.py: an arange built on the host every step" in lines
+    assert "- MISS TOP601 train.py: a read in a helper" in lines
