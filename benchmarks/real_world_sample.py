@@ -136,14 +136,16 @@ def matches(judgement: dict, finding: Finding) -> bool:
 
 
 def judge(findings: list[Finding], judgements: list[dict]) -> list[dict]:
-    """Attach to each finding the first judgement that matches it; return the judgements that matched none."""
+    """Attach to each finding the first judgement that matches it and no earlier finding took (two
+    findings on one line, `Linear(75, 50)` and `Linear(50, 25)`, match each other's snippet), else the
+    first that matches; return the judgements that matched none."""
     used: set[int] = set()
     for finding in findings:
-        for i, judgement in enumerate(judgements):
-            if matches(judgement, finding):
-                finding.judgement = judgement
-                used.add(i)
-                break
+        matching = [i for i, judgement in enumerate(judgements) if matches(judgement, finding)]
+        if matching:
+            i = next((i for i in matching if i not in used), matching[0])
+            finding.judgement = judgements[i]
+            used.add(i)
     return [j for i, j in enumerate(judgements) if i not in used]
 
 

@@ -189,3 +189,16 @@ def test_a_miss_found_by_a_later_commit_no_longer_counts() -> None:
     lines = rws.finding_lines({"repository": "o/r", "path": "train.py", "misses": misses}, rws.Result(findings=[]), [])
     assert "- FOUND at abc1234 TOP101 train.py: an arange built on the host every step" in lines
     assert "- MISS TOP601 train.py: a read in a helper" in lines
+
+
+def test_two_findings_on_one_line_take_their_own_judgements() -> None:
+    """Both snippets are in the line of each finding: the second finding takes the judgement the first
+    did not, so neither is listed as no longer reported."""
+    line = "self.mlp = Sequential(Linear(75, 50), ReLU(), Linear(50, 25))"
+    first, second = finding("TOP302", line), finding("TOP302", line)
+    judgements = [
+        {"code": "TOP302", "file": "train.py", "snippet": "Linear(75, 50)", "verdict": "true", "why": "a"},
+        {"code": "TOP302", "file": "train.py", "snippet": "Linear(50, 25)", "verdict": "true", "why": "b"},
+    ]
+    assert rws.judge([first, second], judgements) == []
+    assert (first.judgement, second.judgement) == (judgements[0], judgements[1])
