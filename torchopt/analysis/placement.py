@@ -150,6 +150,11 @@ class Placements:
         self._default_device = "set_default_device" in rule.ctx.text or "set_default_tensor_type" in rule.ctx.text
         self._host: str | None = None  # why the whole program is on the host ("": it may not be)
 
+    @property
+    def default_device_changed(self) -> bool:
+        """The file sets the default device: where a factory given no device builds is unknown."""
+        return self._default_device
+
     # ------------------------------------------------------------------ expressions
     def value(self, expr: cst.BaseExpression | None, depth: int = 0) -> Value:
         found = self._value(expr, depth)

@@ -10,6 +10,7 @@ from torchopt.analysis.layout_chains import REARRANGING, chain_root, replace_roo
 from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
+from torchopt.analysis.placement import placements
 from torchopt.analysis.syntax import source
 from torchopt.codemods.device.factory_analysis import (
     _NOTE_LEAF,
@@ -161,6 +162,8 @@ class FactoryThenMove(_MoveChecks):
         kind, _q = fk
         if self.factory_blockers(kind, inner) or self._skipped_arguments(kind, inner):
             return
+        if kind != "from_numpy" and kind not in LEGACY and placements(self).default_device_changed:
+            return  # under `torch.set_default_device(...)` the factory may build it on the device already
         tr = parse_cuda(node) if meth == "cuda" else parse_to(self, node)
         if tr is None:
             return
@@ -241,6 +244,16 @@ class FactoryThenMove(_MoveChecks):
                 self._host_index_named(node, el.slice.value)
 
     examples = (
+        Valid(
+            dedent("""\
+                import torch
+
+                device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+                torch.set_default_device(device)
+                rewards = torch.tensor([1.0, 0.5]).to(device)
+            """),
+            note="under `torch.set_default_device` a factory given no device already builds on it: the move copies nothing",
+        ),
         Valid(
             dedent("""\
                 import torch

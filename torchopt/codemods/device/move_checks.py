@@ -57,6 +57,8 @@ class _MoveChecks(_FactoryRule):
         kind, _q = fk
         if kind not in INDEX_FACTORIES or keyword(inner, "device") is not None:
             return
+        if placements(self).default_device_changed:
+            return  # under `torch.set_default_device(...)` the index may be built on the device already
         if self.requires_grad(inner) or self.factory_blockers(kind, inner) or self._skipped_arguments(kind, inner):
             return
         if kind == "tensor" and self._is_tensor_data(inner):
