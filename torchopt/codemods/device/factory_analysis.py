@@ -19,6 +19,7 @@ from libcst.metadata import ScopeProvider
 
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.layout_chains import ast_chain_root
+from torchopt.analysis.placement import placements
 from torchopt.analysis.names import TorchRef, callee, is_import_of_torch, param_annotation, reaching_values, torch_ref
 from torchopt.analysis.precheck.torch_imports import ast_torch_names, torch_calls_to, torch_import_map
 from torchopt.analysis.tracing import in_traced_callable
@@ -92,6 +93,11 @@ class _FactoryRule(Rule):
         if kind == "as_tensor" and len(positional(inner)) > 1:
             return True  # positional dtype/device
         return in_traced_callable(self, inner)  # the traced graph is the product: keep its operations
+
+    def follows_default_device(self, kind: str) -> bool:
+        """The file sets the default device (``torch.set_default_device``) and this factory honours it
+        (``from_numpy`` and the legacy typed constructors do not): it may build on the device already."""
+        return kind != "from_numpy" and kind not in LEGACY and placements(self).default_device_changed
 
     def requires_grad(self, inner: cst.Call) -> bool:
         rg = keyword(inner, "requires_grad")

@@ -10,7 +10,6 @@ from torchopt.analysis.layout_chains import REARRANGING, chain_root, replace_roo
 from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
-from torchopt.analysis.placement import placements
 from torchopt.analysis.syntax import source
 from torchopt.codemods.device.factory_analysis import (
     _NOTE_LEAF,
@@ -162,7 +161,7 @@ class FactoryThenMove(_MoveChecks):
         kind, _q = fk
         if self.factory_blockers(kind, inner) or self._skipped_arguments(kind, inner):
             return
-        if kind != "from_numpy" and kind not in LEGACY and placements(self).default_device_changed:
+        if self.follows_default_device(kind):
             return  # under `torch.set_default_device(...)` the factory may build it on the device already
         tr = parse_cuda(node) if meth == "cuda" else parse_to(self, node)
         if tr is None:

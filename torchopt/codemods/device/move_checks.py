@@ -57,7 +57,7 @@ class _MoveChecks(_FactoryRule):
         kind, _q = fk
         if kind not in INDEX_FACTORIES or keyword(inner, "device") is not None:
             return
-        if placements(self).default_device_changed:
+        if self.follows_default_device(kind):
             return  # under `torch.set_default_device(...)` the index may be built on the device already
         if self.requires_grad(inner) or self.factory_blockers(kind, inner) or self._skipped_arguments(kind, inner):
             return
