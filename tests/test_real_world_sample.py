@@ -97,15 +97,17 @@ def test_source_line_reads_a_notebook_cell(tmp_path: Path) -> None:
 
 
 MANIFEST3 = MANIFEST.with_name("real_world_sample3.toml")
+MANIFEST4 = MANIFEST.with_name("real_world_sample4.toml")
 FIRST_SAMPLE = MANIFEST.with_name("real_world.json")
 
 
-def earlier_entries() -> list[tuple[str, str, str]]:
-    """(repository, path, unit) of every entry of the first and second samples."""
+def earlier_entries(*manifests: Path) -> list[tuple[str, str, str]]:
+    """(repository, path, unit) of every entry of the first sample and of the given TOML manifests (by
+    default the second sample)."""
     first = json.loads(FIRST_SAMPLE.read_text(encoding="utf-8"))["scripts"]
-    second = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))["entry"]
+    later = [e for m in manifests or (MANIFEST,) for e in tomllib.loads(m.read_text(encoding="utf-8"))["entry"]]
     return [(e["repository"], e["path"], "script") for e in first] + [
-        (e["repository"], e["path"], e["unit"]) for e in second
+        (e["repository"], e["path"], e["unit"]) for e in later
     ]
 
 
@@ -127,9 +129,7 @@ def test_third_manifest_is_held_back_whole_and_large_enough() -> None:
     assert all(len(e["commit"]) == 40 and all(c in "0123456789abcdef" for c in e["commit"]) for e in entries)
 
 
-def test_third_manifest_is_disjoint_from_the_earlier_samples() -> None:
-    entries = tomllib.loads(MANIFEST3.read_text(encoding="utf-8"))["entry"]
-    earlier = earlier_entries()
+def assert_disjoint(entries: list[dict], earlier: list[tuple[str, str, str]]) -> None:
     for e in entries:
         for repository, path, unit in earlier:
             if repository != e["repository"]:
@@ -146,7 +146,41 @@ def test_third_manifest_is_disjoint_from_the_earlier_samples() -> None:
         assert not any(within(project["path"], p) for p in inside), project["path"]
 
 
-@pytest.mark.parametrize("manifest", [MANIFEST, MANIFEST3], ids=["sample2", "sample3"])
+def test_third_manifest_is_disjoint_from_the_earlier_samples() -> None:
+    assert_disjoint(tomllib.loads(MANIFEST3.read_text(encoding="utf-8"))["entry"], earlier_entries())
+
+
+def test_fourth_manifest_is_held_back_whole_and_large_enough() -> None:
+    manifest = tomllib.loads(MANIFEST4.read_text(encoding="utf-8"))
+    entries = manifest["entry"]
+    assert manifest["split"] == "held-back"
+    assert all(e["half"] == "held-back" for e in entries)
+    assert set(rws.expected_halves(manifest).values()) == {"held-back"}
+    assert len(entries) >= 36
+    assert sum(e["unit"] == "project" for e in entries) >= 8
+    repositories = Counter(e["repository"] for e in entries)
+    assert len(repositories) >= 16 and max(repositories.values()) <= 4
+    third = {e["repository"] for e in tomllib.loads(MANIFEST3.read_text(encoding="utf-8"))["entry"]}
+    assert len(set(repositories) - third) >= 12
+    assert {e["group"] for e in entries} == {"project", "notebook", "negative", "inference", "training"}
+    assert sum(e["path"].endswith(".ipynb") for e in entries) >= 4
+    assert sum(e["group"] == "training" and "single-GPU float32" in e["kind"] for e in entries) >= 10
+    assert all(len(e["commit"]) == 40 and all(c in "0123456789abcdef" for c in e["commit"]) for e in entries)
+
+
+def test_fourth_manifest_is_disjoint_from_the_earlier_samples() -> None:
+    entries = tomllib.loads(MANIFEST4.read_text(encoding="utf-8"))["entry"]
+    assert_disjoint(entries, earlier_entries(MANIFEST, MANIFEST3))
+
+
+def test_third_and_fourth_samples_together_make_the_new_sample() -> None:
+    entries = [e for m in (MANIFEST3, MANIFEST4) for e in tomllib.loads(m.read_text(encoding="utf-8"))["entry"]]
+    assert len(entries) >= 60
+    assert len({e["repository"] for e in entries}) >= 25
+    assert sum(e["unit"] == "project" for e in entries) >= 10
+
+
+@pytest.mark.parametrize("manifest", [MANIFEST, MANIFEST3, MANIFEST4], ids=["sample2", "sample3", "sample4"])
 def test_held_back_entries_carry_no_judgement_until_measured(manifest: Path) -> None:
     data = tomllib.loads(manifest.read_text(encoding="utf-8"))
     if data.get("held_back_measured"):
