@@ -715,6 +715,12 @@ class Tensors:
             return False
         return False
 
+    def only_batch(self, name: cst.Name) -> bool:
+        """``name`` holds nothing but an element of what a step loop iterates (`vid_cap` of
+        `for path, im, vid_cap in dataset:`): a tensor only by the loose mode's assumption."""
+        values = self.values(name, strict=False)
+        return bool(values) and all(v is _BATCH for v in values)
+
     def values(self, name: cst.Name, strict: bool) -> list | None:
         """Like reaching_values, and also through ``a, b = x, y``; in the loose mode a step loop's
         target is a batch (``_BATCH``) and a parameter of a hot function takes its call sites' values."""

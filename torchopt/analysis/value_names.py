@@ -19,6 +19,8 @@ FACTORIES = {
     "tensor",
     "as_tensor",
     "from_numpy",
+    "from_file",  # read from a file, or a buffer, into host memory
+    "frombuffer",
     "zeros_like",
     "ones_like",
     "empty_like",

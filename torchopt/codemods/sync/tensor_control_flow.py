@@ -107,6 +107,69 @@ class TensorControlFlow(Rule):
             "        loss = model(x).sum()\n        if loss.item() > 10:\n            continue\n        loss.backward()\n",
             note="the `.item()` is TOP601's finding",
         ),
+        Valid(
+            dedent("""\
+            from dataclasses import dataclass
+
+            import torch
+            import tyro
+
+
+            @dataclass
+            class Args:
+                target_kl: float = None
+                update_epochs: int = 4
+
+
+            if __name__ == "__main__":
+                args = tyro.cli(Args)
+                agent = torch.nn.Linear(4, 4).cuda()
+                optimizer = torch.optim.Adam(agent.parameters())
+                obs = torch.randn(64, 4).cuda()
+                for iteration in range(100):
+                    with torch.no_grad():
+                        obs = agent(obs)
+                    for epoch in range(args.update_epochs):
+                        logratio = agent(obs)
+                        loss = logratio.mean()
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+                        approx_kl = (logratio.exp() - 1 - logratio).mean()
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        break
+            """),
+            note="the tensor is read only when an option off by default is set (`and` evaluates its right side only then)",
+        ),
+        Valid(
+            dedent("""\
+            def run(model, dataset):
+                for path, im, vid_cap in dataset:
+                    pred = model(im)
+                    if vid_cap:
+                        fps = vid_cap.get(5)
+            """),
+            note="the truth of a batch element that cannot be a batch tensor (it would raise): a video handle",
+        ),
+        Valid(
+            dedent("""\
+            import torch
+
+
+            def read_shard(path):
+                header = torch.from_file(path, size=256, dtype=torch.int32)
+                if header[0] != 20240520:
+                    raise ValueError(path)
+                return header[1:]
+
+
+            def train(model, paths, opt):
+                for path in paths:
+                    loss = model(read_shard(path).float().cuda()).sum()
+                    loss.backward()
+            """),
+            note="`torch.from_file` reads into host memory: its truth costs no sync",
+        ),
         Invalid(
             dedent("""\
             import torch as T
@@ -170,10 +233,13 @@ class TensorControlFlow(Rule):
                 test = n.test
             elif isinstance(n, cst.Assert):
                 test = n.test
-            if test is None or not self._tensor_truth(test, tz):
+            part = None if test is None else self._tensor_part(test, tz)
+            if part is None:
                 continue
             where = hm.where(n)
-            if where is None or control_of(self).not_every_step(n, guards=QUIET_GUARDS) is not None:
+            # the operand whose truth is read: the right side of `args.target_kl is not None and kl > ...`
+            # runs only when its left side holds, so its guards are the left side's too
+            if where is None or control_of(self).not_every_step(part, guards=QUIET_GUARDS) is not None:
                 continue
             if control_of(self).decides_exit(test):
                 continue  # the loop cannot know whether to go on without the value
@@ -188,14 +254,20 @@ class TensorControlFlow(Rule):
                 )
             self.report(test, fmt={"expr": source(self, test), "where": where.text, "advice": advice})
 
-    def _tensor_truth(self, e: cst.BaseExpression, tensors: Tensors) -> bool:
+    def _tensor_part(self, e: cst.BaseExpression, tensors: Tensors) -> cst.BaseExpression | None:
+        """The operand of a test whose truth value is a tensor's, or None."""
         if _on_host(self, e):
-            return False
+            return None
         if isinstance(e, cst.BooleanOperation):
-            return self._tensor_truth(e.left, tensors) or self._tensor_truth(e.right, tensors)
+            left = self._tensor_part(e.left, tensors)
+            return left if left is not None else self._tensor_part(e.right, tensors)
         if isinstance(e, cst.UnaryOperation) and isinstance(e.operator, cst.Not):
-            return self._tensor_truth(e.expression, tensors)
-        return tensors.is_tensor(e)
+            return self._tensor_part(e.expression, tensors)
+        if isinstance(e, cst.Name) and tensors.only_batch(e):
+            # `if vid_cap:` on an element of what the loop iterates: the truth of a batch tensor of
+            # several values raises, so the program itself says this element is something else
+            return None
+        return e if tensors.is_tensor(e) else None
 
 
 def _on_host(rule: Rule, e: cst.BaseExpression) -> bool:
