@@ -168,6 +168,15 @@ def leaves_loop(body: cst.BaseSuite) -> bool:
     return False
 
 
+def ends_program(body: cst.BaseSuite) -> bool:
+    """The branch ends by raising or exiting the process (`print("bad header"); exit(1)`): an error
+    path, which runs at most once and whose output is the error report."""
+    if not leaves_loop(body) or not isinstance(body, cst.IndentedBlock):
+        return False
+    last = body.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and not isinstance(last.body[-1], (cst.Break, cst.Return))
+
+
 def counted(loop: cst.CSTNode) -> bool:
     """`for _ in range(n):`: a loop that runs a number of times, not over a loader."""
     return (

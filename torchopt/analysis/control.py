@@ -48,6 +48,7 @@ from torchopt.analysis.conditions import (
     assigns,
     assigns_attr,
     counted,
+    ends_program,
     first_step,
     first_steps,
     int_value,
@@ -509,6 +510,10 @@ class Control:
                 found = self._test_guard(parent.left, negated=isinstance(parent.operator, cst.Or))
                 if found is not None and found[0] & Guard.OPT_IN and switch is None:
                     switch = _switch(parent.left)
+            if isinstance(parent, (cst.If, cst.Else)) and cur is parent.body and ends_program(cur):
+                # `if header[0] != MAGIC: print(...); exit(1)`: an error report, once, then the end
+                error = "it runs only on an error path that ends the program"
+                found = (found[0] | Guard.EXCEPT, found[1]) if found is not None else (Guard.EXCEPT, error)
             if found is not None:
                 if not why:
                     why = found[1]

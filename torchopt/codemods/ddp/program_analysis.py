@@ -582,6 +582,8 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
                 # a save into a buffer (`io.BytesIO()`) or into `f` of `with open(...) as f:` (that
                 # block is the write) is no file of its own; one into a value not known to be a path
                 # is reported unknown, never guarded on a guess
+                if what and _error_report(analysis, n, what):
+                    continue  # each process reports its own failure before it ends
                 if what and target in ("path", "unknown"):
                     out.append(SideEffect(n, what, path, unknown=target == "unknown"))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
@@ -597,6 +599,12 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
                 if any(ch in m for ch in "wax"):
                     out.append(SideEffect(n, "a file write", pos[0].value if pos else None))
     return out
+
+
+def _error_report(analysis: Analysis, stmt: cst.CSTNode, what: str) -> bool:
+    """A print or log line on an error path (an ``except`` handler, a branch that ends the program)."""
+    output = what == "print" or what.rsplit(".", 1)[-1] in LOG_METHODS
+    return output and Guard.EXCEPT in control_of(analysis.rule).guards(stmt)
 
 
 def _saved_path(c: cst.Call) -> cst.BaseExpression | None:

@@ -139,6 +139,26 @@ class RankZeroGuards(Rule):
         ),
         Valid(
             dedent("""\
+                import sys
+
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                dist.init_process_group("gloo")
+                model = DDP(nn.Linear(4, 2))
+                for step in range(4):
+                    x = torch.load(f"shard{step}.pt")
+                    if x.shape[-1] != 4:
+                        print(f"shard {step} has {x.shape[-1]} features, expected 4")
+                        sys.exit(1)
+                    model(x).mean().backward()
+            """),
+            note="an error report right before the process exits: each rank says why it stops",
+        ),
+        Valid(
+            dedent("""\
                 import logging
                 import torch.distributed as dist
                 from utils import create_logger
