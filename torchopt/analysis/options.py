@@ -46,11 +46,17 @@ class Options:
         defaults = self.declared().get(test.attr.value)
         return dotted(test) if defaults and defaults <= wanted else None
 
+    def left_at(self, value: cst.BaseExpression, default: str) -> bool:
+        """``value`` holds ``default`` (a ``literal`` class: "0", "None", "False") in the program's
+        default run: an option of the file given only that default and never assigned after parsing
+        (`num_workers=args.dataloader_num_workers` with `default=0`), or such a parameter."""
+        return self._left_at_default(value, frozenset((default,)), 0)
+
     def _left_at_default(self, value: cst.BaseExpression, wanted: frozenset[str], depth: int) -> bool:
         """A value passed on that holds a default in ``wanted`` in the default run: that literal
         (`save_json=False`), an option of the file off by default (`set_seed(args.seed)`), or such a
         parameter of the caller."""
-        if isinstance(value, cst.Name) and value.value in ("None", "False"):
+        if isinstance(value, cst.Integer) or (isinstance(value, cst.Name) and value.value in ("None", "False")):
             return literal(value) in wanted
         if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name):
             defaults = self.declared().get(value.attr.value)
@@ -79,7 +85,7 @@ class Options:
                         pairs += [(e, None) for e in walk(t) if isinstance(e, cst.Attribute)]
             for target, value in pairs:
                 if isinstance(target, cst.Attribute) and target.attr.value == attr:
-                    if value is None or literal(value) == "other":
+                    if value is None or literal(value) not in ("None", "False"):
                         return True
         return False
 
@@ -191,10 +197,14 @@ def vars_of(expr: cst.BaseExpression) -> cst.Name | None:
 
 
 def literal(expr: cst.BaseExpression | None) -> str:
+    """The default an option or parameter is given, as far as the facts tell them apart: "None",
+    "False", "0" (no worker processes, no warm-up steps) or "other"."""
     if expr is None or (isinstance(expr, cst.Name) and expr.value == "None"):
         return "None"
     if isinstance(expr, cst.Name) and expr.value == "False":
         return "False"
+    if isinstance(expr, cst.Integer) and expr.evaluated_value == 0:
+        return "0"
     return "other"
 
 

@@ -9,7 +9,7 @@ def main():
     loader = DataLoader(ds, batch_size=8, shuffle=True)
     model = nn.Linear(8, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for epoch in range(2):
+    for epoch in range(3):
         for x, y in loader:
             opt.zero_grad()
             loss = nn.functional.cross_entropy(model(x), y)

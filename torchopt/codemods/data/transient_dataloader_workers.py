@@ -7,6 +7,7 @@ from textwrap import dedent
 
 import libcst as cst
 
+from torchopt.analysis.control import control_of
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.data import FAMILY
@@ -98,7 +99,7 @@ class TransientWorkers(LoaderRule):
                 def main():
                     loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
                     seen = []
-                    for epoch in range(2):
+                    for epoch in range(3):
                         for x, y in loader:
                             seen.append(y)
                     return seen
@@ -119,7 +120,7 @@ class TransientWorkers(LoaderRule):
                         ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
                     )
                     seen = []
-                    for epoch in range(2):
+                    for epoch in range(3):
                         for x, y in loader:
                             seen.append(y)
                     return seen
@@ -144,7 +145,7 @@ class TransientWorkers(LoaderRule):
                     loader_kwargs = dict(batch_size=4, num_workers=2)
                     loader = DataLoader(ds, **loader_kwargs)
                     seen = []
-                    for epoch in range(2):
+                    for epoch in range(3):
                         for x, y in loader:
                             seen.append(y)
                     return seen
@@ -164,7 +165,7 @@ class TransientWorkers(LoaderRule):
                     loader_kwargs = dict(batch_size=4, num_workers=2, persistent_workers=True)
                     loader = DataLoader(ds, **loader_kwargs)
                     seen = []
-                    for epoch in range(2):
+                    for epoch in range(3):
                         for x, y in loader:
                             seen.append(y)
                     return seen
@@ -249,6 +250,33 @@ class TransientWorkers(LoaderRule):
         ),
         Valid(
             dedent("""\
+                import argparse
+
+                from torch.utils.data import DataLoader
+
+                parser = argparse.ArgumentParser()
+                parser.add_argument("--dataloader_num_workers", type=int, default=0)
+                args = parser.parse_args()
+                loader = DataLoader(ds, batch_size=8, num_workers=args.dataloader_num_workers)
+                for epoch in range(10):
+                    for batch in loader:
+                        step(batch)
+            """),
+            note="the workers' option defaults to 0: by default there are no workers to keep",
+        ),
+        Valid(
+            dedent("""\
+                from torch.utils.data import DataLoader
+
+                loader = DataLoader(ds, batch_size=4, num_workers=2)
+                for epoch in range(2):
+                    for batch in loader:
+                        step(batch)
+            """),
+            note="two epochs: keeping the workers would save one start-up",
+        ),
+        Valid(
+            dedent("""\
                 from torch.utils.data import DataLoader
 
                 loader = DataLoader(ds, num_workers=4, persistent_workers=False)
@@ -280,13 +308,15 @@ class TransientWorkers(LoaderRule):
         elif code in (AUTO_WORKERS, AUTO_WORKERS_DISTRIBUTED):
             value, workers = cst.Name("True"), "worker processes"
         elif isinstance(v, (cst.Name, cst.Attribute)):
+            if control_of(self).opts.left_at(v, "0"):
+                return  # an option or parameter that defaults to no workers: nothing to keep by default
             value = cst.parse_expression(f"{code} > 0")
             workers = "worker processes"
         else:
             return
         epoch = self._epoch_loop(info)
-        if epoch is None:
-            return
+        if epoch is None or _runs_at_most_twice(epoch):
+            return  # (twice: persistent workers would save one start-up)
         fmt = {"loader": _loader_text(self, call), "workers": workers, "value": cst.Module([]).code_for_node(value)}
         change = self._dataset_change(info, epoch)
         if change is not None:
@@ -356,3 +386,13 @@ class TransientWorkers(LoaderRule):
         while cur is not None and not isinstance(cur, cst.BaseSmallStatement):
             cur = self.get_metadata(ParentProvider, cur, None)
         return cur if cur is not None else node
+
+
+def _runs_at_most_twice(loop: cst.For | cst.While) -> bool:
+    """`for epoch in range(2):`: a loop whose trip count is a literal of at most 2."""
+    it = loop.iter if isinstance(loop, cst.For) else None
+    if not (isinstance(it, cst.Call) and isinstance(it.func, cst.Name) and it.func.value == "range"):
+        return False
+    if len(it.args) != 1 or not isinstance(it.args[0].value, cst.Integer):
+        return False
+    return int(it.args[0].value.evaluated_value) <= 2
