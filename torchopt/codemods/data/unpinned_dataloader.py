@@ -9,7 +9,7 @@ import libcst as cst
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.loader_kwargs import loader_kwargs
-from torchopt.analysis.names import torch_ref
+from torchopt.analysis.names import callee, torch_ref
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.transfers import loop_copies
 from torchopt.analysis.transfers import move_device
@@ -199,6 +199,22 @@ class UnpinnedLoader(LoaderRule):
                 import torch
                 from torch.utils.data import DataLoader
 
+                test_loader = DataLoader(test_set, batch_size=4, num_workers=2)
+                net = Net()
+                net.load_state_dict(torch.load("net.pth"))
+                correct = 0
+                with torch.no_grad():
+                    for images, labels in test_loader:
+                        _, predicted = torch.max(net(images), 1)
+                        correct += (predicted == labels).sum().item()
+            """),
+            note="evaluation on the host: `torch.max(..., 1)` reduces over a dimension, it moves nothing",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+                from torch.utils.data import DataLoader
+
                 loader = DataLoader(ds, pin_memory=False)
                 for b in loader:
                     b = {k: v.cuda() for k, v in b.items()}
@@ -279,9 +295,11 @@ class UnpinnedLoader(LoaderRule):
             args = list(n.args)
             if not any(names_in(a.value) & tainted for a in args):
                 continue
+            if (callee(self, n) or "").startswith("torch."):
+                continue  # `torch.max(outputs, 1)`: a torch function computes where its inputs are
             for a in args:
-                if names_in(a.value) & tainted:
-                    continue
+                if names_in(a.value) & tainted or isinstance(a.value, cst.Integer):
+                    continue  # (a bare number is an index or a size more often than a device)
                 dev = classify_device(self, a.value)
                 if dev.is_device and not dev.is_cpu and dev.text != "meta":
                     literal = dev.kind in (DeviceKind.LITERAL, DeviceKind.KNOWN) and dev.text.split(":")[0] == "cuda"
