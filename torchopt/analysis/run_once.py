@@ -159,7 +159,7 @@ def _works(rule: Rule, call: cst.Call, seen: set[int], depth: int) -> bool:
             return True
         todo = [f for f in fns if id(f) not in seen]
         seen.update(id(f) for f in todo)
-        return any(_loop_works(rule, f.body, seen, depth + 1) for f in todo)
+        return any(_loop_works(rule, f, seen, depth + 1) for f in todo)
     if name in _imported(rule):
         return _project_code(rule, name)
     if hasattr(builtins, name):
