@@ -12,7 +12,7 @@ import libcst as cst
 from libcst.metadata import Assignment, PositionProvider
 
 from torchopt.analysis.control import Guard, control_of
-from torchopt.analysis.names import bindings_of, dotted, callee, qualified_names
+from torchopt.analysis.names import bindings_of, dotted, callee, qualified_names, reaching_values
 from torchopt.analysis.file_targets import file_target
 from torchopt.analysis.values import string_value
 from torchopt.analysis.arguments import keyword, positional
@@ -584,6 +584,8 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
                 # is reported unknown, never guarded on a guess
                 if what and _error_report(analysis, n, what):
                     continue  # each process reports its own failure before it ends
+                if what == "print" and _per_process(analysis, small.value):
+                    continue  # `print(f"using device: {device}")` with the device of this rank
                 if what and target in ("path", "unknown"):
                     out.append(SideEffect(n, what, path, unknown=target == "unknown"))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
@@ -605,6 +607,23 @@ def _error_report(analysis: Analysis, stmt: cst.CSTNode, what: str) -> bool:
     """A print or log line on an error path (an ``except`` handler, a branch that ends the program)."""
     output = what == "print" or what.rsplit(".", 1)[-1] in LOG_METHODS
     return output and Guard.EXCEPT in control_of(analysis.rule).guards(stmt)
+
+
+def _per_process(analysis: Analysis, c: cst.Call) -> bool:
+    """A print of what differs from process to process: the rank itself, or a value the file computes
+    from it (`device = f"cuda:{local_rank}"`): each process says its own part, on purpose."""
+    for n in walk(c):
+        if not isinstance(n, cst.Name) or n is c.func:
+            continue
+        if RANK_WORDS.search(n.value):
+            return True
+        values = reaching_values(analysis.rule, n) or []
+        if values and all(
+            v is not None and any(isinstance(m, cst.Name) and RANK_WORDS.search(m.value) for m in walk(v))
+            for v in values
+        ):
+            return True
+    return False
 
 
 def _saved_path(c: cst.Call) -> cst.BaseExpression | None:

@@ -159,6 +159,25 @@ class RankZeroGuards(Rule):
         ),
         Valid(
             dedent("""\
+                import os
+
+                import torch
+                import torch.distributed as dist
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                dist.init_process_group("nccl")
+                local_rank = int(os.environ["LOCAL_RANK"])
+                device = f"cuda:{local_rank}"
+                print(f"using device: {device}")
+                model = DDP(nn.Linear(4, 2).to(device), device_ids=[local_rank])
+                for step in range(4):
+                    model(torch.randn(3, 4, device=device)).mean().backward()
+            """),
+            note="each process prints its own device, computed from its rank: on purpose",
+        ),
+        Valid(
+            dedent("""\
                 import logging
                 import torch.distributed as dist
                 from utils import create_logger
