@@ -718,7 +718,7 @@ class Tensors:
     def only_batch(self, name: cst.Name) -> bool:
         """``name`` holds nothing but an element of what a step loop iterates (`vid_cap` of
         `for path, im, vid_cap in dataset:`): a tensor only by the loose mode's assumption."""
-        values = self.values(name, strict=False)
+        values = self.values(name, strict=False) or []
         return bool(values) and all(v is _BATCH for v in values)
 
     def values(self, name: cst.Name, strict: bool) -> list | None:

@@ -228,12 +228,10 @@ class TensorControlFlow(Rule):
             return
         tz = Tensors(self, hm)
         for n in walk(node, True):
-            test = None
-            if isinstance(n, (cst.If, cst.While, cst.IfExp)):
-                test = n.test
-            elif isinstance(n, cst.Assert):
-                test = n.test
-            part = None if test is None else self._tensor_part(test, tz)
+            if not isinstance(n, (cst.If, cst.While, cst.IfExp, cst.Assert)):
+                continue
+            test = n.test
+            part = self._tensor_part(test, tz)
             if part is None:
                 continue
             where = hm.where(n)
