@@ -4,7 +4,9 @@ A *round-trip checkpoint* of a module ``m``: the program saves ``m.state_dict()`
 ``torch.save(obj, path)`` (``obj`` the state dict itself, or a dict or a ``dict(...)`` that holds it,
 directly or through a name bound to one) and loads ``torch.load(path)`` back into ``m`` itself with
 ``m.load_state_dict(...)`` (the loaded object itself, or an item of it, directly or through a name
-bound to one), with the same path expression. The resume checkpoint of a training script is one:
+bound to one), with the same path expression, or hands the path and ``m`` itself to one helper
+(`restart_from_checkpoint(os.path.join(out, "checkpoint.pth"), state_dict=m)`, whose loading the file
+does not show: it may load into ``m``). The resume checkpoint of a training script is one:
 the keys it writes are the keys it reads, into the same (possibly wrapped) module, so how the keys
 are spelled matters to nobody in the file. ``round_trip(rule, call)`` answers for a
 ``m.state_dict()`` or ``m.load_state_dict(...)`` call; anything the file does not show (a path
@@ -53,6 +55,7 @@ def loads_of(rule: Rule, call: cst.Call) -> list[tuple[cst.Call, str, str]]:
 def _collect(rule: Rule) -> tuple[list[tuple[cst.Call, str, str]], list[tuple[str, str]]]:
     saves: list[tuple[cst.Call, str, str]] = []
     loads: list[tuple[str, str]] = []
+    handed: list[cst.Call] = []
     module = rule.ctx.module
     for n in walk(module, cross_scopes=True):
         if not isinstance(n, cst.Call) or not isinstance(n.func, (cst.Name, cst.Attribute)):
@@ -61,6 +64,7 @@ def _collect(rule: Rule) -> tuple[list[tuple[cst.Call, str, str]], list[tuple[st
             loads += [(k, p) for _, k, p in loads_of(rule, n)]
             continue
         if len(n.args) < 2 or callee(rule, n) != "torch.save":
+            handed.append(n)
             continue
         path = module.code_for_node(n.args[1].value)
         for obj in _values(rule, n.args[0].value):
@@ -73,6 +77,11 @@ def _collect(rule: Rule) -> tuple[list[tuple[cst.Call, str, str]], list[tuple[st
                     and (key := dotted(sd.func.value)) is not None
                 ):
                     saves.append((sd, key, path))
+    paths = {p for _, _, p in saves}
+    for n in handed:  # a helper given a saved path and a module: it may load one into the other
+        given = [module.code_for_node(a.value) for a in n.args]
+        for path in paths & set(given):
+            loads += [(k, path) for k in given if any(k == key for _, key, _ in saves)]
     return saves, loads
 
 

@@ -141,6 +141,25 @@ class CheckpointPortability(Rule):
                 import torch.nn as nn
                 from torch.nn.parallel import DistributedDataParallel as DDP
 
+                import utils
+
+                model = DDP(nn.Linear(4, 2))
+                start = {"epoch": 0}
+                utils.restart_from_checkpoint(os.path.join(out_dir, "checkpoint.pth"), run_variables=start, state_dict=model)
+                for epoch in range(start["epoch"], 10):
+                    train_one_epoch(model)
+                    torch.save({"epoch": epoch + 1, "state_dict": model.state_dict()}, os.path.join(out_dir, "checkpoint.pth"))
+            """),
+            note="the resume checkpoint: a helper of the project is given its path and the wrapper, and may load it back",
+        ),
+        Valid(
+            dedent("""\
+                import os
+
+                import torch
+                import torch.nn as nn
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
                 model = DDP(nn.Linear(4, 2))
                 if os.path.isfile("resume.pt"):
                     ckpt = torch.load("resume.pt")
