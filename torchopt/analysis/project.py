@@ -72,6 +72,23 @@ class Layers:
 Resolved = Union[Definition, Unknown, None]
 
 
+MAX_FILES = 2000  # a project read file by file beyond this is not listed (its files are then unknown)
+_SKIPPED = frozenset(("node_modules", "site-packages", "__pycache__", "build", "dist"))
+
+
+def project_files(unit: str) -> list[str] | Unknown:
+    """The Python files of the project folder ``unit`` (real paths, sorted; hidden folders, virtual
+    environments and build output left out), or Unknown when there are more than ``MAX_FILES``. A file
+    that appears later is not seen until the next run; the files read through the scope are recorded."""
+    out: list[str] = []
+    for folder, dirs, files in os.walk(unit):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED and "venv" not in d)
+        out += [os.path.realpath(os.path.join(folder, f)) for f in sorted(files) if f.endswith(".py")]
+        if len(out) > MAX_FILES:
+            return Unknown(f"the project holds more than {MAX_FILES} Python files, which are not all read")
+    return out
+
+
 class ProjectIndex:
     """The project index as seen from one analysed file (``path``, with its current text's summary)."""
 

@@ -3,12 +3,15 @@ projection up to a multiple of the `multiple` option, slicing the logits back to
 
 from __future__ import annotations
 
+import os
+import re
 from textwrap import dedent
 
 import libcst as cst
 
 from torchopt.analysis.arguments import has_star
 from torchopt.analysis.names import callee
+from torchopt.analysis.project import Unknown, index_of, project_files
 from torchopt.analysis.statement_edits import ApplyEdits
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.pad import FAMILY
@@ -518,6 +521,33 @@ class PadVocabulary(Rule):
                 return f"`self.{attr}` is used other than by calling it"
         if not plan.calls:
             return "the output projection is never called in the class"
+        return self._used_outside(cls, plan.head_attrs)
+
+    def _used_outside(self, cls: cst.ClassDef, attrs: set[str]) -> str:
+        """A head read on an instance outside the class (`model.ff(out)` in a decoding helper, here
+        or in another file of the project) would give the padded logits, unsliced: no fix then."""
+        inside = {id(n) for n in walk(cls, cross_scopes=True)}
+        for n in walk(self.ctx.module, cross_scopes=True):
+            if isinstance(n, cst.Attribute) and n.attr.value in attrs and id(n) not in inside:
+                return f"`{code(self, n)}` is used outside the class, where the logits would not be sliced"
+        index = index_of(self)
+        if index.path is None or index.unit is None or index.unit == index.path:
+            return ""
+        use = re.compile(r"\.\s*(%s)\b" % "|".join(re.escape(a) for a in sorted(attrs)))
+        stem = os.path.splitext(os.path.basename(index.path))[0]
+        files = project_files(index.unit)
+        if isinstance(files, Unknown):
+            return f"the uses of the head in other files are not known: {files.reason}"
+        for path in files:
+            summary = index.summary(path) if path != index.path else None
+            if summary is None or not any(  # a file that imports the class, or its module
+                name == cls.name.value or str(module).split(".")[-1] == stem or name == stem
+                for module, name, _ in summary.imports.values()
+            ):
+                continue
+            found = use.search(index.scope.text(path) or "")
+            if found:
+                return f"`.{found.group(1)}` is used in {index.shown(path)}, where the logits would not be sliced"
         return ""
 
     def _plan_size_attribute(self, cls: cst.ClassDef, init: cst.FunctionDef, self_name: str, plan: _Plan) -> str:
