@@ -587,7 +587,10 @@ def side_effects(analysis: Analysis) -> list[SideEffect]:
                 if what == "print" and _per_process(analysis, small.value):
                     continue  # `print(f"using device: {device}")` with the device of this rank
                 if what and target in ("path", "unknown"):
-                    out.append(SideEffect(n, what, path, unknown=target == "unknown"))
+                    # a file per item of a loop over data (`torch.save(sample, pth_path)` with the path
+                    # made from `image_path`): whether the ranks split those items is not known
+                    item = what == "torch.save" and _per_item(analysis, n, path)
+                    out.append(SideEffect(n, what, path, unknown=target == "unknown" or item))
         elif isinstance(n, cst.With) and len(n.items) == 1 and isinstance(n.items[0].item, cst.Call):
             c = n.items[0].item
             if (
@@ -607,6 +610,27 @@ def _error_report(analysis: Analysis, stmt: cst.CSTNode, what: str) -> bool:
     """A print or log line on an error path (an ``except`` handler, a branch that ends the program)."""
     output = what == "print" or what.rsplit(".", 1)[-1] in LOG_METHODS
     return output and Guard.EXCEPT in control_of(analysis.rule).guards(stmt)
+
+
+def _per_item(analysis: Analysis, stmt: cst.CSTNode, path: cst.BaseExpression | None) -> bool:
+    """The saved path depends on the item of an enclosing loop over something other than a range
+    (directly, or through a name the file assigns once from it)."""
+    items: set[str] = set()
+    for anc in analysis.ancestors(stmt):
+        if isinstance(anc, cst.For) and not (
+            isinstance(anc.iter, cst.Call) and isinstance(anc.iter.func, cst.Name) and anc.iter.func.value == "range"
+        ):
+            items |= {n.value for n in walk(anc.target) if isinstance(n, cst.Name)}
+    if not items or path is None:
+        return False
+    names = [n for n in walk(path) if isinstance(n, cst.Name)]
+    if any(n.value in items for n in names):
+        return True
+    for n in names:
+        values = reaching_values(analysis.rule, n) or []
+        if any(v is not None and any(isinstance(m, cst.Name) and m.value in items for m in walk(v)) for v in values):
+            return True
+    return False
 
 
 def _per_process(analysis: Analysis, c: cst.Call) -> bool:
