@@ -5,17 +5,22 @@ processes could start safely under the `spawn`/`forkserver` start methods."""
 from __future__ import annotations
 
 import enum
+import os
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.metadata import GlobalScope, PositionProvider, ScopeProvider
 
 from torchopt.analysis.names import dotted, qualified_names, reaching_values
+from torchopt.analysis.project import Unknown, index_of, project_files
 from torchopt.analysis.arguments import has_star, keyword, positional
 from torchopt.analysis.syntax import SCOPE_NODES, walk
 from torchopt.analysis.transfers import DATALOADERS
 from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
+
+_MAIN_GUARD = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]", re.M)
 
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
 #            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator, *, ...)
@@ -414,7 +419,33 @@ class LoaderRule(Rule):
                 'the script has no `if __name__ == "__main__":` guard, so a worker started with '
                 "`spawn`/`forkserver` (macOS, Windows, Python 3.14 on Linux) would run it again"
             )
+        elif not self._main_guarded():
+            script = self._unguarded_importer(call)
+            if script:
+                out.append(
+                    f'{script} imports this module and runs at import time, without an `if __name__ == "__main__":` '
+                    "guard: a worker started with `spawn`/`forkserver` would run that script again"
+                )
         return out
+
+    def _unguarded_importer(self, call: cst.Call) -> str:
+        """A file of the project that imports this module, has no main guard and names the function
+        that builds the loader (`train_loader, test_loader = getData(...)` at the top of `train.py`)."""
+        owner = self.top_level_def(call)
+        index = index_of(self)
+        if owner is None or index.path is None or index.unit is None or index.unit == index.path:
+            return ""
+        files = project_files(index.unit)
+        if isinstance(files, Unknown):
+            return ""
+        stem = re.escape(os.path.splitext(os.path.basename(index.path))[0])
+        imports = re.compile(rf"^\s*(from\s+[\w.]*\b{stem}\s+import|import\s+[\w.]*\b{stem}\b)", re.M)
+        named = re.compile(rf"\b{re.escape(owner.name.value)}\b")
+        for path in files:
+            text = (index.scope.text(path) or "") if path != index.path else ""
+            if imports.search(text) and named.search(text) and not _MAIN_GUARD.search(text):
+                return f"`{index.shown(path)}`"
+        return ""
 
     def _on_device(self, expr: cst.BaseExpression | None, depth: int) -> bool:
         """Whether ``expr`` (following names to their values) moves or creates tensors on a
