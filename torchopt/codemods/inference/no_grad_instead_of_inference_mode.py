@@ -10,6 +10,7 @@ from torchopt.analysis.lifecycle import lifecycle_of
 from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import torch_ref
+from torchopt.analysis.project import Definition, index_of
 from torchopt.analysis.syntax import source
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.inference import FAMILY
@@ -20,6 +21,9 @@ from torchopt.rewrite.rule import Invalid
 from torchopt.rewrite.rule import Safety
 from torchopt.rewrite.rule import Tag
 from torchopt.rewrite.rule import Valid
+
+# Methods that restore saved weights into objects the block may go on to use.
+_RESTORES = frozenset(("load", "load_checkpoint", "restore", "load_state_dict", "from_pretrained", "load_model"))
 
 
 class NoGradInPureInference(EvalRule):
@@ -263,7 +267,7 @@ class NoGradInPureInference(EvalRule):
                 continue  # one forward of a program that runs no step: nothing to pay back
             if not self._escapes_ok(owner):
                 continue
-            if lifecycle_of(self).builds_or_loads(owner):
+            if lifecycle_of(self).builds_or_loads(owner) or self._builds_through_project(owner):
                 # Parameters made under inference_mode are inference tensors: the `load_state_dict`
                 # (or training) that follows outside the block would raise.
                 continue
@@ -277,6 +281,24 @@ class NoGradInPureInference(EvalRule):
                 note="tensors made in the block are inference tensors: no later autograd use or in-place "
                 "update outside inference mode",
             )
+
+    def _builds_through_project(self, owner: cst.CSTNode) -> bool:
+        """The block builds an object of the project whose construction builds layers, or may (a
+        trainer that makes its model: `trainer = FluxTrainer(config)`), or restores a checkpoint
+        through a method (`trainer.checkpointer.load(step=...)`)."""
+        index = index_of(self)
+        for c in walk(owner):
+            if not isinstance(c, cst.Call):
+                continue
+            if isinstance(c.func, cst.Attribute) and c.func.attr.value in _RESTORES:
+                return True
+            written = dotted(c.func)
+            found = index.resolve(written) if written is not None and index.path is not None else None
+            if isinstance(found, Definition) and found.kind == "class":
+                layers = index.layers(found)
+                if layers.counts or layers.unknown:
+                    return True
+        return False
 
     def _at_module_level(self, node: cst.CSTNode) -> bool:
         cur = self.get_metadata(ParentProvider, node, None)
