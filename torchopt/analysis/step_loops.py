@@ -242,7 +242,7 @@ class HotMap:
                 target: cst.BaseExpression = loop.node.target
                 it = loop.node.iter
                 if isinstance(it, cst.Call) and isinstance(it.func, cst.Name):
-                    if it.func.value in ("range", "len"):
+                    if it.func.value in ("range", "len") or _counts_down(it):
                         continue
                     if (
                         it.func.value == "enumerate"
@@ -566,6 +566,14 @@ def hot_map(rule: Rule) -> HotMap:
 
 
 # --------------------------------------------------------------------------- tensor inference
+
+
+def _counts_down(it: cst.Call) -> bool:
+    """`reversed(range(n))`: the loop counts, it iterates no batch."""
+    if not (isinstance(it.func, cst.Name) and it.func.value == "reversed" and len(it.args) == 1):
+        return False
+    inner = it.args[0].value
+    return isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name) and inner.func.value == "range"
 
 
 class Tensors:

@@ -226,7 +226,7 @@ FILES = {
     'sync/row_loop_shapes.py': 7798,
     'sync/row_loop_tensors.py': 7919,
     'sync/step_prechecks.py': 15504,
-    'sync/tensor_control_flow.py': 11449,
+    'sync/tensor_control_flow.py': 12814,
     'zero_grad/__init__.py': 96,
     'zero_grad/manual_grad_zeroing.py': 9101,
     'zero_grad/optimizer_objects.py': 6920,

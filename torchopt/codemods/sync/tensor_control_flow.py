@@ -143,6 +143,41 @@ class TensorControlFlow(Rule):
         ),
         Valid(
             dedent("""\
+            from dataclasses import dataclass
+
+            import torch
+            import tyro
+
+
+            @dataclass
+            class Args:
+                num_steps: int = 128
+
+
+            if __name__ == "__main__":
+                args = tyro.cli(Args)
+                q_network = torch.nn.Linear(4, 2).cuda()
+                optimizer = torch.optim.Adam(q_network.parameters())
+                obs = torch.zeros((args.num_steps, 4)).cuda()
+                rewards = torch.zeros(args.num_steps).cuda()
+                for iteration in range(100):
+                    with torch.no_grad():
+                        returns = torch.zeros_like(rewards)
+                        for t in reversed(range(args.num_steps)):
+                            if t == args.num_steps - 1:
+                                next_value = q_network(obs[t]).max()
+                            else:
+                                next_value = returns[t + 1]
+                            returns[t] = rewards[t] + 0.99 * next_value
+                    loss = (q_network(obs).max(dim=1)[0] - returns).pow(2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            """),
+            note="`t` of `reversed(range(n))` counts the steps: an int, not a batch",
+        ),
+        Valid(
+            dedent("""\
             def run(model, dataset):
                 for path, im, vid_cap in dataset:
                     pred = model(im)
