@@ -30,10 +30,12 @@ import re
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from torchopt.analysis.names import dotted
 from torchopt.analysis.project import Unknown, index_of
 from torchopt.analysis.syntax import walk
 from torchopt.analysis.values import DeviceKind, classify_device, string_value
 from torchopt.rewrite.facts import source_of
+from torchopt.rewrite.metadata import ParentProvider
 from torchopt.rewrite.rule import Rule
 
 # Text that means an accelerator may be chosen: its APIs, device strings, and the objects that pick
@@ -63,8 +65,10 @@ def _placements(module: cst.Module) -> list[cst.BaseExpression]:
     return out
 
 
-def device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | None:
-    """The default of a `--device` command-line option or a `device` parameter, with its line."""
+def device_flag_default(rule: Rule, module: cst.Module, skip_passed: bool = False) -> tuple[str, int] | None:
+    """The default of a `--device` command-line option or a `device` parameter, with its line.
+    ``skip_passed``: not the default of a parameter that a call of the file passes
+    (`load_cora(device=device)` of `def load_cora(path, device="cpu")`): the caller chooses it."""
     for node in walk(module, cross_scopes=True):
         if (
             isinstance(node, cst.Call)
@@ -77,8 +81,28 @@ def device_flag_default(rule: Rule, module: cst.Module) -> tuple[str, int] | Non
                 default = next((a.value for a in node.args if a.keyword and a.keyword.value == "default"), None)
                 return (string_value(default) or "?"), _line(rule, node)
         if isinstance(node, cst.Param) and node.default is not None and "device" in node.name.value:
+            if skip_passed and _passed(rule, module, node):
+                continue
             return (string_value(node.default) or "?"), _line(rule, node)
     return None
+
+
+def _passed(rule: Rule, module: cst.Module, param: cst.Param) -> bool:
+    """A call of the file passes ``param`` to its function, by keyword or by position."""
+    fn = rule.get_metadata(ParentProvider, rule.get_metadata(ParentProvider, param, None), None)
+    if not isinstance(fn, cst.FunctionDef):
+        return False
+    positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+    index = positional.index(param.name.value) if param.name.value in positional else None
+    for call in walk(module, cross_scopes=True):
+        if not (isinstance(call, cst.Call) and dotted(call.func) in (fn.name.value, f"self.{fn.name.value}")):
+            continue
+        if any(a.keyword is not None and a.keyword.value == param.name.value for a in call.args):
+            return True
+        given = [a for a in call.args if a.keyword is None and not a.star]
+        if index is not None and len(given) > index:
+            return True
+    return False
 
 
 def no_accelerator_named(rule: Rule, module: cst.Module) -> str | None:

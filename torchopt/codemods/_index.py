@@ -173,7 +173,7 @@ FILES = {
     'device/pageable_non_blocking.py': 21474,
     'device/unpinned_host_copy.py': 26695,
     'env/__init__.py': 164,
-    'env/cpu_launcher_settings.py': 12288,
+    'env/cpu_launcher_settings.py': 12978,
     'flags/__init__.py': 102,
     'flags/cudnn_benchmark_off.py': 20390,
     'flags/cudnn_benchmark_variable_shapes.py': 6048,

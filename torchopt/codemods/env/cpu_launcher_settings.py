@@ -46,7 +46,7 @@ def cpu_reason(rule: Rule, module: cst.Module) -> str | None:
     (its name, a trainer that picks one, a device computed elsewhere) keeps the rule silent: a script
     whose default is the GPU and whose CPU branch is only a fallback is a GPU script.
     """
-    flag = device_flag_default(rule, module)
+    flag = device_flag_default(rule, module, skip_passed=True)
     if flag is not None:
         value, line = flag
         if value.split(":")[0] == "cpu":
@@ -154,6 +154,24 @@ class CpuLauncherAdvice(ProgramRule):
                     main()
             """),
             note="the device option defaults to the CPU",
+        ),
+        Valid(
+            dedent("""\
+                import torch
+
+
+                def load_data(path, device="cpu"):
+                    return torch.load(path).to(device)
+
+
+                if __name__ == "__main__":
+                    use_accel = torch.accelerator.is_available()
+                    device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")
+                    x = load_data("x.pt", device=device)
+                    for _ in range(100):
+                        x = torch.mm(x, x)
+            """),
+            note="a helper's parameter default that every call overrides: the caller picks the accelerator",
         ),
         Invalid(
             dedent("""\
