@@ -19,8 +19,8 @@
   handler (an out-of-memory handler is told apart) and an opt-in switch (`if args.profile:`). A
   switch that is a command-line option of the file off by default (`add_argument("--seed",
   default=None)` read as `if args.seed is not None:`, a `store_true` flag read as `if args.augment:`,
-  a dataclass field `target_kl: float = None`) is also told apart: its code does not run in the
-  program's default run. So is a parameter of a plain function of the file off by default
+  a dataclass field `target_kl: float = None`, a module-level `profile = False`) is also told apart:
+  its code does not run in the program's default run, even when the switch holds a whole step loop. So is a parameter of a plain function of the file off by default
   (`def run(save_json=False)`) when every use of the function leaves it so: a call without it, with
   its default, with an option off by default (`run(**vars(opt))`, `set_seed(args.seed)`), or the
   function handed to a command-line runner (`fire.Fire(main)`). The left side of an ``and`` guards
@@ -296,6 +296,12 @@ class Control:
         g = self.guards(node, stop)
         if g.flags & guards:
             return g.why
+        if stop is not None and guards & Guard.OFF_BY_DEFAULT:
+            # a switch off by default around the whole loop (`if profile:` before a profiled loop):
+            # the loop runs every step when it runs, but not in the program's default run
+            outer = self.guards(node)
+            if Guard.OFF_BY_DEFAULT in outer:
+                return outer.why
         return None
 
     def decides_exit(self, node: cst.CSTNode) -> bool:

@@ -7,7 +7,7 @@ a default that is off (`def run(save_json=False)` called without it, with `**var
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import Assignment, GlobalScope, ScopeProvider
 
 from torchopt.analysis.conditions import FEW, assigns
 from torchopt.analysis.names import bindings_of, dotted, qualified_names
@@ -40,7 +40,7 @@ class Options:
                 return None
             test, wanted = test.left, frozenset(("None",))
         if isinstance(test, cst.Name):
-            return test.value if self._param_off(test, wanted) else None
+            return test.value if self._param_off(test, wanted) or self._global_off(test, wanted) else None
         if not (isinstance(test, cst.Attribute) and isinstance(test.value, cst.Name)):
             return None
         defaults = self.declared().get(test.attr.value)
@@ -88,6 +88,24 @@ class Options:
                     if value is None or literal(value) not in ("None", "False"):
                         return True
         return False
+
+    def _global_off(self, name: cst.Name, wanted: frozenset[str]) -> bool:
+        """``name`` is a module-level switch of the file, every assignment of which (at module level, or
+        under ``global``) gives it a literal in ``wanted``: `profile = False` at the top of a script whose
+        command line or config file may turn it on (nanoGPT's configurator)."""
+        bindings = bindings_of(self.rule, name)
+        if not bindings:
+            return False
+        for b in bindings:
+            if not isinstance(b, Assignment) or not isinstance(b.scope, GlobalScope):
+                return False
+            target = self.parent(b.node)
+            stmt = self.parent(target) if isinstance(target, cst.AssignTarget) else None
+            if not (isinstance(stmt, cst.Assign) and len(stmt.targets) == 1 and literal(stmt.value) in wanted):
+                return False
+            if not isinstance(stmt.value, cst.Name):
+                return False  # (None or False, as written: not a default computed from something)
+        return True
 
     def _param_off(self, name: cst.Name, wanted: frozenset[str], depth: int = 0) -> bool:
         """``name`` is a parameter of a plain function of the file with a default in ``wanted``
