@@ -34,6 +34,9 @@ class Options:
         """The option a test reads when it holds only with the option changed from its default:
         `args.augment` (a flag off by default), `args.seed is not None` (an option defaulting to None)."""
         wanted = frozenset(("None", "False"))
+        count = self._count_at_default(test)
+        if count is not None:
+            return count
         if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
             op, right = test.comparisons[0].operator, test.comparisons[0].comparator
             if not (isinstance(op, cst.IsNot) and isinstance(right, cst.Name) and right.value == "None"):
@@ -51,6 +54,32 @@ class Options:
         default run: an option of the file given only that default and never assigned after parsing
         (`num_workers=args.dataloader_num_workers` with `default=0`), or such a parameter."""
         return self._left_at_default(value, frozenset((default,)), 0)
+
+    def _count_at_default(self, test: cst.BaseExpression) -> str | None:
+        """`args.num_gpu > 1` with `--num-gpu` an integer option whose every default makes the test
+        false, and never assigned after parsing: the option read (it holds only when changed)."""
+        if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1):
+            return None
+        left, op, right = test.left, test.comparisons[0].operator, test.comparisons[0].comparator
+        if not (
+            isinstance(left, cst.Attribute) and isinstance(left.value, cst.Name) and isinstance(right, cst.Integer)
+        ):
+            return None
+        bound = int(right.evaluated_value)
+        holds = {
+            cst.GreaterThan: lambda v: v > bound,
+            cst.GreaterThanEqual: lambda v: v >= bound,
+            cst.LessThan: lambda v: v < bound,
+            cst.LessThanEqual: lambda v: v <= bound,
+            cst.Equal: lambda v: v == bound,
+            cst.NotEqual: lambda v: v != bound,
+        }.get(type(op))
+        if holds is None:
+            return None
+        defaults = int_defaults(self.rule.ctx.module, left.attr.value)
+        if not defaults or any(holds(d) for d in defaults) or self._option_assigned(left.attr.value):
+            return None
+        return dotted(left)
 
     def _left_at_default(self, value: cst.BaseExpression, wanted: frozenset[str], depth: int) -> bool:
         """A value passed on that holds a default in ``wanted`` in the default run: that literal
@@ -255,14 +284,9 @@ def declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
         value = a.value.evaluated_value if a.keyword is None and isinstance(a.value, cst.SimpleString) else None
         if isinstance(value, str):
             flags.append(value)
-    dest_node = kw.get("dest")
-    if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
-        dest = dest_node.evaluated_value
-    else:
-        long = [f for f in flags if f.startswith("--")] or [f for f in flags if not f.startswith("-")]
-        if not long:
-            return []
-        dest = long[0].lstrip("-").replace("-", "_")
+    dest = _dest(kw, flags)
+    if dest is None:
+        return []
     action = kw.get("action")
     act = action.evaluated_value if isinstance(action, cst.SimpleString) else None
     required = kw.get("required")
@@ -274,3 +298,38 @@ def declared_options(node: cst.CSTNode) -> list[tuple[str, str]]:
     if action is not None and act not in ("store", "append", "count"):
         return [(dest, "other")]
     return [(dest, literal(kw.get("default")))]
+
+
+def _dest(kw: dict[str, cst.BaseExpression], flags: list[str]) -> str | None:
+    """The attribute an ``add_argument`` call stores into: its `dest`, or its first long flag."""
+    dest_node = kw.get("dest")
+    if isinstance(dest_node, cst.SimpleString) and isinstance(dest_node.evaluated_value, str):
+        return dest_node.evaluated_value
+    long = [f for f in flags if f.startswith("--")] or [f for f in flags if not f.startswith("-")]
+    return long[0].lstrip("-").replace("-", "_") if long else None
+
+
+def int_defaults(module: cst.Module, attr: str) -> list[int] | None:
+    """The integer defaults the file's ``add_argument`` calls give the option ``attr`` (`--num-gpu`,
+    `type=int, default=1`), or None when one of them is not an integer literal or none declares it."""
+    found: list[int] = []
+    for node in walk(module, cross_scopes=True):
+        if not (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "add_argument"
+        ):
+            continue
+        kw = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        flags = [
+            a.value.evaluated_value
+            for a in node.args
+            if a.keyword is None and isinstance(a.value, cst.SimpleString) and isinstance(a.value.evaluated_value, str)
+        ]
+        if _dest(kw, [f for f in flags if isinstance(f, str)]) != attr:
+            continue
+        default = kw.get("default")
+        if not isinstance(default, cst.Integer) or "action" in kw or "required" in kw:
+            return None
+        found.append(int(default.evaluated_value))
+    return found or None

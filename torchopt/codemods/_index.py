@@ -127,7 +127,7 @@ FILES = {
     'ddp/conversion_edits.py': 35850,
     'ddp/conversion_messages.py': 2393,
     'ddp/data_parallel.py': 19139,
-    'ddp/data_parallel_inference.py': 9448,
+    'ddp/data_parallel_inference.py': 10339,
     'ddp/ddp_checkpoint_prefix.py': 9191,
     'ddp/ddp_find_unused_parameters.py': 3801,
     'ddp/ddp_load_balance.py': 3397,

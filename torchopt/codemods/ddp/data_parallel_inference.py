@@ -8,6 +8,7 @@ from textwrap import dedent
 import libcst as cst
 from libcst.metadata import PositionProvider, ScopeProvider
 
+from torchopt.analysis.control import Guard, control_of
 from torchopt.analysis.names import callee, dotted, torch_name
 from torchopt.analysis.syntax import walk
 from torchopt.codemods.ddp import FAMILY
@@ -226,6 +227,25 @@ class DataParallelInference(Rule):
         ),
         Valid(
             dedent("""\
+            import argparse
+
+            import torch
+            from torch import nn
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--num-gpu", type=int, default=1)
+            args = parser.parse_args()
+            model = nn.Linear(16, 4).cuda()
+            if args.num_gpu > 1:
+                model = nn.DataParallel(model, device_ids=list(range(args.num_gpu)))
+            with torch.no_grad():
+                for x in loader:
+                    y = model(x.cuda())
+        """),
+            note="only with more GPUs than the default one asked for on the command line",
+        ),
+        Valid(
+            dedent("""\
             import torch
             from torch import nn
 
@@ -239,4 +259,6 @@ class DataParallelInference(Rule):
 
     def visit_Call(self, node: cst.Call) -> None:
         if callee(self, node) in DATA_PARALLEL and data_parallel_for_inference(self, node):
+            if Guard.OFF_BY_DEFAULT in control_of(self).guards(node):
+                return  # `if args.num_gpu > 1:` with one GPU by default: a plain run never wraps it
             self.report(node)
