@@ -724,8 +724,7 @@ class Tensors:
         return False
 
     def only_batch(self, name: cst.Name) -> bool:
-        """``name`` holds nothing but an element of what a step loop iterates (`vid_cap` of
-        `for path, im, vid_cap in dataset:`): a tensor only by the loose mode's assumption."""
+        """``name`` holds only an element of what a step loop iterates (`vid_cap`): a tensor by assumption."""
         values = self.values(name, strict=False) or []
         return bool(values) and all(v is _BATCH for v in values)
 
