@@ -15,7 +15,8 @@ folder/``). For each entry of the chosen half this runs ``torchopt check --outpu
 ``torchopt rewrite --diff`` and ``torchopt rewrite --diff --unsafe-fixes``, checks that the rewritten output
 compiles and that a second pass changes nothing, and joins every finding and fix with the judgements kept in
 the manifest. A judgement is keyed by code, file and a snippet of the reported line (or of the message), not
-by line number, so it survives line shifts; a finding that no judgement matches is listed as *unjudged* and
+by line number, so it survives line shifts (an optional ``line`` tells apart findings on identical lines of one
+file); a finding that no judgement matches is listed as *unjudged* and
 counted apart, never as true or false.
 
 Rates (over the judged findings of the half): wrong fixes, precision (findings judged true / judged
@@ -131,6 +132,8 @@ def matches(judgement: dict, finding: Finding) -> bool:
         file == finding.file or (file.endswith("/") and finding.file.startswith(file))
     ):
         return False
+    if "line" in judgement and judgement["line"] != finding.line:
+        return False  # (two findings on identical lines of one file: the line tells them apart)
     snippet = judgement["snippet"]
     return snippet in finding.text or snippet in finding.message
 

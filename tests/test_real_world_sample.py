@@ -236,3 +236,15 @@ def test_two_findings_on_one_line_take_their_own_judgements() -> None:
     ]
     assert rws.judge([first, second], judgements) == []
     assert (first.judgement, second.judgement) == (judgements[0], judgements[1])
+
+
+def test_a_judgement_with_a_line_takes_only_the_finding_on_that_line() -> None:
+    """Two findings on identical lines (`lossf = loss.item()` at 91 and 110): when one is no longer
+    reported, the other keeps its own judgement, not the first one whose snippet matches."""
+    finding = rws.Finding("TOP601", "bench.py", 110, None, "lossf = loss.item()", "m", None)
+    judgements = [
+        {"code": "TOP601", "file": "bench.py", "snippet": "lossf = loss.item()", "line": 91, "verdict": "false"},
+        {"code": "TOP601", "file": "bench.py", "snippet": "lossf = loss.item()", "line": 110, "verdict": "true"},
+    ]
+    left = rws.judge([finding], judgements)
+    assert finding.judgement is judgements[1] and left == [judgements[0]]
