@@ -135,7 +135,7 @@ def test_cli_diff_on_fixture_prints_safe_fixes_and_writes_nothing():
     _, unsafe_plus = _changed_lines(_read("cnn_train", "after_safe"), _read("cnn_train", "after_unsafe"))
     for line in unsafe_plus:
         assert line not in out, f"safe diff shows an unsafe change {line!r}"
-    assert "Would fix" in r.stderr and "TOP104" in r.stderr
+    assert "Would fix" in r.stderr and "TOP101" in r.stderr
     assert "--unsafe-fixes" in r.stderr  # hidden unsafe fixes are announced
 
 

@@ -11,10 +11,6 @@ calls:
   elsewhere.
 * :func:`once_per_process` -- ``node`` belongs to such a program and sits in its module-level code
   (the ``__main__`` block included), outside every loop and comprehension: it runs once per process.
-* :func:`once_at_start` -- ``node`` sits in the module-level code (the ``__main__`` block and a
-  notebook's cells included) of a program (a file with a ``__main__`` guard, or one that repeats work:
-  :func:`steady_work`), outside every loop, comprehension and definition: it runs once, when the
-  program starts (a rollout buffer made before the loop), so a rewrite that saves one copy cannot pay.
 * :func:`steady_work` -- the program repeats tensor work: it has a step loop, or a loop whose body
   calls a ``torch`` operation, a tensor method that computes (``add_``, ``matmul``, ``sum``, ...), a
   value (``model(x)``), code of the project, or a function of the file that does. Library calls
@@ -110,28 +106,14 @@ def _one_off(rule: Rule) -> str | None:
 
 def once_per_process(rule: Rule, node: cst.CSTNode) -> str | None:
     """Why ``node`` runs once per process (see the module docstring), or None."""
-    if not _module_level(rule, node):
-        return None
-    why = one_off_program(rule)
-    return f"it runs once per process ({why})" if why else None
-
-
-def once_at_start(rule: Rule, node: cst.CSTNode) -> str | None:
-    """Why ``node`` runs once, when a program that repeats work starts (see the module docstring), or None."""
-    if _module_level(rule, node) and (_main_guard(rule.ctx.module) is not None or steady_work(rule)):
-        return "it runs once, when the program starts"
-    return None
-
-
-def _module_level(rule: Rule, node: cst.CSTNode) -> bool:
-    """``node`` is in the module's own code, outside every loop, comprehension and definition."""
     hot = hot_map(rule)
     cur: cst.CSTNode | None = hot.parent(node)
     while cur is not None:
         if isinstance(cur, (*_SCOPES, *LOOPS, *_COMPREHENSIONS)):
-            return False
+            return None
         cur = hot.parent(cur)
-    return True
+    why = one_off_program(rule)
+    return f"it runs once per process ({why})" if why else None
 
 
 def steady_work(rule: Rule) -> bool:

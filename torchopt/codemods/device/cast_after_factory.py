@@ -7,7 +7,6 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.arguments import keyword
-from torchopt.analysis.run_once import once_at_start
 from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.names import callee
 from torchopt.analysis.names import method_call
@@ -35,8 +34,7 @@ from torchopt.rewrite.rule import Valid
 class CastAfterFactory(_FactoryRule):
     """## What it does
     Flags a tensor factory whose result is cast at once, e.g. `torch.zeros(n).half()` or
-    `torch.arange(n).to(torch.float32)`, and passes `dtype=` to the factory instead. A tensor a
-    training program makes once, before its loop, is not reported: one extra cast cannot matter.
+    `torch.arange(n).to(torch.float32)`, and passes `dtype=` to the factory instead.
 
     ## Why is this slow
     The tensor is created in the default dtype, then converted into a second tensor: one extra
@@ -104,8 +102,8 @@ class CastAfterFactory(_FactoryRule):
         inner, meth = mc
         q = callee(self, inner)
         kind = factory_kind(q)
-        if kind is None or self.factory_blockers(kind, inner) or once_at_start(self, node):
-            return  # (a tensor made once when the program starts: the cast cannot matter)
+        if kind is None or self.factory_blockers(kind, inner):
+            return
         ref = self.ref_at(node)
         if meth == "to":
             tr = parse_to(self, node)

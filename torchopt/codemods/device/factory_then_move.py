@@ -7,7 +7,7 @@ from textwrap import dedent
 import libcst as cst
 
 from torchopt.analysis.layout_chains import REARRANGING, chain_root, replace_root
-from torchopt.analysis.run_once import once_at_start
+from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import callee
 from torchopt.analysis.syntax import source
@@ -38,8 +38,7 @@ class FactoryThenMove(_MoveChecks):
     A factory used as an index of a tensor that may be on a device (`x[torch.arange(n), idx]`, not
     a host program's) is created on `x.device`: indexing copies a host index to the device each time.
     So are the factories an index is computed from through names of the function, each assigned
-    once and read once (`q = torch.arange(n)[:, None] * s` ... `x[(q - k).long()]`). Not reported: a
-    tensor a training program makes once, before its loop, and `zeros_like(t).to(d)` of a `t` moved to `d`.
+    once and read once (`q = torch.arange(n)[:, None] * s` ... `x[(q - k).long()]`).
 
     ## Why is this slow
     The tensor is first allocated and filled on the host, then copied to the device, and the host
@@ -154,7 +153,7 @@ class FactoryThenMove(_MoveChecks):
         """``<factory>(...).cuda()`` / ``.to(...)``: create the tensor on the target device instead.
         ``chain``: the receiver of the move when it rearranges the factory's result (layout_chains),
         and its links; the rearrangement then runs on the device, on the same values."""
-        if once_at_start(self, node):
+        if once_per_process(self, node):
             return  # a converter's or export's one tensor: the copy cannot matter
         fk = self.factory_of(inner)
         if fk is None:
@@ -179,8 +178,6 @@ class FactoryThenMove(_MoveChecks):
             return
         if tr.device is None and not tr.cuda:
             return  # `.to(dtype)` / `.to(dtype=...)`: TOP102's
-        if kind.endswith("_like") and tr.device is not None and self.like_moved_there(inner, tr.device):
-            return  # `zeros_like(rewards).to(device)` of a `rewards` moved `.to(device)`: built there already
         ref = self.ref_at(node)
         target = self._cuda_target(node, tr, ref, factory) if tr.cuda else self._to_target(node, tr, factory)
         if target is None:

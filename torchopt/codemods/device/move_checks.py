@@ -13,10 +13,10 @@ from torchopt.analysis.arguments import keyword
 from torchopt.analysis.arguments import set_kwarg
 from torchopt.analysis.arguments import positional
 from torchopt.analysis.names import TorchRef
-from torchopt.analysis.names import dotted, reaching_values
+from torchopt.analysis.names import dotted
 from torchopt.analysis.names import is_tensor_name
 from torchopt.analysis.placement import Kind, Where, placements
-from torchopt.analysis.run_once import once_at_start
+from torchopt.analysis.run_once import once_per_process
 from torchopt.analysis.syntax import has_comments
 from torchopt.analysis.syntax import source
 from torchopt.analysis.transfers import start_of
@@ -70,7 +70,7 @@ class _MoveChecks(_FactoryRule):
         value = placements(self).value(base)
         if value.kind is not Kind.TENSOR or value.where is Where.HOST:
             return  # not a tensor, or one on the host: no copy
-        if once_at_start(self, node):
+        if once_per_process(self, node):
             return
         pin = keyword(inner, "pin_memory")
         if pin is not None and has_comments(pin):
@@ -108,7 +108,7 @@ class _MoveChecks(_FactoryRule):
         except KeyError:
             return
         found = index_sources(self, expr, scope)
-        if found is None or once_at_start(self, node):
+        if found is None or once_per_process(self, node):
             return
         calls = found.factories
         fmt = {
@@ -219,27 +219,6 @@ class _MoveChecks(_FactoryRule):
             )
             return None
         return tr.device, dev_kind
-
-    def like_moved_there(self, inner: cst.Call, device: cst.BaseExpression) -> bool:
-        """The tensor a ``*_like`` factory follows was itself moved to ``device`` (the same expression):
-        every value the name holds is ``<...>.to(device)`` or made with ``device=device``."""
-        args = positional(inner)
-        base = args[0].value if args else None
-        if not isinstance(base, cst.Name):
-            return False
-        values = reaching_values(self, base) or []
-        wanted = source(self, device)
-
-        def moved(v: cst.BaseExpression | None) -> bool:
-            if not isinstance(v, cst.Call):
-                return False
-            if isinstance(v.func, cst.Attribute) and v.func.attr.value == "to":
-                first = positional(v)
-                return bool(first) and source(self, first[0].value) == wanted
-            given = keyword(v, "device")
-            return given is not None and source(self, given.value) == wanted
-
-        return bool(values) and all(moved(v) for v in values)
 
     def _message_fields(
         self,
